@@ -1,0 +1,21 @@
+# mkernel_add_schedules(<target> SOURCES a.cpp b.cpp ...)
+#
+# Builds user-written DSL schedules into a plugin library <target> that
+# `mkc ... --plugin lib<target>.so` and the runtime (MK_PLUGINS=path1:path2)
+# load at run time. The schedules register themselves with MK_SCHEDULE.
+function(mkernel_add_schedules target)
+  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  if(NOT ARG_SOURCES)
+    message(FATAL_ERROR "mkernel_add_schedules(${target}): SOURCES is empty")
+  endif()
+  add_library(${target} MODULE ${ARG_SOURCES})
+  if(TARGET mkernel)
+    target_link_libraries(${target} PRIVATE mkernel)
+  else()
+    find_library(MKERNEL_LIBRARY mkernel REQUIRED)
+    get_filename_component(_mk_prefix "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../../.." ABSOLUTE)
+    target_include_directories(${target} PRIVATE "${_mk_prefix}/include")
+    target_link_libraries(${target} PRIVATE ${MKERNEL_LIBRARY})
+  endif()
+  set_target_properties(${target} PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
+endfunction()

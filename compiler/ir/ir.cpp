@@ -1,0 +1,197 @@
+#include "compiler/ir/ir.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <map>
+
+namespace mk::ir {
+namespace {
+
+struct OpInfo {
+  std::string_view name;
+  int min_srcs, min_dsts;
+  std::string_view meaning;
+};
+constexpr std::array kOpInfo = {
+#define MK_OP(name, min_srcs, min_dsts, meaning) OpInfo{#name, min_srcs, min_dsts, meaning},
+#include "compiler/ir/ops.def"
+#undef MK_OP
+};
+constexpr std::array<std::string_view, 3> kBufNames = {"in", "out", "sc"};
+constexpr std::array<std::string_view, 2> kProtoNames = {"simple", "ll"};
+
+bool parse_int(std::string_view s, int32_t* out) {
+  if (s.empty()) return false;
+  auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+}  // namespace
+
+std::string_view name(OpKind k) { return kOpInfo.at(size_t(k)).name; }
+int min_srcs(OpKind k) { return kOpInfo.at(size_t(k)).min_srcs; }
+int min_dsts(OpKind k) { return kOpInfo.at(size_t(k)).min_dsts; }
+std::string_view meaning(OpKind k) { return kOpInfo.at(size_t(k)).meaning; }
+std::optional<OpKind> parse_opkind(std::string_view s) {
+  for (size_t i = 0; i < kOpInfo.size(); ++i)
+    if (kOpInfo[i].name == s) return OpKind(i);
+  return std::nullopt;
+}
+std::vector<OpKind> all_opkinds() {
+  std::vector<OpKind> v;
+  for (size_t i = 0; i < kOpInfo.size(); ++i) v.push_back(OpKind(i));
+  return v;
+}
+
+std::string_view name(Buf b) { return kBufNames.at(size_t(b)); }
+std::optional<Buf> parse_buf(std::string_view s) {
+  for (size_t i = 0; i < kBufNames.size(); ++i)
+    if (kBufNames[i] == s) return Buf(i);
+  return std::nullopt;
+}
+std::string_view name(Proto p) { return kProtoNames.at(size_t(p)); }
+std::optional<Proto> parse_proto(std::string_view s) {
+  for (size_t i = 0; i < kProtoNames.size(); ++i)
+    if (kProtoNames[i] == s) return Proto(i);
+  return std::nullopt;
+}
+
+std::string to_string(const Ref& r) {
+  if (r.count == 1) return fmt::format("r{}.{}[{}]", r.rank, name(r.buf), r.index);
+  return fmt::format("r{}.{}[{}:{}]", r.rank, name(r.buf), r.index, r.index + r.count);
+}
+
+std::optional<Ref> parse_ref(std::string_view s) {
+  // r<rank>.<buf>[<i>] or r<rank>.<buf>[<i>:<j>]
+  if (s.size() < 6 || s[0] != 'r') return std::nullopt;
+  auto dot = s.find('.');
+  auto lb = s.find('[');
+  if (dot == std::string_view::npos || lb == std::string_view::npos || lb < dot || s.back() != ']')
+    return std::nullopt;
+  Ref r;
+  if (!parse_int(s.substr(1, dot - 1), &r.rank)) return std::nullopt;
+  auto b = parse_buf(s.substr(dot + 1, lb - dot - 1));
+  if (!b) return std::nullopt;
+  r.buf = *b;
+  auto inner = s.substr(lb + 1, s.size() - lb - 2);
+  auto colon = inner.find(':');
+  if (colon == std::string_view::npos) {
+    if (!parse_int(inner, &r.index)) return std::nullopt;
+    r.count = 1;
+  } else {
+    int32_t end = 0;
+    if (!parse_int(inner.substr(0, colon), &r.index) || !parse_int(inner.substr(colon + 1), &end))
+      return std::nullopt;
+    r.count = end - r.index;
+  }
+  return r;
+}
+
+int32_t Schedule::next_id() const {
+  int32_t m = -1;
+  for (const auto& op : ops) m = std::max(m, op.id);
+  return m + 1;
+}
+
+int32_t buf_blocks(Collective c, int32_t nranks, Buf b) {
+  switch (c) {
+    case Collective::allgather: return b == Buf::output ? nranks : 1;
+    case Collective::reducescatter: return b == Buf::input ? nranks : 1;
+    case Collective::alltoall: return nranks;
+    default: return 1;
+  }
+}
+
+int32_t buf_chunks(const Schedule& s, Buf b) {
+  if (b == Buf::scratch) return s.scratch;
+  return buf_blocks(s.coll, s.nranks, b) * s.chunks;
+}
+
+bool has_input(const Schedule& s, int32_t rank) {
+  return s.coll != Collective::broadcast || rank == s.root;
+}
+bool has_output(const Schedule& s, int32_t rank) {
+  return s.coll != Collective::reduce || rank == s.root;
+}
+
+std::optional<int32_t> inplace_output_of_input(const Schedule& s, int32_t rank, int32_t index) {
+  switch (s.coll) {
+    case Collective::allreduce: return index;
+    case Collective::allgather: return rank * s.chunks + index;
+    case Collective::reducescatter:
+      if (index >= rank * s.chunks && index < (rank + 1) * s.chunks) return index - rank * s.chunks;
+      return std::nullopt;
+    case Collective::broadcast:
+    case Collective::reduce:
+      if (rank == s.root) return index;
+      return std::nullopt;
+    case Collective::alltoall: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string print_op(const Op& op) {
+  std::string s = fmt::format("%{} {}", op.id, name(op.kind));
+  auto refs = [](const std::vector<Ref>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + to_string(v[i]);
+    return out;
+  };
+  switch (op.kind) {
+    case OpKind::copy:
+    case OpKind::reduce:
+      s += " " + refs(op.srcs) + " -> " + refs(op.dsts);
+      if (op.final) s += " final";
+      break;
+    case OpKind::signal: s += fmt::format(" r{} slot {}", op.peer, op.slot); break;
+    case OpKind::wait:
+      s += fmt::format(" slot {}", op.slot);
+      if (op.iter != 0) s += fmt::format(" iter {}", op.iter);
+      break;
+    case OpKind::nop: break;
+  }
+  return s;
+}
+
+std::string print(const Schedule& s) {
+  std::string out = fmt::format(
+      "schedule {} collective={} ranks={} root={} chunks={} instances={} scratch={}\n", s.name,
+      name(s.coll), s.nranks, s.root, s.chunks, s.instances, s.scratch);
+  out += fmt::format("  tbs={} slots={} depth={} proto={} tile={}{}{}{}\n", s.tbs, s.slots, s.depth,
+                     name(s.proto), s.tile_bytes, s.staged ? " staged" : "",
+                     s.synced ? " synced" : "",
+                     s.topology.empty() ? "" : " topology=" + s.topology);
+  // Group by rank, then thread block; within a group keep program order.
+  for (int32_t r = 0; r < s.nranks; ++r) {
+    std::vector<const Op*> mine;
+    for (const auto& op : s.ops)
+      if (op.rank == r) mine.push_back(&op);
+    out += fmt::format("rank {}:\n", r);
+    std::vector<int32_t> tbs;
+    for (auto* op : mine)
+      if (std::find(tbs.begin(), tbs.end(), op->tb) == tbs.end()) tbs.push_back(op->tb);
+    std::sort(tbs.begin(), tbs.end());
+    for (int32_t tb : tbs) {
+      std::string indent = "  ";
+      if (tb >= 0) {
+        out += fmt::format("  tb {}:\n", tb);
+        indent = "    ";
+      }
+      for (auto* op : mine) {
+        if (op->tb != tb) continue;
+        std::string line = indent + print_op(*op);
+        if (op->loc.valid()) {
+          if (line.size() < 60) line.resize(60, ' ');
+          line += "  ; " + op->loc.str();
+        }
+        out += line + "\n";
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace mk::ir

@@ -1,0 +1,126 @@
+// mk::ir: the schedule IR every pass reads and writes.
+//
+// A Schedule is a global, sequential program over all ranks: `ops` in order is
+// its meaning (executing them one after another computes the collective). Each
+// op runs on one rank (`rank`, the GPU that executes it) and, after
+// assign_tbs, on one thread block (`tb`) of that rank. Ops of one (rank, tb)
+// run in the order they appear in `ops`. Cross-thread-block order exists only
+// through signal/wait pairs, which insert_sync derives.
+//
+// Memory: each rank has an input, an output and a scratch buffer, each a row
+// of chunks. A data buffer is `blocks x chunks` chunks: a block is the
+// per-rank element count the user passes (NCCL's `count`), cut into `chunks`
+// pieces; all-gather's output has one block per rank, and so on
+// (buf_chunks()). Scratch holds `scratch` slots of one tile each; a slot is
+// reused every step (and rotated over `depth` copies).
+//
+// Execution is tiled: every step, each op moves one tile (tile_bytes) of each
+// of its chunks; `instances` copies of the whole program run side by side on
+// interleaved tiles (parallelize).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mk/error.hpp"
+#include "mk/types.hpp"
+
+namespace mk::ir {
+
+enum class OpKind : uint8_t {
+#define MK_OP(name, min_srcs, min_dsts, meaning) name,
+#include "compiler/ir/ops.def"
+#undef MK_OP
+};
+std::string_view name(OpKind k);
+std::optional<OpKind> parse_opkind(std::string_view s);
+int min_srcs(OpKind k);
+int min_dsts(OpKind k);
+std::string_view meaning(OpKind k);
+std::vector<OpKind> all_opkinds();
+
+enum class Buf : uint8_t { input, output, scratch };
+std::string_view name(Buf b);  // "in", "out", "sc"
+std::optional<Buf> parse_buf(std::string_view s);
+
+enum class Proto : uint8_t { simple, ll };
+std::string_view name(Proto p);
+std::optional<Proto> parse_proto(std::string_view s);
+
+// `count` consecutive chunks of one rank's buffer, starting at `index`.
+struct Ref {
+  int32_t rank = 0;
+  Buf buf = Buf::input;
+  int32_t index = 0;
+  int32_t count = 1;
+  bool operator==(const Ref&) const = default;
+  Ref at(int32_t i) const { return Ref{rank, buf, index + i, 1}; }
+};
+std::string to_string(const Ref& r);            // "r1.sc[3]", "r0.out[2:4]"
+std::optional<Ref> parse_ref(std::string_view s);  // inverse of to_string
+
+struct Op {
+  int32_t id = -1;  // unique, stable across passes (new ops get fresh ids)
+  OpKind kind = OpKind::nop;
+  int32_t rank = -1;  // executing rank
+  int32_t tb = -1;    // thread block on `rank`; -1 until assign_tbs
+  std::vector<Ref> srcs;
+  std::vector<Ref> dsts;
+  int32_t peer = -1;  // signal: rank whose flag slot is written
+  int32_t slot = -1;  // signal: slot on `peer`; wait: slot on own rank
+  int32_t iter = 0;   // wait: step offset of the awaited signal (0, or -depth)
+  bool final = false;  // reduce whose result is complete: applies avg and the epilogue
+  std::vector<int32_t> pos;  // per chunk: its position in the block (set by analyze)
+  SrcLoc loc;
+
+  bool is_data() const { return kind == OpKind::copy || kind == OpKind::reduce; }
+  int32_t count() const { return dsts.empty() ? 0 : dsts[0].count; }
+};
+
+struct Schedule {
+  static constexpr int kVersion = 1;
+
+  std::string name;
+  Collective coll = Collective::allreduce;
+  int32_t nranks = 1;
+  int32_t root = 0;
+  int32_t chunks = 1;     // chunks per block
+  int32_t instances = 1;  // parallel copies of the program on interleaved tiles
+  int32_t scratch = 0;    // scratch slots per rank per step
+  int32_t tbs = 0;        // thread blocks per rank (max over ranks); 0 before assign_tbs
+  int32_t slots = 0;      // flag slots per rank (max over ranks); 0 before insert_sync
+  int32_t depth = 1;      // copies of scratch rotated over consecutive steps
+  Proto proto = Proto::simple;
+  int64_t tile_bytes = 0;  // largest tile (bytes per chunk per step per instance), which
+                           // sizes scratch slots; each launch picks its tile up to this
+                           // (layout.cuh pick_tile_bytes). 0 until chosen
+  bool staged = false;     // only owners touch user buffers (stage_remote ran)
+  bool synced = false;     // signal/wait present (insert_sync ran)
+  std::string topology;    // what it was lowered for (topology::Topology::name)
+  std::vector<Op> ops;
+
+  int32_t next_id() const;  // an id no op has yet
+};
+
+// Buffer geometry. blocks(...) * chunks = chunks in that buffer.
+int32_t buf_blocks(Collective c, int32_t nranks, Buf b);
+int32_t buf_chunks(const Schedule& s, Buf b);  // scratch: s.scratch
+// Which ranks own a meaningful input/output (broadcast/reduce: only the root
+// has a send buffer / receive buffer).
+bool has_input(const Schedule& s, int32_t rank);
+bool has_output(const Schedule& s, int32_t rank);
+// In-place: the output chunk that aliases input chunk `index` of `rank`, if any.
+std::optional<int32_t> inplace_output_of_input(const Schedule& s, int32_t rank, int32_t index);
+
+// Text form: stable and diff-friendly (golden tests use it).
+std::string print(const Schedule& s);
+std::string print_op(const Op& op);
+
+// JSON round trip with a schema version.
+std::string to_json(const Schedule& s, int indent = 1);
+Schedule from_json(std::string_view text);  // throws Error(ir_E001/E002)
+
+}  // namespace mk::ir

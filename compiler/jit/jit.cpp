@@ -1,0 +1,321 @@
+#include "compiler/jit/jit.hpp"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <nvrtc.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "compiler/codegen/codegen.hpp"
+#include "mk/error.hpp"
+
+namespace mk::jit {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Nvrtc {
+  void* handle = nullptr;
+  std::string where;
+  decltype(&::nvrtcVersion) version = nullptr;
+  decltype(&::nvrtcGetNumSupportedArchs) num_archs = nullptr;
+  decltype(&::nvrtcGetSupportedArchs) archs = nullptr;
+  decltype(&::nvrtcCreateProgram) create = nullptr;
+  decltype(&::nvrtcCompileProgram) compile = nullptr;
+  decltype(&::nvrtcGetProgramLogSize) log_size = nullptr;
+  decltype(&::nvrtcGetProgramLog) log = nullptr;
+  decltype(&::nvrtcGetCUBINSize) cubin_size = nullptr;
+  decltype(&::nvrtcGetCUBIN) cubin = nullptr;
+  decltype(&::nvrtcDestroyProgram) destroy = nullptr;
+  decltype(&::nvrtcGetErrorString) error_string = nullptr;
+};
+
+// Absolute paths first (so nvrtc_identity() can name the library without
+// loading it), then bare names for the dynamic loader.
+std::vector<std::string> nvrtc_candidates() {
+  std::vector<std::string> c;
+  if (const char* p = std::getenv("MK_NVRTC_PATH"); p && *p) c.push_back(p);
+  std::vector<std::string> dirs;
+  if (const char* l = std::getenv("LD_LIBRARY_PATH")) {
+    std::stringstream ss(l);
+    std::string d;
+    while (std::getline(ss, d, ':'))
+      if (!d.empty()) dirs.push_back(d);
+  }
+  for (const char* d : {"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
+                        "/usr/lib/x86_64-linux-gnu", "/usr/lib64"})
+    dirs.push_back(d);
+  for (const char* name : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"})
+    for (const auto& d : dirs) c.push_back(d + "/" + name);
+  for (const char* name : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) c.push_back(name);
+  return c;
+}
+
+Nvrtc& lib() {
+  static Nvrtc n;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> candidates = nvrtc_candidates();
+    std::string tried;
+    for (const auto& c : candidates) {
+      void* h = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!h) {
+        tried += "\n    " + c;
+        continue;
+      }
+      n.handle = h;
+      n.where = c;
+      break;
+    }
+    if (!n.handle) {
+      n.where = "not found; tried:" + tried;
+      return;
+    }
+    auto sym = [&](auto& fn, const char* s) { fn = reinterpret_cast<std::decay_t<decltype(fn)>>(dlsym(n.handle, s)); };
+    sym(n.version, "nvrtcVersion");
+    sym(n.num_archs, "nvrtcGetNumSupportedArchs");
+    sym(n.archs, "nvrtcGetSupportedArchs");
+    sym(n.create, "nvrtcCreateProgram");
+    sym(n.compile, "nvrtcCompileProgram");
+    sym(n.log_size, "nvrtcGetProgramLogSize");
+    sym(n.log, "nvrtcGetProgramLog");
+    sym(n.cubin_size, "nvrtcGetCUBINSize");
+    sym(n.cubin, "nvrtcGetCUBIN");
+    sym(n.destroy, "nvrtcDestroyProgram");
+    sym(n.error_string, "nvrtcGetErrorString");
+    if (!n.version || !n.create || !n.compile || !n.cubin || !n.cubin_size || !n.destroy) {
+      dlclose(n.handle);
+      n.handle = nullptr;
+      n.where += " (missing symbols: too old?)";
+    }
+  });
+  return n;
+}
+
+Nvrtc& need_lib() {
+  Nvrtc& n = lib();
+  if (!n.handle)
+    throw Error(ErrId::jit_E001, "NVRTC (libnvrtc.so) " + n.where, {},
+                "install the CUDA toolkit, or point MK_NVRTC_PATH at libnvrtc.so");
+  return n;
+}
+
+// Two independent 64-bit FNV-1a streams: collisions are not a concern here.
+std::pair<uint64_t, uint64_t> hash2(const std::string& data) {
+  uint64_t a = 0xcbf29ce484222325ull, b = 0x84222325cbf29ce4ull;
+  for (unsigned char c : data) {
+    a = (a ^ c) * 0x100000001b3ull;
+    b = (b ^ (c + 0x5bu)) * 0x100000001b3ull;
+    b ^= b >> 29;
+  }
+  return {a, b};
+}
+
+}  // namespace
+
+std::string hash_hex(const std::string& data) {
+  auto [a, b] = hash2(data);
+  return fmt::format("{:016x}{:016x}", a, b);
+}
+
+int parse_arch(const std::string& s) {
+  std::string t = s;
+  for (const char* prefix : {"sm_", "compute_", "SM_", "sm"})
+    if (t.rfind(prefix, 0) == 0) {
+      t = t.substr(std::string(prefix).size());
+      break;
+    }
+  if (t.size() == 3 && t[1] == '.') t = std::string(1, t[0]) + t[2];
+  if (!t.empty() && (t.back() == 'a' || t.back() == 'f')) t.pop_back();
+  bool digits = !t.empty() && t.size() <= 3 &&
+                std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits)
+    throw Error(ErrId::cli_E010, "'" + s + "' is not a GPU architecture", {},
+                "write it as sm_90 (H100/H200), sm_80 (A100), sm_100 (B200), ...");
+  return std::stoi(t);
+}
+
+std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
+
+int nvrtc_version() {
+  Nvrtc& n = lib();
+  if (!n.handle) return 0;
+  int major = 0, minor = 0;
+  n.version(&major, &minor);
+  return major * 1000 + minor * 10;
+}
+
+std::vector<int> supported_archs() {
+  Nvrtc& n = lib();
+  std::vector<int> v;
+  if (!n.handle || !n.num_archs || !n.archs) return v;
+  int count = 0;
+  if (n.num_archs(&count) != NVRTC_SUCCESS || count <= 0) return v;
+  v.resize(size_t(count));
+  n.archs(v.data());
+  return v;
+}
+
+std::string nvrtc_status() {
+  Nvrtc& n = lib();
+  if (!n.handle) return n.where;
+  int v = nvrtc_version();
+  return fmt::format("{} (NVRTC {}.{})", n.where, v / 1000, (v % 1000) / 10);
+}
+
+std::string nvrtc_identity() {
+  static const std::string id = [] {
+    for (const auto& c : nvrtc_candidates()) {
+      if (c.empty() || c[0] != '/') continue;
+      std::error_code ec;
+      fs::path real = fs::canonical(c, ec);
+      if (ec) continue;
+      auto size = fs::file_size(real, ec);
+      return real.filename().string() + ":" + std::to_string(ec ? 0 : size);
+    }
+    return std::string("nvrtc:unknown");
+  }();
+  return id;
+}
+
+const std::string& templates_hash() {
+  static const std::string h = [] {
+    std::string all;
+    for (const auto& [n, text] : codegen::embedded_templates()) {
+      all += "\n//@";
+      all += n;
+      all += "\n";
+      all += text;
+    }
+    return hash_hex(all);
+  }();
+  return h;
+}
+
+std::string cache_dir() {
+  if (const char* d = std::getenv("MK_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/mkernel";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/mkernel";
+  return "/tmp/mkernel-cache";
+}
+
+namespace {
+
+std::string save_failed_source(const std::string& source, const std::string& key) {
+  std::error_code ec;
+  fs::path dir = fs::path(cache_dir()) / "failed";
+  fs::create_directories(dir, ec);
+  if (ec) dir = fs::temp_directory_path();
+  fs::path p = dir / (key + ".cu");
+  std::ofstream(p) << source;
+  return p.string();
+}
+
+bool read_file(const fs::path& p, std::vector<char>* out) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return false;
+  out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  return !out->empty();
+}
+
+void write_atomic(const fs::path& p, const std::vector<char>& data) {
+  std::error_code ec;
+  fs::create_directories(p.parent_path(), ec);
+  if (ec)
+    throw Error(ErrId::jit_E004, "cannot create cache directory " + p.parent_path().string() + ": " + ec.message(),
+                {}, "set MK_CACHE_DIR to a writable directory");
+  fs::path tmp = p;
+  tmp += fmt::format(".tmp.{}", ::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f.write(data.data(), std::streamsize(data.size()));
+    if (!f)
+      throw Error(ErrId::jit_E004, "cannot write " + tmp.string(), {}, "set MK_CACHE_DIR to a writable directory");
+  }
+  fs::rename(tmp, p, ec);
+  if (ec) throw Error(ErrId::jit_E004, "cannot rename into " + p.string() + ": " + ec.message());
+}
+
+}  // namespace
+
+CompileResult compile(const std::string& source, const std::string& name, int arch, bool use_cache) {
+  const std::vector<std::string> opts = {"--gpu-architecture=" + arch_name(arch), "-std=c++17", "-DNDEBUG",
+                                         "--extra-device-vectorization", "-lineinfo"};
+  std::string keydata = source + "\n//templates " + templates_hash();
+  for (const auto& o : opts) keydata += "\n//#" + o;
+  keydata += "\n//nvrtc " + nvrtc_identity();
+  CompileResult res;
+  const std::string base_key = hash_hex(keydata);
+  fs::path file;
+  if (use_cache) {
+    file = fs::path(cache_dir()) / (base_key + "." + arch_name(arch) + ".cubin");
+    if (read_file(file, &res.cubin)) {
+      res.from_cache = true;
+      res.cache_file = file.string();
+      return res;
+    }
+  }
+  Nvrtc& n = need_lib();
+  auto archs = supported_archs();
+  if (!archs.empty() && std::find(archs.begin(), archs.end(), arch) == archs.end()) {
+    std::string list;
+    for (int a : archs) list += " " + arch_name(a);
+    throw Error(ErrId::jit_E003,
+                fmt::format("{} is not supported by this NVRTC ({}); it supports:{}", arch_name(arch),
+                            nvrtc_status(), list),
+                {}, "pick one of the listed architectures");
+  }
+  std::vector<std::string> names, texts;
+  for (const auto& [hn, text] : codegen::embedded_templates()) {
+    names.emplace_back(hn);
+    texts.emplace_back(text);
+  }
+  std::vector<const char*> hnames, htexts;
+  for (size_t i = 0; i < names.size(); ++i) {
+    hnames.push_back(names[i].c_str());
+    htexts.push_back(texts[i].c_str());
+  }
+  nvrtcProgram prog = nullptr;
+  nvrtcResult r = n.create(&prog, source.c_str(), (name + ".cu").c_str(), int(htexts.size()), htexts.data(),
+                           hnames.data());
+  if (r != NVRTC_SUCCESS)
+    throw Error(ErrId::jit_E002, fmt::format("nvrtcCreateProgram failed: {}", n.error_string ? n.error_string(r) : "?"));
+  std::vector<const char*> copts;
+  for (const auto& o : opts) copts.push_back(o.c_str());
+  r = n.compile(prog, int(copts.size()), copts.data());
+  size_t log_size = 0;
+  if (n.log_size) n.log_size(prog, &log_size);
+  if (log_size > 1 && n.log) {
+    res.log.resize(log_size);
+    n.log(prog, res.log.data());
+    res.log.resize(log_size - 1);
+  }
+  if (r != NVRTC_SUCCESS) {
+    n.destroy(&prog);
+    std::string path = save_failed_source(source, base_key);
+    std::string log = res.log.size() > 6000 ? res.log.substr(0, 6000) + "\n[... log truncated]" : res.log;
+    throw Error(ErrId::jit_E002,
+                fmt::format("NVRTC could not compile {} for {}:\n{}\n  generated source: {}", name, arch_name(arch),
+                            log, path),
+                {}, "this is a bug in the schedule's lowering or in mKernel; please report it with that file");
+  }
+  size_t size = 0;
+  n.cubin_size(prog, &size);
+  res.cubin.resize(size);
+  n.cubin(prog, res.cubin.data());
+  n.destroy(&prog);
+  if (use_cache) {
+    write_atomic(file, res.cubin);
+    res.cache_file = file.string();
+  }
+  return res;
+}
+
+}  // namespace mk::jit

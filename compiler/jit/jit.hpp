@@ -1,0 +1,48 @@
+// NVRTC, opened lazily (dlopen) so that binaries run on machines without the
+// CUDA toolkit until they actually compile, and a disk cache of cubins.
+//
+// Cache key: a 128-bit hash of the generated source, every embedded template,
+// the architecture, the NVRTC version and the options. Location: $MK_CACHE_DIR,
+// default ~/.cache/mkernel. Writes are atomic (temp file + rename), so
+// concurrent processes may share a cache.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mk::jit {
+
+// "sm_90", "90", "compute_90", "9.0" -> 90; throws mk.cli.E010 if malformed.
+int parse_arch(const std::string& s);
+std::string arch_name(int arch);  // 90 -> "sm_90"
+
+// NVRTC's version as major*1000+minor*10 (e.g. 13000), 0 when unavailable.
+int nvrtc_version();
+// Architectures the loaded NVRTC can target (e.g. 75..121). Empty if none.
+std::vector<int> supported_archs();
+// Where NVRTC was found, or why not.
+std::string nvrtc_status();
+// Which NVRTC would be loaded (resolved file name and size), found without
+// loading it: cheap enough for cache keys on the fast path.
+std::string nvrtc_identity();
+// A hash of every embedded template (part of every cache key).
+const std::string& templates_hash();
+
+struct CompileResult {
+  std::vector<char> cubin;
+  std::string log;
+  bool from_cache = false;
+  std::string cache_file;
+};
+
+// Compiles `source` (which includes the embedded templates by name) for
+// `arch`. Throws mk.jit.E001 (no NVRTC), E002 (compile error: log and the path
+// of the saved source), E003 (arch unsupported), E004 (cache I/O).
+CompileResult compile(const std::string& source, const std::string& name, int arch,
+                      bool use_cache = true);
+
+std::string cache_dir();
+std::string hash_hex(const std::string& data);  // 32 hex digits
+
+}  // namespace mk::jit

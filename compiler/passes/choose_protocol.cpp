@@ -1,0 +1,104 @@
+// choose_protocol: per size bucket, pick the protocol, tile size, scratch
+// depth, instances and block size.
+//
+//  simple  data lands in scratch with plain 16-byte stores; a release/acquire
+//          flag per dependency says it is there. Best for bandwidth.
+//  ll      "low latency": every 8 bytes of data travel with a 4-byte step flag
+//          in one 16-byte store, so the reader polls the data itself and no
+//          separate flag round trip is needed. Half the bandwidth; best for
+//          small messages. Needs every scratch slot written once per step.
+//
+// Defaults stand in for a measured table (`mkc tune` will replace them): LL up
+// to 64 KiB, simple above. The bucket fixes the *largest* tile (it sizes the
+// scratch slots: bounded by the scratch budget and 256 KiB); each launch picks
+// its tile at run time up to that (templates/layout.cuh pick_tile_bytes).
+//
+// Needs: thread blocks assigned. Guarantees: proto, tile_bytes (multiple of
+// 16), depth >= 1 and instances set; tile * scratch * depth * instances (x2
+// for LL) fits the scratch budget.
+#include <algorithm>
+#include <map>
+
+#include "compiler/passes/passes.hpp"
+#include "compiler/verify/hb.hpp"
+
+namespace mk::passes {
+
+namespace {
+
+bool ll_possible(const ir::Schedule& s) {
+  for (auto& [key, acc] : verify::accesses(s, false)) {
+    if (key.space != 2) continue;
+    int writes = 0;
+    for (auto& a : acc) writes += a.write;
+    if (writes > 1) return false;
+  }
+  return true;
+}
+
+int64_t clamp_tile(int64_t t, int64_t lo, int64_t hi) {
+  t = std::max(lo, std::min(hi, t));
+  return std::max<int64_t>(16, t / 16 * 16);
+}
+
+Bucket make_bucket(const ir::Schedule& s, int64_t lo, int64_t hi, ir::Proto proto, const ProtocolOptions& o) {
+  Bucket b;
+  b.min_bytes = lo;
+  b.max_bytes = hi;
+  b.proto = proto;
+  b.depth = 2;
+  b.instances = o.forced_instances > 0 ? o.forced_instances : s.instances;
+  if (proto == ir::Proto::ll && o.forced_instances <= 0) b.instances = 1;
+  b.threads = proto == ir::Proto::ll ? 256 : 512;
+  const int64_t ll_factor = proto == ir::Proto::ll ? 2 : 1;
+  // Largest tile the scratch budget allows.
+  const int64_t per_tile = int64_t(std::max(s.scratch, 1)) * b.depth * b.instances * ll_factor;
+  const int64_t budget_tile = o.scratch_budget / per_tile;
+  // Largest tile a message of this bucket can use (one tile per chunk per instance).
+  int64_t want = o.max_tile_bytes;
+  if (hi >= 0) {
+    const int64_t chunk = (hi + s.chunks - 1) / s.chunks;
+    want = std::min(want, ((chunk + b.instances - 1) / b.instances + 15) / 16 * 16);
+  }
+  if (o.forced_tile > 0) want = o.forced_tile;
+  b.tile_bytes = clamp_tile(std::min(want, budget_tile), 16, std::max(o.max_tile_bytes, o.forced_tile));
+  return b;
+}
+
+}  // namespace
+
+std::vector<Bucket> plan_buckets(const ir::Schedule& s, int64_t min_bytes, int64_t max_bytes,
+                                 const ProtocolOptions& o) {
+  MK_CHECK(min_bytes >= 0 && (max_bytes < 0 || max_bytes >= min_bytes), "bad byte range");
+  std::vector<Bucket> out;
+  if (o.forced_proto >= 0) {
+    auto p = ir::Proto(o.forced_proto);
+    if (p == ir::Proto::ll && !ll_possible(s))
+      throw Error(ErrId::cli_E013,
+                  "schedule '" + s.name + "' writes a scratch slot more than once per step; the LL "
+                  "protocol needs one write per slot",
+                  {}, "use --proto simple");
+    out.push_back(make_bucket(s, min_bytes, max_bytes, p, o));
+    return out;
+  }
+  int64_t lo = min_bytes;
+  if (ll_possible(s) && lo <= o.ll_max_bytes) {
+    int64_t hi = max_bytes < 0 ? o.ll_max_bytes : std::min(max_bytes, o.ll_max_bytes);
+    out.push_back(make_bucket(s, lo, hi, ir::Proto::ll, o));
+    lo = hi + 1;
+    if (max_bytes >= 0 && lo > max_bytes) return out;
+  }
+  out.push_back(make_bucket(s, lo, max_bytes, ir::Proto::simple, o));
+  return out;
+}
+
+ir::Schedule choose_protocol(ir::Schedule s, const Bucket& b) {
+  MK_CHECK(b.tile_bytes >= 16 && b.tile_bytes % 16 == 0, "tile must be a multiple of 16 bytes");
+  s.proto = b.proto;
+  s.tile_bytes = b.tile_bytes;
+  s.depth = b.depth;
+  s.instances = b.instances;
+  return s;
+}
+
+}  // namespace mk::passes

@@ -1,0 +1,43 @@
+// Compiler passes: pure functions Schedule -> Schedule, one per file. Each
+// file's header comment states what the pass does, what it needs and what it
+// guarantees. compiler/pipeline.cpp runs them top to bottom.
+#pragma once
+
+#include <cstdint>
+
+#include "compiler/ir/ir.hpp"
+
+namespace mk::passes {
+
+ir::Schedule stage_remote(ir::Schedule s);
+ir::Schedule fuse(ir::Schedule s);
+ir::Schedule parallelize(ir::Schedule s, int32_t instances);
+ir::Schedule assign_tbs(ir::Schedule s, int32_t max_tbs);
+
+// What one size bucket is compiled with (choose_protocol fills it in).
+struct Bucket {
+  int64_t min_bytes = 0;  // user buffer bytes (count * element size), inclusive
+  int64_t max_bytes = 0;  // inclusive
+  ir::Proto proto = ir::Proto::simple;
+  int64_t tile_bytes = 0;
+  int32_t depth = 2;
+  int32_t instances = 1;
+  int32_t threads = 512;  // threads per block
+};
+
+struct ProtocolOptions {
+  int64_t scratch_budget = 32ll << 20;  // bytes of scratch one plan may use per rank
+  int64_t ll_max_bytes = 64 << 10;      // LL for buckets that end at or below this
+  int64_t max_tile_bytes = 256 << 10;
+  int forced_proto = -1;                // -1: choose; else ir::Proto
+  int64_t forced_tile = 0;              // 0: choose
+  int32_t forced_instances = 0;         // 0: from the schedule
+};
+
+// Size buckets for [min_bytes, max_bytes] (max -1: unbounded).
+std::vector<Bucket> plan_buckets(const ir::Schedule& s, int64_t min_bytes, int64_t max_bytes,
+                                 const ProtocolOptions& o);
+ir::Schedule choose_protocol(ir::Schedule s, const Bucket& b);
+ir::Schedule insert_sync(ir::Schedule s);
+
+}  // namespace mk::passes

@@ -1,0 +1,64 @@
+#include "compiler/pipeline.hpp"
+
+#include "compiler/verify/verify.hpp"
+
+namespace mk::compiler {
+
+const std::vector<std::string>& pass_names() {
+  static const std::vector<std::string> names = {"build",       "verify", "stage",    "fuse",
+                                                 "analyze",     "parallelize", "assign", "protocol",
+                                                 "sync"};
+  return names;
+}
+
+Lowered lower(ir::Schedule s, const LowerOptions& o) {
+  auto dump = [&](std::string_view pass, const ir::Schedule& x) {
+    if (o.on_pass) o.on_pass(pass, x);
+  };
+  s.topology = o.topology;
+  dump("build", s);
+
+  verify::verify_semantics(s);  // prove the author's program before touching it
+  dump("verify", s);
+
+  s = passes::stage_remote(std::move(s));
+  dump("stage", s);
+
+  s = passes::fuse(std::move(s));
+  dump("fuse", s);
+
+  verify::analyze(s);  // positions and final reductions; re-proves the rewritten program
+  dump("analyze", s);
+
+  s = passes::parallelize(std::move(s), o.instances);
+  dump("parallelize", s);
+
+  s = passes::assign_tbs(std::move(s), o.max_tbs);
+  dump("assign", s);
+
+  Lowered out;
+  out.buckets = passes::plan_buckets(s, o.min_bytes, o.max_bytes, o.proto);
+  for (const auto& b : out.buckets) {
+    ir::Schedule v = passes::choose_protocol(s, b);
+    dump("protocol", v);
+    // Synchronisation depends on the protocol and scratch depth only: buckets
+    // that share both share the (expensive) sync and its proof.
+    const ir::Schedule* same = nullptr;
+    for (const auto& done : out.variants)
+      if (done.proto == v.proto && done.depth == v.depth) same = &done;
+    if (same) {
+      ir::Schedule w = *same;
+      w.tile_bytes = v.tile_bytes;
+      w.instances = v.instances;
+      v = std::move(w);
+    } else {
+      v = passes::insert_sync(std::move(v));
+      verify::verify_all(v);  // final proof: meaning, bounds, pairing, no deadlock, no race
+    }
+    dump("sync", v);
+    out.variants.push_back(std::move(v));
+  }
+  return out;
+}
+
+}  // namespace mk::compiler

@@ -1,0 +1,41 @@
+// The compiler pipeline, top to bottom (compiler/pipeline.cpp):
+//
+//   build (DSL) -> verify -> stage -> fuse -> analyze -> parallelize -> assign
+//     -> per size bucket: protocol -> sync -> verify(final)
+//     -> codegen -> NVRTC -> plan
+//
+// `mkc lower --dump-after=PASS` prints the IR after any of pass_names().
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "compiler/ir/ir.hpp"
+#include "compiler/passes/passes.hpp"
+
+namespace mk::compiler {
+
+struct LowerOptions {
+  int32_t instances = 0;  // 0: what the schedule asks for
+  int32_t max_tbs = 32;   // thread blocks per rank per instance
+  int64_t min_bytes = 0;
+  int64_t max_bytes = -1;  // -1: unbounded
+  passes::ProtocolOptions proto;
+  std::string topology;
+  // Called after every pass with its name (for --dump-after).
+  std::function<void(std::string_view pass, const ir::Schedule&)> on_pass;
+};
+
+struct Lowered {
+  std::vector<passes::Bucket> buckets;
+  std::vector<ir::Schedule> variants;  // one per bucket: synced and verified
+};
+
+// Names accepted by --dump-after, in pipeline order.
+const std::vector<std::string>& pass_names();
+
+Lowered lower(ir::Schedule s, const LowerOptions& o);
+
+}  // namespace mk::compiler

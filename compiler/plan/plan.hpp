@@ -1,0 +1,68 @@
+// A plan: what `mkc compile` writes and the runtime loads. A directory with
+//   plan.json      the description below (docs/plan.md)
+//   <kernel>.cubin one per size bucket
+//   <kernel>.cu    its generated source (for reading and debugging)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mk/types.hpp"
+
+namespace mk::plan {
+
+struct Kernel {
+  std::string name;
+  int32_t bucket = 0;
+  int64_t min_bytes = 0;
+  int64_t max_bytes = -1;  // -1: no upper bound
+  std::string proto;       // "simple" | "ll"
+  int64_t max_tile_bytes = 0;  // the launch picks its tile up to this (pick_tile_bytes)
+  int32_t instances = 1;
+  int32_t tbs = 1;
+  int32_t threads = 512;
+  int32_t grid = 1;
+  int32_t depth = 1;
+  int32_t scratch_slots = 1;
+  int32_t flag_slots = 1;
+  int32_t classes = 1;
+  int64_t scratch_bytes = 0;  // per rank
+  int64_t flag_bytes = 0;     // per rank
+  int32_t seq_words = 0;      // per rank (instances * tbs)
+  std::string cubin_file;     // relative to the plan directory
+  std::string source_file;
+
+  std::vector<char> cubin;  // contents of cubin_file
+  std::string source;       // contents of source_file
+};
+
+struct Plan {
+  static constexpr int kVersion = 1;
+  std::string schedule;
+  Collective coll = Collective::allreduce;
+  int32_t nranks = 1;
+  int32_t chunks = 1;
+  std::string topology;
+  DType dtype = DType::fp32;
+  RedOp op = RedOp::sum;
+  int32_t arch = 90;
+  int32_t nvrtc_version = 0;
+  std::string mkernel_version;
+  std::vector<Kernel> kernels;
+};
+
+std::string to_json(const Plan& p);
+// Parses and validates plan.json text; `where` names the file in errors.
+Plan from_json(const std::string& text, const std::string& where);
+
+void write_dir(const Plan& p, const std::string& dir);  // throws mk.cli.E012
+Plan read_dir(const std::string& dir);                   // throws mk.plan.E001..E003
+
+// The kernel whose size range holds `bytes`, or nullptr.
+const Kernel* select(const Plan& p, int64_t bytes);
+
+// One human-readable paragraph (mkc compile prints it).
+std::string summary(const Plan& p);
+
+}  // namespace mk::plan

@@ -1,0 +1,142 @@
+#include "compiler/plugin.hpp"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "compiler/jit/jit.hpp"
+
+namespace mk::plugin {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string library_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&include_dir), &info) && info.dli_fname) return info.dli_fname;
+  return {};
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+int run(const std::string& cmd, std::string* output) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) output->append(buf.data(), n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::vector<dsl::ScheduleInfo> registered_after(int64_t seq) {
+  std::vector<dsl::ScheduleInfo> out;
+  for (auto& s : dsl::registered_schedules())
+    if (s.seq > seq) out.push_back(s);
+  return out;
+}
+
+int64_t current_seq() {
+  int64_t m = 0;
+  for (auto& s : dsl::registered_schedules()) m = std::max(m, s.seq);
+  return m;
+}
+
+}  // namespace
+
+std::string include_dir() {
+  std::vector<std::string> cands;
+  if (const char* e = std::getenv("MK_INCLUDE_DIR")) cands.push_back(e);
+  std::string lib = library_path();
+  if (!lib.empty()) {
+    fs::path d = fs::path(lib).parent_path();
+    cands.push_back((d / ".." / "include").string());
+  }
+#ifdef MK_SOURCE_INCLUDE_DIR
+  cands.push_back(MK_SOURCE_INCLUDE_DIR);
+#endif
+#ifdef MK_INSTALL_INCLUDE_DIR
+  cands.push_back(MK_INSTALL_INCLUDE_DIR);
+#endif
+  for (const auto& c : cands)
+    if (fs::exists(fs::path(c) / "mk" / "dsl.hpp")) return fs::weakly_canonical(c).string();
+  return {};
+}
+
+std::vector<dsl::ScheduleInfo> load_library(const std::string& so_file) {
+  if (!fs::exists(so_file)) throw Error(ErrId::cli_E009, "no such plugin: " + so_file);
+  // dlopen of an already loaded library runs no initialisers again: remember.
+  static std::mutex mu;
+  static std::map<std::string, std::vector<dsl::ScheduleInfo>> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string key = fs::weakly_canonical(so_file).string();
+  if (auto it = loaded.find(key); it != loaded.end()) return it->second;
+  int64_t before = current_seq();
+  void* h = dlopen(fs::absolute(so_file).c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (!h) throw Error(ErrId::cli_E006, fmt::format("cannot load plugin {}: {}", so_file, dlerror()));
+  auto found = registered_after(before);
+  if (found.empty())
+    throw Error(ErrId::cli_E007, so_file + " defines no schedule", {},
+                "register one with MK_SCHEDULE(\"name\", collective, builder, \"description\")");
+  loaded[key] = found;
+  return found;
+}
+
+std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
+  std::ifstream f(cpp_file);
+  if (!f) throw Error(ErrId::cli_E009, "cannot read " + cpp_file);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string inc = include_dir();
+  if (inc.empty())
+    throw Error(ErrId::cli_E006, "cannot find the mKernel DSL headers (mk/dsl.hpp)", {},
+                "set MK_INCLUDE_DIR to the directory that holds mk/dsl.hpp");
+  const std::string lib = library_path();
+  const char* cxx_env = std::getenv("MK_CXX");
+  const std::string cxx = cxx_env && *cxx_env ? cxx_env : "c++";
+  const std::string abs = fs::absolute(cpp_file).string();
+  const std::string key = jit::hash_hex(text + "\n" + abs + "\n" + inc + "\n" + lib + "\n" + cxx);
+  fs::path dir = fs::path(jit::cache_dir()) / "plugins";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  fs::path so = dir / (key + ".so");
+  if (!fs::exists(so)) {
+    fs::path tmp = dir / fmt::format("{}.{}.tmp.so", key, ::getpid());
+    std::string cmd = fmt::format("{} -std=c++20 -O1 -shared -fPIC -I{} {} -o {}", cxx, shell_quote(inc),
+                                  shell_quote(abs), shell_quote(tmp.string()));
+    if (!lib.empty())
+      cmd += fmt::format(" {} -Wl,-rpath,{}", shell_quote(lib), shell_quote(fs::path(lib).parent_path().string()));
+    std::string out;
+    int rc = run(cmd, &out);
+    if (rc != 0) {
+      fs::remove(tmp, ec);
+      throw Error(ErrId::cli_E006, fmt::format("{} does not compile:\n{}", cpp_file, out), {},
+                  "fix the errors above (file:line points into your schedule)");
+    }
+    fs::rename(tmp, so, ec);
+    if (ec) throw Error(ErrId::jit_E004, "cannot store plugin in " + dir.string() + ": " + ec.message());
+  }
+  try {
+    return load_library(so.string());
+  } catch (const Error& e) {
+    if (e.id() == ErrId::cli_E007)
+      throw Error(ErrId::cli_E007, cpp_file + " defines no schedule", {},
+                  "register one with MK_SCHEDULE(\"name\", collective, builder, \"description\")");
+    throw;
+  }
+}
+
+}  // namespace mk::plugin

@@ -1,0 +1,52 @@
+// A dense matrix of bits: row v is a set over [0, cols). Used for
+// happens-before closures (row = op, column = data op).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace mk::verify {
+
+class BitRows {
+ public:
+  BitRows() = default;
+  BitRows(size_t rows, size_t cols) : words_((cols + 63) / 64), bits_(rows * words_, 0) {}
+  // Reuses the allocation (large matrices: page faults cost more than the work).
+  void assign(size_t rows, size_t cols) {
+    words_ = (cols + 63) / 64;
+    bits_.assign(rows * words_, 0);
+  }
+  size_t rows() const { return words_ ? bits_.size() / words_ : 0; }
+  // Appends an all-zero row, returns its index.
+  size_t add_row() {
+    bits_.resize(bits_.size() + words_, 0);
+    return rows() - 1;
+  }
+  void copy_row(size_t dst, const BitRows& other, size_t src) {
+    std::copy(other.bits_.begin() + std::ptrdiff_t(src * words_), other.bits_.begin() + std::ptrdiff_t((src + 1) * words_),
+              bits_.begin() + std::ptrdiff_t(dst * words_));
+  }
+  void clear_row(size_t r) { std::fill(bits_.begin() + std::ptrdiff_t(r * words_), bits_.begin() + std::ptrdiff_t((r + 1) * words_), 0); }
+  void set(size_t row, size_t col) { bits_[row * words_ + col / 64] |= uint64_t(1) << (col % 64); }
+  bool test(size_t row, size_t col) const {
+    return (bits_[row * words_ + col / 64] >> (col % 64)) & 1u;
+  }
+  void or_into(size_t dst, size_t src) {
+    uint64_t* d = &bits_[dst * words_];
+    const uint64_t* s = &bits_[src * words_];
+    for (size_t i = 0; i < words_; ++i) d[i] |= s[i];
+  }
+  // row dst |= row src of another matrix with the same column count
+  void or_from(size_t dst, const BitRows& other, size_t src) {
+    uint64_t* d = &bits_[dst * words_];
+    const uint64_t* s = &other.bits_[src * words_];
+    for (size_t i = 0; i < words_; ++i) d[i] |= s[i];
+  }
+
+ private:
+  size_t words_ = 0;
+  std::vector<uint64_t> bits_;
+};
+
+}  // namespace mk::verify

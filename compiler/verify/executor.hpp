@@ -1,0 +1,45 @@
+// CPU reference executor: runs a lowered schedule (thread blocks, steps,
+// instances, flags, scratch rotation, LL gating) on host arrays with the real
+// arithmetic of every dtype and op, interleaving thread blocks in a random
+// order that respects the waits, and compares each rank's output with a
+// float64 (or exact integer) reference. It uses the same tile math and the
+// same conversions as the GPU kernels (templates/layout.cuh, dtype.cuh).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "compiler/ir/ir.hpp"
+
+namespace mk::verify {
+
+struct SimOptions {
+  DType dtype = DType::fp32;
+  RedOp op = RedOp::sum;
+  int64_t count = 1024;  // elements per rank (the collective's count argument)
+  bool inplace = false;
+  int32_t root = 0;      // rooted collectives: the plan is rotated to this root
+  int32_t launches = 2;  // back-to-back launches (fresh data each) to exercise flag epochs
+  uint64_t seed = 1;     // data and interleaving
+  int64_t tile_bytes = 0;  // 0: what the runtime would pick (pick_tile_bytes)
+};
+
+struct SimResult {
+  bool ok = true;
+  double max_err = 0;    // largest |got - ref| seen
+  double max_tol = 0;    // tolerance at that element
+  int64_t mismatches = 0;
+  int64_t steps = 0;     // steps per launch
+  int64_t ops_run = 0;
+  std::string first_bad;  // "launch 0 rank 1 elem 17: got 3 want 4 (tol 0)"
+};
+
+// Throws mk::Error(verify_E005) when the simulated run deadlocks.
+SimResult simulate(const ir::Schedule& lowered, const SimOptions& o);
+
+// The value rank `rank` contributes at element `elem` of its input (as double,
+// already representable in dtype), for launch `launch`. Exposed for the GPU
+// tests, which use the same data.
+double test_value(DType t, RedOp op, uint64_t seed, int32_t launch, int32_t rank, int64_t elem);
+
+}  // namespace mk::verify

@@ -1,0 +1,190 @@
+#include "compiler/verify/reference.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "compiler/verify/typed.hpp"
+#include "templates/reduce.cuh"
+
+namespace mk::verify {
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t hash(const DataSpec& d, int32_t rank, int64_t elem) {
+  return mix(mix(mix(d.seed * 1000003u + uint64_t(d.launch)) ^ uint64_t(rank) * 0x632be59bd9b4e019ull) ^
+             uint64_t(elem));
+}
+
+double float_value(const DataSpec& d, int32_t rank, int64_t elem) {
+  uint64_t h = hash(d, rank, elem);
+  if (d.op == RedOp::prod) {
+    double sign = (h & 1) ? -1.0 : 1.0;
+    if ((uint64_t(rank) + uint64_t(elem)) % 8 == 0) return sign * (((h >> 1) & 1) ? 2.0 : 0.5);
+    return sign;
+  }
+  double u = double(h >> 11) * 0x1.0p-53;
+  return 2.0 * u - 1.0;
+}
+
+// unit roundoff of each float dtype
+double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::fp64: return 0x1.0p-53;
+    case DType::fp32: return 0x1.0p-24;
+    case DType::fp16: return 0x1.0p-11;
+    case DType::bf16: return 0x1.0p-8;
+    case DType::fp8e4m3: return 0x1.0p-4;
+    case DType::fp8e5m2: return 0x1.0p-3;
+    default: return 0;
+  }
+}
+
+double smallest_subnormal(DType t) {
+  switch (t) {
+    case DType::fp64: return 4.9e-324;
+    case DType::fp32: return 0x1.0p-149;
+    case DType::fp16: return 0x1.0p-24;
+    case DType::bf16: return 0x1.0p-133;
+    case DType::fp8e4m3: return 0x1.0p-9;
+    case DType::fp8e5m2: return 0x1.0p-16;
+    default: return 0;
+  }
+}
+
+template <typename T>
+T make_elem(const DataSpec& d, int32_t rank, int64_t elem) {
+  if constexpr (Typed<T>::is_int) {
+    return T(hash(d, rank, elem));
+  } else {
+    return Typed<T>::from_double(float_value(d, rank, elem));
+  }
+}
+
+struct Contrib {
+  int32_t rank;
+  int64_t elem;
+};
+
+// The input elements that produce output element `e` of `rank`.
+std::vector<Contrib> sources(Collective c, int32_t nranks, int32_t root, int64_t count, int32_t rank,
+                             int64_t e) {
+  std::vector<Contrib> v;
+  switch (c) {
+    case Collective::allreduce:
+    case Collective::reduce:
+      for (int32_t q = 0; q < nranks; ++q) v.push_back({q, e});
+      break;
+    case Collective::allgather: v.push_back({int32_t(e / count), e % count}); break;
+    case Collective::reducescatter:
+      for (int32_t q = 0; q < nranks; ++q) v.push_back({q, int64_t(rank) * count + e});
+      break;
+    case Collective::broadcast: v.push_back({root, e}); break;
+    case Collective::alltoall: v.push_back({int32_t(e / count), int64_t(rank) * count + e % count}); break;
+  }
+  return v;
+}
+
+template <typename T>
+CheckResult check_typed(Collective coll, const DataSpec& d, int32_t nranks, int32_t root,
+                        int64_t count, int32_t rank, const void* out, int64_t out_elems) {
+  CheckResult res;
+  const T* o = static_cast<const T*>(out);
+  const bool reduces = collective_reduces(coll);
+  for (int64_t e = 0; e < out_elems; ++e) {
+    auto src = sources(coll, nranks, root, count, rank, e);
+    const T got = o[e];
+    bool bad = false;
+    double err = 0, tol = 0, want_d = 0, got_d = Typed<T>::to_double(got);
+    if constexpr (Typed<T>::is_int) {
+      using C = T;
+      C acc = make_elem<T>(d, src[0].rank, src[0].elem);
+      if (reduces) {
+        for (size_t k = 1; k < src.size(); ++k)
+          acc = dispatch_red(d.op, [&]<int K>() {
+            return mk::dev::red_apply<K, C>(acc, make_elem<T>(d, src[k].rank, src[k].elem));
+          });
+        if (d.op == RedOp::avg) acc = mk::dev::red_finalize<mk::dev::kRedAvg, C>(acc, nranks);
+      }
+      bad = acc != got;
+      want_d = double(acc);
+      err = bad ? std::fabs(double(acc) - double(got)) : 0;
+      if (bad && err == 0) err = 1;  // 64-bit values too close for doubles
+    } else {
+      double acc = Typed<T>::to_double(make_elem<T>(d, src[0].rank, src[0].elem));
+      double mag = std::fabs(acc);
+      if (reduces) {
+        for (size_t k = 1; k < src.size(); ++k) {
+          double x = Typed<T>::to_double(make_elem<T>(d, src[k].rank, src[k].elem));
+          mag += std::fabs(x);
+          switch (d.op) {
+            case RedOp::sum:
+            case RedOp::avg: acc += x; break;
+            case RedOp::prod: acc *= x; break;
+            case RedOp::max: acc = std::max(acc, x); break;
+            case RedOp::min: acc = std::min(acc, x); break;
+          }
+        }
+      }
+      const double u = unit_roundoff(d.dtype);
+      if (reduces && (d.op == RedOp::sum || d.op == RedOp::avg)) {
+        tol = 2.0 * (nranks + 1) * u * mag;
+        if (d.op == RedOp::avg) {
+          acc /= nranks;
+          tol = tol / nranks + 2 * u * std::fabs(acc);
+        }
+      } else if (reduces && d.op == RedOp::prod) {
+        tol = 2 * u * std::fabs(acc);
+      }
+      if (tol > 0) tol += smallest_subnormal(d.dtype);
+      want_d = acc;
+      err = std::fabs(got_d - acc);
+      bad = !(err <= tol);  // NaN fails
+    }
+    if (!std::isnan(err) && err > res.max_err) {
+      res.max_err = err;
+      res.max_tol = tol;
+    }
+    if (bad) {
+      if (res.mismatches == 0)
+        res.first_bad = fmt::format("rank {} element {}: got {} want {} (tolerance {:.3g})", rank, e,
+                                    got_d, want_d, tol);
+      ++res.mismatches;
+      if (std::isnan(err)) res.max_err = NAN;
+    }
+  }
+  return res;
+}
+
+}  // namespace
+
+int64_t input_elems(Collective c, int32_t nranks, int64_t count) {
+  return (c == Collective::reducescatter || c == Collective::alltoall) ? count * nranks : count;
+}
+int64_t output_elems(Collective c, int32_t nranks, int64_t count) {
+  return (c == Collective::allgather || c == Collective::alltoall) ? count * nranks : count;
+}
+
+void fill_input(const DataSpec& d, int32_t rank, int64_t first, int64_t n, void* dst) {
+  dispatch_dtype(d.dtype, [&]<typename T>() {
+    T* p = static_cast<T*>(dst);
+    for (int64_t i = 0; i < n; ++i) p[i] = make_elem<T>(d, rank, first + i);
+  });
+}
+
+CheckResult check_output(Collective coll, const DataSpec& d, int32_t nranks, int32_t root,
+                         int64_t count, int32_t rank, const void* out, int64_t out_elems) {
+  return dispatch_dtype(d.dtype, [&]<typename T>() {
+    return check_typed<T>(coll, d, nranks, root, count, rank, out, out_elems);
+  });
+}
+
+}  // namespace mk::verify

@@ -1,0 +1,46 @@
+// Test data and the float64 / exact-integer reference for every collective.
+//
+// Inputs are a deterministic hash of (seed, launch, rank, element), so any
+// tool (the CPU executor, the GPU tests, the benchmark) can regenerate them
+// and check an output without storing every rank's input. Values differ per
+// rank and per element and are never all zero:
+//   floats, sum/avg/min/max  uniform in [-1, 1], rounded to the dtype
+//   floats, prod             +-1, with +-2 or +-0.5 at every 8th (rank+element)
+//                            (products are exact powers of two, no overflow)
+//   integers                 uniformly random bits (sum/prod wrap, as on GPU)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mk/types.hpp"
+
+namespace mk::verify {
+
+struct DataSpec {
+  DType dtype = DType::fp32;
+  RedOp op = RedOp::sum;
+  uint64_t seed = 1;
+  int32_t launch = 0;
+};
+
+// Writes `n` elements of rank `rank`'s input, starting at element `first`.
+void fill_input(const DataSpec& d, int32_t rank, int64_t first, int64_t n, void* dst);
+
+struct CheckResult {
+  int64_t mismatches = 0;
+  double max_err = 0;
+  double max_tol = 0;
+  std::string first_bad;
+};
+
+// Compares rank `rank`'s output (host copy, `out_elems` elements) with the
+// reference for `coll` over `nranks` ranks of `count` elements each.
+CheckResult check_output(Collective coll, const DataSpec& d, int32_t nranks, int32_t root,
+                         int64_t count, int32_t rank, const void* out, int64_t out_elems);
+
+// Elements in each rank's input / output buffer for a collective of `count`.
+int64_t input_elems(Collective c, int32_t nranks, int64_t count);
+int64_t output_elems(Collective c, int32_t nranks, int64_t count);
+
+}  // namespace mk::verify

@@ -1,0 +1,219 @@
+// The DSL records calls as IR ops in call order. Checks here are the ones that
+// can be made at the call (bad ranks, negative indices, mismatched counts);
+// everything that needs the whole program (bounds against the final chunk
+// count, contributions, races) is the verifier's job.
+#include <deque>
+#include <mutex>
+
+#include "compiler/ir/ir.hpp"
+#include "mk/dsl.hpp"
+
+namespace mk::dsl {
+namespace {
+
+SrcLoc to_loc(const std::source_location& l) {
+  return SrcLoc{l.file_name(), static_cast<uint32_t>(l.line()), l.function_name()};
+}
+
+ir::Buf to_ir(Buf b) {
+  switch (b) {
+    case Buf::input: return ir::Buf::input;
+    case Buf::output: return ir::Buf::output;
+    case Buf::scratch: return ir::Buf::scratch;
+  }
+  return ir::Buf::input;
+}
+
+ir::Ref to_ref(const Chunk& c) { return ir::Ref{c.rank, to_ir(c.buf), c.index, c.count}; }
+
+constexpr int kMaxRanks = 1024;
+
+}  // namespace
+
+Program::Program(Collective coll, int nranks, int root, std::string name) : s_(new ir::Schedule) {
+  if (nranks < 1 || nranks > kMaxRanks) {
+    delete s_;
+    throw Error(ErrId::dsl_E004, "nranks must be in 1.." + std::to_string(kMaxRanks) + ", got " +
+                                     std::to_string(nranks));
+  }
+  if (root < 0 || root >= nranks) {
+    delete s_;
+    throw Error(ErrId::dsl_E001, "root " + std::to_string(root) + " is not a rank of " +
+                                     std::to_string(nranks));
+  }
+  s_->name = std::move(name);
+  s_->coll = coll;
+  s_->nranks = nranks;
+  s_->root = root;
+}
+
+Program::~Program() { delete s_; }
+Program::Program(Program&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
+Program& Program::operator=(Program&& o) noexcept {
+  std::swap(s_, o.s_);
+  return *this;
+}
+
+Collective Program::collective() const { return s_->coll; }
+int Program::ranks() const { return s_->nranks; }
+int Program::root() const { return s_->root; }
+const std::string& Program::name() const { return s_->name; }
+int Program::chunks() const { return s_->chunks; }
+int Program::instances() const { return s_->instances; }
+int Program::input_chunks() const { return ir::buf_chunks(*s_, ir::Buf::input); }
+int Program::output_chunks() const { return ir::buf_chunks(*s_, ir::Buf::output); }
+ir::Schedule& Program::ir() { return *s_; }
+const ir::Schedule& Program::ir() const { return *s_; }
+
+void Program::chunks(int k, Loc loc) {
+  if (k < 1 || k > 1 << 16)
+    throw Error(ErrId::dsl_E004, "chunks(" + std::to_string(k) + "): need 1..65536 chunks per block",
+                to_loc(loc));
+  if (!s_->ops.empty())
+    throw Error(ErrId::dsl_E004, "chunks() must be set before the first operation", to_loc(loc),
+                "move the p.chunks(...) call to the top of the builder");
+  s_->chunks = k;
+}
+
+void Program::instances(int n, Loc loc) {
+  if (n < 1 || n > 64)
+    throw Error(ErrId::dsl_E004, "instances(" + std::to_string(n) + "): need 1..64", to_loc(loc));
+  s_->instances = n;
+}
+
+void Program::check_chunk(const Chunk& c, Loc loc) const {
+  if (c.rank < 0 || c.rank >= s_->nranks)
+    throw Error(ErrId::dsl_E001,
+                "chunk refers to rank " + std::to_string(c.rank) + " but the program has " +
+                    std::to_string(s_->nranks) + " ranks",
+                to_loc(loc));
+  if (c.index < 0 || c.count < 1)
+    throw Error(ErrId::dsl_E002,
+                "chunk index " + std::to_string(c.index) + " count " + std::to_string(c.count) +
+                    ": index must be >= 0 and count >= 1",
+                to_loc(loc));
+}
+
+void Program::add(int kind, const std::vector<Chunk>& dsts, const std::vector<Chunk>& srcs, Exec e,
+                  Loc loc) {
+  for (const auto& c : dsts) check_chunk(c, loc);
+  for (const auto& c : srcs) check_chunk(c, loc);
+  const int count = dsts.front().count;
+  for (const auto& c : dsts)
+    if (c.count != count)
+      throw Error(ErrId::dsl_E003, "destinations of one operation must have the same chunk count",
+                  to_loc(loc));
+  for (const auto& c : srcs)
+    if (c.count != count)
+      throw Error(ErrId::dsl_E003,
+                  "source has " + std::to_string(c.count) + " chunk(s), destination " +
+                      std::to_string(count),
+                  to_loc(loc));
+  int exec = e.on;
+  if (exec < 0) {
+    if (kind == int(ir::OpKind::copy)) {
+      exec = srcs.front().rank;
+    } else {
+      bool same = true;
+      for (const auto& c : srcs) same = same && c.rank == srcs.front().rank;
+      exec = same ? srcs.front().rank : dsts.front().rank;
+    }
+  }
+  if (exec >= s_->nranks)
+    throw Error(ErrId::dsl_E005, "executing rank " + std::to_string(exec) + " is not a rank",
+                to_loc(loc));
+  if (e.tb < -1 || e.tb >= 1024)
+    throw Error(ErrId::dsl_E005, "thread block " + std::to_string(e.tb) + " must be in 0..1023",
+                to_loc(loc));
+  ir::Op op;
+  op.id = static_cast<int32_t>(s_->ops.size());
+  op.kind = static_cast<ir::OpKind>(kind);
+  op.rank = exec;
+  op.tb = e.tb;
+  for (const auto& c : srcs) op.srcs.push_back(to_ref(c));
+  for (const auto& c : dsts) op.dsts.push_back(to_ref(c));
+  op.loc = to_loc(loc);
+  for (const auto& c : srcs)
+    if (c.buf == Buf::scratch) s_->scratch = std::max(s_->scratch, c.index + c.count);
+  for (const auto& c : dsts)
+    if (c.buf == Buf::scratch) s_->scratch = std::max(s_->scratch, c.index + c.count);
+  s_->ops.push_back(std::move(op));
+}
+
+void Program::copy(const Chunk& dst, const Chunk& src, Exec e, Loc loc) {
+  add(int(ir::OpKind::copy), {dst}, {src}, e, loc);
+}
+
+void Program::copy(const std::vector<Chunk>& dsts, const Chunk& src, Exec e, Loc loc) {
+  if (dsts.empty())
+    throw Error(ErrId::dsl_E003, "copy needs at least one destination", to_loc(loc));
+  add(int(ir::OpKind::copy), dsts, {src}, e, loc);
+}
+
+void Program::reduce(const Chunk& dst, const std::vector<Chunk>& srcs, Exec e, Loc loc) {
+  if (srcs.size() < 2)
+    throw Error(ErrId::dsl_E006,
+                "reduce needs at least two sources, got " + std::to_string(srcs.size()), to_loc(loc),
+                "use copy() to move one chunk, or accumulate(dst, src) for dst := dst op src");
+  add(int(ir::OpKind::reduce), {dst}, srcs, e, loc);
+}
+
+void Program::accumulate(const Chunk& dst, const Chunk& src, Exec e, Loc loc) {
+  add(int(ir::OpKind::reduce), {dst}, {dst, src}, e, loc);
+}
+
+// ---- registry ---------------------------------------------------------------
+
+namespace {
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::deque<ScheduleInfo>& registry() {  // deque: pointers stay valid as plugins register
+  static std::deque<ScheduleInfo> r;
+  return r;
+}
+}  // namespace
+
+bool register_schedule(const ScheduleInfo& info) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  static int64_t counter = 0;
+  ScheduleInfo copy = info;
+  copy.seq = ++counter;
+  for (auto& s : registry())
+    if (s.name == info.name) {
+      s = copy;  // a later registration (a user plugin) replaces an earlier one
+      return true;
+    }
+  registry().push_back(copy);
+  return true;
+}
+
+std::vector<ScheduleInfo> registered_schedules() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return {registry().begin(), registry().end()};
+}
+
+const ScheduleInfo* find_schedule(const std::string& name) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (auto& s : registry())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+ir::Schedule build(const ScheduleInfo& info, int nranks, int root) {
+  Program p(info.coll, nranks, root, info.name);
+  try {
+    info.build(p);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ErrId::dsl_E007,
+                "schedule '" + info.name + "' threw while building for " + std::to_string(nranks) +
+                    " ranks: " + e.what(),
+                SrcLoc{info.file, static_cast<uint32_t>(info.line), {}});
+  }
+  return std::move(p.ir());
+}
+
+}  // namespace mk::dsl

@@ -1,0 +1,186 @@
+// mKernel DSL: write a collective algorithm as a chunk-level schedule.
+//
+// You describe *what moves where* over a global view of all ranks; the compiler
+// verifies it, derives all synchronisation, splits the work into thread blocks
+// and pipelined tiles, and emits one fused CUDA kernel.
+//
+//   #include <mk/dsl.hpp>
+//   using namespace mk::dsl;
+//
+//   // every rank pushes its input into every peer's scratch, then reduces
+//   static void one_shot(Program& p) {
+//     const int n = p.ranks();
+//     for (int r = 0; r < n; ++r)
+//       for (int q = 0; q < n; ++q)
+//         if (q != r) p.copy(p.scratch(q, r), p.input(r, 0));   // push r -> q
+//     for (int r = 0; r < n; ++r) {
+//       std::vector<Chunk> srcs{p.input(r, 0)};
+//       for (int q = 0; q < n; ++q) if (q != r) srcs.push_back(p.scratch(r, q));
+//       p.reduce(p.output(r, 0), srcs);
+//     }
+//   }
+//   MK_SCHEDULE("my.allreduce.one_shot", allreduce, one_shot, "one-shot all-reduce");
+//
+// Meaning: the calls form a sequential program; executing the operations one
+// after another, in call order, must compute the collective. The compiler runs
+// them as concurrently as the data dependencies allow.
+//
+// Buffers: each rank has `input`, `output` and `scratch`, each a row of chunks.
+// The user's buffer of `count` elements (one "block") is cut into
+// `p.chunks(k)` chunks; all-gather's output has nranks blocks (rank q's data in
+// block q), reduce-scatter's input has nranks blocks, all-to-all has nranks
+// blocks in both. Scratch chunks are private staging slots of the schedule.
+//
+// Every call records its std::source_location; errors point at your line.
+#pragma once
+
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "mk/error.hpp"
+#include "mk/types.hpp"
+
+namespace mk::ir {
+struct Schedule;
+}
+
+namespace mk::dsl {
+
+enum class Buf { input, output, scratch };
+
+// A run of `count` consecutive chunks of one rank's buffer.
+struct Chunk {
+  int rank = 0;
+  Buf buf = Buf::input;
+  int index = 0;
+  int count = 1;
+  // the i-th chunk of this run, as a one-chunk reference
+  Chunk at(int i) const { return Chunk{rank, buf, index + i, 1}; }
+  // chunks [i, i+n) of this run
+  Chunk sub(int i, int n) const { return Chunk{rank, buf, index + i, n}; }
+};
+
+// Who executes an operation. By default copies run on the source's GPU (push:
+// NVLink stores are faster than loads) and reductions on the GPU that owns all
+// sources if there is one, else on the destination's GPU.
+struct Exec {
+  int on = -1;  // executing rank, -1: default
+  int tb = -1;  // thread block on that rank, -1: the compiler chooses
+};
+inline Exec on(int rank) { return Exec{rank, -1}; }
+inline Exec on(int rank, int tb) { return Exec{rank, tb}; }
+
+class Program;
+
+// A rank's buffer: `p.rank(r).input()[i]`.
+class Buffer {
+ public:
+  Buffer(const Program* p, int rank, Buf buf) : p_(p), rank_(rank), buf_(buf) {}
+  Chunk operator[](int index) const { return Chunk{rank_, buf_, index, 1}; }
+  Chunk slice(int index, int count) const { return Chunk{rank_, buf_, index, count}; }
+
+ private:
+  const Program* p_;
+  int rank_;
+  Buf buf_;
+};
+
+class Rank {
+ public:
+  Rank(const Program* p, int r) : p_(p), r_(r) {}
+  int id() const { return r_; }
+  Buffer input() const { return Buffer(p_, r_, Buf::input); }
+  Buffer output() const { return Buffer(p_, r_, Buf::output); }
+  Buffer scratch() const { return Buffer(p_, r_, Buf::scratch); }
+
+ private:
+  const Program* p_;
+  int r_;
+};
+
+class Program {
+ public:
+  using Loc = std::source_location;
+
+  Program(Collective coll, int nranks, int root = 0, std::string name = "");
+  ~Program();
+  Program(Program&&) noexcept;
+  Program& operator=(Program&&) noexcept;
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+
+  Collective collective() const;
+  int ranks() const;
+  int root() const;
+  const std::string& name() const;
+
+  // Chunks per block (default 1). Set it before making chunk references.
+  void chunks(int k, Loc loc = Loc::current());
+  int chunks() const;
+  // Pipelining: run `n` copies of the schedule side by side, each on its own
+  // thread blocks and its own interleaved tiles of every chunk.
+  void instances(int n, Loc loc = Loc::current());
+  int instances() const;
+
+  Rank rank(int r) const { return Rank(this, r); }
+  Chunk input(int rank, int index, int count = 1) const { return Chunk{rank, Buf::input, index, count}; }
+  Chunk output(int rank, int index, int count = 1) const { return Chunk{rank, Buf::output, index, count}; }
+  Chunk scratch(int rank, int index, int count = 1) const { return Chunk{rank, Buf::scratch, index, count}; }
+
+  // Number of chunks in a rank's input / output buffer.
+  int input_chunks() const;
+  int output_chunks() const;
+
+  // dst := src
+  void copy(const Chunk& dst, const Chunk& src, Exec e = {}, Loc loc = Loc::current());
+  // dst := src into several destinations at once (read once, write many)
+  void copy(const std::vector<Chunk>& dsts, const Chunk& src, Exec e = {}, Loc loc = Loc::current());
+  // dst := op(srcs...) elementwise with the collective's reduction op. dst may
+  // be one of the sources (accumulate); needs at least two sources.
+  void reduce(const Chunk& dst, const std::vector<Chunk>& srcs, Exec e = {}, Loc loc = Loc::current());
+  // dst := op(dst, src)
+  void accumulate(const Chunk& dst, const Chunk& src, Exec e = {}, Loc loc = Loc::current());
+
+  // The IR built so far (for the compiler).
+  ir::Schedule& ir();
+  const ir::Schedule& ir() const;
+
+ private:
+  void check_chunk(const Chunk& c, Loc loc) const;
+  void add(int kind, const std::vector<Chunk>& dsts, const std::vector<Chunk>& srcs, Exec e, Loc loc);
+  ir::Schedule* s_;
+};
+
+// ---- Registration ----------------------------------------------------------
+
+using BuildFn = void (*)(Program&);
+
+struct ScheduleInfo {
+  std::string name;  // "allreduce.ring"
+  Collective coll = Collective::allreduce;
+  BuildFn build = nullptr;
+  std::string doc;
+  std::string file;  // where it was registered
+  int line = 0;
+  int64_t seq = 0;   // registration order (set by register_schedule)
+};
+
+// Adds a schedule to the process-wide registry. Returns true (for static init).
+bool register_schedule(const ScheduleInfo& info);
+std::vector<ScheduleInfo> registered_schedules();
+const ScheduleInfo* find_schedule(const std::string& name);
+
+// Runs a registered builder for `nranks` ranks (and a root, for rooted
+// collectives) and returns the raw IR. DSL errors keep their ids; anything else
+// the builder throws becomes mk.dsl.E007.
+ir::Schedule build(const ScheduleInfo& info, int nranks, int root = 0);
+
+#define MK_DSL_CAT2(a, b) a##b
+#define MK_DSL_CAT(a, b) MK_DSL_CAT2(a, b)
+// MK_SCHEDULE("name", collective, builder_function, "one-line description")
+#define MK_SCHEDULE(NAME, COLL, FN, DOC)                                                      \
+  static const bool MK_DSL_CAT(mk_schedule_registered_, __LINE__) = ::mk::dsl::register_schedule( \
+      ::mk::dsl::ScheduleInfo{NAME, ::mk::Collective::COLL, FN, DOC, __FILE__, __LINE__})
+
+}  // namespace mk::dsl

@@ -1,0 +1,54 @@
+// The kernel ABI: what the runtime passes to every generated kernel and what a
+// kernel reports back. Compiled by the host (runtime/) and by NVRTC; keep
+// fixed-width fields and explicit padding so both see one layout.
+#pragma once
+#include "common.cuh"
+
+namespace mk {
+namespace dev {
+
+enum ErrorCode : int32_t {
+  kErrNone = 0,
+  kErrWaitTimeout = 1,  // a flag wait ran past the timeout
+  kErrLLTimeout = 2,    // an LL packet never arrived
+  kErrStopped = 3,      // gave up because another block, rank or the host aborted
+};
+
+// One per thread block and launch slot (instance * tbs + tb); written once by
+// the block that fails, `code` last.
+struct ErrorRecord {
+  int32_t code;
+  int32_t rank;
+  int32_t instance;
+  int32_t tb;
+  int32_t slot;   // flag slot (wait) or scratch slot (LL)
+  int32_t peer;   // the rank expected to signal / send
+  int32_t op;     // op id in the plan's IR (`mkc show` lists them)
+  int32_t pad;
+  int64_t step;   // step within the launch
+  uint64_t have;  // flag value seen
+  uint64_t want;  // flag value needed
+  uint64_t waited_ns;
+};
+
+struct Args {
+  const void* input;
+  void* output;
+  int64_t count;       // elements per rank (the collective's count)
+  int64_t tile_bytes;  // this launch's tile: a multiple of 16, at most the plan's maximum
+  int32_t rank;
+  int32_t root;   // rooted collectives; 0 otherwise
+  char* const* scratch;     // [nranks] this plan's scratch region on every rank
+  uint64_t* const* flags;   // [nranks] this plan's flag region on every rank
+  uint64_t* seq;            // [instances * tbs] this rank's per-block step counters
+  ErrorRecord* errors;      // [instances * tbs] (host-mapped)
+  const volatile int32_t* host_abort;  // set by mkCommAbort; may be null
+  uint64_t timeout_ns;      // 0: never time out
+};
+
+// Flag region of one plan on one rank: [instance][slot] step values, then one
+// abort word that any rank may set.
+MK_HD int64_t flag_words(int32_t instances, int32_t slots) { return int64_t(instances) * slots + 1; }
+
+}  // namespace dev
+}  // namespace mk

@@ -1,0 +1,423 @@
+// Everything a generated kernel needs. The generated source defines a plan
+// traits struct P (element type, reduction, sizes) and per-(class, thread
+// block) functions that call the members of Ctx<P> below:
+//
+//   c.wait_all({{slot, iter, peer, op}, ...})    acquire flags (bounded spin)
+//   c.signal_all({{peer, slot}, ...})            release flags
+//   c.template prim<NS, ND, RED, FINAL, SLL, DLL>(srcs, dsts, n)
+//                                                one tile: read NS sources,
+//                                                combine, write ND destinations
+//
+// One generic primitive, templated on what varies; the wrappers are one line.
+#pragma once
+#include "abi.cuh"
+#include "dtype.cuh"
+#include "epilogue.cuh"
+#include "layout.cuh"
+#include "ll.cuh"
+#include "reduce.cuh"
+#include "vec.cuh"
+
+namespace mk {
+namespace dev {
+
+template <typename T>
+MK_DEV T ld_elem(const T* p) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8,
+                "element size must be 1, 2, 4 or 8 bytes");
+  if constexpr (sizeof(T) == 1) {
+    uint16_t v;
+    asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(p));
+    return bitcast<T>(uint8_t(v));
+  } else if constexpr (sizeof(T) == 2) {
+    uint16_t v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return bitcast<T>(v);
+  } else if constexpr (sizeof(T) == 4) {
+    uint32_t v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return bitcast<T>(v);
+  } else {
+    uint64_t v;
+    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p));
+    return bitcast<T>(v);
+  }
+}
+
+template <typename T>
+MK_DEV void st_elem(T* p, T x) {
+  if constexpr (sizeof(T) == 1) {
+    asm volatile("st.global.u8 [%0], %1;" ::"l"(p), "h"(uint16_t(bitcast<uint8_t>(x))) : "memory");
+  } else if constexpr (sizeof(T) == 2) {
+    asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(bitcast<uint16_t>(x)) : "memory");
+  } else if constexpr (sizeof(T) == 4) {
+    asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(bitcast<uint32_t>(x)) : "memory");
+  } else {
+    asm volatile("st.global.u64 [%0], %1;" ::"l"(p), "l"(bitcast<uint64_t>(x)) : "memory");
+  }
+}
+
+struct WaitSpec {
+  int32_t slot;
+  int32_t iter;  // 0, or -depth: the signal of that many steps ago
+  int32_t peer;  // relative rank expected to signal (for the error report)
+};
+struct SignalSpec {
+  int32_t peer;  // relative rank
+  int32_t slot;
+};
+
+// An op's operand, encoded in 64 bits so that a call site is a handful of
+// constants (this keeps generated kernels small and fast to compile):
+//   bits 0-1 buffer (0 input, 1 output, 2 scratch), bit 2 block rotates with
+//   the rank, bit 3 chunk position rotates, bits 4-15 rank relative to this
+//   one, bits 16-31 block, bits 32-63 position (data) or slot (scratch).
+enum RefKind { kRefIn = 0, kRefOut = 1, kRefScratch = 2 };
+MK_HD constexpr uint64_t data_ref(int kind, int block, bool rot_block, int pos, bool rot_pos) {
+  return uint64_t(kind) | (rot_block ? 4u : 0u) | (rot_pos ? 8u : 0u) | (uint64_t(uint32_t(block) & 0xffffu) << 16) |
+         (uint64_t(uint32_t(pos)) << 32);
+}
+MK_HD constexpr uint64_t scratch_ref(int rank_d, int slot) {
+  return uint64_t(kRefScratch) | (uint64_t(uint32_t(rank_d) & 0xfffu) << 4) | (uint64_t(uint32_t(slot)) << 32);
+}
+// A chunk position for the tile length: value, and whether it rotates.
+MK_HD constexpr int32_t pos_code(int pos, bool rot) { return pos | (rot ? int32_t(0x40000000) : 0); }
+
+template <int N>
+struct Shared {
+  char* sc[N];
+  uint64_t* fl[N];
+  int claim;  // first failing thread of the block writes the error record
+};
+
+// P: plan traits from the generated source.
+template <class P>
+struct Ctx {
+  using T = typename P::T;
+  using C = typename Compute<T>::type;
+  static constexpr int N = P::kRanks;
+  static constexpr int NT = P::kThreads;
+  static constexpr int VE = 16 / int(sizeof(T));
+  static constexpr int64_t kSlotBytes = P::kMaxTileBytes * (P::kLL ? 2 : 1);
+  static constexpr int64_t kAbortWord = int64_t(P::kInstances) * P::kSlots;
+  static_assert(P::kMaxTileBytes % 16 == 0, "tiles are whole 16-byte vectors");
+  static_assert(NT % 32 == 0, "blocks are whole warps");
+
+  const Args& a;
+  Shared<N>& sh;
+  int32_t rank, vrank, inst, tb;
+  uint64_t base;
+  int64_t step, tile;
+  Layout L;
+  int aborted;
+
+  MK_DEV Ctx(const Args& args, Shared<N>& s) : a(args), sh(s) {
+    rank = a.rank;
+    vrank = P::kRooted ? (rank - a.root + N) % N : rank;
+    inst = int32_t(blockIdx.x) / P::kTbs;
+    tb = int32_t(blockIdx.x) % P::kTbs;
+    for (int i = threadIdx.x; i < N; i += NT) {
+      sh.sc[i] = a.scratch[i];
+      sh.fl[i] = a.flags[i];
+    }
+    if (threadIdx.x == 0) sh.claim = 0;
+    base = a.seq[blockIdx.x];
+    L = make_layout(a.count, P::kChunks, a.tile_bytes, P::kInstances, int32_t(sizeof(T)));
+    step = 0;
+    tile = inst;
+    aborted = 0;
+    __syncthreads();
+  }
+
+  // ---- addressing --------------------------------------------------------
+  MK_DEV int32_t peer(int32_t d) const { return (rank + d) % N; }
+  MK_DEV int32_t blk(int32_t off) const { return (vrank + off) % N; }
+  MK_DEV int32_t rpos(int32_t off) const { return (vrank * P::kPosRot + off) % P::kChunks; }
+  MK_DEV uint64_t value() const { return base + uint64_t(step) + 1; }
+  MK_DEV T* in(int32_t index) const {
+    return const_cast<T*>(static_cast<const T*>(a.input)) + data_offset(L, index, tile);
+  }
+  MK_DEV T* out(int32_t index) const { return static_cast<T*>(a.output) + data_offset(L, index, tile); }
+  MK_DEV T* scr(int32_t d, int32_t slot) const {
+    return reinterpret_cast<T*>(sh.sc[peer(d)] + scratch_offset(kSlotBytes, P::kScratch, P::kDepth, inst,
+                                                                int64_t(base) + step, slot));
+  }
+  MK_DEV int64_t len(int32_t pos) const { return tile_elems(L, pos, tile); }
+  MK_DEV int32_t decode_pos(int32_t code) const {
+    return (code & 0x40000000) ? rpos(code & 0x3fffffff) : code;
+  }
+  MK_DEV T* decode(uint64_t r) const {
+    const int kind = int(r & 3u);
+    const int32_t hi = int32_t(r >> 32);
+    if (kind == kRefScratch) return scr(int32_t((r >> 4) & 0xfffu), hi);
+    int32_t block = int32_t((r >> 16) & 0xffffu);
+    if (r & 4u) block = blk(block);
+    const int32_t pos = (r & 8u) ? rpos(hi) : hi;
+    const int32_t index = block * P::kChunks + pos;
+    return kind == kRefIn ? in(index) : out(index);
+  }
+  MK_DEV bool next() {
+    ++step;
+    tile += P::kInstances;
+    return step < L.steps;
+  }
+  MK_DEV void finish() {
+    if (threadIdx.x == 0) a.seq[blockIdx.x] = base + uint64_t(L.steps);
+  }
+
+  // ---- failure -------------------------------------------------------------
+  MK_DEV bool stop_requested(uint64_t t0) const {
+    const volatile uint64_t* abort_word = sh.fl[rank] + kAbortWord;
+    if (*abort_word != 0) return true;
+    if (a.host_abort && *a.host_abort != 0) return true;
+    return a.timeout_ns != 0 && globaltimer() - t0 > a.timeout_ns;
+  }
+  MK_DEV void fail(int32_t code, int32_t slot, int32_t peer_rank, int32_t op, uint64_t have, uint64_t want,
+                   uint64_t waited) {
+    aborted = 1;
+    const volatile uint64_t* abort_word = sh.fl[rank] + kAbortWord;
+    const bool root_cause = *abort_word == 0 && !(a.host_abort && *a.host_abort != 0);
+    if (atomicCAS(&sh.claim, 0, 1) == 0) {
+      ErrorRecord& e = a.errors[blockIdx.x];
+      e.rank = rank;
+      e.instance = inst;
+      e.tb = tb;
+      e.slot = slot;
+      e.peer = peer_rank;
+      e.op = op;
+      e.step = step;
+      e.have = have;
+      e.want = want;
+      e.waited_ns = waited;
+      __threadfence_system();
+      *reinterpret_cast<volatile int32_t*>(&e.code) = root_cause ? code : int32_t(kErrStopped);
+      __threadfence_system();
+    }
+    // Tell every rank (and every block here) to stop waiting.
+    for (int q = 0; q < N; ++q) st_release_sys(sh.fl[q] + kAbortWord, 1);
+  }
+
+  // ---- synchronisation -------------------------------------------------------
+  __device__ __noinline__ void spin(const WaitSpec& w) {
+    const int64_t target = int64_t(value()) + w.iter;
+    if (target <= 0) return;
+    const uint64_t* f = sh.fl[rank] + int64_t(inst) * P::kSlots + w.slot;
+    uint64_t have = ld_acquire_sys(f);
+    if (have >= uint64_t(target)) return;
+    const uint64_t t0 = globaltimer();
+    for (uint32_t spins = 1;; ++spins) {
+      have = ld_acquire_sys(f);
+      if (have >= uint64_t(target)) return;
+      if ((spins & 1023u) == 0 && stop_requested(t0)) {
+        fail(kErrWaitTimeout, w.slot, peer(w.peer), -1, have, uint64_t(target), globaltimer() - t0);
+        return;
+      }
+    }
+  }
+  // Thread i spins on wait i; then the whole block proceeds together.
+  template <int CNT>
+  MK_DEV bool wait_all(const WaitSpec (&w)[CNT]) {
+    static_assert(CNT <= NT, "more waits than threads");
+    if (int(threadIdx.x) < CNT) spin(w[threadIdx.x]);
+    return !__syncthreads_or(aborted);
+  }
+  // After the block's writes: thread i releases flag i.
+  template <int CNT>
+  MK_DEV void signal_all(const SignalSpec (&s)[CNT]) {
+    static_assert(CNT <= NT, "more signals than threads");
+    __syncthreads();
+    if (int(threadIdx.x) < CNT)
+      st_release_sys(sh.fl[peer(s[threadIdx.x].peer)] + int64_t(inst) * P::kSlots + s[threadIdx.x].slot,
+                     value());
+  }
+  MK_DEV bool barrier() { return !__syncthreads_or(aborted); }
+
+  // ---- data --------------------------------------------------------------
+  template <int NS, bool RED, bool FINAL, typename V, int E>
+  MK_DEV static void combine(const V (&v)[NS], V& out) {
+    if constexpr (!RED) {
+      out = v[0];
+    } else {
+      union U {
+        V v;
+        T e[E];
+      };
+      U u;
+      u.v = v[0];
+      C acc[E];
+#pragma unroll
+      for (int i = 0; i < E; ++i) acc[i] = Compute<T>::load(u.e[i]);
+#pragma unroll
+      for (int s = 1; s < NS; ++s) {
+        U w;
+        w.v = v[s];
+#pragma unroll
+        for (int i = 0; i < E; ++i) acc[i] = red_apply<P::kRed, C>(acc[i], Compute<T>::load(w.e[i]));
+      }
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        C x = acc[i];
+        if constexpr (FINAL) x = NoEpilogue::apply(red_finalize<P::kRed, C>(x, N));
+        u.e[i] = Compute<T>::store(x);
+      }
+      out = u.v;
+    }
+  }
+
+  // One tile: dst[d][0..n) := combine(src[0][0..n), ..., src[NS-1][0..n)).
+  // SLL/DLL: bit masks of sources/destinations in LL format (LL plans only).
+  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
+  MK_DEV void prim(T* const (&src)[NS], T* const (&dst)[ND], int64_t n) {
+    static_assert(NS >= 1 && ND >= 1, "an op reads and writes something");
+    static_assert(RED || NS == 1, "a copy has one source");
+    if (n <= 0) return;
+    if constexpr (P::kLL)
+      prim_ll<NS, ND, RED, FINAL, SLL, DLL>(src, dst, n);
+    else
+      prim_simple<NS, ND, RED, FINAL>(src, dst, n);
+  }
+
+  // One op of the schedule: decode operands, run the tile, then the barrier
+  // that orders it before the block's next op. False: the collective aborted.
+  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
+  __device__ __noinline__ bool op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode) {
+    T* src[NS];
+    T* dst[ND];
+#pragma unroll
+    for (int i = 0; i < NS; ++i) src[i] = decode(s[i]);
+#pragma unroll
+    for (int i = 0; i < ND; ++i) dst[i] = decode(d[i]);
+    prim<NS, ND, RED, FINAL, SLL, DLL>(src, dst, len(decode_pos(pcode)));
+    return barrier();
+  }
+
+  template <int NS, int ND, bool RED, bool FINAL>
+  MK_DEV void prim_simple(T* const (&src)[NS], T* const (&dst)[ND], int64_t n) {
+    unsigned skip = 0;  // in-place: a copy onto its own source does nothing
+    if constexpr (!RED) {
+#pragma unroll
+      for (int d = 0; d < ND; ++d)
+        if (dst[d] == src[0]) skip |= 1u << d;
+      if (skip == (1u << ND) - 1u) return;
+    }
+    uintptr_t bits = 0;
+#pragma unroll
+    for (int s = 0; s < NS; ++s) bits |= uintptr_t(src[s]);
+#pragma unroll
+    for (int d = 0; d < ND; ++d) bits |= uintptr_t(dst[d]);
+    const int64_t nvec = (bits & 15) == 0 ? n / VE : 0;
+    constexpr int U = NS <= 2 ? 4 : (NS <= 4 ? 2 : 1);
+    int64_t i = threadIdx.x;
+    for (; i + int64_t(U - 1) * NT < nvec; i += int64_t(U) * NT) {
+      V16 v[U][NS];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int s = 0; s < NS; ++s) v[u][s] = ld_cg16(src[s] + (i + int64_t(u) * NT) * VE);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        V16 r;
+        combine<NS, RED, FINAL, V16, VE>(v[u], r);
+#pragma unroll
+        for (int d = 0; d < ND; ++d)
+          if (!(skip >> d & 1u)) st16(dst[d] + (i + int64_t(u) * NT) * VE, r);
+      }
+    }
+    for (; i < nvec; i += NT) {
+      V16 v[NS];
+#pragma unroll
+      for (int s = 0; s < NS; ++s) v[s] = ld_cg16(src[s] + i * VE);
+      V16 r;
+      combine<NS, RED, FINAL, V16, VE>(v, r);
+#pragma unroll
+      for (int d = 0; d < ND; ++d)
+        if (!(skip >> d & 1u)) st16(dst[d] + i * VE, r);
+    }
+    for (int64_t e = nvec * VE + threadIdx.x; e < n; e += NT) {
+      T v[NS];
+#pragma unroll
+      for (int s = 0; s < NS; ++s) v[s] = ld_elem(src[s] + e);
+      T r;
+      combine<NS, RED, FINAL, T, 1>(v, r);
+#pragma unroll
+      for (int d = 0; d < ND; ++d)
+        if (!(skip >> d & 1u)) st_elem(dst[d] + e, r);
+    }
+  }
+
+  // LL: 8 data bytes per 16-byte packet; units of 8 bytes of the tile.
+  MK_DEV V8 ll_read(const T* packets, int64_t unit, int32_t slot_hint) {
+    const char* p = reinterpret_cast<const char*>(packets) + unit * 16;
+    const uint32_t flag = uint32_t(value());
+    V8 v;
+    if (ll_try_load(p, flag, &v)) return v;
+    const uint64_t t0 = globaltimer();
+    for (uint32_t spins = 1;; ++spins) {
+      if (ll_try_load(p, flag, &v)) return v;
+      if ((spins & 1023u) == 0 && (aborted || stop_requested(t0))) {
+        if (!aborted) fail(kErrLLTimeout, slot_hint, -1, -1, 0, flag, globaltimer() - t0);
+        v.x = v.y = 0;
+        return v;
+      }
+    }
+  }
+  MK_DEV static V8 unit_load(const T* p, int64_t unit, int bytes) {
+    const char* b = reinterpret_cast<const char*>(p) + unit * 8;
+    if (bytes == 8 && (uintptr_t(b) & 7) == 0) return ld_cg8(b);
+    union {
+      V8 v;
+      T e[8 / sizeof(T)];
+    } u;
+    u.v.x = u.v.y = 0;
+    const T* q = reinterpret_cast<const T*>(b);
+    for (int k = 0; k < bytes / int(sizeof(T)); ++k) u.e[k] = ld_elem(q + k);
+    return u.v;
+  }
+  MK_DEV static void unit_store(T* p, int64_t unit, int bytes, V8 v) {
+    char* b = reinterpret_cast<char*>(p) + unit * 8;
+    if (bytes == 8 && (uintptr_t(b) & 7) == 0) {
+      st8(b, v);
+      return;
+    }
+    union {
+      V8 v;
+      T e[8 / sizeof(T)];
+    } u;
+    u.v = v;
+    T* q = reinterpret_cast<T*>(b);
+    for (int k = 0; k < bytes / int(sizeof(T)); ++k) st_elem(q + k, u.e[k]);
+  }
+
+  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
+  MK_DEV void prim_ll(T* const (&src)[NS], T* const (&dst)[ND], int64_t n) {
+    unsigned skip = 0;
+    if constexpr (!RED) {
+#pragma unroll
+      for (int d = 0; d < ND; ++d)
+        if (!(DLL >> d & 1u) && !(SLL & 1u) && dst[d] == src[0]) skip |= 1u << d;
+    }
+    const int64_t nbytes = n * int64_t(sizeof(T));
+    const int64_t units = (nbytes + 7) / 8;
+    const uint32_t flag = uint32_t(value());
+    for (int64_t u = threadIdx.x; u < units; u += NT) {
+      const int bytes = int(min64(8, nbytes - u * 8));
+      V8 v[NS];
+#pragma unroll
+      for (int s = 0; s < NS; ++s) v[s] = (SLL >> s & 1u) ? ll_read(src[s], u, s) : unit_load(src[s], u, bytes);
+      if (aborted) return;
+      V8 r;
+      combine<NS, RED, FINAL, V8, 8 / int(sizeof(T))>(v, r);
+#pragma unroll
+      for (int d = 0; d < ND; ++d) {
+        if (skip >> d & 1u) continue;
+        if (DLL >> d & 1u)
+          ll_store(reinterpret_cast<char*>(dst[d]) + u * 16, r, flag);
+        else
+          unit_store(dst[d], u, bytes, r);
+      }
+    }
+  }
+};
+
+}  // namespace dev
+}  // namespace mk

@@ -1,0 +1,78 @@
+// Reduction operators per dtype: sum, prod, min, max, avg.
+//
+// Integer sum and prod wrap around (two's complement), like NCCL. avg is a sum
+// whose *final* write is scaled: floats multiply by 1/nranks (in the compute
+// type), integers divide by nranks (truncating toward zero).
+#pragma once
+#include "dtype.cuh"
+
+namespace mk {
+namespace dev {
+
+enum RedKind { kRedSum = 0, kRedProd = 1, kRedMax = 2, kRedMin = 3, kRedAvg = 4 };
+
+template <typename C>
+struct IsInt {
+  static constexpr bool value = false;
+};
+#define MK_INT(T) \
+  template <>     \
+  struct IsInt<T> { static constexpr bool value = true; };
+MK_INT(int8_t)
+MK_INT(uint8_t)
+MK_INT(int32_t)
+MK_INT(uint32_t)
+MK_INT(int64_t)
+MK_INT(uint64_t)
+#undef MK_INT
+
+template <typename C>
+struct Unsigned {
+  using type = C;
+};
+template <> struct Unsigned<int8_t> { using type = uint8_t; };
+template <> struct Unsigned<int32_t> { using type = uint32_t; };
+template <> struct Unsigned<int64_t> { using type = uint64_t; };
+
+// One binary step in the compute type C.
+template <int K, typename C>
+MK_HD C red_apply(C a, C b) {
+  if constexpr (K == kRedSum || K == kRedAvg) {
+    if constexpr (IsInt<C>::value) {
+      using U = typename Unsigned<C>::type;
+      return C(U(U(a) + U(b)));
+    } else {
+      return a + b;
+    }
+  } else if constexpr (K == kRedProd) {
+    if constexpr (IsInt<C>::value) {
+      using U = typename Unsigned<C>::type;
+      return C(U(U(a) * U(b)));
+    } else {
+      return a * b;
+    }
+  } else if constexpr (K == kRedMax) {
+    return a < b ? b : a;
+  } else {
+    static_assert(K == kRedMin, "unknown reduction kind");
+    return b < a ? b : a;
+  }
+}
+
+// Applied once, by the operation that completes a reduction (avg only).
+template <int K, typename C>
+MK_HD C red_finalize(C v, int nranks) {
+  if constexpr (K == kRedAvg) {
+    if constexpr (IsInt<C>::value) {
+      return C(v / C(nranks));
+    } else {
+      return v * (C(1) / C(nranks));
+    }
+  } else {
+    (void)nranks;
+    return v;
+  }
+}
+
+}  // namespace dev
+}  // namespace mk

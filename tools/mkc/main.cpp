@@ -1,0 +1,380 @@
+// mkc: the mKernel compiler driver.
+//
+//   mkc list
+//   mkc verify   (--schedule NAME | FILE.cpp) --ranks N
+//   mkc show     (--schedule NAME | FILE.cpp) --ranks N [--svg OUT.svg]
+//   mkc lower    (--schedule NAME | FILE.cpp) --ranks N --dump-after=PASS
+//   mkc compile  (--schedule NAME | FILE.cpp) --ranks N --dtype T --op O -o DIR
+//   mkc simulate (--schedule NAME | FILE.cpp) --ranks N --dtype T --op O --count C
+//   mkc info
+//
+// Exit codes: 0 success, 1 a user error (printed with its [mk.*] id), 2 bad
+// command line, 3 an internal error (a bug in mKernel).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "compiler/compile.hpp"
+#include "compiler/cost/cost.hpp"
+#include "compiler/jit/jit.hpp"
+#include "compiler/pipeline.hpp"
+#include "compiler/plugin.hpp"
+#include "compiler/topology/topology.hpp"
+#include "compiler/verify/executor.hpp"
+#include "compiler/verify/verify.hpp"
+#include "mk/dsl.hpp"
+
+using namespace mk;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kMaxRanks = 1024;
+
+// Options shared by the commands that take a schedule.
+struct Common {
+  std::string schedule;
+  std::string file;
+  std::vector<std::string> plugins;
+  int ranks = 0;
+  int root = 0;
+  int instances = 0;
+  int max_tbs = 32;
+  std::string topology;
+  std::string proto;  // "", simple, ll
+  int64_t tile = 0;
+  int64_t min_bytes = 0;
+  int64_t max_bytes = -1;
+};
+
+void add_common(CLI::App* c, Common& o, bool sizes) {
+  c->add_option("file", o.file, "a DSL file (.cpp) defining the schedule, instead of --schedule");
+  c->add_option("-s,--schedule", o.schedule, "a built-in or plugin schedule (see `mkc list`)");
+  c->add_option("-n,--ranks", o.ranks, "number of ranks (GPUs)")->required();
+  c->add_option("--root", o.root, "root rank for broadcast/reduce (plans are built for root 0)");
+  c->add_option("--instances", o.instances, "parallel instances (default: what the schedule asks for)");
+  c->add_option("--max-tbs", o.max_tbs, "thread blocks per rank per instance at most");
+  c->add_option("--topology", o.topology, "nvlink:N (default) or pcie:N");
+  c->add_option("--plugin", o.plugins, "load schedules from a plugin library (.so)");
+  c->add_option("--proto", o.proto, "force a protocol: simple or ll");
+  c->add_option("--tile", o.tile, "force the tile size in bytes (a multiple of 16)");
+  if (sizes) {
+    c->add_option("--min-bytes", o.min_bytes, "smallest message (bytes per rank) the plan covers");
+    c->add_option("--max-bytes", o.max_bytes, "largest message (bytes per rank), -1 for no limit");
+  }
+}
+
+std::string dsl_file_kind(const std::string& f) {
+  auto ext = fs::path(f).extension().string();
+  return ext;
+}
+
+// Resolves the schedule to build: a file, or a name.
+dsl::ScheduleInfo resolve(const Common& o) {
+  for (const auto& p : o.plugins) plugin::load_library(p);
+  if (!o.file.empty() && !o.schedule.empty())
+    throw Error(ErrId::cli_E011, "give either a file or --schedule, not both");
+  if (!o.file.empty()) {
+    std::string ext = dsl_file_kind(o.file);
+    if (ext != ".cpp" && ext != ".cc" && ext != ".cxx")
+      throw Error(ErrId::cli_E009, "'" + o.file + "': expected a C++ DSL file (.cpp)", {},
+                  "MSCCL XML and MSCCL++ JSON imports go through `mkc import`");
+    auto found = plugin::load_source(o.file);
+    if (found.size() > 1 && o.schedule.empty()) {
+      std::string names;
+      for (auto& f : found) names += " " + f.name;
+      std::cerr << "mkc: " << o.file << " defines several schedules (" << names.substr(1) << "); using "
+                << found.front().name << "\n";
+    }
+    return found.front();
+  }
+  if (o.schedule.empty())
+    throw Error(ErrId::cli_E001, "no schedule given", {}, "pass --schedule NAME (see `mkc list`) or a FILE.cpp");
+  const dsl::ScheduleInfo* info = dsl::find_schedule(o.schedule);
+  if (!info) {
+    std::string names;
+    for (const auto& s : dsl::registered_schedules()) names += " " + s.name;
+    throw Error(ErrId::cli_E001, "unknown schedule '" + o.schedule + "'", {}, "known schedules:" + names);
+  }
+  return *info;
+}
+
+void check_ranks(const Common& o) {
+  if (o.ranks < 1 || o.ranks > kMaxRanks)
+    throw Error(ErrId::cli_E004, fmt::format("--ranks {} is out of range 1..{}", o.ranks, kMaxRanks));
+  if (o.root < 0 || o.root >= o.ranks)
+    throw Error(ErrId::cli_E004, fmt::format("--root {} is not a rank of {}", o.root, o.ranks));
+  if (o.min_bytes < 0) throw Error(ErrId::cli_E011, "--min-bytes must be >= 0");
+  if (o.max_bytes >= 0 && o.min_bytes > o.max_bytes)
+    throw Error(ErrId::cli_E005, fmt::format("--min-bytes {} is greater than --max-bytes {}", o.min_bytes, o.max_bytes));
+  if (o.tile < 0 || o.tile % 16 != 0) throw Error(ErrId::cli_E011, "--tile must be a positive multiple of 16");
+  if (o.instances < 0 || o.instances > 64) throw Error(ErrId::cli_E011, "--instances must be in 1..64");
+  if (o.max_tbs < 1 || o.max_tbs > 1024) throw Error(ErrId::cli_E011, "--max-tbs must be in 1..1024");
+}
+
+compiler::LowerOptions lower_options(const Common& o) {
+  compiler::LowerOptions l;
+  l.instances = o.instances;
+  l.max_tbs = o.max_tbs;
+  l.min_bytes = o.min_bytes;
+  l.max_bytes = o.max_bytes;
+  l.topology = topology::parse(o.topology, o.ranks).name();
+  if (!o.proto.empty()) {
+    auto p = ir::parse_proto(o.proto);
+    if (!p) throw Error(ErrId::cli_E011, "--proto must be simple or ll");
+    l.proto.forced_proto = int(*p);
+  }
+  l.proto.forced_tile = o.tile;
+  return l;
+}
+
+ir::Schedule build(const Common& o, const dsl::ScheduleInfo& info) {
+  check_ranks(o);
+  // Rooted collectives are built for root 0 and relabelled at run time.
+  return dsl::build(info, o.ranks, 0);
+}
+
+DType dtype_arg(const std::string& s) {
+  auto t = parse_dtype(s);
+  if (!t)
+    throw Error(ErrId::cli_E002, "unknown dtype '" + s + "'", {},
+                "use int8 uint8 int32 uint32 int64 uint64 fp16 bf16 fp32 fp64 fp8e4m3 fp8e5m2 "
+                "(NCCL names like float, half, bfloat16 work too)");
+  return *t;
+}
+
+RedOp op_arg(const std::string& s) {
+  auto t = parse_redop(s);
+  if (!t) throw Error(ErrId::cli_E003, "unknown reduction op '" + s + "'", {}, "use sum prod min max avg");
+  return *t;
+}
+
+int cmd_list() {
+  fmt::print("{:<24} {:<14} {}\n", "schedule", "collective", "description");
+  for (const auto& s : dsl::registered_schedules())
+    fmt::print("{:<24} {:<14} {}\n", s.name, name(s.coll), s.doc);
+  return 0;
+}
+
+int cmd_verify(const Common& o) {
+  auto info = resolve(o);
+  auto t0 = std::chrono::steady_clock::now();
+  ir::Schedule s = build(o, info);
+  size_t nops = s.ops.size();
+  auto l = compiler::lower(std::move(s), lower_options(o));
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  size_t pairs = 0;
+  for (const auto& op : l.variants.front().ops) pairs += op.kind == ir::OpKind::signal;
+  fmt::print(
+      "proved: {} ({}) for {} ranks: {} operations compute the collective in-place and out-of-place; "
+      "bounds hold; {} bucket(s) synchronised ({} signal(s) in the first), no race, no deadlock ({:.0f} ms)\n",
+      info.name, name(info.coll), o.ranks, nops, l.variants.size(), pairs, ms);
+  return 0;
+}
+
+int cmd_lower(const Common& o, const std::string& dump_after, const std::string& emit) {
+  const auto& names = compiler::pass_names();
+  if (dump_after != "all" && std::find(names.begin(), names.end(), dump_after) == names.end()) {
+    std::string list;
+    for (const auto& n : names) list += " " + n;
+    throw Error(ErrId::cli_E008, "unknown pass '" + dump_after + "'", {}, "passes:" + list + " (or all)");
+  }
+  if (emit != "text" && emit != "json") throw Error(ErrId::cli_E011, "--emit must be text or json");
+  auto info = resolve(o);
+  ir::Schedule s = build(o, info);
+  auto lo = lower_options(o);
+  int bucket = 0;
+  lo.on_pass = [&](std::string_view pass, const ir::Schedule& x) {
+    if (dump_after != "all" && pass != dump_after) return;
+    std::string label(pass);
+    if (pass == "protocol" || pass == "sync") label += fmt::format(" (bucket {})", bucket);
+    if (pass == "sync") ++bucket;
+    if (emit == "json") {
+      std::cout << ir::to_json(x, 1) << "\n";
+    } else {
+      std::cout << "=== after " << label << " ===\n" << ir::print(x);
+    }
+  };
+  compiler::lower(std::move(s), lo);
+  return 0;
+}
+
+ir::Schedule pick_variant(const compiler::Lowered& l, int bucket, int64_t bytes) {
+  if (bucket >= 0) {
+    if (bucket >= int(l.variants.size()))
+      throw Error(ErrId::cli_E011, fmt::format("--bucket {}: the plan has {} bucket(s)", bucket, l.variants.size()));
+    return l.variants[size_t(bucket)];
+  }
+  for (size_t i = 0; i < l.buckets.size(); ++i)
+    if (bytes >= l.buckets[i].min_bytes && (l.buckets[i].max_bytes < 0 || bytes <= l.buckets[i].max_bytes))
+      return l.variants[i];
+  return l.variants.back();
+}
+
+int cmd_show(const Common& o, const std::string& svg_path, int bucket, bool show_ir) {
+  auto info = resolve(o);
+  ir::Schedule s = build(o, info);
+  auto topo = topology::parse(o.topology, o.ranks);
+  auto l = compiler::lower(std::move(s), lower_options(o));
+  ir::Schedule v = pick_variant(l, bucket < 0 ? int(l.variants.size()) - 1 : bucket, 0);
+  auto tl = cost::step_timeline(v, topo, v.tile_bytes);
+  if (show_ir) std::cout << ir::print(v) << "\n";
+  std::cout << cost::text(v, tl);
+  if (!svg_path.empty()) {
+    std::ofstream f(svg_path);
+    f << cost::svg(v, tl);
+    if (!f) throw Error(ErrId::cli_E012, "cannot write " + svg_path);
+    std::cout << "wrote " << svg_path << "\n";
+  }
+  return 0;
+}
+
+int cmd_compile(const Common& o, const std::string& dtype, const std::string& op, const std::string& arch,
+                const std::string& out, bool no_cache) {
+  compiler::CompileOptions co;
+  co.dtype = dtype_arg(dtype);
+  co.op = op_arg(op);
+  co.arch = jit::parse_arch(arch);
+  co.lower = lower_options(o);
+  co.use_cache = !no_cache;
+  auto info = resolve(o);
+  auto t0 = std::chrono::steady_clock::now();
+  ir::Schedule s = build(o, info);
+  compiler::CompileStats st;
+  plan::Plan p = compiler::compile_plan(std::move(s), co, &st);
+  plan::write_dir(p, out);
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << plan::summary(p);
+  fmt::print("wrote {}/plan.json and {} cubin(s); {:.0f} ms (lower {:.0f}, codegen {:.0f}, NVRTC {:.0f}{})\n", out,
+             p.kernels.size(), ms, st.lower_ms, st.codegen_ms, st.nvrtc_ms, st.from_cache ? ", from cache" : "");
+  return 0;
+}
+
+int cmd_simulate(const Common& o, const std::string& dtype, const std::string& op, int64_t count, bool inplace,
+                 int launches, uint64_t seed, int bucket) {
+  verify::SimOptions so;
+  so.dtype = dtype_arg(dtype);
+  so.op = op_arg(op);
+  if (count < 0) throw Error(ErrId::cli_E011, "--count must be >= 0");
+  if (launches < 1 || launches > 1000) throw Error(ErrId::cli_E011, "--launches must be in 1..1000");
+  so.count = count;
+  so.inplace = inplace;
+  so.root = o.root;
+  so.launches = launches;
+  so.seed = seed;
+  auto info = resolve(o);
+  if (!collective_reduces(info.coll) && so.op != RedOp::sum)
+    throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(info.coll)));
+  ir::Schedule s = build(o, info);
+  auto l = compiler::lower(std::move(s), lower_options(o));
+  ir::Schedule v = pick_variant(l, bucket, count * int64_t(dtype_size(so.dtype)));
+  auto r = verify::simulate(v, so);
+  fmt::print(
+      "{} ({} ranks, {} {}, count {}, {}{}, proto {}, tile {} B, {} step(s), {} launch(es)): max error {:.3g} "
+      "(tolerance {:.3g}), {} mismatch(es)\n",
+      info.name, o.ranks, name(so.dtype), name(so.op), count, inplace ? "in-place" : "out-of-place",
+      info.coll == Collective::broadcast || info.coll == Collective::reduce ? fmt::format(", root {}", o.root) : "",
+      ir::name(v.proto), v.tile_bytes, r.steps, launches, r.max_err, r.max_tol, r.mismatches);
+  if (!r.ok)
+    throw Error(ErrId::verify_E013, "simulated result differs from the float64 reference: " + r.first_bad);
+  std::cout << "ok\n";
+  return 0;
+}
+
+int cmd_info() {
+  fmt::print("mkernel {}\n", "0.1.0");
+  fmt::print("NVRTC: {}\n", jit::nvrtc_status());
+  std::string archs;
+  for (int a : jit::supported_archs()) archs += " " + jit::arch_name(a);
+  fmt::print("architectures:{}\n", archs.empty() ? " (none: NVRTC unavailable)" : archs);
+  fmt::print("cache: {}\n", jit::cache_dir());
+  fmt::print("DSL headers: {}\n", plugin::include_dir());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mkc: compile collective schedules into fused CUDA kernels"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("mkc 0.1.0"));
+
+  Common verify_o, show_o, lower_o, compile_o, sim_o;
+
+  app.add_subcommand("list", "list the built-in schedules");
+  app.add_subcommand("info", "NVRTC, supported architectures, cache location");
+
+  auto* verify = app.add_subcommand("verify", "prove that a schedule computes its collective (exit 0) or explain why not");
+  add_common(verify, verify_o, false);
+
+  auto* show = app.add_subcommand("show", "per rank and thread block, what moves when (text, and an SVG timeline)");
+  add_common(show, show_o, false);
+  std::string svg;
+  int show_bucket = -1;
+  bool show_ir = false;
+  show->add_option("--svg", svg, "write the timeline as an SVG picture");
+  show->add_option("--bucket", show_bucket, "which size bucket (default: the largest)");
+  show->add_flag("--ir", show_ir, "also print the lowered IR");
+
+  auto* lower = app.add_subcommand("lower", "run the compiler passes and print the IR after one of them");
+  add_common(lower, lower_o, true);
+  std::string dump_after = "sync", emit = "text";
+  lower->add_option("--dump-after", dump_after, "build verify stage fuse analyze parallelize assign protocol sync, or all");
+  lower->add_option("--emit", emit, "text (default) or json");
+
+  auto* compile = app.add_subcommand("compile", "compile a schedule into a plan: plan.json and cubin(s)");
+  add_common(compile, compile_o, true);
+  std::string dtype = "fp32", op = "sum", arch = "sm_90", out;
+  bool no_cache = false;
+  compile->add_option("--dtype", dtype, "element type (int8 uint8 int32 uint32 int64 uint64 fp16 bf16 fp32 fp64 fp8e4m3 fp8e5m2)");
+  compile->add_option("--op", op, "reduction: sum prod min max avg");
+  compile->add_option("--arch", arch, "GPU architecture, e.g. sm_90 (default), sm_80, sm_100");
+  compile->add_option("-o,--out", out, "output directory")->required();
+  compile->add_flag("--no-cache", no_cache, "ignore and do not fill the kernel cache");
+
+  auto* simulate = app.add_subcommand("simulate", "run the lowered schedule on the CPU and compare with a float64 reference");
+  add_common(simulate, sim_o, false);
+  std::string sdtype = "fp32", sop = "sum";
+  int64_t count = 4096;
+  bool inplace = false;
+  int launches = 2, sim_bucket = -1;
+  uint64_t seed = 1;
+  simulate->add_option("--dtype", sdtype, "element type");
+  simulate->add_option("--op", sop, "reduction op");
+  simulate->add_option("--count", count, "elements per rank (the collective's count)");
+  simulate->add_flag("--inplace", inplace, "input and output share memory, as NCCL defines in-place");
+  simulate->add_option("--launches", launches, "back-to-back launches with fresh data");
+  simulate->add_option("--seed", seed, "data and interleaving seed");
+  simulate->add_option("--bucket", sim_bucket, "force a size bucket (default: chosen by size)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  try {
+    if (app.got_subcommand("list")) return cmd_list();
+    if (app.got_subcommand("info")) return cmd_info();
+    if (*verify) return cmd_verify(verify_o);
+    if (*show) return cmd_show(show_o, svg, show_bucket, show_ir);
+    if (*lower) return cmd_lower(lower_o, dump_after, emit);
+    if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache);
+    if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
+  } catch (const Error& e) {
+    std::cerr << "mkc: error: " << e.what() << "\n";
+    return 1;
+  } catch (const InternalError& e) {
+    std::cerr << "mkc: " << e.what() << "\nThis is a bug in mKernel; please report it with the command line.\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "mkc: internal error: " << e.what() << "\n";
+    return 3;
+  }
+  return 0;
+}
