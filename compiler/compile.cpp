@@ -37,7 +37,8 @@ std::string plan_key(const ir::Schedule& s, const CompileOptions& o) {
                     int64_t(s.scratch), int64_t(o.arch), int64_t(o.dtype), int64_t(o.op), int64_t(o.lower.instances),
                     int64_t(o.lower.max_tbs), o.lower.min_bytes, o.lower.max_bytes, o.lower.proto.scratch_budget,
                     o.lower.proto.ll_max_bytes, o.lower.proto.max_tile_bytes, int64_t(o.lower.proto.forced_proto),
-                    o.lower.proto.forced_tile, int64_t(o.lower.proto.forced_instances)})
+                    o.lower.proto.forced_tile, int64_t(o.lower.proto.forced_instances),
+                    int64_t(o.lower.proto.simple_instances), int64_t(o.lower.proto.ll_instances)})
     put(v);
   for (const auto& op : s.ops) {
     put(int64_t(op.kind) | int64_t(op.rank) << 8 | int64_t(op.tb) << 40);

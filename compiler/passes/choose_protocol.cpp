@@ -47,8 +47,8 @@ Bucket make_bucket(const ir::Schedule& s, int64_t lo, int64_t hi, ir::Proto prot
   b.max_bytes = hi;
   b.proto = proto;
   b.depth = 2;
-  b.instances = o.forced_instances > 0 ? o.forced_instances : s.instances;
-  if (proto == ir::Proto::ll && o.forced_instances <= 0) b.instances = 1;
+  const int32_t floor = proto == ir::Proto::ll ? o.ll_instances : o.simple_instances;
+  b.instances = o.forced_instances > 0 ? o.forced_instances : std::max(s.instances, floor);
   b.threads = proto == ir::Proto::ll ? 256 : 512;
   const int64_t ll_factor = proto == ir::Proto::ll ? 2 : 1;
   // Largest tile the scratch budget allows.

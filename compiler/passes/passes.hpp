@@ -32,6 +32,10 @@ struct ProtocolOptions {
   int forced_proto = -1;                // -1: choose; else ir::Proto
   int64_t forced_tile = 0;              // 0: choose
   int32_t forced_instances = 0;         // 0: from the schedule
+  // Instances per protocol when not forced: max(schedule's, this). More
+  // instances = more CTAs moving data in parallel (bandwidth), more scratch.
+  int32_t simple_instances = 16;
+  int32_t ll_instances = 4;
 };
 
 // Size buckets for [min_bytes, max_bytes] (max -1: unbounded).

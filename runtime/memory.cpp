@@ -1,0 +1,144 @@
+#include "runtime/memory.hpp"
+
+#include <unistd.h>
+
+#include "runtime/cuda_driver.hpp"
+#include "runtime/status.hpp"
+
+namespace mk::rt {
+namespace {
+
+CUmemAllocationProp prop_for(CUdevice device) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = device;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+void set_access(CUdeviceptr base, size_t size, const std::vector<CUdevice>& devices) {
+  std::vector<CUmemAccessDesc> d(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    d[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d[i].location.id = devices[i];
+    d[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  MK_CU(cu().cuMemSetAccess(base, size, d.data(), d.size()), "granting GPU access to symmetric memory");
+}
+
+}  // namespace
+
+size_t arena_granularity(CUdevice device) {
+  CUmemAllocationProp p = prop_for(device);
+  size_t g = 0;
+  MK_CU(cu().cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+        "querying the VMM granularity");
+  return g ? g : (2u << 20);
+}
+
+void Arena::allocate(CUdevice device, size_t size) {
+  const Driver& d = cu();
+  int vmm = 0, fdh = 0;
+  d.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device);
+  d.cuDeviceGetAttribute(&fdh, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device);
+  if (!vmm || !fdh)
+    fail(mkSystemError, "GPU " + std::to_string(device) +
+                            " does not support the CUDA virtual memory API with shareable handles; mKernel needs it "
+                            "for symmetric memory");
+  device_ = device;
+  const size_t g = arena_granularity(device);
+  size_ = (size + g - 1) / g * g;
+  CUmemAllocationProp p = prop_for(device);
+  MK_CU(d.cuMemCreate(&handle_, size_, &p, 0), "allocating " + std::to_string(size_) + " bytes of symmetric memory");
+  CUresult r = d.cuMemAddressReserve(&base_, size_, g, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemRelease(handle_);
+    handle_ = 0;
+    MK_CU(r, "reserving address space for symmetric memory");
+  }
+  r = d.cuMemMap(base_, size_, 0, handle_, 0);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemAddressFree(base_, size_);
+    d.cuMemRelease(handle_);
+    base_ = 0;
+    handle_ = 0;
+    MK_CU(r, "mapping symmetric memory");
+  }
+  set_access(base_, size_, {device});
+  // Zeroed on a private stream and waited for: peers may signal into these
+  // flags as soon as setup ends. (A context-wide sync could wait for kernels
+  // of other communicators that wait for this very thread.)
+  CUstream s = nullptr;
+  MK_CU(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "creating a setup stream");
+  CUresult z = d.cuMemsetD8Async(base_, 0, size_, s);
+  CUresult w = z == CUDA_SUCCESS ? d.cuStreamSynchronize(s) : z;
+  d.cuStreamDestroy(s);
+  MK_CU(w, "zeroing symmetric memory");
+}
+
+void Arena::grant(const std::vector<CUdevice>& devices) {
+  if (!base_ || devices.empty()) return;
+  std::vector<CUdevice> all{device_};
+  for (CUdevice x : devices)
+    if (x != device_) all.push_back(x);
+  set_access(base_, size_, all);
+}
+
+int Arena::export_fd() const {
+  int fd = -1;
+  MK_CU(cu().cuMemExportToShareableHandle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        "exporting symmetric memory");
+  return fd;
+}
+
+void Arena::release() {
+  if (!base_) return;
+  const Driver& d = cu();
+  d.cuMemUnmap(base_, size_);
+  d.cuMemAddressFree(base_, size_);
+  d.cuMemRelease(handle_);  // freed once every peer's mapping is gone, too
+  base_ = 0;
+}
+
+Arena::~Arena() {
+  try {
+    release();
+  } catch (...) {
+  }
+}
+
+void PeerMapping::map(int fd, size_t size, CUdevice device) {
+  const Driver& d = cu();
+  CUresult r = d.cuMemImportFromShareableHandle(&handle_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  ::close(fd);
+  MK_CU(r, "importing a peer's symmetric memory");
+  size_ = size;
+  const size_t g = arena_granularity(device);
+  r = d.cuMemAddressReserve(&base_, size_, g, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemRelease(handle_);
+    handle_ = 0;
+    MK_CU(r, "reserving address space for a peer's memory");
+  }
+  r = d.cuMemMap(base_, size_, 0, handle_, 0);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemAddressFree(base_, size_);
+    d.cuMemRelease(handle_);
+    base_ = 0;
+    handle_ = 0;
+    MK_CU(r, "mapping a peer's memory (can these GPUs reach each other over NVLink/PCIe P2P?)");
+  }
+  set_access(base_, size_, {device});
+}
+
+PeerMapping::~PeerMapping() {
+  if (!base_) return;
+  const Driver& d = cu();
+  d.cuMemUnmap(base_, size_);
+  d.cuMemAddressFree(base_, size_);
+  d.cuMemRelease(handle_);
+}
+
+}  // namespace mk::rt

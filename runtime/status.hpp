@@ -1,0 +1,34 @@
+// Runtime errors: an mkResult_t and a message. The C API turns them into
+// return codes and mkGetLastError text; nothing escapes as an exception.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "mk.h"
+
+namespace mk::rt {
+
+class RtError : public std::runtime_error {
+ public:
+  RtError(mkResult_t code, const std::string& msg) : std::runtime_error(msg), code_(code) {}
+  mkResult_t code() const { return code_; }
+
+ private:
+  mkResult_t code_;
+};
+
+[[noreturn]] inline void fail(mkResult_t code, const std::string& msg) { throw RtError(code, msg); }
+
+// Checks a driver call: MK_CU(cu().cuMemAlloc(&p, n), "allocating scratch")
+#define MK_CU(call, what)                                                                       \
+  do {                                                                                          \
+    CUresult mk_r_ = (call);                                                                    \
+    if (mk_r_ != CUDA_SUCCESS)                                                                  \
+      ::mk::rt::fail(mkUnhandledCudaError, std::string(what) + ": " + ::mk::rt::cu_error_string(mk_r_)); \
+  } while (0)
+
+bool debug_enabled();
+void debug_log(const std::string& msg);
+
+}  // namespace mk::rt

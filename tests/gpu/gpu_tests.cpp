@@ -1,0 +1,911 @@
+// GPU test suite for the mKernel runtime. Runs on a machine with NVIDIA GPUs;
+// on a machine without one it prints "SKIPPED: ..." and exits 0.
+//
+//   mk_gpu_tests [--quick] [--only NAME] [--list]
+//
+// Every scenario runs in a forked child process (the parent never touches
+// CUDA), so a crash or hang in one scenario is reported and the rest still
+// run; each child has a time limit. Data differs per rank and per element
+// (compiler/verify/reference.hpp) and results are compared with a float64 /
+// exact-integer reference; outputs are poisoned before each call and guard
+// bytes around every buffer are checked after.
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <set>
+
+#include "compiler/compile.hpp"
+#include "compiler/verify/reference.hpp"
+#include "mk.h"
+#include "mk/dsl.hpp"
+#include "mk/types.hpp"
+#include "runtime/comm.hpp"
+
+using namespace mk;
+
+namespace {
+
+// ---- plumbing ---------------------------------------------------------------
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+#define CK_CUDA(x)                                                                                  \
+  do {                                                                                              \
+    cudaError_t e_ = (x);                                                                           \
+    if (e_ != cudaSuccess)                                                                          \
+      throw Failure(std::string(#x) + ": " + cudaGetErrorString(e_) + " at line " + std::to_string(__LINE__)); \
+  } while (0)
+
+#define CK_MK(x, comm)                                                                                \
+  do {                                                                                                \
+    mkResult_t r_ = (x);                                                                              \
+    if (r_ != mkSuccess)                                                                              \
+      throw Failure(std::string(#x) + " -> " + mkGetErrorString(r_) + ": " + mkGetLastError(comm) +  \
+                    " at line " + std::to_string(__LINE__));                                          \
+  } while (0)
+
+#define EXPECT(cond, msg)                                                            \
+  do {                                                                               \
+    if (!(cond)) throw Failure(std::string("expected ") + #cond + ": " + (msg));     \
+  } while (0)
+
+bool g_quick = false;
+int64_t g_checked = 0;  // collective results checked in this process
+
+mkDataType_t to_mk(DType t) { return mkDataType_t(int(t)); }
+mkRedOp_t to_mk(RedOp o) { return mkRedOp_t(int(o)); }
+
+// A device buffer with guard bytes on both sides.
+struct GuardedBuffer {
+  static constexpr size_t kGuard = 256;
+  static constexpr unsigned char kPattern = 0x5a;
+  char* base = nullptr;
+  size_t bytes = 0;
+  void alloc(size_t n) {
+    bytes = n;
+    CK_CUDA(cudaMalloc(&base, n + 2 * kGuard));
+    CK_CUDA(cudaMemset(base, kPattern, n + 2 * kGuard));
+  }
+  void* ptr() const { return base + kGuard; }
+  void free() {
+    if (base) cudaFree(base);
+    base = nullptr;
+  }
+  void check_guards(const char* what) const {
+    std::vector<unsigned char> g(kGuard);
+    for (int side = 0; side < 2; ++side) {
+      CK_CUDA(cudaMemcpy(g.data(), side ? base + kGuard + bytes : base, kGuard, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < kGuard; ++i)
+        if (g[i] != kPattern)
+          throw Failure(std::string(what) + ": guard byte " + std::to_string(i) + (side ? " after" : " before") +
+                        " the buffer was overwritten");
+    }
+  }
+};
+
+// A rank as the tests see it: in one-process mode all ranks live here.
+struct Rank {
+  int rank = 0;
+  int device = 0;
+  mkComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+struct World {
+  int nranks = 1;
+  bool multiprocess = false;
+  std::vector<Rank> local;  // ranks driven by this process
+};
+
+int64_t in_elems(Collective c, int n, int64_t count) { return verify::input_elems(c, n, count); }
+int64_t out_elems(Collective c, int n, int64_t count) { return verify::output_elems(c, n, count); }
+
+// One collective call on every local rank, checked against the reference.
+struct CallSpec {
+  Collective coll = Collective::allreduce;
+  DType dtype = DType::fp32;
+  RedOp op = RedOp::sum;
+  int64_t count = 0;
+  bool inplace = false;
+  int root = 0;
+  uint64_t seed = 1;
+};
+
+struct RankBuffers {
+  GuardedBuffer in, out;  // in-place: only `out`
+  void* send = nullptr;
+  void* recv = nullptr;
+};
+
+void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, int launch) {
+  const size_t es = dtype_size(s.dtype);
+  const int n = w.nranks;
+  const bool has_send = !(s.coll == Collective::broadcast && r.rank != s.root);
+  const bool has_recv = !(s.coll == Collective::reduce && r.rank != s.root);
+  const int64_t ie = in_elems(s.coll, n, s.count), oe = out_elems(s.coll, n, s.count);
+  verify::DataSpec d{s.dtype, s.op, s.seed, launch};
+  std::vector<char> host(size_t(std::max(ie, oe)) * es + 16);
+  if (s.inplace && has_send && has_recv) {
+    const size_t total = size_t(std::max(ie, oe)) * es;
+    if (!b.out.base) b.out.alloc(total);
+    CK_CUDA(cudaMemset(b.out.ptr(), 0xA5, total));  // poison
+    char* base = static_cast<char*>(b.out.ptr());
+    if (s.coll == Collective::allgather) {
+      b.recv = base;
+      b.send = base + size_t(r.rank) * size_t(s.count) * es;
+    } else if (s.coll == Collective::reducescatter) {
+      b.send = base;
+      b.recv = base + size_t(r.rank) * size_t(s.count) * es;
+    } else {
+      b.send = b.recv = base;
+    }
+    verify::fill_input(d, r.rank, 0, ie, host.data());
+    CK_CUDA(cudaMemcpy(b.send, host.data(), size_t(ie) * es, cudaMemcpyHostToDevice));
+  } else {
+    b.send = b.recv = nullptr;
+    if (has_send) {
+      if (!b.in.base) b.in.alloc(std::max<size_t>(size_t(ie) * es, 1));
+      verify::fill_input(d, r.rank, 0, ie, host.data());
+      CK_CUDA(cudaMemcpy(b.in.ptr(), host.data(), size_t(ie) * es, cudaMemcpyHostToDevice));
+      b.send = b.in.ptr();
+    }
+    if (has_recv) {
+      if (!b.out.base) b.out.alloc(std::max<size_t>(size_t(oe) * es, 1));
+      CK_CUDA(cudaMemset(b.out.ptr(), 0xA5, size_t(oe) * es));  // poison
+      b.recv = b.out.ptr();
+    }
+  }
+}
+
+mkResult_t issue(const Rank& r, const CallSpec& s, const RankBuffers& b) {
+  const size_t count = size_t(s.count);
+  switch (s.coll) {
+    case Collective::allreduce:
+      return mkAllReduce(b.send, b.recv, count, to_mk(s.dtype), to_mk(s.op), r.comm, r.stream);
+    case Collective::allgather: return mkAllGather(b.send, b.recv, count, to_mk(s.dtype), r.comm, r.stream);
+    case Collective::reducescatter:
+      return mkReduceScatter(b.send, b.recv, count, to_mk(s.dtype), to_mk(s.op), r.comm, r.stream);
+    case Collective::broadcast: return mkBroadcast(b.send, b.recv, count, to_mk(s.dtype), s.root, r.comm, r.stream);
+    case Collective::reduce:
+      return mkReduce(b.send, b.recv, count, to_mk(s.dtype), to_mk(s.op), s.root, r.comm, r.stream);
+    case Collective::alltoall: return mkAllToAll(b.send, b.recv, count, to_mk(s.dtype), r.comm, r.stream);
+  }
+  return mkInternalError;
+}
+
+std::string describe(const CallSpec& s, int n) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s %s %s count=%lld %s root=%d (%d ranks)", std::string(name(s.coll)).c_str(),
+                std::string(name(s.dtype)).c_str(), std::string(name(s.op)).c_str(), (long long)s.count,
+                s.inplace ? "in-place" : "out-of-place", s.root, n);
+  return buf;
+}
+
+void check(const World& w, const Rank& r, const CallSpec& s, const RankBuffers& b, int launch) {
+  const size_t es = dtype_size(s.dtype);
+  const int64_t ie = in_elems(s.coll, w.nranks, s.count), oe = out_elems(s.coll, w.nranks, s.count);
+  if (b.in.base) b.in.check_guards(("send buffer of rank " + std::to_string(r.rank)).c_str());
+  if (b.out.base) b.out.check_guards(("receive buffer of rank " + std::to_string(r.rank)).c_str());
+  verify::DataSpec d{s.dtype, s.op, s.seed, launch};
+  if (b.recv) {
+    std::vector<char> host(size_t(oe) * es + 16);
+    CK_CUDA(cudaMemcpy(host.data(), b.recv, size_t(oe) * es, cudaMemcpyDeviceToHost));
+    auto res = verify::check_output(s.coll, d, w.nranks, s.root, s.count, r.rank, host.data(), oe);
+    if (res.mismatches)
+      throw Failure(describe(s, w.nranks) + ": " + std::to_string(res.mismatches) + " wrong element(s); first: " +
+                    res.first_bad);
+    ++g_checked;
+  }
+  // Out-of-place: the send buffer must be untouched.
+  if (b.in.base && b.send == b.in.ptr()) {
+    std::vector<char> got(size_t(ie) * es + 16), want(size_t(ie) * es + 16);
+    CK_CUDA(cudaMemcpy(got.data(), b.send, size_t(ie) * es, cudaMemcpyDeviceToHost));
+    verify::fill_input(d, r.rank, 0, ie, want.data());
+    if (std::memcmp(got.data(), want.data(), size_t(ie) * es) != 0)
+      throw Failure(describe(s, w.nranks) + ": the send buffer of rank " + std::to_string(r.rank) + " was modified");
+  }
+}
+
+void sync_all(const World& w) {
+  for (const Rank& r : w.local) {
+    CK_CUDA(cudaSetDevice(r.device));
+    CK_CUDA(cudaStreamSynchronize(r.stream));
+  }
+}
+
+// A watchdog report beats a list of wrong numbers.
+void check_async(const World& w) {
+  for (const Rank& r : w.local) {
+    mkResult_t e = mkSuccess;
+    CK_MK(mkCommGetAsyncError(r.comm, &e), r.comm);
+    if (e != mkSuccess) throw Failure(std::string("asynchronous error: ") + mkGetLastError(r.comm));
+  }
+}
+
+// Runs one call on every local rank and checks it. In multi-process mode the
+// other ranks run the same function in their own processes.
+void run_checked(World& w, const CallSpec& s, int launch = 0) {
+  std::vector<RankBuffers> bufs(w.local.size());
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    prepare(w, w.local[i], s, bufs[i], launch);
+  }
+  CK_MK(mkGroupStart(), nullptr);
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    mkResult_t r = issue(w.local[i], s, bufs[i]);
+    if (r != mkSuccess)
+      throw Failure(describe(s, w.nranks) + ": " + mkGetErrorString(r) + ": " + mkGetLastError(w.local[i].comm));
+  }
+  CK_MK(mkGroupEnd(), nullptr);
+  sync_all(w);
+  check_async(w);
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    check(w, w.local[i], s, bufs[i], launch);
+    bufs[i].in.free();
+    bufs[i].out.free();
+  }
+}
+
+// ---- worlds ------------------------------------------------------------------
+
+World one_process(const std::vector<int>& devices) {
+  World w;
+  w.nranks = int(devices.size());
+  std::vector<mkComm_t> comms(devices.size());
+  CK_MK(mkCommInitAll(comms.data(), int(devices.size()), devices.data()), nullptr);
+  for (size_t i = 0; i < devices.size(); ++i) {
+    Rank r;
+    r.rank = int(i);
+    r.device = devices[i];
+    r.comm = comms[i];
+    CK_CUDA(cudaSetDevice(r.device));
+    CK_CUDA(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    w.local.push_back(r);
+  }
+  return w;
+}
+
+void destroy(World& w) {
+  for (Rank& r : w.local) {
+    cudaSetDevice(r.device);
+    if (r.comm) CK_MK(mkCommDestroy(r.comm), nullptr);
+    if (r.stream) cudaStreamDestroy(r.stream);
+    r.comm = nullptr;
+  }
+}
+
+int gpu_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+// ---- scenarios -----------------------------------------------------------------
+
+std::vector<int64_t> matrix_counts(DType t) {
+  // sizes 0, 1, 7 elements, 1 KiB + 1 element, 1 MiB (the big ones run in the size scenarios)
+  const int64_t es = int64_t(dtype_size(t));
+  return {0, 1, 7, 1024 / es + 1, (1 << 20) / es};
+}
+
+// Every collective x dtype x op x size x in/out-of-place on this world.
+void matrix(World& w) {
+  for (Collective c : all_collectives()) {
+    for (DType t : all_dtypes()) {
+      std::vector<RedOp> ops = collective_reduces(c) ? all_redops() : std::vector<RedOp>{RedOp::sum};
+      for (RedOp o : ops) {
+        for (int64_t count : matrix_counts(t)) {
+          if (g_quick && count > 4096) continue;
+          for (bool inplace : {false, true}) {
+            if (inplace && c == Collective::alltoall) continue;
+            CallSpec s;
+            s.coll = c;
+            s.dtype = t;
+            s.op = o;
+            s.count = count;
+            s.inplace = inplace;
+            s.root = (c == Collective::broadcast || c == Collective::reduce) ? (w.nranks - 1) : 0;
+            s.seed = uint64_t(count * 131 + int(t) * 17 + int(o) * 3 + int(c));
+            run_checked(w, s);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Large messages: 64 MiB for every collective, 1 GiB for all-reduce (bf16 and
+// fp32) and all-gather.
+void sizes(World& w) {
+  struct Big {
+    Collective c;
+    DType t;
+    RedOp o;
+    int64_t bytes;
+  };
+  std::vector<Big> bigs;
+  for (Collective c : all_collectives()) bigs.push_back({c, DType::fp32, RedOp::sum, 64ll << 20});
+  bigs.push_back({Collective::allreduce, DType::bf16, RedOp::sum, 64ll << 20});
+  bigs.push_back({Collective::allreduce, DType::fp32, RedOp::sum, 1ll << 30});
+  bigs.push_back({Collective::allreduce, DType::bf16, RedOp::avg, 1ll << 30});
+  bigs.push_back({Collective::allgather, DType::bf16, RedOp::sum, 1ll << 30});
+  for (const Big& b : bigs) {
+    if (g_quick && b.bytes > (64ll << 20)) continue;
+    CallSpec s;
+    s.coll = b.c;
+    s.dtype = b.t;
+    s.op = b.o;
+    // all-gather / all-to-all / reduce-scatter buffers are nranks x count
+    int64_t per = b.bytes / int64_t(dtype_size(b.t));
+    if (b.c == Collective::allgather || b.c == Collective::alltoall || b.c == Collective::reducescatter)
+      per /= w.nranks;
+    s.count = per;
+    s.root = 0;
+    s.seed = uint64_t(b.bytes % 1000003) + int(b.c);
+    run_checked(w, s);
+    s.inplace = b.c != Collective::alltoall;
+    if (s.inplace && b.bytes <= (64ll << 20)) run_checked(w, s);
+  }
+}
+
+// 1000 back-to-back calls with changing sizes, collectives and dtypes, one sync.
+void back_to_back(World& w) {
+  const int calls = g_quick ? 200 : 1000;
+  std::vector<CallSpec> specs;
+  const Collective colls[] = {Collective::allreduce, Collective::allgather, Collective::reducescatter,
+                              Collective::allreduce, Collective::broadcast, Collective::alltoall};
+  const int64_t counts[] = {1, 7, 100, 1000, 4096, 7777, 65536, 100003};
+  for (int i = 0; i < calls; ++i) {
+    CallSpec s;
+    s.coll = colls[i % 6];
+    s.dtype = (i % 3 == 0) ? DType::bf16 : DType::fp32;
+    s.op = RedOp::sum;
+    s.count = counts[(i * 7) % 8];
+    s.root = i % w.nranks;
+    s.seed = uint64_t(i + 1);
+    specs.push_back(s);
+  }
+  std::vector<std::vector<RankBuffers>> bufs(size_t(calls), std::vector<RankBuffers>(w.local.size()));
+  for (int i = 0; i < calls; ++i)
+    for (size_t j = 0; j < w.local.size(); ++j) {
+      CK_CUDA(cudaSetDevice(w.local[j].device));
+      prepare(w, w.local[j], specs[size_t(i)], bufs[size_t(i)][j], 0);
+    }
+  for (int i = 0; i < calls; ++i) {
+    CK_MK(mkGroupStart(), nullptr);
+    for (size_t j = 0; j < w.local.size(); ++j) {
+      CK_CUDA(cudaSetDevice(w.local[j].device));
+      mkResult_t r = issue(w.local[j], specs[size_t(i)], bufs[size_t(i)][j]);
+      if (r != mkSuccess) throw Failure("call " + std::to_string(i) + ": " + mkGetLastError(w.local[j].comm));
+    }
+    CK_MK(mkGroupEnd(), nullptr);
+  }
+  sync_all(w);
+  check_async(w);
+  for (int i = 0; i < calls; ++i)
+    for (size_t j = 0; j < w.local.size(); ++j) {
+      CK_CUDA(cudaSetDevice(w.local[j].device));
+      check(w, w.local[j], specs[size_t(i)], bufs[size_t(i)][j], 0);
+      bufs[size_t(i)][j].in.free();
+      bufs[size_t(i)][j].out.free();
+    }
+}
+
+// CUDA graph: capture an all-reduce and an all-gather, replay 100 times with
+// fresh inputs each time.
+void graphs(World& w) {
+  const int replays = g_quick ? 20 : 100;
+  CallSpec ar;
+  ar.coll = Collective::allreduce;
+  ar.dtype = DType::fp32;
+  ar.count = 5000;
+  CallSpec ag = ar;
+  ag.coll = Collective::allgather;
+  ag.count = 3001;
+  ag.dtype = DType::bf16;
+  std::vector<RankBuffers> b1(w.local.size()), b2(w.local.size());
+  std::vector<cudaGraphExec_t> execs(w.local.size());
+  for (size_t j = 0; j < w.local.size(); ++j) {
+    CK_CUDA(cudaSetDevice(w.local[j].device));
+    prepare(w, w.local[j], ar, b1[j], 0);
+    prepare(w, w.local[j], ag, b2[j], 0);
+  }
+  // Warm up outside capture (plans compile and load here), as with NCCL. One
+  // thread driving several ranks groups its calls, as NCCL requires.
+  for (int k = 0; k < 2; ++k) {
+    CK_MK(mkGroupStart(), nullptr);
+    for (size_t j = 0; j < w.local.size(); ++j) {
+      CK_CUDA(cudaSetDevice(w.local[j].device));
+      CK_MK(issue(w.local[j], ar, b1[j]), w.local[j].comm);
+      CK_MK(issue(w.local[j], ag, b2[j]), w.local[j].comm);
+    }
+    CK_MK(mkGroupEnd(), nullptr);
+    sync_all(w);
+  }
+  for (size_t j = 0; j < w.local.size(); ++j) {
+    CK_CUDA(cudaSetDevice(w.local[j].device));
+    cudaGraph_t g;
+    CK_CUDA(cudaStreamBeginCapture(w.local[j].stream, cudaStreamCaptureModeThreadLocal));
+    CK_MK(issue(w.local[j], ar, b1[j]), w.local[j].comm);
+    CK_MK(issue(w.local[j], ag, b2[j]), w.local[j].comm);
+    CK_CUDA(cudaStreamEndCapture(w.local[j].stream, &g));
+    CK_CUDA(cudaGraphInstantiate(&execs[j], g, 0));
+    CK_CUDA(cudaGraphDestroy(g));
+  }
+  for (int rep = 1; rep <= replays; ++rep) {
+    for (size_t j = 0; j < w.local.size(); ++j) {
+      CK_CUDA(cudaSetDevice(w.local[j].device));
+      // fresh inputs and poisoned outputs for this replay (launch index = rep)
+      std::vector<char> host;
+      for (auto [spec, buf] : {std::pair<CallSpec*, RankBuffers*>{&ar, &b1[j]}, {&ag, &b2[j]}}) {
+        const size_t es = dtype_size(spec->dtype);
+        const int64_t ie = in_elems(spec->coll, w.nranks, spec->count), oe = out_elems(spec->coll, w.nranks, spec->count);
+        host.resize(size_t(ie) * es);
+        verify::fill_input({spec->dtype, spec->op, spec->seed, rep}, w.local[j].rank, 0, ie, host.data());
+        CK_CUDA(cudaMemcpy(buf->send, host.data(), host.size(), cudaMemcpyHostToDevice));
+        CK_CUDA(cudaMemset(buf->recv, 0xA5, size_t(oe) * es));
+      }
+    }
+    for (size_t j = 0; j < w.local.size(); ++j) {
+      CK_CUDA(cudaSetDevice(w.local[j].device));
+      CK_CUDA(cudaGraphLaunch(execs[j], w.local[j].stream));
+    }
+    sync_all(w);
+    check_async(w);
+    for (size_t j = 0; j < w.local.size(); ++j) {
+      CK_CUDA(cudaSetDevice(w.local[j].device));
+      check(w, w.local[j], ar, b1[j], rep);
+      check(w, w.local[j], ag, b2[j], rep);
+    }
+  }
+  for (size_t j = 0; j < w.local.size(); ++j) {
+    cudaGraphExecDestroy(execs[j]);
+    b1[j].in.free();
+    b1[j].out.free();
+    b2[j].in.free();
+    b2[j].out.free();
+  }
+}
+
+// Two communicators over the same ranks, used alternately on two streams.
+void two_comms(World& w, World& w2) {
+  for (int i = 0; i < 20; ++i) {
+    CallSpec s;
+    s.coll = i % 2 ? Collective::allgather : Collective::allreduce;
+    s.count = 1000 + i * 97;
+    s.seed = uint64_t(100 + i);
+    run_checked(i % 2 ? w : w2, s);
+  }
+}
+
+// Host time per call from the second call of a bucket on (launch only).
+double host_time_us(World& w) {
+  Rank& r = w.local[0];
+  CK_CUDA(cudaSetDevice(r.device));
+  void* buf;
+  CK_CUDA(cudaMalloc(&buf, 4096 * 4));
+  for (int i = 0; i < 50; ++i) CK_MK(mkAllReduce(buf, buf, 4096, mkFloat32, mkSum, r.comm, r.stream), r.comm);
+  CK_CUDA(cudaStreamSynchronize(r.stream));
+  std::vector<double> per_batch;
+  for (int batch = 0; batch < 20; ++batch) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 200; ++i) CK_MK(mkAllReduce(buf, buf, 4096, mkFloat32, mkSum, r.comm, r.stream), r.comm);
+    auto t1 = std::chrono::steady_clock::now();
+    per_batch.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 200);
+    CK_CUDA(cudaStreamSynchronize(r.stream));
+  }
+  std::sort(per_batch.begin(), per_batch.end());
+  // the same measurement for a bare empty-kernel launch is what cuLaunchKernel costs alone
+  CK_CUDA(cudaFree(buf));
+  return per_batch[per_batch.size() / 2];
+}
+
+// ---- bad input -------------------------------------------------------------------
+
+void expect_error(mkResult_t got, mkResult_t want, mkComm_t comm, const char* what, const char* needle) {
+  if (got != want)
+    throw Failure(std::string(what) + ": expected " + mkGetErrorString(want) + ", got " + mkGetErrorString(got) +
+                  " (" + mkGetLastError(comm) + ")");
+  std::string msg = mkGetLastError(comm);
+  if (needle && msg.find(needle) == std::string::npos)
+    throw Failure(std::string(what) + ": message '" + msg + "' does not mention '" + needle + "'");
+}
+
+void bad_input(World& w) {
+  Rank& r = w.local[0];
+  CK_CUDA(cudaSetDevice(r.device));
+  float* buf;
+  CK_CUDA(cudaMalloc(&buf, 1 << 20));
+  expect_error(mkAllReduce(nullptr, buf, 10, mkFloat32, mkSum, r.comm, r.stream), mkInvalidArgument, r.comm,
+               "null sendbuff", "NULL");
+  expect_error(mkAllReduce(buf, nullptr, 10, mkFloat32, mkSum, r.comm, r.stream), mkInvalidArgument, r.comm,
+               "null recvbuff", "NULL");
+  expect_error(mkAllReduce(reinterpret_cast<char*>(buf) + 1, buf, 10, mkFloat32, mkSum, r.comm, r.stream),
+               mkInvalidArgument, r.comm, "misaligned sendbuff", "aligned");
+  expect_error(mkAllReduce(buf, buf, 10, mkDataType_t(42), mkSum, r.comm, r.stream), mkInvalidArgument, r.comm,
+               "bad dtype", "datatype");
+  expect_error(mkAllReduce(buf, buf, 10, mkFloat32, mkRedOp_t(9), r.comm, r.stream), mkInvalidArgument, r.comm,
+               "bad op", "op");
+  expect_error(mkBroadcast(buf, buf, 10, mkFloat32, w.nranks, r.comm, r.stream), mkInvalidArgument, r.comm,
+               "bad root", "root");
+  expect_error(mkAllReduce(buf, buf + 3, 10, mkFloat32, mkSum, r.comm, r.stream), mkInvalidArgument, r.comm,
+               "overlapping buffers", "overlap");
+  expect_error(mkAllReduce(buf, buf, 10, mkFloat32, mkSum, nullptr, r.stream), mkInvalidArgument, nullptr,
+               "null comm", "NULL");
+  // registered buffer: a count larger than the registration
+  void* handle = nullptr;
+  CK_MK(mkCommRegister(r.comm, buf, 4096, &handle), r.comm);
+  expect_error(mkAllReduce(buf, buf, 2048, mkFloat32, mkSum, r.comm, r.stream), mkInvalidArgument, r.comm,
+               "count beyond a registered buffer", "count mismatch");
+  CK_MK(mkAllReduce(buf, buf, 1024, mkFloat32, mkSum, r.comm, r.stream), r.comm);
+  CK_MK(mkCommDeregister(r.comm, handle), r.comm);
+  expect_error(mkCommDeregister(r.comm, handle), mkInvalidArgument, r.comm, "double deregister", "not registered");
+  // zero count is a no-op even with null pointers, as in NCCL
+  CK_MK(mkAllReduce(nullptr, nullptr, 0, mkFloat32, mkSum, r.comm, r.stream), r.comm);
+  // a stream of another GPU
+  if (gpu_count() > 1) {
+    int other = (r.device + 1) % gpu_count();
+    cudaStream_t s2;
+    CK_CUDA(cudaSetDevice(other));
+    CK_CUDA(cudaStreamCreate(&s2));
+    CK_CUDA(cudaSetDevice(r.device));
+    expect_error(mkAllReduce(buf, buf, 10, mkFloat32, mkSum, r.comm, s2), mkInvalidArgument, r.comm,
+                 "stream on the wrong device", "stream belongs");
+    cudaStreamDestroy(s2);
+  }
+  CK_CUDA(cudaStreamSynchronize(r.stream));
+  CK_CUDA(cudaFree(buf));
+  // calls after destroy
+  mkComm_t dead = r.comm;
+  destroy(w);
+  expect_error(mkAllReduce(nullptr, nullptr, 1, mkFloat32, mkSum, dead, nullptr), mkInvalidArgument, nullptr,
+               "call after destroy", "destroyed");
+  int n = 0;
+  expect_error(mkCommCount(dead, &n), mkInvalidArgument, nullptr, "count after destroy", "destroyed");
+  // init with a rank out of range
+  mkUniqueId id;
+  CK_MK(mkGetUniqueId(&id), nullptr);
+  mkComm_t c;
+  expect_error(mkCommInitRank(&c, 2, id, 5), mkInvalidArgument, nullptr, "rank out of range", "rank 5");
+  expect_error(mkCommInitRank(&c, 0, id, 0), mkInvalidArgument, nullptr, "nranks 0", "nranks");
+  mkUniqueId junk;
+  std::memset(&junk, 7, sizeof junk);
+  expect_error(mkCommInitRank(&c, 2, junk, 0), mkInvalidArgument, nullptr, "foreign unique id", "unique id");
+}
+
+// MK_PLAN_DIR holding a plan for another architecture: a clear error.
+void wrong_plan(World& w) {
+  Rank& r = w.local[0];
+  // The plan the runtime would pick for this call, compiled for sm_80.
+  const std::string schedule = rt::choose_schedule(Collective::allreduce, 1, 400).schedule;
+  compiler::CompileOptions o;
+  o.arch = 80;
+  auto p = compiler::compile_plan(dsl::build(*dsl::find_schedule(schedule), 1, 0), o);
+  std::string dir = std::filesystem::temp_directory_path() / ("mk-wrong-plan-" + std::to_string(::getpid()));
+  plan::write_dir(p, dir);
+  setenv("MK_PLAN_DIR", dir.c_str(), 1);
+  CK_CUDA(cudaSetDevice(r.device));
+  float* buf;
+  CK_CUDA(cudaMalloc(&buf, 4096));
+  mkResult_t res = mkAllReduce(buf, buf, 100, mkFloat32, mkSum, r.comm, r.stream);
+  expect_error(res, mkInvalidUsage, r.comm, "plan for another arch", "recompile");
+  CK_CUDA(cudaFree(buf));
+}
+
+// ---- failure handling (multi-process) -------------------------------------------------
+
+// Rank 1 dies (SIGKILL) right after init; rank 0 must report an error within
+// the timeout, and abort cleanly.
+void killed_peer(World& w) {
+  Rank& r = w.local[0];
+  if (r.rank == 1) {
+    ::kill(::getpid(), SIGKILL);
+  }
+  CK_CUDA(cudaSetDevice(r.device));
+  float* buf;
+  CK_CUDA(cudaMalloc(&buf, 1 << 20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto t0 = std::chrono::steady_clock::now();
+  CK_MK(mkAllReduce(buf, buf, 100000, mkFloat32, mkSum, r.comm, r.stream), r.comm);
+  mkResult_t err = mkSuccess;
+  while (err == mkSuccess) {
+    CK_MK(mkCommGetAsyncError(r.comm, &err), r.comm);
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) throw Failure("no error after 60 s: hang");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT(err == mkRemoteError, mkGetErrorString(err));
+  std::printf("    rank 0 saw the dead peer after %.2f s: %s\n", secs, mkGetLastError(r.comm));
+  // further calls fail fast; abort returns promptly
+  EXPECT(mkAllReduce(buf, buf, 10, mkFloat32, mkSum, r.comm, r.stream) == mkRemoteError, "calls after the error");
+  auto a0 = std::chrono::steady_clock::now();
+  CK_MK(mkCommAbort(r.comm), nullptr);
+  std::printf("    mkCommAbort took %.3f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - a0).count());
+  r.comm = nullptr;
+}
+
+// Rank 1 stalls (never calls); rank 0 times out, then rank 1 joins late and
+// sees the abort too.
+void stalled_rank(World& w) {
+  Rank& r = w.local[0];
+  CK_CUDA(cudaSetDevice(r.device));
+  float* buf;
+  CK_CUDA(cudaMalloc(&buf, 1 << 20));
+  if (r.rank == 1) std::this_thread::sleep_for(std::chrono::seconds(8));
+  auto t0 = std::chrono::steady_clock::now();
+  CK_MK(mkAllReduce(buf, buf, 300000, mkFloat32, mkSum, r.comm, r.stream), r.comm);
+  mkResult_t err = mkSuccess;
+  while (err == mkSuccess && cudaStreamQuery(r.stream) == cudaErrorNotReady) {
+    CK_MK(mkCommGetAsyncError(r.comm, &err), r.comm);
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) throw Failure("hang");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CK_CUDA(cudaStreamSynchronize(r.stream));
+  CK_MK(mkCommGetAsyncError(r.comm, &err), r.comm);
+  EXPECT(err == mkRemoteError, std::string("rank ") + std::to_string(r.rank) + " saw " + mkGetErrorString(err));
+  std::printf("    rank %d: %s\n", r.rank, mkGetLastError(r.comm));
+  CK_MK(mkCommAbort(r.comm), nullptr);
+  r.comm = nullptr;
+}
+
+// ---- scenario table ---------------------------------------------------------------
+
+struct Scenario {
+  std::string name;
+  int nranks;
+  bool multiprocess;
+  int min_gpus;
+  std::map<std::string, std::string> env;
+  std::function<void(World&)> body;
+  int devices_mode = 0;  // 0: rank r on GPU r % ngpu; 1: every rank on GPU 0
+};
+
+std::vector<Scenario> scenarios() {
+  std::vector<Scenario> v;
+  v.push_back({"matrix_1rank", 1, false, 1, {}, matrix});
+  v.push_back({"matrix_2gpu_1proc", 2, false, 2, {}, matrix});
+  v.push_back({"matrix_2gpu_2proc", 2, true, 2, {}, matrix});
+  v.push_back({"sizes_1rank", 1, false, 1, {}, sizes});
+  v.push_back({"sizes_2gpu_1proc", 2, false, 2, {}, sizes});
+  v.push_back({"sizes_2gpu_2proc", 2, true, 2, {}, sizes});
+  v.push_back({"back_to_back_2gpu_2proc", 2, true, 2, {}, back_to_back});
+  v.push_back({"back_to_back_2gpu_1proc", 2, false, 2, {}, back_to_back});
+  v.push_back({"graphs_2gpu_2proc", 2, true, 2, {}, graphs});
+  v.push_back({"graphs_2gpu_1proc", 2, false, 2, {}, graphs});
+  v.push_back({"two_comms_2gpu_1proc", 2, false, 2, {},
+               [](World& w) {
+                 std::vector<int> devs;
+                 for (auto& r : w.local) devs.push_back(r.device);
+                 World w2 = one_process(devs);
+                 two_comms(w, w2);
+                 destroy(w2);
+               }});
+  v.push_back({"ranks_share_gpu_4ranks_1proc", 4, false, 1, {}, [](World& w) {
+                 for (int i = 0; i < 6; ++i) {
+                   CallSpec s;
+                   s.coll = all_collectives()[size_t(i)];
+                   s.count = 777 + i;
+                   s.root = 1;
+                   run_checked(w, s);
+                 }
+               }, 1});
+  v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
+  v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
+  v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});
+  v.push_back({"stalled_rank_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, stalled_rank});
+  v.push_back({"host_time_1rank", 1, false, 1, {}, [](World& w) {
+                 std::printf("    host time per mkAllReduce call (4096 floats, median of 20 batches of 200): %.2f us\n",
+                             host_time_us(w));
+               }});
+  return v;
+}
+
+// Runs the body for one rank of a multi-process world (child process).
+int run_rank(const Scenario& sc, const mkUniqueId& id, int rank, int ngpu) {
+  World w;
+  w.nranks = sc.nranks;
+  w.multiprocess = true;
+  Rank r;
+  r.rank = rank;
+  r.device = sc.devices_mode == 1 ? 0 : rank % ngpu;
+  CK_CUDA(cudaSetDevice(r.device));
+  CK_CUDA(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  CK_MK(mkCommInitRank(&r.comm, sc.nranks, id, rank), nullptr);
+  w.local.push_back(r);
+  sc.body(w);
+  for (Rank& x : w.local)
+    if (x.comm) CK_MK(mkCommDestroy(x.comm), nullptr);
+  return 0;
+}
+
+int child_main(const Scenario& sc, int ngpu, const mkUniqueId* id, int rank) {
+  for (auto& [k, v] : sc.env) setenv(k.c_str(), v.c_str(), 1);
+  int rc = 0;
+  try {
+    if (sc.multiprocess) {
+      rc = run_rank(sc, *id, rank, ngpu);
+    } else {
+      std::vector<int> devs;
+      for (int r = 0; r < sc.nranks; ++r) devs.push_back(sc.devices_mode == 1 ? 0 : r % ngpu);
+      World w = one_process(devs);
+      sc.body(w);
+      destroy(w);
+    }
+    if (g_checked) std::printf("    rank %d: %lld results checked\n", rank, (long long)g_checked);
+  } catch (const std::exception& e) {
+    std::printf("    FAILED (rank %d): %s\n", rank, e.what());
+    rc = 1;
+  }
+  std::fflush(stdout);  // the child leaves with _exit
+  return rc;
+}
+
+// Compiles every plan the scenarios need, on all cores, into the JIT cache
+// (no GPU needed): the suite then spends its GPU time on GPUs.
+int prewarm(int arch) {
+  struct Want {
+    std::string schedule;
+    Collective coll;
+    int n;
+    DType t;
+    RedOp o;
+    auto operator<=>(const Want&) const = default;
+  };
+  std::set<Want> wants;
+  for (int n : {1, 2, 4})
+    for (Collective c : all_collectives())
+      for (DType t : all_dtypes())
+        for (RedOp o : collective_reduces(c) ? all_redops() : std::vector<RedOp>{RedOp::sum})
+          for (int64_t bytes : {int64_t(16), int64_t(1) << 30})
+            wants.insert({rt::choose_schedule(c, n, bytes).schedule, c, n, t, o});
+  std::vector<Want> list(wants.begin(), wants.end());
+  std::atomic<size_t> next{0};
+  std::atomic<int> errors{0};
+  auto t0 = std::chrono::steady_clock::now();
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (unsigned i = 0; i < threads; ++i)
+    pool.emplace_back([&] {
+      for (size_t k; (k = next++) < list.size();) {
+        const Want& w = list[k];
+        try {
+          compiler::CompileOptions o;
+          o.arch = arch;
+          o.dtype = w.t;
+          o.op = w.o;
+          compiler::compile_plan(dsl::build(*dsl::find_schedule(w.schedule), w.n, 0), o);
+        } catch (const std::exception& e) {
+          std::printf("prewarm %s n=%d: %s\n", w.schedule.c_str(), w.n, e.what());
+          ++errors;
+        }
+      }
+    });
+  for (auto& t : pool) t.join();
+  std::printf("prewarm: %zu plans for sm_%d in %.1f s on %u threads, %d error(s)\n", list.size(), arch,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), threads, errors.load());
+  return errors ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string only;
+  bool list = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--quick") g_quick = true;
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--list") list = true;
+    else if (a == "--prewarm" && i + 1 < argc) return prewarm(std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: %s [--quick] [--only NAME] [--list] [--prewarm ARCH]\n", argv[0]);
+      return 2;
+    }
+  }
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  auto all = scenarios();
+  if (list) {
+    for (auto& s : all) std::printf("%s\n", s.name.c_str());
+    return 0;
+  }
+  // Count GPUs in a child: the parent must not initialise CUDA before forking.
+  int ngpu = 0;
+  {
+    int pipefd[2];
+    if (::pipe(pipefd) != 0) return 1;
+    pid_t p = ::fork();
+    if (p == 0) {
+      int n = gpu_count();
+      ssize_t w = ::write(pipefd[1], &n, sizeof n);
+      (void)w;
+      _exit(0);
+    }
+    ::close(pipefd[1]);
+    if (::read(pipefd[0], &ngpu, sizeof ngpu) != sizeof ngpu) ngpu = 0;
+    ::close(pipefd[0]);
+    ::waitpid(p, nullptr, 0);
+  }
+  if (ngpu == 0) {
+    std::printf("SKIPPED: no GPU on this machine (the GPU suite runs on the device machine: tests/gpu/run.sh)\n");
+    return 0;
+  }
+  std::printf("mk_gpu_tests: %d GPU(s)%s\n", ngpu, g_quick ? ", quick mode" : "");
+  int passed = 0, failed = 0, skipped = 0;
+  for (auto& sc : all) {
+    if (!only.empty() && sc.name.find(only) == std::string::npos) continue;
+    if (sc.min_gpus > ngpu) {
+      std::printf("SKIP %-32s needs %d GPUs\n", sc.name.c_str(), sc.min_gpus);
+      ++skipped;
+      continue;
+    }
+    std::fflush(stdout);
+    auto t0 = std::chrono::steady_clock::now();
+    mkUniqueId id{};
+    int nproc = sc.multiprocess ? sc.nranks : 1;
+    if (sc.multiprocess) {
+      // The rendezvous lives in this (CUDA-free) parent process.
+      if (mkGetUniqueId(&id) != mkSuccess) {
+        std::printf("FAIL %-32s mkGetUniqueId: %s\n", sc.name.c_str(), mkGetLastError(nullptr));
+        ++failed;
+        continue;
+      }
+    }
+    std::vector<pid_t> kids;
+    for (int r = 0; r < nproc; ++r) {
+      pid_t p = ::fork();
+      if (p == 0) _exit(child_main(sc, ngpu, sc.multiprocess ? &id : nullptr, r));
+      kids.push_back(p);
+    }
+    const int limit_s = std::getenv("MK_TEST_LIMIT_S") ? std::atoi(std::getenv("MK_TEST_LIMIT_S")) : 900;
+    bool ok = true;
+    std::string why;
+    for (size_t r = 0; r < kids.size(); ++r) {
+      int status = 0;
+      for (;;) {
+        pid_t got = ::waitpid(kids[r], &status, WNOHANG);
+        if (got == kids[r]) break;
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(limit_s)) {
+          for (pid_t k : kids) ::kill(k, SIGKILL);
+          ::waitpid(kids[r], &status, 0);
+          why = "timed out (hang)";
+          ok = false;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      const bool expected_kill = sc.name == "killed_peer_2proc" && r == 1;
+      if (WIFSIGNALED(status) && !expected_kill) {
+        ok = false;
+        why = "rank " + std::to_string(r) + " died of signal " + std::to_string(WTERMSIG(status));
+      } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+        ok = false;
+        if (why.empty()) why = "rank " + std::to_string(r) + " failed";
+      }
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s %-32s %7.1f s%s%s\n", ok ? "PASS" : "FAIL", sc.name.c_str(), secs, ok ? "" : "  ", why.c_str());
+    std::fflush(stdout);
+    ok ? ++passed : ++failed;
+  }
+  std::printf("mk_gpu_tests: %d passed, %d failed, %d skipped\n", passed, failed, skipped);
+  return failed ? 1 : 0;
+}
