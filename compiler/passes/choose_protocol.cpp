@@ -36,9 +36,11 @@ bool ll_possible(const ir::Schedule& s) {
   return true;
 }
 
+// Tiles are whole 16-byte vectors; from 4 KiB up, whole 4 KiB pages (tidy
+// strides for the scratch layout).
 int64_t clamp_tile(int64_t t, int64_t lo, int64_t hi) {
   t = std::max(lo, std::min(hi, t));
-  return std::max<int64_t>(16, t / 16 * 16);
+  return t >= 4096 ? t / 4096 * 4096 : std::max<int64_t>(16, t / 16 * 16);
 }
 
 Bucket make_bucket(const ir::Schedule& s, int64_t lo, int64_t hi, ir::Proto proto, const ProtocolOptions& o) {

@@ -1,0 +1,205 @@
+// mKernel C++ API: RAII and exceptions over the C API (mk.h).
+//
+//   mk::UniqueId id = rank == 0 ? mk::UniqueId::create() : receive_from_rank0();
+//   mk::Communicator comm = mk::Communicator::init_rank(nranks, id, rank);
+//   comm.all_reduce(send, recv, count, mk::Op::sum, stream);   // typed: float*, double*, int32_t*, ...
+//   comm.all_reduce(send, recv, count, mkBfloat16, mkSum, stream);  // any dtype
+//
+// Errors throw mk::RuntimeError with the code and mkGetLastError's message.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "mk.h"
+
+namespace mk {
+
+class RuntimeError : public std::runtime_error {
+ public:
+  RuntimeError(mkResult_t code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  mkResult_t code() const { return code_; }
+
+ private:
+  mkResult_t code_;
+};
+
+inline void check(mkResult_t r, mkComm_t comm = nullptr) {
+  if (r != mkSuccess) throw RuntimeError(r, std::string(mkGetErrorString(r)) + ": " + mkGetLastError(comm));
+}
+
+enum class Op { sum = mkSum, prod = mkProd, max = mkMax, min = mkMin, avg = mkAvg };
+
+// The mkDataType_t of a C++ element type (for the typed overloads).
+template <typename T>
+struct DataType;
+#define MK_CXX_DTYPE(T, V) \
+  template <>              \
+  struct DataType<T> {     \
+    static constexpr mkDataType_t value = V; \
+  };
+MK_CXX_DTYPE(int8_t, mkInt8)
+MK_CXX_DTYPE(uint8_t, mkUint8)
+MK_CXX_DTYPE(int32_t, mkInt32)
+MK_CXX_DTYPE(uint32_t, mkUint32)
+MK_CXX_DTYPE(int64_t, mkInt64)
+MK_CXX_DTYPE(uint64_t, mkUint64)
+MK_CXX_DTYPE(float, mkFloat32)
+MK_CXX_DTYPE(double, mkFloat64)
+#undef MK_CXX_DTYPE
+
+class UniqueId {
+ public:
+  UniqueId() { std::memset(&id_, 0, sizeof id_); }
+  explicit UniqueId(const mkUniqueId& raw) : id_(raw) {}
+  static UniqueId create() {
+    UniqueId u;
+    check(mkGetUniqueId(&u.id_));
+    return u;
+  }
+  const mkUniqueId& raw() const { return id_; }
+  // 128 bytes to send to the other ranks (MPI_Bcast, a file, a TCP store, ...).
+  std::string bytes() const { return std::string(id_.internal, sizeof id_.internal); }
+  static UniqueId from_bytes(const std::string& b) {
+    if (b.size() != sizeof(mkUniqueId)) throw RuntimeError(mkInvalidArgument, "a unique id is 128 bytes");
+    UniqueId u;
+    std::memcpy(u.id_.internal, b.data(), sizeof u.id_.internal);
+    return u;
+  }
+
+ private:
+  mkUniqueId id_;
+};
+
+// Calls between construction and destruction are one group (mkGroupStart/End).
+class Group {
+ public:
+  Group() { check(mkGroupStart()); }
+  ~Group() noexcept(false) {
+    if (!done_) check(mkGroupEnd());
+  }
+  void end() {
+    done_ = true;
+    check(mkGroupEnd());
+  }
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+ private:
+  bool done_ = false;
+};
+
+class Communicator {
+ public:
+  Communicator() = default;
+  explicit Communicator(mkComm_t c) : c_(c) {}
+  ~Communicator() {
+    if (c_) mkCommDestroy(c_);
+  }
+  Communicator(Communicator&& o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
+  Communicator& operator=(Communicator&& o) noexcept {
+    if (this != &o) {
+      if (c_) mkCommDestroy(c_);
+      c_ = std::exchange(o.c_, nullptr);
+    }
+    return *this;
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // Call after cudaSetDevice(your GPU).
+  static Communicator init_rank(int nranks, const UniqueId& id, int rank) {
+    mkComm_t c = nullptr;
+    check(mkCommInitRank(&c, nranks, id.raw(), rank));
+    return Communicator(c);
+  }
+  static std::vector<Communicator> init_all(const std::vector<int>& devices) {
+    std::vector<mkComm_t> raw(devices.size());
+    check(mkCommInitAll(raw.data(), int(devices.size()), devices.data()));
+    std::vector<Communicator> out;
+    for (mkComm_t c : raw) out.emplace_back(c);
+    return out;
+  }
+
+  mkComm_t get() const { return c_; }
+  int size() const {
+    int n = 0;
+    check(mkCommCount(c_, &n), c_);
+    return n;
+  }
+  int rank() const {
+    int r = 0;
+    check(mkCommUserRank(c_, &r), c_);
+    return r;
+  }
+  int device() const {
+    int d = 0;
+    check(mkCommCuDevice(c_, &d), c_);
+    return d;
+  }
+  // mkSuccess, or the error a collective hit asynchronously (watchdog).
+  mkResult_t async_error() const {
+    mkResult_t e = mkSuccess;
+    check(mkCommGetAsyncError(c_, &e), c_);
+    return e;
+  }
+  void abort() {
+    if (c_) check(mkCommAbort(std::exchange(c_, nullptr)));
+  }
+
+  // Untyped (any dtype, e.g. mkBfloat16, mkFloat8e4m3).
+  void all_reduce(const void* send, void* recv, size_t count, mkDataType_t t, mkRedOp_t op, cudaStream_t s) {
+    check(mkAllReduce(send, recv, count, t, op, c_, s), c_);
+  }
+  void all_gather(const void* send, void* recv, size_t count, mkDataType_t t, cudaStream_t s) {
+    check(mkAllGather(send, recv, count, t, c_, s), c_);
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, mkDataType_t t, mkRedOp_t op, cudaStream_t s) {
+    check(mkReduceScatter(send, recv, count, t, op, c_, s), c_);
+  }
+  void broadcast(const void* send, void* recv, size_t count, mkDataType_t t, int root, cudaStream_t s) {
+    check(mkBroadcast(send, recv, count, t, root, c_, s), c_);
+  }
+  void reduce(const void* send, void* recv, size_t count, mkDataType_t t, mkRedOp_t op, int root, cudaStream_t s) {
+    check(mkReduce(send, recv, count, t, op, root, c_, s), c_);
+  }
+  void all_to_all(const void* send, void* recv, size_t count, mkDataType_t t, cudaStream_t s) {
+    check(mkAllToAll(send, recv, count, t, c_, s), c_);
+  }
+
+  // Typed.
+  template <typename T>
+  void all_reduce(const T* send, T* recv, size_t count, Op op, cudaStream_t s) {
+    all_reduce(send, recv, count, DataType<T>::value, mkRedOp_t(op), s);
+  }
+  template <typename T>
+  void all_gather(const T* send, T* recv, size_t count, cudaStream_t s) {
+    all_gather(send, recv, count, DataType<T>::value, s);
+  }
+  template <typename T>
+  void reduce_scatter(const T* send, T* recv, size_t count, Op op, cudaStream_t s) {
+    reduce_scatter(send, recv, count, DataType<T>::value, mkRedOp_t(op), s);
+  }
+  template <typename T>
+  void broadcast(const T* send, T* recv, size_t count, int root, cudaStream_t s) {
+    broadcast(send, recv, count, DataType<T>::value, root, s);
+  }
+  template <typename T>
+  void reduce(const T* send, T* recv, size_t count, Op op, int root, cudaStream_t s) {
+    reduce(send, recv, count, DataType<T>::value, mkRedOp_t(op), root, s);
+  }
+  template <typename T>
+  void all_to_all(const T* send, T* recv, size_t count, cudaStream_t s) {
+    all_to_all(send, recv, count, DataType<T>::value, s);
+  }
+
+ private:
+  mkComm_t c_ = nullptr;
+};
+
+}  // namespace mk

@@ -1,0 +1,131 @@
+// The runtime's pieces that need no GPU: bootstrap rendezvous and all-gather,
+// descriptor passing, argument checking and errors when no driver is present.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "mk.h"
+#include "mk/mk.hpp"
+#include "runtime/bootstrap.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/ipc.hpp"
+#include "runtime/status.hpp"
+
+using namespace mk;
+
+TEST_CASE("bootstrap: ranks in threads all-gather their blobs in rank order") {
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  const int n = 5;
+  std::vector<std::vector<std::string>> got(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      rt::Bootstrap b(id, n, r);
+      got[size_t(r)] = b.allgather("rank" + std::to_string(r) + std::string(size_t(r) * 1000, 'x'));
+      b.barrier();
+      auto second = b.allgather(std::to_string(r * r));
+      CHECK(second[3] == "9");
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(got[size_t(r)].size() == size_t(n));
+    for (int q = 0; q < n; ++q) CHECK(got[size_t(r)][size_t(q)] == "rank" + std::to_string(q) + std::string(size_t(q) * 1000, 'x'));
+  }
+}
+
+TEST_CASE("bootstrap: a foreign id and a duplicate rank are refused clearly") {
+  mkUniqueId junk;
+  std::memset(&junk, 3, sizeof junk);
+  CHECK_THROWS_WITH_AS(rt::Bootstrap(junk, 2, 0), doctest::Contains("mkGetUniqueId"), rt::RtError);
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  std::thread first([&] {
+    try {
+      rt::Bootstrap b(id, 2, 0);  // waits for rank 1; the duplicate below is refused, then rank 1 joins
+      b.barrier();
+    } catch (...) {
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_THROWS_WITH_AS(rt::Bootstrap(id, 2, 0), doctest::Contains("twice"), rt::RtError);
+  rt::Bootstrap b1(id, 2, 1);
+  b1.barrier();
+  first.join();
+}
+
+TEST_CASE("bootstrap: a missing peer times out instead of hanging") {
+  setenv("MK_BOOTSTRAP_TIMEOUT_MS", "700", 1);
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(rt::Bootstrap(id, 2, 0), rt::RtError);  // rank 1 never comes
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  unsetenv("MK_BOOTSTRAP_TIMEOUT_MS");
+}
+
+TEST_CASE("ipc: a file descriptor travels over the abstract socket") {
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  const std::string name = "mkernel-test-" + std::to_string(::getpid());
+  rt::FdServer server(name, p[1], 1, 5000);
+  int got = rt::fetch_fd(name, 5000);
+  server.wait();
+  REQUIRE(got >= 0);
+  const char msg[] = "hello";
+  REQUIRE(::write(got, msg, sizeof msg) == ssize_t(sizeof msg));
+  char buf[sizeof msg] = {};
+  REQUIRE(::read(p[0], buf, sizeof buf) == ssize_t(sizeof msg));
+  CHECK(std::string(buf) == "hello");
+  ::close(got);
+  ::close(p[0]);
+  ::close(p[1]);
+  CHECK_THROWS_AS(rt::fetch_fd(name + "-nobody", 200), rt::RtError);
+}
+
+TEST_CASE("C API: argument errors are codes with messages, never crashes") {
+  CHECK(mkGetUniqueId(nullptr) == mkInvalidArgument);
+  CHECK(std::string(mkGetLastError(nullptr)).find("NULL") != std::string::npos);
+  int v = 0;
+  CHECK(mkGetVersion(&v) == mkSuccess);
+  CHECK(v == MK_VERSION_CODE);
+  CHECK(mkAllReduce(nullptr, nullptr, 4, mkFloat32, mkSum, nullptr, nullptr) == mkInvalidArgument);
+  CHECK(mkCommDestroy(nullptr) == mkInvalidArgument);
+  // A pointer that is not a communicator is refused, not dereferenced.
+  int junk[64] = {};
+  CHECK(mkCommCount(reinterpret_cast<mkComm_t>(junk), &v) == mkInvalidArgument);
+  CHECK(std::string(mkGetLastError(nullptr)).find("invalid communicator") != std::string::npos);
+  CHECK(mkGroupEnd() == mkInvalidUsage);
+  CHECK(mkGroupStart() == mkSuccess);
+  CHECK(mkGroupEnd() == mkSuccess);
+  for (int r = 0; r <= int(mkNumResults); ++r) CHECK(std::strlen(mkGetErrorString(mkResult_t(r))) > 0);
+}
+
+TEST_CASE("C API: without a GPU, communicator creation fails with the reason") {
+  std::string why;
+  if (rt::cuda_available(&why)) {
+    MESSAGE("a GPU is present; the no-driver path is not exercised here");
+    return;
+  }
+  mkComm_t c = nullptr;
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  CHECK(mkCommInitRank(&c, 1, id, 0) == mkSystemError);
+  CHECK(c == nullptr);
+  CHECK(std::string(mkGetLastError(nullptr)).find("libcuda") != std::string::npos);
+  std::vector<mkComm_t> cs(2);
+  CHECK(mkCommInitAll(cs.data(), 2, nullptr) == mkSystemError);
+  // the C++ API turns it into an exception with the same text
+  CHECK_THROWS_WITH_AS(mk::Communicator::init_rank(1, mk::UniqueId::create(), 0), doctest::Contains("libcuda"),
+                       mk::RuntimeError);
+}
+
+TEST_CASE("C++ API: unique ids survive a round trip through bytes") {
+  auto id = mk::UniqueId::create();
+  auto back = mk::UniqueId::from_bytes(id.bytes());
+  CHECK(std::memcmp(&id.raw(), &back.raw(), sizeof(mkUniqueId)) == 0);
+  CHECK_THROWS_AS(mk::UniqueId::from_bytes("short"), mk::RuntimeError);
+}
