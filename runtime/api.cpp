@@ -212,9 +212,21 @@ Pending validate(const Call& k, Comm* c, cudaStream_t stream) {
                                           : k.coll == Collective::reducescatter ? "recvbuff == sendbuff + rank*count"
                                                                                 : "sendbuff == recvbuff"));
   }
-  std::lock_guard<std::mutex> lock(c->mu);
-  if (need_send) check_registered(*c, k.send, in_bytes, "sendbuff", api);
-  if (need_recv) check_registered(*c, k.recv, out_bytes, "recvbuff", api);
+  return p;
+}
+
+// The checks that read communicator state; caller holds c->mu.
+void check_locked(const Pending& p) {
+  Comm* c = p.c;
+  const Call& k = p.k;
+  const char* api = coll_api_name(k.coll);
+  const size_t bytes = size_t(p.bytes);
+  if (!c->registered.empty()) {
+    const size_t in_bytes = (k.coll == Collective::reducescatter || k.coll == Collective::alltoall) ? bytes * size_t(c->nranks) : bytes;
+    const size_t out_bytes = (k.coll == Collective::allgather || k.coll == Collective::alltoall) ? bytes * size_t(c->nranks) : bytes;
+    if (!(k.coll == Collective::broadcast && c->rank != k.root)) check_registered(*c, k.send, in_bytes, "sendbuff", api);
+    if (!(k.coll == Collective::reduce && c->rank != k.root)) check_registered(*c, k.recv, out_bytes, "recvbuff", api);
+  }
   // The stream must belong to the communicator's GPU (checked once per stream).
   if (p.stream != c->checked_stream || special_stream(p.stream)) {
     std::unique_ptr<CtxGuard> g;
@@ -234,14 +246,13 @@ Pending validate(const Call& k, Comm* c, cudaStream_t stream) {
     }
     if (!special_stream(p.stream)) c->checked_stream = p.stream;
   }
-  return p;
 }
 
 // Finds (or, first time, creates) the plan instance. Creation loads code and
 // allocates: it must happen before any kernel of the same group is launched.
-PlanInstance& resolve(Pending& p) {
+// Caller holds c->mu.
+PlanInstance& resolve_locked(Pending& p) {
   Comm& c = *p.c;
-  std::lock_guard<std::mutex> lock(c.mu);
   auto& ranges = c.fast[(size_t(p.k.coll) * 12 + size_t(p.dt)) * 5 + size_t(p.op)];
   for (const auto& rg : ranges)
     if (p.bytes >= rg.lo && (rg.hi < 0 || p.bytes <= rg.hi)) return *rg.inst;
@@ -256,12 +267,12 @@ PlanInstance& resolve(Pending& p) {
   return c.instance(p.k.coll, p.dt, p.op, p.bytes, p.stream);
 }
 
-void launch(Pending& p, PlanInstance& inst) {
+// Caller holds c->mu.
+void launch_locked(Pending& p, PlanInstance& inst) {
   Comm& c = *p.c;
   const char* api = coll_api_name(p.k.coll);
   std::unique_ptr<CtxGuard> g;
   if (special_stream(p.stream)) g = std::make_unique<CtxGuard>(c.ctx);
-  std::lock_guard<std::mutex> lock(c.mu);
   // One communicator's kernels must not overlap: order a new stream after the
   // previous one (not needed within one stream, not possible in capture).
   if (c.used && p.stream != c.last_stream) {
@@ -303,12 +314,14 @@ mkResult_t collective(const Call& k, mkComm_t comm, cudaStream_t stream) {
     c = check_comm(comm);
     Pending p = validate(k, c, stream);
     if (k.count == 0) return;
+    std::lock_guard<std::mutex> lock(c->mu);  // the one lock of the hot path
+    check_locked(p);
     if (t_group_depth > 0) {
       t_pending.push_back(p);
       return;
     }
-    PlanInstance& inst = resolve(p);
-    launch(p, inst);
+    PlanInstance& inst = resolve_locked(p);
+    launch_locked(p, inst);
   });
 }
 
@@ -537,11 +550,13 @@ mkResult_t mkGroupEnd(void) {
     std::vector<PlanInstance*> inst;
     for (auto& p : calls) {
       c = check_comm(reinterpret_cast<mkComm_t>(p.c));
-      inst.push_back(&resolve(p));
+      std::lock_guard<std::mutex> lock(c->mu);
+      inst.push_back(&resolve_locked(p));
     }
     for (size_t i = 0; i < calls.size(); ++i) {
-      c = calls[i].c;
-      launch(calls[i], *inst[i]);
+      c = check_comm(reinterpret_cast<mkComm_t>(calls[i].c));
+      std::lock_guard<std::mutex> lock(c->mu);
+      launch_locked(calls[i], *inst[i]);
     }
   });
 }
