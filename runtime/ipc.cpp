@@ -23,6 +23,21 @@ sockaddr_un abstract_addr(const std::string& name, socklen_t* len) {
   return a;
 }
 
+// One byte of payload and room for one descriptor.
+struct FdMessage {
+  char byte = 'F';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  FdMessage() {
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctrl;
+    m.msg_controllen = sizeof ctrl;
+  }
+  FdMessage(const FdMessage&) = delete;
+};
+
 }  // namespace
 
 FdServer::FdServer(const std::string& name, int fd, int count, int timeout_ms) {
@@ -46,20 +61,13 @@ FdServer::FdServer(const std::string& name, int fd, int count, int timeout_ms) {
       if (::poll(&p, 1, int(left.count())) <= 0) continue;
       int c = ::accept(lfd, nullptr, nullptr);
       if (c < 0) continue;
-      char byte = 'F';
-      iovec iov{&byte, 1};
-      char ctrl[CMSG_SPACE(sizeof(int))] = {};
-      msghdr m{};
-      m.msg_iov = &iov;
-      m.msg_iovlen = 1;
-      m.msg_control = ctrl;
-      m.msg_controllen = sizeof ctrl;
-      cmsghdr* cm = CMSG_FIRSTHDR(&m);
+      FdMessage msg;
+      cmsghdr* cm = CMSG_FIRSTHDR(&msg.m);
       cm->cmsg_level = SOL_SOCKET;
       cm->cmsg_type = SCM_RIGHTS;
       cm->cmsg_len = CMSG_LEN(sizeof(int));
       std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-      if (::sendmsg(c, &m, MSG_NOSIGNAL) == 1) ++served;
+      if (::sendmsg(c, &msg.m, MSG_NOSIGNAL) == 1) ++served;
       ::close(c);
     }
   });
@@ -87,16 +95,9 @@ int fetch_fd(const std::string& name, int timeout_ms) {
       pollfd p{s, POLLIN, 0};
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (::poll(&p, 1, std::max<int>(1, int(left.count()))) > 0) {
-        char byte = 0;
-        iovec iov{&byte, 1};
-        char ctrl[CMSG_SPACE(sizeof(int))] = {};
-        msghdr m{};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        m.msg_control = ctrl;
-        m.msg_controllen = sizeof ctrl;
-        if (::recvmsg(s, &m, 0) == 1) {
-          cmsghdr* cm = CMSG_FIRSTHDR(&m);
+        FdMessage msg;
+        if (::recvmsg(s, &msg.m, 0) == 1) {
+          cmsghdr* cm = CMSG_FIRSTHDR(&msg.m);
           if (cm && cm->cmsg_type == SCM_RIGHTS) {
             int fd = -1;
             std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));

@@ -37,6 +37,29 @@ size_t arena_granularity(CUdevice device) {
   return g ? g : (2u << 20);
 }
 
+namespace {
+
+// Reserves address space for `size` bytes and maps `handle` there; on failure
+// releases what it took (and the handle) and throws, saying `what`.
+CUdeviceptr reserve_and_map(CUmemGenericAllocationHandle handle, size_t size, CUdevice device, const char* what) {
+  const Driver& d = cu();
+  CUdeviceptr base = 0;
+  CUresult r = d.cuMemAddressReserve(&base, size, arena_granularity(device), 0, 0);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemRelease(handle);
+    MK_CU(r, std::string("reserving address space for ") + what);
+  }
+  r = d.cuMemMap(base, size, 0, handle, 0);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemAddressFree(base, size);
+    d.cuMemRelease(handle);
+    MK_CU(r, std::string("mapping ") + what + " (can these GPUs reach each other over NVLink/PCIe P2P?)");
+  }
+  return base;
+}
+
+}  // namespace
+
 void Arena::allocate(CUdevice device, size_t size) {
   const Driver& d = cu();
   int vmm = 0, fdh = 0;
@@ -51,19 +74,11 @@ void Arena::allocate(CUdevice device, size_t size) {
   size_ = (size + g - 1) / g * g;
   CUmemAllocationProp p = prop_for(device);
   MK_CU(d.cuMemCreate(&handle_, size_, &p, 0), "allocating " + std::to_string(size_) + " bytes of symmetric memory");
-  CUresult r = d.cuMemAddressReserve(&base_, size_, g, 0, 0);
-  if (r != CUDA_SUCCESS) {
-    d.cuMemRelease(handle_);
+  try {
+    base_ = reserve_and_map(handle_, size_, device, "symmetric memory");
+  } catch (...) {
     handle_ = 0;
-    MK_CU(r, "reserving address space for symmetric memory");
-  }
-  r = d.cuMemMap(base_, size_, 0, handle_, 0);
-  if (r != CUDA_SUCCESS) {
-    d.cuMemAddressFree(base_, size_);
-    d.cuMemRelease(handle_);
-    base_ = 0;
-    handle_ = 0;
-    MK_CU(r, "mapping symmetric memory");
+    throw;
   }
   set_access(base_, size_, {device});
   // Zeroed on a private stream and waited for: peers may signal into these
@@ -115,20 +130,11 @@ void PeerMapping::map(int fd, size_t size, CUdevice device) {
   ::close(fd);
   MK_CU(r, "importing a peer's symmetric memory");
   size_ = size;
-  const size_t g = arena_granularity(device);
-  r = d.cuMemAddressReserve(&base_, size_, g, 0, 0);
-  if (r != CUDA_SUCCESS) {
-    d.cuMemRelease(handle_);
+  try {
+    base_ = reserve_and_map(handle_, size_, device, "a peer's memory");
+  } catch (...) {
     handle_ = 0;
-    MK_CU(r, "reserving address space for a peer's memory");
-  }
-  r = d.cuMemMap(base_, size_, 0, handle_, 0);
-  if (r != CUDA_SUCCESS) {
-    d.cuMemAddressFree(base_, size_);
-    d.cuMemRelease(handle_);
-    base_ = 0;
-    handle_ = 0;
-    MK_CU(r, "mapping a peer's memory (can these GPUs reach each other over NVLink/PCIe P2P?)");
+    throw;
   }
   set_access(base_, size_, {device});
 }

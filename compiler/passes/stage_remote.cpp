@@ -37,35 +37,26 @@ ir::Schedule stage_remote(ir::Schedule s) {
       out.push_back(std::move(op));
       continue;
     }
+    // A new scratch slot on the buffer's owner, and the owner's copy between
+    // it and the user buffer.
+    auto stage = [&](Ref& r, bool into_scratch) {
+      Ref slot{r.rank, Buf::scratch, next_slot[r.rank], r.count};
+      next_slot[r.rank] += r.count;
+      Op c;
+      c.id = next_id++;
+      c.kind = OpKind::copy;
+      c.rank = r.rank;
+      c.srcs = {into_scratch ? r : slot};
+      c.dsts = {into_scratch ? slot : r};
+      c.loc = op.loc;
+      r = slot;
+      return c;
+    };
     std::vector<Op> after;
-    for (Ref& r : op.srcs) {
-      if (r.buf == Buf::scratch || r.rank == op.rank) continue;
-      Ref slot{r.rank, Buf::scratch, next_slot[r.rank], r.count};
-      next_slot[r.rank] += r.count;
-      Op c;
-      c.id = next_id++;
-      c.kind = OpKind::copy;
-      c.rank = r.rank;
-      c.srcs = {r};
-      c.dsts = {slot};
-      c.loc = op.loc;
-      out.push_back(std::move(c));
-      r = slot;
-    }
-    for (Ref& r : op.dsts) {
-      if (r.buf == Buf::scratch || r.rank == op.rank) continue;
-      Ref slot{r.rank, Buf::scratch, next_slot[r.rank], r.count};
-      next_slot[r.rank] += r.count;
-      Op c;
-      c.id = next_id++;
-      c.kind = OpKind::copy;
-      c.rank = r.rank;
-      c.srcs = {slot};
-      c.dsts = {r};
-      c.loc = op.loc;
-      after.push_back(std::move(c));
-      r = slot;
-    }
+    for (Ref& r : op.srcs)
+      if (r.buf != Buf::scratch && r.rank != op.rank) out.push_back(stage(r, true));
+    for (Ref& r : op.dsts)
+      if (r.buf != Buf::scratch && r.rank != op.rank) after.push_back(stage(r, false));
     out.push_back(std::move(op));
     for (auto& a : after) out.push_back(std::move(a));
   }
