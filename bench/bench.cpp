@@ -150,7 +150,7 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
       void *in = nullptr, *out = nullptr;
       CK(cudaMalloc(&in, size_t(ie) * es));
       CK(cudaMalloc(&out, size_t(oe) * es));
-      verify::DataSpec d{o.dtype, RedOp::sum, 7, 0};
+      verify::DataSpec d{o.dtype, RedOp::sum, 7, 0, o.ranks};
       std::vector<char> host(size_t(std::max(ie, oe)) * es);
       {  // inputs for GiB-sized buffers: generate on all cores
         const unsigned nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));

@@ -66,7 +66,9 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
       st.from_cache = true;
       return p;
     } catch (const Error&) {
-      // a damaged cache entry: compile again and replace it
+      // a damaged cache entry: drop it, compile again, store the new one
+      std::error_code ec;
+      fs::remove_all(cached, ec);
     }
   }
   auto t0 = std::chrono::steady_clock::now();

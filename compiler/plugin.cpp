@@ -112,6 +112,9 @@ std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
   fs::path dir = fs::path(jit::cache_dir()) / "plugins";
   std::error_code ec;
   fs::create_directories(dir, ec);
+  if (ec)
+    throw Error(ErrId::jit_E004, "cannot create " + dir.string() + " for compiled schedules: " + ec.message(), {},
+                "set MK_CACHE_DIR to a writable directory");
   fs::path so = dir / (key + ".so");
   if (!fs::exists(so)) {
     fs::path tmp = dir / fmt::format("{}.{}.tmp.so", key, ::getpid());

@@ -30,16 +30,16 @@ constexpr int kMaxRanks = 1024;
 
 }  // namespace
 
-Program::Program(Collective coll, int nranks, int root, std::string name) : s_(new ir::Schedule) {
+Program::Program(Collective coll, int nranks, int root, std::string name, Loc loc) : s_(new ir::Schedule) {
   if (nranks < 1 || nranks > kMaxRanks) {
     delete s_;
     throw Error(ErrId::dsl_E004, "nranks must be in 1.." + std::to_string(kMaxRanks) + ", got " +
-                                     std::to_string(nranks));
+                                     std::to_string(nranks), to_loc(loc));
   }
   if (root < 0 || root >= nranks) {
     delete s_;
     throw Error(ErrId::dsl_E001, "root " + std::to_string(root) + " is not a rank of " +
-                                     std::to_string(nranks));
+                                     std::to_string(nranks), to_loc(loc));
   }
   s_->name = std::move(name);
   s_->coll = coll;
@@ -109,6 +109,9 @@ void Program::add(int kind, const std::vector<Chunk>& dsts, const std::vector<Ch
                   "source has " + std::to_string(c.count) + " chunk(s), destination " +
                       std::to_string(count),
                   to_loc(loc));
+  if (e.on < -1)
+    throw Error(ErrId::dsl_E005, "executing rank " + std::to_string(e.on) + " is not a rank (use -1 for the default)",
+                to_loc(loc));
   int exec = e.on;
   if (exec < 0) {
     if (kind == int(ir::OpKind::copy)) {

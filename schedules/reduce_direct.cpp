@@ -12,13 +12,15 @@ static void reduce_direct(Program& p) {
     p.copy(p.output(root, 0), p.input(root, 0));
     return;
   }
+  // The root keeps rank q's data in slot q (q < root) or q - 1 (q > root).
+  auto slot = [root](int q) { return q < root ? q : q - 1; };
   std::vector<Chunk> srcs;
   for (int q = 0; q < n; ++q) {
     if (q == root) {
       srcs.push_back(p.input(root, 0));
     } else {
-      p.copy(p.scratch(root, q), p.input(q, 0));
-      srcs.push_back(p.scratch(root, q));
+      p.copy(p.scratch(root, slot(q)), p.input(q, 0));
+      srcs.push_back(p.scratch(root, slot(q)));
     }
   }
   p.reduce(p.output(root, 0), srcs);

@@ -39,9 +39,15 @@ std::string canonical(const Schedule& s, int32_t v, int32_t M) {
     if (M) p = mod(p - int64_t(v) * M, K);
     return t + fmt::format("{}.{}+{}", b, p, r.count);
   };
+  // Thread block by thread block: how the blocks' ops interleave in program
+  // order does not change the generated code, so it must not split classes.
+  std::vector<const Op*> mine;
+  for (const Op& op : s.ops)
+    if (op.rank == v) mine.push_back(&op);
+  std::stable_sort(mine.begin(), mine.end(), [](const Op* a, const Op* b) { return a->tb < b->tb; });
   std::string out;
-  for (const Op& op : s.ops) {
-    if (op.rank != v) continue;
+  for (const Op* opp : mine) {
+    const Op& op = *opp;
     out += fmt::format("{}|{}|{}|", int(op.kind), op.tb, op.final);
     for (const Ref& r : op.srcs) out += ref(r) + ",";
     out += ">";

@@ -8,8 +8,10 @@
 // does what rank r does with every rank, block and chunk position shifted by
 // d) share one code path, with peers and chunks computed from the rank at run
 // time. Ring and direct schedules written step-major have one class, so a
-// 64-rank plan compiles as fast as a 2-rank one. Rooted collectives are built
-// for root 0; the kernel runs the program of virtual rank (rank - root).
+// 64-rank plan compiles as fast as a 2-rank one (schedules that are not
+// symmetric, e.g. one-shot's rank-ordered sums or a root's special role, get
+// one class per distinct program). Rooted collectives are built for root 0;
+// the kernel runs the program of virtual rank (rank - root).
 #pragma once
 
 #include <string>

@@ -1,5 +1,6 @@
 // IR <-> JSON. The schema: docs/ir.md. Refs are written in their text form
 // ("r1.sc[3]") so a JSON schedule stays readable and diffable.
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "compiler/ir/ir.hpp"
@@ -29,6 +30,11 @@ T get_num(const json& j, const char* key, const std::string& path, std::optional
   }
   const json& v = j.at(key);
   if (!v.is_number_integer()) bad(path + "." + key, "expected an integer");
+  // Range-check before narrowing: 4294967298 must not become 2.
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(std::numeric_limits<T>::max())
+                             : (v.get<int64_t>() < int64_t(std::numeric_limits<T>::min()) ||
+                                (v.get<int64_t>() > 0 && uint64_t(v.get<int64_t>()) > uint64_t(std::numeric_limits<T>::max()))))
+    bad(path + "." + key, "integer out of range");
   return v.get<T>();
 }
 
@@ -116,7 +122,7 @@ Schedule from_json(std::string_view text) {
   json j;
   try {
     j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     bad("$", std::string("not JSON: ") + e.what());
   }
   if (!j.is_object()) bad("$", "expected an object");
@@ -173,7 +179,8 @@ Schedule from_json(std::string_view text) {
     if (o.contains("pos")) {
       if (!o["pos"].is_array()) bad(p + ".pos", "expected an array of integers");
       for (const auto& v : o["pos"]) {
-        if (!v.is_number_integer()) bad(p + ".pos", "expected an array of integers");
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 30))
+          bad(p + ".pos", "expected an array of small non-negative integers");
         op.pos.push_back(v.get<int32_t>());
       }
     }

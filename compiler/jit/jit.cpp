@@ -312,8 +312,13 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
   n.cubin(prog, res.cubin.data());
   n.destroy(&prog);
   if (use_cache) {
-    write_atomic(file, res.cubin);
-    res.cache_file = file.string();
+    // The cache is an optimisation: a read-only cache costs a recompile later,
+    // not this compilation.
+    try {
+      write_atomic(file, res.cubin);
+      res.cache_file = file.string();
+    } catch (const Error&) {
+    }
   }
   return res;
 }

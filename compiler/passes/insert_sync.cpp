@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "compiler/passes/passes.hpp"
 #include "compiler/verify/bitset.hpp"
@@ -52,14 +53,14 @@ ir::Schedule insert_sync(ir::Schedule s) {
 
   // Thread-block neighbours in program order.
   std::vector<int64_t> prev_in_tb(n, -1), last_of_tb_if_first(n, -1);
-  std::vector<int32_t> local_index(n, 0);  // index in its rank's program
+  std::vector<int32_t> local_index(n, 0);  // index in its thread block's program
   {
     std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> by_tb;
-    std::vector<int32_t> count(s.nranks, 0);
     for (size_t i = 0; i < n; ++i) {
       if (!s.ops[i].is_data()) continue;
-      by_tb[{s.ops[i].rank, s.ops[i].tb}].push_back(i);
-      local_index[i] = count[s.ops[i].rank]++;
+      auto& list = by_tb[{s.ops[i].rank, s.ops[i].tb}];
+      local_index[i] = int32_t(list.size());
+      list.push_back(i);
     }
     for (auto& [k, list] : by_tb) {
       for (size_t t = 1; t < list.size(); ++t) prev_in_tb[list[t]] = int64_t(list[t - 1]);
@@ -149,34 +150,30 @@ ir::Schedule insert_sync(ir::Schedule s) {
     }
   }
 
-  // Slots: per receiving rank, ordered by the first waiting op's place in
-  // that rank's program, then by the signaller's relative rank and place.
+  // Slots: per receiving rank, ordered by where the first waiting op sits
+  // (its thread block, its place there), then the signaller's relative rank,
+  // thread block and place. Keys are thread-block-local and rank-relative, so
+  // symmetric schedules get the same numbering on every rank.
   std::map<std::pair<size_t, int32_t>, int32_t> slot_of;  // (signaller, receiving rank) -> slot
   {
-    struct Want {
-      int32_t first_local, rel_rank, signaller_local;
-      size_t signaller;
-    };
-    std::map<std::pair<size_t, int32_t>, Want> wants;
+    using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>;
+    std::map<std::pair<size_t, int32_t>, Key> wants;
     for (const Edge& e : edges) {
       int32_t rr = s.ops[e.to].rank;
       auto key = std::make_pair(e.from, rr);
-      Want w{local_index[e.to], (s.ops[e.from].rank - rr + s.nranks) % s.nranks,
-             local_index[e.from], e.from};
+      Key k{s.ops[e.to].tb, local_index[e.to], (s.ops[e.from].rank - rr + s.nranks) % s.nranks, s.ops[e.from].tb,
+            local_index[e.from]};
       auto it = wants.find(key);
       if (it == wants.end())
-        wants.emplace(key, w);
+        wants.emplace(key, k);
       else
-        it->second.first_local = std::min(it->second.first_local, w.first_local);
+        it->second = std::min(it->second, k);
     }
-    std::vector<std::vector<std::pair<Want, std::pair<size_t, int32_t>>>> per_rank(s.nranks);
-    for (auto& [key, w] : wants) per_rank[key.second].push_back({w, key});
+    std::vector<std::vector<std::pair<Key, std::pair<size_t, int32_t>>>> per_rank(s.nranks);
+    for (auto& [key, k] : wants) per_rank[key.second].push_back({k, key});
     s.slots = 0;
     for (auto& list : per_rank) {
-      std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) {
-        return std::tie(a.first.first_local, a.first.rel_rank, a.first.signaller_local) <
-               std::tie(b.first.first_local, b.first.rel_rank, b.first.signaller_local);
-      });
+      std::sort(list.begin(), list.end());
       for (size_t k = 0; k < list.size(); ++k) slot_of[list[k].second] = int32_t(k);
       s.slots = std::max<int32_t>(s.slots, int32_t(list.size()));
     }

@@ -68,7 +68,9 @@ class Sim {
                                           : dev::pick_tile_bytes(o.count, s.chunks, s.instances, es_, s.tile_bytes);
     MK_CHECK(tile % 16 == 0 && tile <= s.tile_bytes, "tile must be a multiple of 16 within the plan's maximum");
     L_ = dev::make_layout(o.count, s.chunks, tile, s.instances, es_);
-    slot_bytes_ = s.tile_bytes * (s.proto == ir::Proto::ll ? 2 : 1);
+    // The kernel strides scratch by the plan's largest tile; the same layout
+    // function with this launch's tile as the stride keeps host memory small.
+    slot_bytes_ = tile * (s.proto == ir::Proto::ll ? 2 : 1);
     progs_.assign(size_t(s.nranks) * s.tbs, {});
     for (size_t i = 0; i < s.ops.size(); ++i) {
       const Op& op = s.ops[i];
@@ -151,7 +153,7 @@ class Sim {
  private:
   void start_launch(int32_t r) {
     RankMem& m = mem_[r];
-    DataSpec d{o_.dtype, o_.op, o_.seed, m.launch};
+    DataSpec d{o_.dtype, o_.op, o_.seed, m.launch, s_.nranks};
     if (m.out) std::memset(m.out, 0xA5, size_t(m.out_bytes));  // poison
     if (m.in) fill_input(d, r, 0, m.in_bytes / es_, m.in);
     for (int32_t i = 0; i < s_.instances; ++i)
@@ -177,7 +179,7 @@ class Sim {
     SimResult& res = res_;
     RankMem& m = mem_[r];
     if (m.out) {
-      DataSpec d{o_.dtype, o_.op, o_.seed, m.launch};
+      DataSpec d{o_.dtype, o_.op, o_.seed, m.launch, s_.nranks};
       auto c = check_output(s_.coll, d, s_.nranks, s_.root, o_.count, r, m.out, m.out_bytes / es_);
       if (c.mismatches && res.mismatches == 0)
         res.first_bad = fmt::format("launch {} {}", m.launch, c.first_bad);
@@ -325,6 +327,15 @@ class Sim {
 SimResult simulate(const Schedule& lowered, const SimOptions& o) {
   MK_CHECK(lowered.synced && lowered.tile_bytes > 0, "simulate needs a lowered schedule");
   if (o.count < 0) throw Error(ErrId::cli_E011, "count must be >= 0");
+  {  // host memory the simulation needs: every rank's buffers
+    const int64_t limit = 8ll << 30;
+    const int64_t per_elem = int64_t(dtype_size(o.dtype)) * 2 * lowered.nranks * lowered.nranks;
+    if (o.count > limit / per_elem)
+      throw Error(ErrId::cli_E011,
+                  fmt::format("count {} is too large to simulate ({} ranks need more than {} GiB of host memory)",
+                              o.count, lowered.nranks, limit >> 30),
+                  {}, "simulate a smaller count: the schedule's behaviour does not depend on it beyond a few tiles");
+  }
   if (o.root < 0 || o.root >= lowered.nranks)
     throw Error(ErrId::cli_E011, fmt::format("root {} is not a rank of {}", o.root, lowered.nranks));
   if ((lowered.coll == Collective::broadcast || lowered.coll == Collective::reduce) || o.root == 0) {

@@ -34,12 +34,8 @@ struct SimResult {
   std::string first_bad;  // "launch 0 rank 1 elem 17: got 3 want 4 (tol 0)"
 };
 
-// Throws mk::Error(verify_E005) when the simulated run deadlocks.
+// Throws mk::Error(verify_E005) when the simulated run deadlocks. The data and
+// its reference are compiler/verify/reference.hpp's (the GPU tests use them too).
 SimResult simulate(const ir::Schedule& lowered, const SimOptions& o);
-
-// The value rank `rank` contributes at element `elem` of its input (as double,
-// already representable in dtype), for launch `launch`. Exposed for the GPU
-// tests, which use the same data.
-double test_value(DType t, RedOp op, uint64_t seed, int32_t launch, int32_t rank, int64_t elem);
 
 }  // namespace mk::verify

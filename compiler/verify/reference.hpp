@@ -4,10 +4,16 @@
 // tool (the CPU executor, the GPU tests, the benchmark) can regenerate them
 // and check an output without storing every rank's input. Values differ per
 // rank and per element and are never all zero:
-//   floats, sum/avg/min/max  uniform in [-1, 1], rounded to the dtype
-//   floats, prod             +-1, with +-2 or +-0.5 at every 8th (rank+element)
-//                            (products are exact powers of two, no overflow)
-//   integers                 uniformly random bits (sum/prod wrap, as on GPU)
+//   fp32/fp64, sum/avg/min/max  uniform in [-1, 1], rounded to the dtype
+//   fp16/bf16/fp8, sum/avg      (when nranks is given) +-0.5 or +-1 from the
+//                               ranks q with (q + element) % ceil(n/3) == 0,
+//                               0 from the others: every partial sum is exact
+//                               in the dtype, so sums must match exactly (a
+//                               float64 bound would be wider than the values)
+//   fp16/bf16/fp8, min/max      uniform in [-1, 1], rounded to the dtype
+//   floats, prod                +-1, with +-2 or +-0.5 at every 8th (rank+element)
+//                               (products are exact powers of two, no overflow)
+//   integers                    uniformly random bits (sum/prod wrap, as on GPU)
 #pragma once
 
 #include <cstdint>
@@ -22,6 +28,7 @@ struct DataSpec {
   RedOp op = RedOp::sum;
   uint64_t seed = 1;
   int32_t launch = 0;
+  int32_t nranks = 0;  // 0: dense data (exact narrow-float sums need the rank count)
 };
 
 // Writes `n` elements of rank `rank`'s input, starting at element `first`.

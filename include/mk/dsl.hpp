@@ -103,7 +103,7 @@ class Program {
  public:
   using Loc = std::source_location;
 
-  Program(Collective coll, int nranks, int root = 0, std::string name = "");
+  Program(Collective coll, int nranks, int root = 0, std::string name = "", Loc loc = Loc::current());
   ~Program();
   Program(Program&&) noexcept;
   Program& operator=(Program&&) noexcept;

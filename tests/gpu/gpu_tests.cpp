@@ -142,7 +142,7 @@ void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, i
   const bool has_send = !(s.coll == Collective::broadcast && r.rank != s.root);
   const bool has_recv = !(s.coll == Collective::reduce && r.rank != s.root);
   const int64_t ie = in_elems(s.coll, n, s.count), oe = out_elems(s.coll, n, s.count);
-  verify::DataSpec d{s.dtype, s.op, s.seed, launch};
+  verify::DataSpec d{s.dtype, s.op, s.seed, launch, w.nranks};
   std::vector<char> host(size_t(std::max(ie, oe)) * es + 16);
   if (s.inplace && has_send && has_recv) {
     const size_t total = size_t(std::max(ie, oe)) * es;
@@ -205,7 +205,7 @@ void check(const World& w, const Rank& r, const CallSpec& s, const RankBuffers& 
   const int64_t ie = in_elems(s.coll, w.nranks, s.count), oe = out_elems(s.coll, w.nranks, s.count);
   if (b.in.base) b.in.check_guards(("send buffer of rank " + std::to_string(r.rank)).c_str());
   if (b.out.base) b.out.check_guards(("receive buffer of rank " + std::to_string(r.rank)).c_str());
-  verify::DataSpec d{s.dtype, s.op, s.seed, launch};
+  verify::DataSpec d{s.dtype, s.op, s.seed, launch, w.nranks};
   if (b.recv) {
     std::vector<char> host(size_t(oe) * es + 16);
     CK_CUDA(cudaMemcpy(host.data(), b.recv, size_t(oe) * es, cudaMemcpyDeviceToHost));
@@ -462,7 +462,7 @@ void graphs(World& w) {
         const size_t es = dtype_size(spec->dtype);
         const int64_t ie = in_elems(spec->coll, w.nranks, spec->count), oe = out_elems(spec->coll, w.nranks, spec->count);
         host.resize(size_t(ie) * es);
-        verify::fill_input({spec->dtype, spec->op, spec->seed, rep}, w.local[j].rank, 0, ie, host.data());
+        verify::fill_input({spec->dtype, spec->op, spec->seed, rep, w.nranks}, w.local[j].rank, 0, ie, host.data());
         CK_CUDA(cudaMemcpy(buf->send, host.data(), host.size(), cudaMemcpyHostToDevice));
         CK_CUDA(cudaMemset(buf->recv, 0xA5, size_t(oe) * es));
       }
