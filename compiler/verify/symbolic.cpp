@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <tuple>
 
 #include "compiler/verify/verify.hpp"
 
@@ -262,6 +263,30 @@ void verify_bounds(const Schedule& s) {
                                   r.count, n),
                       op.loc);
       }
+    // Chunk k of every ref is processed together (element by element, in
+    // parallel on the GPU). A destination chunk that is *another* position's
+    // source chunk would be read and written in no defined order.
+    if (op.is_data())
+      for (bool inplace : {false, true})
+        for (const Ref& d : op.dsts)
+          for (const Ref& src : op.srcs)
+            for (int32_t k = 0; k < n; ++k)
+              for (int32_t m = 0; m < n; ++m) {
+                if (k == m) continue;
+                auto key = [&](const Ref& r, int32_t i) {
+                  Ref c = r.at(i);
+                  if (inplace && c.buf == Buf::input)
+                    if (auto o = ir::inplace_output_of_input(s, c.rank, c.index)) c = Ref{c.rank, Buf::output, *o, 1};
+                  return std::make_tuple(c.rank, int(c.buf), c.index);
+                };
+                if (key(d, k) == key(src, m))
+                  throw Error(ErrId::verify_E004,
+                              fmt::format("{}: {} writes {} and reads it as chunk {} of {} (position {} vs {}){}: the "
+                                          "result would depend on execution order",
+                                          ctx, describe_op(s, oi), ir::to_string(d.at(k)), m, ir::to_string(src), k, m,
+                                          inplace ? " in-place" : ""),
+                              op.loc, "split the op, or stage through scratch");
+              }
     if (op.kind == OpKind::signal && (op.peer < 0 || op.peer >= s.nranks))
       throw Error(ErrId::verify_E006,
                   fmt::format("{}: {} signals rank {}, outside 0..{}", ctx, describe_op(s, oi),

@@ -1,18 +1,28 @@
 // mkc: the mKernel compiler driver.
 //
 //   mkc list
-//   mkc verify   (--schedule NAME | FILE.cpp) --ranks N
-//   mkc show     (--schedule NAME | FILE.cpp) --ranks N [--svg OUT.svg]
-//   mkc lower    (--schedule NAME | FILE.cpp) --ranks N --dump-after=PASS
-//   mkc compile  (--schedule NAME | FILE.cpp) --ranks N --dtype T --op O -o DIR
-//   mkc simulate (--schedule NAME | FILE.cpp) --ranks N --dtype T --op O --count C
+//   mkc verify   SCHEDULE [--ranks N]
+//   mkc show     SCHEDULE [--ranks N] [--svg OUT.svg]
+//   mkc lower    SCHEDULE [--ranks N] --dump-after=PASS
+//   mkc compile  SCHEDULE [--ranks N] --dtype T --op O -o DIR
+//   mkc simulate SCHEDULE [--ranks N] --dtype T --op O --count C
+//   mkc import   FILE.xml|FILE.json [-o schedule.json]
+//   mkc export   SCHEDULE [--ranks N] --format msccl-xml [-o out.xml]
 //   mkc info
+//
+// SCHEDULE is `--schedule NAME` (built-in or plugin) or a FILE: a C++ DSL file
+// (.cpp), an MSCCL XML algorithm (.xml), an MSCCL++ execution plan (.json) or
+// an mKernel IR JSON (.json, as `mkc import -o` writes it). --ranks is
+// required for DSL schedules; a file fixes its own rank count, and --ranks,
+// if given, must match it. load_schedule() below is the one place that turns
+// any of these into a raw ir::Schedule.
 //
 // Exit codes: 0 success, 1 a user error (printed with its [mk.*] id), 2 bad
 // command line, 3 an internal error (a bug in mKernel).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +31,7 @@
 
 #include "compiler/compile.hpp"
 #include "compiler/cost/cost.hpp"
+#include "compiler/importers/importers.hpp"
 #include "compiler/jit/jit.hpp"
 #include "compiler/pipeline.hpp"
 #include "compiler/plugin.hpp"
@@ -53,9 +64,10 @@ struct Common {
 };
 
 void add_common(CLI::App* c, Common& o, bool sizes) {
-  c->add_option("file", o.file, "a DSL file (.cpp) defining the schedule, instead of --schedule");
+  c->add_option("file", o.file,
+                "a schedule file instead of --schedule: DSL (.cpp), MSCCL XML (.xml), MSCCL++ plan or mKernel IR (.json)");
   c->add_option("-s,--schedule", o.schedule, "a built-in or plugin schedule (see `mkc list`)");
-  c->add_option("-n,--ranks", o.ranks, "number of ranks (GPUs)")->required();
+  c->add_option("-n,--ranks", o.ranks, "number of ranks (GPUs); required for DSL schedules, files fix their own");
   c->add_option("--root", o.root, "root rank for broadcast/reduce (plans are built for root 0)");
   c->add_option("--instances", o.instances, "parallel instances (default: what the schedule asks for)");
   c->add_option("--max-tbs", o.max_tbs, "thread blocks per rank per instance at most");
@@ -69,21 +81,20 @@ void add_common(CLI::App* c, Common& o, bool sizes) {
   }
 }
 
-std::string dsl_file_kind(const std::string& f) {
-  auto ext = fs::path(f).extension().string();
+std::string file_ext(const std::string& f) {
+  std::string ext = fs::path(f).extension().string();
+  for (auto& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
   return ext;
 }
 
-// Resolves the schedule to build: a file, or a name.
+bool is_dsl_file(const std::string& f) {
+  std::string ext = file_ext(f);
+  return ext == ".cpp" || ext == ".cc" || ext == ".cxx";
+}
+
+// Resolves a DSL schedule to build: a .cpp file, or a name.
 dsl::ScheduleInfo resolve(const Common& o) {
-  for (const auto& p : o.plugins) plugin::load_library(p);
-  if (!o.file.empty() && !o.schedule.empty())
-    throw Error(ErrId::cli_E011, "give either a file or --schedule, not both");
   if (!o.file.empty()) {
-    std::string ext = dsl_file_kind(o.file);
-    if (ext != ".cpp" && ext != ".cc" && ext != ".cxx")
-      throw Error(ErrId::cli_E009, "'" + o.file + "': expected a C++ DSL file (.cpp)", {},
-                  "MSCCL XML and MSCCL++ JSON imports go through `mkc import`");
     auto found = plugin::load_source(o.file);
     if (found.size() > 1 && o.schedule.empty()) {
       std::string names;
@@ -94,7 +105,8 @@ dsl::ScheduleInfo resolve(const Common& o) {
     return found.front();
   }
   if (o.schedule.empty())
-    throw Error(ErrId::cli_E001, "no schedule given", {}, "pass --schedule NAME (see `mkc list`) or a FILE.cpp");
+    throw Error(ErrId::cli_E001, "no schedule given", {},
+                "pass --schedule NAME (see `mkc list`), a DSL FILE.cpp, an MSCCL FILE.xml or a FILE.json");
   const dsl::ScheduleInfo* info = dsl::find_schedule(o.schedule);
   if (!info) {
     std::string names;
@@ -133,10 +145,46 @@ compiler::LowerOptions lower_options(const Common& o) {
   return l;
 }
 
-ir::Schedule build(const Common& o, const dsl::ScheduleInfo& info) {
+// A raw schedule and where it came from.
+struct Loaded {
+  ir::Schedule raw;
+  std::string name;  // what messages call it
+  Collective coll = Collective::allreduce;
+  bool imported = false;  // from an .xml/.json file
+  importers::ImportInfo info;
+};
+
+// The one way every command obtains its schedule: a DSL name or .cpp file
+// (built for --ranks), or an imported file (MSCCL XML, MSCCL++ plan, IR JSON)
+// whose rank count then becomes o.ranks. Rooted collectives are built for
+// root 0 and relabelled at run time.
+Loaded load_schedule(Common& o) {
+  for (const auto& p : o.plugins) plugin::load_library(p);
+  if (!o.file.empty() && !o.schedule.empty())
+    throw Error(ErrId::cli_E011, "give either a file or --schedule, not both");
+  Loaded l;
+  if (!o.file.empty() && !is_dsl_file(o.file)) {
+    l.raw = importers::import_file(o.file, &l.info);
+    l.imported = true;
+    if (o.ranks != 0 && o.ranks != l.raw.nranks)
+      throw Error(ErrId::cli_E004,
+                  fmt::format("--ranks {} does not match '{}', which is written for {} ranks", o.ranks, o.file,
+                              l.raw.nranks),
+                  {}, "leave --ranks out for imported files");
+    o.ranks = l.raw.nranks;
+    check_ranks(o);
+    l.name = l.raw.name.empty() ? fs::path(o.file).filename().string() : l.raw.name;
+    l.coll = l.raw.coll;
+    return l;
+  }
+  if (o.ranks == 0)
+    throw Error(ErrId::cli_E004, "--ranks is required for a DSL schedule", {}, "e.g. --ranks 8");
   check_ranks(o);
-  // Rooted collectives are built for root 0 and relabelled at run time.
-  return dsl::build(info, o.ranks, 0);
+  auto info = resolve(o);
+  l.raw = dsl::build(info, o.ranks, 0);
+  l.name = info.name;
+  l.coll = info.coll;
+  return l;
 }
 
 DType dtype_arg(const std::string& s) {
@@ -161,23 +209,22 @@ int cmd_list() {
   return 0;
 }
 
-int cmd_verify(const Common& o) {
-  auto info = resolve(o);
+int cmd_verify(Common o) {
   auto t0 = std::chrono::steady_clock::now();
-  ir::Schedule s = build(o, info);
-  size_t nops = s.ops.size();
-  auto l = compiler::lower(std::move(s), lower_options(o));
+  Loaded in = load_schedule(o);
+  size_t nops = in.raw.ops.size();
+  auto l = compiler::lower(std::move(in.raw), lower_options(o));
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   size_t pairs = 0;
   for (const auto& op : l.variants.front().ops) pairs += op.kind == ir::OpKind::signal;
   fmt::print(
       "proved: {} ({}) for {} ranks: {} operations compute the collective in-place and out-of-place; "
       "bounds hold; {} bucket(s) synchronised ({} signal(s) in the first), no race, no deadlock ({:.0f} ms)\n",
-      info.name, name(info.coll), o.ranks, nops, l.variants.size(), pairs, ms);
+      in.name, name(in.coll), o.ranks, nops, l.variants.size(), pairs, ms);
   return 0;
 }
 
-int cmd_lower(const Common& o, const std::string& dump_after, const std::string& emit) {
+int cmd_lower(Common o, const std::string& dump_after, const std::string& emit) {
   const auto& names = compiler::pass_names();
   if (dump_after != "all" && std::find(names.begin(), names.end(), dump_after) == names.end()) {
     std::string list;
@@ -185,15 +232,15 @@ int cmd_lower(const Common& o, const std::string& dump_after, const std::string&
     throw Error(ErrId::cli_E008, "unknown pass '" + dump_after + "'", {}, "passes:" + list + " (or all)");
   }
   if (emit != "text" && emit != "json") throw Error(ErrId::cli_E011, "--emit must be text or json");
-  auto info = resolve(o);
-  ir::Schedule s = build(o, info);
+  ir::Schedule s = load_schedule(o).raw;
   auto lo = lower_options(o);
-  int bucket = 0;
+  int bucket = -1;
   lo.on_pass = [&](std::string_view pass, const ir::Schedule& x) {
+    // every bucket starts with "protocol" (counted even when not printed)
+    if (pass == "protocol") ++bucket;
     if (dump_after != "all" && pass != dump_after) return;
     std::string label(pass);
     if (pass == "protocol" || pass == "sync") label += fmt::format(" (bucket {})", bucket);
-    if (pass == "sync") ++bucket;
     if (emit == "json") {
       std::cout << ir::to_json(x, 1) << "\n";
     } else {
@@ -216,9 +263,8 @@ ir::Schedule pick_variant(const compiler::Lowered& l, int bucket, int64_t bytes)
   return l.variants.back();
 }
 
-int cmd_show(const Common& o, const std::string& svg_path, int bucket, bool show_ir) {
-  auto info = resolve(o);
-  ir::Schedule s = build(o, info);
+int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir) {
+  ir::Schedule s = load_schedule(o).raw;
   auto topo = topology::parse(o.topology, o.ranks);
   auto l = compiler::lower(std::move(s), lower_options(o));
   ir::Schedule v = pick_variant(l, bucket < 0 ? int(l.variants.size()) - 1 : bucket, 0);
@@ -234,17 +280,16 @@ int cmd_show(const Common& o, const std::string& svg_path, int bucket, bool show
   return 0;
 }
 
-int cmd_compile(const Common& o, const std::string& dtype, const std::string& op, const std::string& arch,
+int cmd_compile(Common o, const std::string& dtype, const std::string& op, const std::string& arch,
                 const std::string& out, bool no_cache) {
   compiler::CompileOptions co;
   co.dtype = dtype_arg(dtype);
   co.op = op_arg(op);
   co.arch = jit::parse_arch(arch);
-  co.lower = lower_options(o);
   co.use_cache = !no_cache;
-  auto info = resolve(o);
   auto t0 = std::chrono::steady_clock::now();
-  ir::Schedule s = build(o, info);
+  ir::Schedule s = load_schedule(o).raw;
+  co.lower = lower_options(o);
   compiler::CompileStats st;
   plan::Plan p = compiler::compile_plan(std::move(s), co, &st);
   plan::write_dir(p, out);
@@ -255,7 +300,7 @@ int cmd_compile(const Common& o, const std::string& dtype, const std::string& op
   return 0;
 }
 
-int cmd_simulate(const Common& o, const std::string& dtype, const std::string& op, int64_t count, bool inplace,
+int cmd_simulate(Common o, const std::string& dtype, const std::string& op, int64_t count, bool inplace,
                  int launches, uint64_t seed, int bucket) {
   verify::SimOptions so;
   so.dtype = dtype_arg(dtype);
@@ -267,22 +312,83 @@ int cmd_simulate(const Common& o, const std::string& dtype, const std::string& o
   so.root = o.root;
   so.launches = launches;
   so.seed = seed;
-  auto info = resolve(o);
-  if (!collective_reduces(info.coll) && so.op != RedOp::sum)
-    throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(info.coll)));
-  ir::Schedule s = build(o, info);
-  auto l = compiler::lower(std::move(s), lower_options(o));
+  Loaded in = load_schedule(o);
+  if (!collective_reduces(in.coll) && so.op != RedOp::sum)
+    throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(in.coll)));
+  auto l = compiler::lower(std::move(in.raw), lower_options(o));
   ir::Schedule v = pick_variant(l, bucket, count * int64_t(dtype_size(so.dtype)));
   auto r = verify::simulate(v, so);
   fmt::print(
       "{} ({} ranks, {} {}, count {}, {}{}, proto {}, tile {} B, {} step(s), {} launch(es)): max error {:.3g} "
       "(tolerance {:.3g}), {} mismatch(es)\n",
-      info.name, o.ranks, name(so.dtype), name(so.op), count, inplace ? "in-place" : "out-of-place",
-      info.coll == Collective::broadcast || info.coll == Collective::reduce ? fmt::format(", root {}", o.root) : "",
+      in.name, o.ranks, name(so.dtype), name(so.op), count, inplace ? "in-place" : "out-of-place",
+      in.coll == Collective::broadcast || in.coll == Collective::reduce ? fmt::format(", root {}", o.root) : "",
       ir::name(v.proto), v.tile_bytes, r.steps, launches, r.max_err, r.max_tol, r.mismatches);
   if (!r.ok)
     throw Error(ErrId::verify_E013, "simulated result differs from the float64 reference: " + r.first_bad);
   std::cout << "ok\n";
+  return 0;
+}
+
+std::string bytes_str(int64_t b) { return b < 0 ? "unbounded" : fmt::format("{}", b); }
+
+// mkc import FILE [-o schedule.json]: what the file holds, the IR it becomes,
+// and the proof that it computes its collective.
+int cmd_import(const std::string& file, const std::string& out, bool no_verify) {
+  importers::ImportInfo info;
+  ir::Schedule s = importers::import_file(file, &info);
+  size_t copies = 0, reduces = 0;
+  for (const auto& op : s.ops) (op.kind == ir::OpKind::copy ? copies : reduces) += op.is_data();
+  const char* fmt_name = info.format == "msccl-xml"      ? "MSCCL XML"
+                         : info.format == "mscclpp-json" ? "MSCCL++ execution plan"
+                                                         : "mKernel IR JSON";
+  fmt::print("imported {} ({}): '{}' {}, {} ranks\n", file, fmt_name, info.name, name(s.coll), s.nranks);
+  if (info.format != "mk-ir-json") {
+    std::string uses = info.inplace && info.outofplace ? "in-place and out-of-place"
+                       : info.inplace                  ? "in-place"
+                                                       : "out-of-place";
+    fmt::print("  file: {} thread block(s), {} step(s), {} {}, {} ordering edge(s); protocol {}; declared {}; "
+               "sizes {}..{} bytes\n",
+               info.threadblocks, info.steps, info.transfers,
+               info.format == "msccl-xml" ? "send/receive pair(s)" : "remote data op(s)", info.sync_edges,
+               info.protocol, uses, info.min_bytes, bytes_str(info.max_bytes));
+  }
+  fmt::print("  IR: {} op(s) ({} copy, {} reduce), {} chunk(s) per block, {} scratch slot(s); {} staging op(s) added; "
+             "{} reading\n",
+             copies + reduces, copies, reduces, s.chunks, s.scratch, info.staging_ops, info.reading);
+  for (const auto& n : info.notes) fmt::print("  note: {}\n", n);
+  if (no_verify) {
+    fmt::print("not verified (--no-verify)\n");
+  } else {
+    verify::verify_semantics(s);
+    fmt::print("proved: computes {} in-place and out-of-place for {} ranks; no race, no deadlock in the file's "
+               "ordering\n",
+               name(s.coll), s.nranks);
+  }
+  if (!out.empty()) {
+    std::ofstream f(out);
+    f << ir::to_json(s, 1) << "\n";
+    if (!f) throw Error(ErrId::cli_E012, "cannot write " + out);
+    fmt::print("wrote {}\n", out);
+  }
+  return 0;
+}
+
+// mkc export SCHEDULE --format msccl-xml [-o out.xml]
+int cmd_export(Common o, const std::string& format, const std::string& out) {
+  if (format != "msccl-xml")
+    throw Error(ErrId::cli_E011, "--format must be msccl-xml, got '" + format + "'");
+  Loaded in = load_schedule(o);
+  verify::verify_semantics(in.raw);  // only a correct schedule is worth exporting
+  std::string x = importers::export_msccl_xml(in.raw);
+  if (out.empty()) {
+    std::cout << x;
+    return 0;
+  }
+  std::ofstream f(out);
+  f << x;
+  if (!f) throw Error(ErrId::cli_E012, "cannot write " + out);
+  fmt::print("wrote {}: {} ({}) for {} ranks as MSCCL XML\n", out, in.name, name(in.coll), o.ranks);
   return 0;
 }
 
@@ -304,7 +410,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("mkc 0.1.0"));
 
-  Common verify_o, show_o, lower_o, compile_o, sim_o;
+  Common verify_o, show_o, lower_o, compile_o, sim_o, export_o;
 
   app.add_subcommand("list", "list the built-in schedules");
   app.add_subcommand("info", "NVRTC, supported architectures, cache location");
@@ -352,6 +458,20 @@ int main(int argc, char** argv) {
   simulate->add_option("--seed", seed, "data and interleaving seed");
   simulate->add_option("--bucket", sim_bucket, "force a size bucket (default: chosen by size)");
 
+  auto* import = app.add_subcommand("import", "read an MSCCL XML algorithm or MSCCL++ execution plan, prove it, and "
+                                               "write it as mKernel IR JSON");
+  std::string import_file, import_out;
+  bool import_no_verify = false;
+  import->add_option("file", import_file, "FILE.xml (MSCCL) or FILE.json (MSCCL++ plan)")->required();
+  import->add_option("-o,--out", import_out, "write the IR as JSON here (ir::to_json; every command reads it back)");
+  import->add_flag("--no-verify", import_no_verify, "write the IR even if it is not proved (it says so)");
+
+  auto* exp = app.add_subcommand("export", "write a schedule in another format (MSCCL XML)");
+  add_common(exp, export_o, false);
+  std::string export_format = "msccl-xml", export_out;
+  exp->add_option("--format", export_format, "msccl-xml (the default)");
+  exp->add_option("-o,--out", export_out, "output file (default: standard output)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -366,6 +486,8 @@ int main(int argc, char** argv) {
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
     if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache);
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
+    if (*import) return cmd_import(import_file, import_out, import_no_verify);
+    if (*exp) return cmd_export(export_o, export_format, export_out);
   } catch (const Error& e) {
     std::cerr << "mkc: error: " << e.what() << "\n";
     return 1;
