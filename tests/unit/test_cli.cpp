@@ -1,0 +1,616 @@
+// The mkc command line (run as a child process: exit codes, stdout, stderr),
+// user-authored DSL files (tests/fixtures/dsl/, compiled into plugins), and
+// bad input: one test per error id the CLI, the plugins, NVRTC and the plan
+// reader raise. A user error exits with 1 and prints "mkc: error: [mk.x.Eyyy]";
+// 2 is a bad command line, 3 an internal error (a crash: never expected here).
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "compiler/ir/ir.hpp"
+#include "compiler/jit/jit.hpp"
+#include "compiler/pipeline.hpp"
+#include "compiler/plan/plan.hpp"
+#include "compiler/plugin.hpp"
+#include "compiler/verify/verify.hpp"
+#include "mk/dsl.hpp"
+#include "support.hpp"
+
+using namespace mk;
+using mkt::catch_error;
+using mkt::contains;
+using mkt::mkc;
+using mkt::RunResult;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixture(const std::string& name) { return mkt::test_dir() + "/fixtures/dsl/" + name; }
+
+int marked_line(const std::string& name) {
+  int line = mkt::line_of(fixture(name), "MARK:");
+  REQUIRE(line > 0);
+  return line;
+}
+
+bool have_nvrtc() { return jit::nvrtc_version() > 0; }
+
+#define CHECK_OK(result)             \
+  do {                               \
+    const RunResult& r_ = (result);  \
+    INFO(r_);                        \
+    CHECK(r_.exit_code == 0);        \
+    CHECK(r_.signal == 0);           \
+  } while (0)
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
+// ---- smoke tests of every command ---------------------------------------------
+
+TEST_CASE("mkc list: every registered schedule with its collective and description") {
+  auto r = mkc({"list"});
+  CHECK_OK(r);
+  auto ls = lines(r.out);
+  REQUIRE(!ls.empty());
+  CHECK(contains(ls[0], "schedule"));
+  CHECK(contains(ls[0], "collective"));
+  for (const auto& info : dsl::registered_schedules()) {
+    CAPTURE(info.name);
+    bool found = false;
+    for (const auto& l : ls)
+      found = found || (l.rfind(info.name + " ", 0) == 0 && contains(l, " " + std::string(name(info.coll)) + " ") &&
+                        contains(l, info.doc));
+    CHECK(found);
+  }
+  CHECK(ls.size() == dsl::registered_schedules().size() + 1);
+}
+
+TEST_CASE("mkc info and --version") {
+  mkt::TempDir d;
+  auto r = mkc({"info"}, {{"MK_CACHE_DIR", d.str()}});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "mkernel 0.1.0"));
+  CHECK(contains(r.out, "NVRTC: "));
+  CHECK(contains(r.out, "architectures:"));
+  CHECK(contains(r.out, "cache: " + d.str() + "\n"));
+  CHECK(contains(r.out, "DSL headers: "));
+  if (have_nvrtc()) CHECK(contains(r.out, " sm_90"));
+  auto v = mkc({"--version"});
+  CHECK_OK(v);
+  CHECK(contains(v.out, "mkc 0.1.0"));
+}
+
+TEST_CASE("mkc verify: every built-in at 2 and 5 ranks") {
+  for (const auto& info : dsl::registered_schedules())
+    for (int n : {2, 5}) {
+      CAPTURE(info.name);
+      CAPTURE(n);
+      auto r = mkc({"verify", "--schedule", info.name, "--ranks", std::to_string(n)});
+      CHECK_OK(r);
+      CHECK(contains(r.out, "proved: " + info.name + " (" + std::string(name(info.coll)) + ") for " +
+                                std::to_string(n) + " ranks"));
+      CHECK(contains(r.out, "no race, no deadlock"));
+      CHECK(r.err.empty());
+    }
+}
+
+TEST_CASE("mkc show: text timeline, --ir, and an SVG picture") {
+  mkt::TempDir d;
+  const std::string svg = (d / "ring.svg").string();
+  auto r = mkc({"show", "-s", "allreduce.ring", "-n", "3", "--svg", svg, "--ir"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "schedule allreduce.ring collective=allreduce ranks=3"));  // --ir
+  CHECK(contains(r.out, "allreduce.ring: one step of one instance"));
+  for (int rank = 0; rank < 3; ++rank) CHECK(contains(r.out, "rank " + std::to_string(rank) + " tb 0:"));
+  CHECK(contains(r.out, "wrote " + svg));
+  const std::string text = mkt::read_text(svg);
+  REQUIRE(!text.empty());
+  CHECK(text.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0) == 0);
+  CHECK(contains(text, "</svg>"));
+  CHECK(text.find("</svg>") > text.size() - 10);
+  CHECK(contains(text, "<rect"));
+  CHECK(contains(text, "rank 2 tb 0"));
+  // every element that is opened is closed
+  size_t open = 0, close = 0;
+  for (size_t at = 0; (at = text.find("<text", at)) != std::string::npos; ++at) ++open;
+  for (size_t at = 0; (at = text.find("</text>", at)) != std::string::npos; ++at) ++close;
+  CHECK(open == close);
+  // without --svg: text only
+  auto t = mkc({"show", "-s", "broadcast.direct", "-n", "2"});
+  CHECK_OK(t);
+  CHECK(contains(t.out, "broadcast.direct: one step"));
+  CHECK_FALSE(contains(t.out, "wrote "));
+}
+
+TEST_CASE("mkc lower: --dump-after prints the IR after exactly that pass") {
+  for (std::string pass : {"build", "verify", "stage", "fuse", "analyze", "parallelize", "assign", "protocol", "sync"}) {
+    CAPTURE(pass);
+    auto r = mkc({"lower", "-s", "allreduce.two_shot", "-n", "3", std::string("--dump-after=") + pass});
+    CHECK_OK(r);
+    CHECK(r.out.rfind(std::string("=== after ") + pass, 0) == 0);
+    size_t headers = 0;
+    for (const auto& l : lines(r.out)) headers += l.rfind("=== after ", 0) == 0;
+    const bool per_bucket = std::string(pass) == "protocol" || std::string(pass) == "sync";
+    CHECK(headers == (per_bucket ? 2u : 1u));
+    if (per_bucket) CHECK(contains(r.out, std::string("=== after ") + pass + " (bucket 0) ==="));
+    if (pass == "sync") CHECK(contains(r.out, "=== after sync (bucket 1) ==="));
+    CHECK(contains(r.out, "schedule allreduce.two_shot collective=allreduce ranks=3"));
+  }
+  auto all = mkc({"lower", "-s", "allgather.ring", "-n", "2", "--dump-after=all"});
+  CHECK_OK(all);
+  for (const auto& pass : compiler::pass_names())
+    CHECK(contains(all.out, "=== after " + pass));
+}
+
+// Regression: buckets used to be counted only when a "sync" dump was printed.
+TEST_CASE("mkc lower: --dump-after=protocol numbers the buckets") {
+  auto r = mkc({"lower", "-s", "allreduce.two_shot", "-n", "3", "--dump-after=protocol"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "=== after protocol (bucket 0) ==="));
+  CHECK(contains(r.out, "=== after protocol (bucket 1) ==="));
+}
+
+TEST_CASE("mkc lower --emit=json writes IR that reads back and verifies") {
+  auto r = mkc({"lower", "-s", "reducescatter.ring", "-n", "4", "--dump-after=sync", "--emit=json", "--max-bytes=4096"});
+  CHECK_OK(r);
+  ir::Schedule s;
+  auto c = catch_error([&] { s = ir::from_json(r.out); });
+  REQUIRE_MESSAGE(!c, c.what);
+  CHECK(s.name == "reducescatter.ring");
+  CHECK(s.nranks == 4);
+  CHECK(s.synced);
+  CHECK(s.proto == ir::Proto::ll);
+  CHECK_FALSE(catch_error([&] { verify::verify_all(s); }));
+}
+
+TEST_CASE("mkc compile: writes a plan that plan::read_dir loads" * doctest::skip(!have_nvrtc())) {
+  mkt::TempDir d;
+  const std::string out = (d / "plan").string();
+  auto r = mkc({"compile", "-s", "allreduce.ring", "-n", "4", "--dtype", "bf16", "--op", "max", "-o", out});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "plan allreduce.ring (allreduce) for 4 ranks, bf16 max, sm_90; 2 kernel(s)"));
+  CHECK(contains(r.out, "wrote " + out + "/plan.json and 2 cubin(s)"));
+  plan::Plan p;
+  auto c = catch_error([&] { p = plan::read_dir(out); });
+  REQUIRE_MESSAGE(!c, c.what);
+  CHECK(p.schedule == "allreduce.ring");
+  CHECK(p.coll == Collective::allreduce);
+  CHECK(p.nranks == 4);
+  CHECK(p.dtype == DType::bf16);
+  CHECK(p.op == RedOp::max);
+  CHECK(p.arch == 90);
+  CHECK(p.nvrtc_version == jit::nvrtc_version());
+  REQUIRE(p.kernels.size() == 2);
+  for (const auto& k : p.kernels) {
+    CHECK(k.cubin.size() > 64);
+    CHECK(std::string(k.cubin.data(), 4) == "\x7f" "ELF");
+    CHECK(fs::exists(fs::path(out) / k.source_file));
+    CHECK(contains(k.source, k.name));
+  }
+  // the same plan through the cache, and the summary says so
+  auto again = mkc({"compile", "-s", "allreduce.ring", "-n", "4", "--dtype", "bf16", "--op", "max", "-o", out});
+  CHECK_OK(again);
+  CHECK(contains(again.out, ", from cache)"));
+}
+
+TEST_CASE("mkc simulate: prints the result and ok") {
+  auto r = mkc({"simulate", "-s", "allreduce.ring", "-n", "3", "--dtype", "bf16", "--op", "avg", "--count", "1001",
+                "--inplace", "--launches", "3", "--seed", "7"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "allreduce.ring (3 ranks, bf16 avg, count 1001, in-place"));
+  CHECK(contains(r.out, "3 launch(es)"));
+  CHECK(contains(r.out, "0 mismatch(es)"));
+  CHECK(lines(r.out).back() == "ok");
+  auto rooted = mkc({"simulate", "-s", "reduce.direct", "-n", "4", "--root", "3", "--dtype", "int8", "--op", "prod",
+                     "--count", "33"});
+  CHECK_OK(rooted);
+  CHECK(contains(rooted.out, ", root 3"));
+  CHECK(lines(rooted.out).back() == "ok");
+  auto forced = mkc({"simulate", "-s", "allgather.ring", "-n", "3", "--count", "5000", "--tile", "64", "--proto",
+                     "simple", "--dtype", "fp8e4m3"});
+  CHECK_OK(forced);
+  CHECK(contains(forced.out, "proto simple, tile 64 B"));
+  CHECK(lines(forced.out).back() == "ok");
+}
+
+// ---- user-authored schedules ----------------------------------------------------
+
+TEST_CASE("user DSL file: verify, simulate and compile a hand-written all-reduce") {
+  const std::string f = fixture("hand_allreduce.cpp");
+  auto v = mkc({"verify", f, "--ranks", "4"});
+  CHECK_OK(v);
+  CHECK(contains(v.out, "proved: test.hand_allreduce (allreduce) for 4 ranks"));
+  auto s = mkc({"simulate", f, "--ranks", "4", "--dtype", "fp16", "--op", "sum", "--count", "999"});
+  CHECK_OK(s);
+  CHECK(lines(s.out).back() == "ok");
+  auto s2 = mkc({"simulate", f, "--ranks", "3", "--dtype", "int64", "--op", "avg", "--inplace"});
+  CHECK_OK(s2);
+  CHECK(lines(s2.out).back() == "ok");
+  if (have_nvrtc()) {
+    mkt::TempDir d;
+    const std::string out = (d / "plan").string();
+    auto c = mkc({"compile", f, "--ranks", "4", "-o", out});
+    CHECK_OK(c);
+    plan::Plan p;
+    auto e = catch_error([&] { p = plan::read_dir(out); });
+    REQUIRE_MESSAGE(!e, e.what);
+    CHECK(p.schedule == "test.hand_allreduce");
+    CHECK(p.nranks == 4);
+    CHECK(!p.kernels.empty());
+  } else {
+    MESSAGE("NVRTC unavailable: `mkc compile FILE.cpp` not tested");
+  }
+}
+
+TEST_CASE("user DSL file: a wrong schedule is rejected with the verifier's id and the file's line") {
+  auto r = mkc({"verify", fixture("broken_allreduce.cpp"), "--ranks", "4"});
+  MKT_CHECK_USER_ERROR(r, "mk.verify.E001");
+  CHECK(contains(r.err, "test.broken_allreduce (4 ranks"));
+  CHECK(contains(r.err, "misses the contribution of rank 3 input chunk 0"));
+  CHECK(contains(r.err, "broken_allreduce.cpp:" + std::to_string(marked_line("broken_allreduce.cpp"))));
+  // simulate and compile refuse it the same way (the proof comes first)
+  MKT_CHECK_USER_ERROR(mkc({"simulate", fixture("broken_allreduce.cpp"), "--ranks", "4"}), "mk.verify.E001");
+}
+
+TEST_CASE("user DSL file: a DSL error names the file's line") {
+  auto r = mkc({"verify", fixture("dsl_error.cpp"), "--ranks", "3"});
+  MKT_CHECK_USER_ERROR(r, "mk.dsl.E001");
+  CHECK(contains(r.err, "chunk refers to rank 3 but the program has 3 ranks"));
+  CHECK(contains(r.err, "dsl_error.cpp:" + std::to_string(marked_line("dsl_error.cpp"))));
+}
+
+TEST_CASE("mk.cli.E006: a user .cpp that does not compile, with the compiler's file:line") {
+  auto r = mkc({"verify", fixture("does_not_compile.cpp"), "--ranks", "2"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E006");
+  CHECK(contains(r.err, "does_not_compile.cpp does not compile"));
+  CHECK(contains(r.err, "does_not_compile.cpp:" + std::to_string(marked_line("does_not_compile.cpp")) + ":"));
+  CHECK(contains(r.err, "not_a_declared_name"));
+  // the same through the library
+  mkt::ScopedEnv env("MK_CACHE_DIR", mkt::process_cache_dir());
+  auto c = catch_error([&] { plugin::load_source(fixture("does_not_compile.cpp")); });
+  CHECK(c.id == "mk.cli.E006");
+  CHECK(contains(c.message, "does_not_compile.cpp:" + std::to_string(marked_line("does_not_compile.cpp")) + ":"));
+}
+
+TEST_CASE("mk.jit.E004: a user schedule needs a writable cache for its plugin") {
+  mkt::TempDir d;
+  mkt::write_text(d / "file", "not a directory");
+  mkt::ScopedEnv env("MK_CACHE_DIR", (d / "file" / "cache").string());
+  auto c = catch_error([&] { plugin::load_source(fixture("hand_allreduce.cpp")); });
+  CHECK(c.id == "mk.jit.E004");
+  CHECK(contains(c.what, "MK_CACHE_DIR"));
+}
+
+TEST_CASE("mk.cli.E007: a user .cpp that defines no schedule") {
+  auto r = mkc({"verify", fixture("no_schedule.cpp"), "--ranks", "2"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E007");
+  CHECK(contains(r.err, "no_schedule.cpp defines no schedule"));
+  CHECK(contains(r.err, "MK_SCHEDULE"));  // the hint
+  mkt::ScopedEnv env("MK_CACHE_DIR", mkt::process_cache_dir());
+  auto c = catch_error([&] { plugin::load_source(fixture("no_schedule.cpp")); });
+  CHECK(c.id == "mk.cli.E007");
+}
+
+TEST_CASE("mk.cli.E009: a file that does not exist") {
+  auto r = mkc({"verify", "/nonexistent/dir/sched.cpp", "--ranks", "2"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E009");
+  CHECK(contains(r.err, "/nonexistent/dir/sched.cpp"));
+  auto c = catch_error([&] { plugin::load_source("/nonexistent/dir/sched.cpp"); });
+  CHECK(c.id == "mk.cli.E009");
+  c = catch_error([&] { plugin::load_library("/nonexistent/libsched.so"); });
+  CHECK(c.id == "mk.cli.E009");
+  auto p = mkc({"verify", "-s", "allreduce.ring", "-n", "2", "--plugin", "/nonexistent/libsched.so"});
+  MKT_CHECK_USER_ERROR(p, "mk.cli.E009");
+}
+
+// ---- bad input: one test per id ---------------------------------------------------
+
+TEST_CASE("mk.cli.E001: unknown schedule") {
+  auto r = mkc({"verify", "-s", "allreduce.nope", "-n", "2"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E001");
+  CHECK(contains(r.err, "unknown schedule 'allreduce.nope'"));
+  CHECK(contains(r.err, "allreduce.ring"));  // the hint lists the known ones
+  MKT_CHECK_USER_ERROR(mkc({"compile", "-s", "", "-n", "2", "-o", "/tmp/x"}), "mk.cli.E001");
+}
+
+TEST_CASE("mk.cli.E002: unknown dtype") {
+  auto r = mkc({"simulate", "-s", "allreduce.ring", "-n", "2", "--dtype", "fp7"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E002");
+  CHECK(contains(r.err, "unknown dtype 'fp7'"));
+  MKT_CHECK_USER_ERROR(mkc({"compile", "-s", "allreduce.ring", "-n", "2", "--dtype", "float128", "-o", "/tmp/x"}),
+                       "mk.cli.E002");
+  // NCCL spellings are accepted
+  CHECK_OK(mkc({"simulate", "-s", "allreduce.ring", "-n", "2", "--dtype", "bfloat16", "--count", "10"}));
+}
+
+TEST_CASE("mk.cli.E003: unknown reduction op") {
+  auto r = mkc({"simulate", "-s", "allreduce.ring", "-n", "2", "--op", "median"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E003");
+  CHECK(contains(r.err, "unknown reduction op 'median'"));
+  MKT_CHECK_USER_ERROR(mkc({"compile", "-s", "allreduce.ring", "-n", "2", "--op", "xor", "-o", "/tmp/x"}),
+                       "mk.cli.E003");
+}
+
+TEST_CASE("mk.cli.E004: rank count or root out of range") {
+  for (const char* n : {"0", "1025", "-3"}) {
+    CAPTURE(n);
+    auto r = mkc({"verify", "-s", "allreduce.ring", "-n", n});
+    MKT_CHECK_USER_ERROR(r, "mk.cli.E004");
+  }
+  auto r = mkc({"simulate", "-s", "reduce.direct", "-n", "3", "--root", "3"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E004");
+  CHECK(contains(r.err, "--root 3 is not a rank of 3"));
+}
+
+TEST_CASE("mk.cli.E005: min bytes greater than max bytes") {
+  auto r = mkc({"lower", "-s", "allreduce.ring", "-n", "2", "--min-bytes", "1000", "--max-bytes", "10"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E005");
+  CHECK(contains(r.err, "--min-bytes 1000 is greater than --max-bytes 10"));
+  MKT_CHECK_USER_ERROR(
+      mkc({"compile", "-s", "allreduce.ring", "-n", "2", "--min-bytes", "5", "--max-bytes", "4", "-o", "/tmp/x"}),
+      "mk.cli.E005");
+}
+
+TEST_CASE("mk.cli.E008: unknown pass for --dump-after") {
+  auto r = mkc({"lower", "-s", "allreduce.ring", "-n", "2", "--dump-after=optimize"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E008");
+  CHECK(contains(r.err, "unknown pass 'optimize'"));
+  for (const auto& p : compiler::pass_names()) CHECK(contains(r.err, " " + p));  // the hint lists them
+}
+
+TEST_CASE("mk.cli.E010: bad architecture") {
+  for (const char* a : {"sm_x", "hopper", "sm_1000"}) {
+    CAPTURE(a);
+    auto r = mkc({"compile", "-s", "allreduce.ring", "-n", "2", "--arch", a, "-o", "/tmp/mkt-never-written"});
+    MKT_CHECK_USER_ERROR(r, "mk.cli.E010");
+    CHECK(contains(r.err, std::string("'") + a + "' is not a GPU architecture"));
+  }
+}
+
+TEST_CASE("mk.cli.E011: bad argument values") {
+  struct Case {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {{"simulate", "-s", "allreduce.ring", "-n", "2", "--tile", "17"}, "--tile must be a positive multiple of 16"},
+      {{"simulate", "-s", "allreduce.ring", "-n", "2", "--tile", "-16"}, "--tile"},
+      {{"verify", "-s", "allreduce.ring", "-n", "2", "--instances", "65"}, "--instances must be in 1..64"},
+      {{"verify", "-s", "allreduce.ring", "-n", "2", "--max-tbs", "0"}, "--max-tbs must be in 1..1024"},
+      {{"verify", "-s", "allreduce.ring", "-n", "2", "--proto", "fast"}, "--proto must be simple or ll"},
+      {{"verify", "-s", "allreduce.ring", "-n", "2", "--topology", "ring:2"}, "unknown topology 'ring:2'"},
+      {{"verify", "-s", "allreduce.ring", "-n", "2", "--topology", "nvlink:4"}, "has 4 ranks but the schedule has 2"},
+      {{"lower", "-s", "allreduce.ring", "-n", "2", "--min-bytes", "-1"}, "--min-bytes must be >= 0"},
+      {{"lower", "-s", "allreduce.ring", "-n", "2", "--emit", "yaml"}, "--emit must be text or json"},
+      {{"simulate", "-s", "allreduce.ring", "-n", "2", "--count", "-1"}, "--count must be >= 0"},
+      {{"simulate", "-s", "allreduce.ring", "-n", "2", "--launches", "0"}, "--launches must be in 1..1000"},
+      {{"simulate", "-s", "allreduce.ring", "-n", "2", "--bucket", "7"}, "--bucket 7"},
+      {{"simulate", "-s", "allreduce.ring", "-n", "3", "--root", "1"}, "--root applies to broadcast and reduce only"},
+      {{"verify", fixture("hand_allreduce.cpp"), "-s", "allreduce.ring", "-n", "2"}, "not both"},
+  };
+  for (const auto& k : cases) {
+    std::string cmd;
+    for (const auto& a : k.args) cmd += a + " ";
+    CAPTURE(cmd);
+    auto r = mkc(k.args);
+    MKT_CHECK_USER_ERROR(r, "mk.cli.E011");
+    CHECK(contains(r.err, k.says));
+  }
+}
+
+// Regression: a huge count used to overflow the byte size (internal error).
+TEST_CASE("mk.cli.E011: a --count too large to simulate is a user error") {
+  auto r = mkc({"simulate", "-s", "allreduce.ring", "-n", "2", "--count", "4611686018427387904"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E011");
+}
+
+TEST_CASE("mk.cli.E012: output that cannot be written") {
+  mkt::TempDir d;
+  mkt::write_text(d / "file", "a regular file, not a directory");
+  const std::string bad = (d / "file" / "plan").string();
+  if (have_nvrtc()) {
+    auto r = mkc({"compile", "-s", "allgather.direct", "-n", "2", "--max-bytes", "4096", "-o", bad});
+    MKT_CHECK_USER_ERROR(r, "mk.cli.E012");
+    CHECK(contains(r.err, bad));
+  }
+  auto s = mkc({"show", "-s", "allgather.direct", "-n", "2", "--svg", (d / "file" / "x.svg").string()});
+  MKT_CHECK_USER_ERROR(s, "mk.cli.E012");
+  // the library call behind `mkc compile -o`
+  plan::Plan p;
+  p.kernels.push_back({});
+  p.kernels[0].cubin_file = "k.cubin";
+  auto c = catch_error([&] { plan::write_dir(p, bad); });
+  CHECK(c.id == "mk.cli.E012");
+}
+
+TEST_CASE("mk.cli.E013: an operation the collective or protocol does not support") {
+  auto r = mkc({"compile", "-s", "allgather.ring", "-n", "2", "--op", "prod", "-o", "/tmp/mkt-never-written"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E013");
+  CHECK(contains(r.err, "allgather does not reduce"));
+  CHECK_FALSE(fs::exists("/tmp/mkt-never-written"));
+  MKT_CHECK_USER_ERROR(mkc({"simulate", "-s", "broadcast.direct", "-n", "2", "--op", "max"}), "mk.cli.E013");
+  MKT_CHECK_USER_ERROR(mkc({"simulate", "-s", "alltoall.direct", "-n", "2", "--inplace"}), "mk.cli.E013");
+  // LL needs every scratch slot written once per step
+  auto ll = mkc({"verify", fixture("ll_unsafe.cpp"), "-n", "3", "--proto", "ll"});
+  MKT_CHECK_USER_ERROR(ll, "mk.cli.E013");
+  CHECK(contains(ll.err, "test.ll_unsafe"));
+  CHECK(contains(ll.err, "--proto simple"));
+  CHECK_OK(mkc({"verify", fixture("ll_unsafe.cpp"), "-n", "3", "--proto", "simple"}));
+  CHECK_OK(mkc({"simulate", fixture("ll_unsafe.cpp"), "-n", "3", "--op", "avg", "--dtype", "fp64"}));
+}
+
+TEST_CASE("mk.jit.E003: an architecture this NVRTC cannot target" * doctest::skip(!have_nvrtc())) {
+  for (const char* a : {"sm_20", "sm_999"}) {
+    CAPTURE(a);
+    auto r = mkc({"compile", "-s", "allreduce.ring", "-n", "2", "--arch", a, "--no-cache", "-o",
+                  "/tmp/mkt-never-written"});
+    MKT_CHECK_USER_ERROR(r, "mk.jit.E003");
+    CHECK(contains(r.err, std::string(a) + " is not supported by this NVRTC"));
+  }
+}
+
+TEST_CASE("mkc: a bad command line exits with 2") {
+  for (std::vector<std::string> args : {std::vector<std::string>{}, {"frobnicate"}, {"verify", "--bogus-flag"},
+                                        {"verify", "-s", "allreduce.ring", "-n", "two"}}) {
+    auto r = mkc(args);
+    INFO(r);
+    CHECK(r.exit_code == 2);
+    CHECK(r.signal == 0);
+  }
+}
+
+// ---- plans on disk (read by the runtime; no mkc command reads them) --------------
+
+namespace {
+
+// A plan written without NVRTC: the reader only checks that cubins are ELF.
+plan::Plan fake_plan() {
+  plan::Plan p;
+  p.schedule = "allreduce.ring";
+  p.coll = Collective::allreduce;
+  p.nranks = 2;
+  p.chunks = 2;
+  p.dtype = DType::fp16;
+  p.op = RedOp::avg;
+  p.arch = 90;
+  for (int b = 0; b < 2; ++b) {
+    plan::Kernel k;
+    k.name = "mk_test_b" + std::to_string(b);
+    k.bucket = b;
+    k.min_bytes = b == 0 ? 0 : 65537;
+    k.max_bytes = b == 0 ? 65536 : -1;
+    k.proto = b == 0 ? "ll" : "simple";
+    k.max_tile_bytes = 4096;
+    k.instances = 2;
+    k.tbs = 3;
+    k.grid = 6;
+    k.seq_words = 6;
+    k.threads = 256;
+    k.depth = 2;
+    k.scratch_slots = 4;
+    k.flag_slots = 3;
+    k.scratch_bytes = 4096 * 4 * 2 * 2;
+    k.flag_bytes = 64;
+    k.cubin_file = k.name + ".sm_90.cubin";
+    k.source_file = k.name + ".cu";
+    k.cubin.assign(100, 'x');
+    std::copy_n("\x7f" "ELF", 4, k.cubin.begin());
+    k.source = "// source " + k.name;
+    p.kernels.push_back(k);
+  }
+  return p;
+}
+
+nlohmann::json plan_json(const std::string& dir) { return nlohmann::json::parse(mkt::read_text(fs::path(dir) / "plan.json")); }
+
+void put_json(const std::string& dir, const nlohmann::json& j) { mkt::write_text(fs::path(dir) / "plan.json", j.dump(2)); }
+
+}  // namespace
+
+TEST_CASE("plan: write_dir / read_dir round trip and select") {
+  mkt::TempDir d;
+  auto p = fake_plan();
+  plan::write_dir(p, d.str());
+  auto q = plan::read_dir(d.str());
+  CHECK(plan::to_json(q) == plan::to_json(p));
+  REQUIRE(q.kernels.size() == 2);
+  CHECK(q.kernels[1].cubin == p.kernels[1].cubin);
+  CHECK(q.kernels[0].source == p.kernels[0].source);
+  CHECK(plan::read_dir((d / "plan.json").string()).kernels.size() == 2);  // the file itself works too
+  CHECK(plan::select(q, 0) == &q.kernels[0]);
+  CHECK(plan::select(q, 65536) == &q.kernels[0]);
+  CHECK(plan::select(q, 65537) == &q.kernels[1]);
+  CHECK(contains(plan::summary(q), "plan allreduce.ring (allreduce) for 2 ranks, fp16 avg, sm_90; 2 kernel(s)"));
+}
+
+TEST_CASE("mk.plan.E001: malformed plan.json, each naming the problem") {
+  mkt::TempDir d;
+  plan::write_dir(fake_plan(), d.str());
+  const auto good = plan_json(d.str());
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> f;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"version a string", [](auto& j) { j["mk_plan_version"] = "1"; }, "$.mk_plan_version: expected an integer"},
+      {"ranks a string", [](auto& j) { j["ranks"] = "2"; }, "$.ranks: expected an integer"},
+      {"ranks zero", [](auto& j) { j["ranks"] = 0; }, "$.ranks: must be 1..1024"},
+      {"collective unknown", [](auto& j) { j["collective"] = "allsum"; }, "$.collective"},
+      {"dtype unknown", [](auto& j) { j["dtype"] = "fp7"; }, "$.dtype"},
+      {"op unknown", [](auto& j) { j["op"] = "xor"; }, "$.op"},
+      {"arch malformed", [](auto& j) { j["arch"] = "90"; }, "$.arch"},
+      {"arch not a number", [](auto& j) { j["arch"] = "sm_xx"; }, "$.arch"},
+      {"no kernels", [](auto& j) { j["kernels"] = nlohmann::json::array(); }, "$.kernels"},
+      {"kernel not an object", [](auto& j) { j["kernels"][1] = 3; }, "$.kernels[1]"},
+      {"kernel name missing", [](auto& j) { j["kernels"][0].erase("name"); }, "$.kernels[0].name: missing"},
+      {"kernel grid a string", [](auto& j) { j["kernels"][0]["grid"] = "6"; }, "$.kernels[0].grid"},
+      {"proto unknown", [](auto& j) { j["kernels"][1]["proto"] = "ll128"; }, "$.kernels[1].proto"},
+      {"cubin outside the directory", [](auto& j) { j["kernels"][0]["cubin"] = "../x.cubin"; }, "plain file name"},
+      {"grid != tbs * instances", [](auto& j) { j["kernels"][0]["grid"] = 5; }, "inconsistent kernel description"},
+      {"tile not a multiple of 16", [](auto& j) { j["kernels"][1]["max_tile_bytes"] = 4100; }, "inconsistent"},
+      {"max below min", [](auto& j) { j["kernels"][1]["max_bytes"] = 3; }, "inconsistent"},
+      {"too many threads", [](auto& j) { j["kernels"][1]["threads"] = 2048; }, "inconsistent"},
+  };
+  for (const auto& k : cases) {
+    CAPTURE(k.what);
+    auto j = good;
+    k.f(j);
+    put_json(d.str(), j);
+    auto c = catch_error([&] { plan::read_dir(d.str()); });
+    CHECK(c.id == "mk.plan.E001");
+    CHECK(contains(c.message, k.says));
+    CHECK(contains(c.message, "plan.json"));  // names the file
+  }
+  // truncated text
+  put_json(d.str(), good);
+  std::string text = mkt::read_text(d / "plan.json");
+  mkt::write_text(d / "plan.json", text.substr(0, text.size() / 2));
+  auto c = catch_error([&] { plan::read_dir(d.str()); });
+  CHECK(c.id == "mk.plan.E001");
+  CHECK(contains(c.message, "not JSON"));
+  // a cubin that is not ELF
+  put_json(d.str(), good);
+  mkt::write_text(d / "mk_test_b1.sm_90.cubin", std::string(100, 'x'));
+  c = catch_error([&] { plan::read_dir(d.str()); });
+  CHECK(c.id == "mk.plan.E001");
+  CHECK(contains(c.message, "mk_test_b1.sm_90.cubin is not a cubin"));
+}
+
+TEST_CASE("mk.plan.E002: a plan version this mKernel does not read") {
+  mkt::TempDir d;
+  plan::write_dir(fake_plan(), d.str());
+  auto j = plan_json(d.str());
+  for (int v : {0, 2}) {
+    j["mk_plan_version"] = v;
+    put_json(d.str(), j);
+    auto c = catch_error([&] { plan::read_dir(d.str()); });
+    CHECK(c.id == "mk.plan.E002");
+    CHECK(contains(c.message, "plan version " + std::to_string(v) + " is not supported"));
+  }
+}
+
+TEST_CASE("mk.plan.E003: a plan or cubin file that is missing") {
+  mkt::TempDir d;
+  auto c = catch_error([&] { plan::read_dir(d.str()); });
+  CHECK(c.id == "mk.plan.E003");
+  CHECK(contains(c.message, "plan.json"));
+  CHECK(contains(c.what, "mkc compile"));
+  plan::write_dir(fake_plan(), d.str());
+  fs::remove(d / "mk_test_b0.sm_90.cubin");
+  c = catch_error([&] { plan::read_dir(d.str()); });
+  CHECK(c.id == "mk.plan.E003");
+  CHECK(contains(c.message, "names mk_test_b0.sm_90.cubin, which cannot be read"));
+  // a missing source file is fine: it is only for reading
+  plan::write_dir(fake_plan(), d.str());
+  fs::remove(d / "mk_test_b0.cu");
+  CHECK_FALSE(catch_error([&] { plan::read_dir(d.str()); }));
+}

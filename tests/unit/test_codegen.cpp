@@ -1,0 +1,471 @@
+// Code generation (golden CUDA sources in tests/golden/*.cu), NVRTC
+// compilation of every built-in schedule for sm_90, the jit helpers and the
+// disk caches (cubins and whole plans).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "compiler/codegen/codegen.hpp"
+#include "compiler/compile.hpp"
+#include "compiler/jit/jit.hpp"
+#include "compiler/pipeline.hpp"
+#include "compiler/plan/plan.hpp"
+#include "mk/dsl.hpp"
+#include "support.hpp"
+
+using namespace mk;
+using mkt::catch_error;
+using mkt::contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+compiler::Lowered lower_builtin(const std::string& name, int n) {
+  const auto* info = dsl::find_schedule(name);
+  REQUIRE(info != nullptr);
+  compiler::LowerOptions o;
+  return compiler::lower(dsl::build(*info, n), o);
+}
+
+bool have_nvrtc() { return jit::nvrtc_version() > 0; }
+
+bool is_elf(const std::vector<char>& b) { return b.size() > 64 && std::string(b.data(), 4) == "\x7f" "ELF"; }
+
+bool holds(const std::vector<char>& b, const std::string& s) {
+  return std::search(b.begin(), b.end(), s.begin(), s.end()) != b.end();
+}
+
+size_t entries(const fs::path& dir) {
+  if (!fs::exists(dir)) return 0;
+  return size_t(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+}
+
+void golden_units(const std::string& schedule, int n, DType t, RedOp op) {
+  auto l = lower_builtin(schedule, n);
+  const std::string tag = fmt::format("{}_n{}_{}_{}", codegen::identifier(schedule), n, name(t), name(op));
+  auto units = codegen::generate(l.variants, t, op, tag);
+  REQUIRE(units.size() == l.variants.size());
+  for (size_t b = 0; b < units.size(); ++b) {
+    CAPTURE(b);
+    const auto& k = units[b].kernel;
+    CHECK(k.name == "mk_" + tag + "_b" + std::to_string(b));
+    CHECK(k.grid == l.variants[b].tbs * l.variants[b].instances);
+    CHECK(k.block == (l.variants[b].proto == ir::Proto::ll ? 256 : 512));
+    CHECK(k.classes >= 1);
+    // the source declares the kernel, includes the templates by name and
+    // carries the plan's constants
+    CHECK(contains(units[b].source, "extern \"C\" __global__ void __launch_bounds__"));
+    CHECK(contains(units[b].source, k.name + "(const mk::dev::Args a)"));
+    CHECK(contains(units[b].source, "#include \"kernel.cuh\""));
+    CHECK(contains(units[b].source, "kRanks = " + std::to_string(n)));
+    CHECK(contains(units[b].source, std::string("using T = ") + std::string(dtype_device_name(t)) + ";"));
+    mkt::check_golden(tag + ".b" + std::to_string(b) + ".cu", units[b].source);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("codegen golden: allreduce.ring, 4 ranks, fp32 sum") { golden_units("allreduce.ring", 4, DType::fp32, RedOp::sum); }
+
+TEST_CASE("codegen golden: broadcast.direct, 3 ranks, bf16") { golden_units("broadcast.direct", 3, DType::bf16, RedOp::sum); }
+
+TEST_CASE("codegen golden: reducescatter.direct, 2 ranks, int8 max") {
+  golden_units("reducescatter.direct", 2, DType::int8, RedOp::max);
+}
+
+TEST_CASE("codegen: generation is deterministic and depends on dtype and op") {
+  auto l = lower_builtin("allreduce.two_shot", 4);
+  auto a = codegen::generate(l.variants, DType::fp16, RedOp::avg, "t");
+  auto b = codegen::generate(l.variants, DType::fp16, RedOp::avg, "t");
+  auto c = codegen::generate(l.variants, DType::fp16, RedOp::max, "t");
+  auto d = codegen::generate(l.variants, DType::bf16, RedOp::avg, "t");
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].source == b[i].source);
+    CHECK(a[i].source != c[i].source);
+    CHECK(a[i].source != d[i].source);
+    CHECK(contains(a[i].source, "kRed = " + std::to_string(int(RedOp::avg))));
+    CHECK(contains(c[i].source, "kRed = " + std::to_string(int(RedOp::max))));
+  }
+}
+
+TEST_CASE("codegen: identifiers") {
+  CHECK(codegen::identifier("allreduce.ring") == "allreduce_ring");
+  CHECK(codegen::identifier("my-sched v2") == "my_sched_v2");
+  CHECK(codegen::identifier("9lives") == "s_9lives");
+  CHECK(codegen::identifier("") == "s_");
+}
+
+TEST_CASE("codegen: the embedded templates are the files in templates/") {
+  std::set<std::string> names;
+  for (const auto& [n, text] : codegen::embedded_templates()) {
+    names.insert(std::string(n));
+    CHECK(!text.empty());
+    const fs::path file = fs::path(mkt::test_dir()).parent_path() / "templates" / std::string(n);
+    CAPTURE(file.string());
+    REQUIRE(fs::exists(file));
+    CHECK(mkt::read_text(file) == std::string(text));
+  }
+  for (const char* n : {"kernel.cuh", "dtype.cuh", "reduce.cuh", "layout.cuh", "ll.cuh"}) CHECK(names.count(n) == 1);
+}
+
+TEST_CASE("codegen: rank classes") {
+  // Symmetric schedules written step-major share one code path for all ranks
+  // (codegen.hpp).
+  for (std::string s : {"allreduce.ring", "allreduce.two_shot", "reducescatter.direct", "reducescatter.ring"}) {
+    for (int n : {2, 3, 4, 8}) {
+      auto l = lower_builtin(s, n);
+      for (const auto& v : l.variants) {
+        CAPTURE(s);
+        CAPTURE(n);
+        auto rc = codegen::rank_classes(v);
+        CHECK(rc.class_of.size() == size_t(n));
+        CHECK(rc.representative.size() == 1);
+        CHECK(rc.representative[0] == 0);
+      }
+    }
+  }
+  // A rooted collective: the root's program differs from the others'.
+  auto l = lower_builtin("broadcast.direct", 4);
+  auto rc = codegen::rank_classes(l.variants.back());
+  CHECK(rc.class_of.size() == 4);
+  CHECK(rc.representative.size() >= 2);
+  CHECK(rc.class_of[0] != rc.class_of[1]);
+  for (size_t c = 0; c < rc.representative.size(); ++c)
+    CHECK(rc.class_of[size_t(rc.representative[c])] == int32_t(c));
+}
+
+// Step-major ring and direct schedules are one code path for all ranks
+// (regression: the canonical form and the flag-slot numbering used to depend
+// on how different thread blocks' ops interleave). allreduce.one_shot sums in
+// absolute rank order (bit-identical results on every rank), and the rooted
+// collectives' ranks differ by their distance to the root: one class per rank.
+TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one per rank") {
+  for (std::string s : {"allgather.direct", "alltoall.direct", "allgather.ring", "allreduce.ring",
+                        "allreduce.two_shot", "reducescatter.ring", "reducescatter.direct"})
+    for (int n : {3, 4, 8})
+      for (const auto& v : lower_builtin(s, n).variants) {
+        CAPTURE(s);
+        CAPTURE(n);
+        CHECK(codegen::rank_classes(v).representative.size() == 1);
+      }
+  for (std::string s : {"allreduce.one_shot", "broadcast.direct", "reduce.direct"})
+    for (const auto& v : lower_builtin(s, 4).variants) {
+      CAPTURE(s);
+      CHECK(codegen::rank_classes(v).representative.size() == 4);
+    }
+}
+
+// ---- NVRTC --------------------------------------------------------------------
+
+TEST_CASE("jit: architecture names") {
+  CHECK(jit::parse_arch("sm_90") == 90);
+  CHECK(jit::parse_arch("90") == 90);
+  CHECK(jit::parse_arch("compute_90") == 90);
+  CHECK(jit::parse_arch("9.0") == 90);
+  CHECK(jit::parse_arch("sm_90a") == 90);
+  CHECK(jit::parse_arch("sm_100") == 100);
+  CHECK(jit::parse_arch("sm_100f") == 100);
+  CHECK(jit::parse_arch("SM_80") == 80);
+  CHECK(jit::arch_name(90) == "sm_90");
+  for (const char* bad : {"", "sm_", "gpu", "sm_9x", "1000", "sm_-1", "hopper", "9.0.1"}) {
+    CAPTURE(bad);
+    auto c = catch_error([&] { jit::parse_arch(bad); });
+    CHECK(c.id == "mk.cli.E010");
+    CHECK(contains(c.what, "sm_90"));  // the hint shows the expected form
+  }
+}
+
+TEST_CASE("jit: hashes and the cache location") {
+  CHECK(jit::hash_hex("a").size() == 32);
+  CHECK(jit::hash_hex("a") == jit::hash_hex("a"));
+  CHECK(jit::hash_hex("a") != jit::hash_hex("b"));
+  CHECK(jit::hash_hex("") != jit::hash_hex(std::string(1, '\0')));
+  CHECK(jit::templates_hash().size() == 32);
+  mkt::TempDir d;
+  mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
+  CHECK(jit::cache_dir() == d.str());
+}
+
+namespace {
+const char* kTinyKernel = "#include \"common.cuh\"\nextern \"C\" __global__ void mkt_tiny(int* p) { p[threadIdx.x] = 1; }\n";
+}
+
+TEST_CASE("jit: compile, the cubin cache, and its key" * doctest::skip(!have_nvrtc())) {
+  mkt::TempDir d;
+  mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
+  CHECK(!jit::supported_archs().empty());
+  const auto archs = jit::supported_archs();
+  CHECK(std::count(archs.begin(), archs.end(), 90) == 1);
+  auto a = jit::compile(kTinyKernel, "tiny", 90);
+  CHECK_FALSE(a.from_cache);
+  CHECK(is_elf(a.cubin));
+  CHECK(holds(a.cubin, "mkt_tiny"));
+  CHECK(fs::exists(a.cache_file));
+  CHECK(fs::path(a.cache_file).parent_path() == d.path);
+  auto b = jit::compile(kTinyKernel, "tiny", 90);
+  CHECK(b.from_cache);
+  CHECK(b.cubin == a.cubin);
+  CHECK(b.cache_file == a.cache_file);
+  auto c = jit::compile(kTinyKernel, "tiny", 80);  // another arch: another entry
+  CHECK_FALSE(c.from_cache);
+  CHECK(c.cache_file != a.cache_file);
+  auto e = jit::compile(std::string(kTinyKernel) + "// changed\n", "tiny", 90);  // another source
+  CHECK_FALSE(e.from_cache);
+  CHECK(entries(d.path) == 3);
+  auto f = jit::compile(kTinyKernel, "tiny", 90, /*use_cache=*/false);
+  CHECK_FALSE(f.from_cache);
+  CHECK(f.cache_file.empty());
+  CHECK(entries(d.path) == 3);
+}
+
+TEST_CASE("jit: mk.jit.E002 a source NVRTC rejects, with the log and the saved source" * doctest::skip(!have_nvrtc())) {
+  mkt::TempDir d;
+  mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
+  const std::string src = "extern \"C\" __global__ void broken(int* p) { p[0] = undeclared_name; }\n";
+  auto c = catch_error([&] { jit::compile(src, "broken", 90); });
+  CHECK(c.id == "mk.jit.E002");
+  CHECK(contains(c.message, "NVRTC could not compile broken for sm_90"));
+  CHECK(contains(c.message, "undeclared_name"));  // the NVRTC log
+  auto at = c.message.find("generated source: ");
+  REQUIRE(at != std::string::npos);
+  const std::string saved = c.message.substr(at + 18);
+  CHECK(mkt::read_text(saved) == src);
+  CHECK(contains(saved, d.str()));
+}
+
+TEST_CASE("jit: mk.jit.E003 an architecture NVRTC does not support" * doctest::skip(!have_nvrtc())) {
+  for (int arch : {20, 999}) {
+    CAPTURE(arch);
+    auto c = catch_error([&] { jit::compile(kTinyKernel, "tiny", arch, false); });
+    CHECK(c.id == "mk.jit.E003");
+    CHECK(contains(c.message, "sm_" + std::to_string(arch) + " is not supported"));
+    CHECK(contains(c.message, "sm_90"));  // the list of what is supported
+  }
+}
+
+// The cache is an optimisation: when it cannot be written, kernels still
+// compile (nothing is cached). Plugins, which need a place for their .so,
+// report mk.jit.E004 (tests/unit/test_cli.cpp).
+TEST_CASE("jit: a cache directory that cannot be created does not stop a compile" * doctest::skip(!have_nvrtc())) {
+  mkt::TempDir d;
+  mkt::write_text(d / "file", "not a directory");
+  mkt::ScopedEnv env("MK_CACHE_DIR", (d / "file" / "cache").string());
+  jit::CompileResult r;
+  auto c = catch_error([&] { r = jit::compile(kTinyKernel, "tiny", 90); });
+  REQUIRE_MESSAGE(!c, c.what);
+  CHECK(r.cubin.size() > 64);
+  CHECK(r.cache_file.empty());
+  CHECK_FALSE(r.from_cache);
+}
+
+TEST_CASE("nvrtc: every built-in schedule compiles for sm_90 at 2 and 8 ranks" * doctest::skip(!have_nvrtc())) {
+  MESSAGE("NVRTC: " << jit::nvrtc_status());
+  // Dtypes and ops rotate over the schedules so that every device-side dtype
+  // and reduction is compiled at least once; the size range alternates
+  // between the small-message (LL) and the large-message (simple) bucket so
+  // that both protocols are compiled for every schedule while each plan needs
+  // one NVRTC run. Plans compile on two threads; checks run afterwards.
+  const auto dtypes = all_dtypes();
+  const auto ops = all_redops();
+  struct Job {
+    dsl::ScheduleInfo info;
+    int n;
+    compiler::CompileOptions o;
+    plan::Plan p;
+    compiler::CompileStats st;
+    mkt::Caught err;
+  };
+  std::vector<Job> jobs;
+  size_t k = 0;
+  for (const auto& info : dsl::registered_schedules())
+    for (int n : {2, 8}) {
+      Job j{info, n, {}, {}, {}, {}};
+      j.o.arch = 90;
+      j.o.use_cache = false;
+      j.o.dtype = dtypes[k % dtypes.size()];
+      j.o.op = collective_reduces(info.coll) ? ops[k % ops.size()] : RedOp::sum;
+      if (k % 2 == 0) {
+        j.o.lower.max_bytes = 4096;  // the LL bucket
+      } else {
+        j.o.lower.min_bytes = 1 << 20;  // the simple bucket
+      }
+      j.o.lower.proto.ll_max_bytes = 64 << 10;
+      jobs.push_back(std::move(j));
+      ++k;
+    }
+  {
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+      for (size_t i; (i = next++) < jobs.size();) {
+        Job& j = jobs[i];
+        j.err = catch_error([&] { j.p = compiler::compile_plan(dsl::build(j.info, j.n), j.o, &j.st); });
+      }
+    };
+    std::thread a(worker), b(worker);
+    a.join();
+    b.join();
+  }
+  std::set<DType> seen_t;
+  std::set<RedOp> seen_op;
+  std::set<std::pair<std::string, std::string>> seen_proto;
+  for (auto& j : jobs) {
+    CAPTURE(j.info.name);
+    CAPTURE(j.n);
+    CAPTURE(name(j.o.dtype));
+    CAPTURE(name(j.o.op));
+    REQUIRE_MESSAGE(!j.err, j.err.what);
+    const plan::Plan& p = j.p;
+    seen_t.insert(p.dtype);
+    if (collective_reduces(p.coll)) seen_op.insert(p.op);
+    CHECK_FALSE(j.st.from_cache);
+    CHECK(p.schedule == j.info.name);
+    CHECK(p.nranks == j.n);
+    CHECK(p.arch == 90);
+    CHECK(p.dtype == j.o.dtype);
+    CHECK(p.op == j.o.op);
+    REQUIRE(p.kernels.size() == 1);
+    const auto& kern = p.kernels[0];
+    CAPTURE(kern.name);
+    seen_proto.insert({j.info.name, kern.proto});
+    CHECK(kern.proto == (j.o.lower.max_bytes == 4096 ? "ll" : "simple"));
+    CHECK(is_elf(kern.cubin));
+    CHECK(holds(kern.cubin, kern.name));  // the kernel's symbol is in the cubin
+    CHECK(contains(kern.source, kern.name));
+    CHECK(contains(kern.name, codegen::identifier(j.info.name) + "_n" + std::to_string(j.n) + "_"));
+    CHECK(kern.grid == kern.tbs * kern.instances);
+    CHECK(kern.cubin_file == kern.name + ".sm_90.cubin");
+  }
+  CHECK(seen_t.size() == dtypes.size());
+  CHECK(seen_op.size() == ops.size());
+  CHECK(seen_proto.size() == jobs.size());  // each schedule: one LL and one simple kernel
+}
+
+TEST_CASE("nvrtc: a plan's buckets cover every size" * doctest::skip(!have_nvrtc())) {
+  mkt::TempDir d;
+  mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
+  compiler::CompileOptions o;
+  auto p = compiler::compile_plan(dsl::build(*dsl::find_schedule("reducescatter.ring"), 4), o);
+  REQUIRE(p.kernels.size() == 2);
+  CHECK(p.kernels.front().min_bytes == 0);
+  CHECK(p.kernels.back().max_bytes == -1);
+  for (size_t b = 1; b < p.kernels.size(); ++b) CHECK(p.kernels[b].min_bytes == p.kernels[b - 1].max_bytes + 1);
+  const int64_t edge = p.kernels[0].max_bytes;
+  CHECK(plan::select(p, 0) == &p.kernels[0]);
+  CHECK(plan::select(p, edge) == &p.kernels[0]);
+  CHECK(plan::select(p, edge + 1) == &p.kernels[1]);
+  CHECK(plan::select(p, int64_t(1) << 40) == &p.kernels[1]);
+  CHECK(plan::select(p, -1) == nullptr);
+  CHECK(p.kernels[0].proto == "ll");
+  CHECK(p.kernels[1].proto == "simple");
+  std::set<std::string> names;
+  for (const auto& k : p.kernels) {
+    CHECK(is_elf(k.cubin));
+    CHECK(holds(k.cubin, k.name));
+    CHECK(names.insert(k.name).second);
+  }
+}
+
+// ---- the plan cache -------------------------------------------------------------
+
+TEST_CASE("cache: the second compile of a plan comes from the cache; the key follows dtype, op and arch" *
+          doctest::skip(!have_nvrtc())) {
+  mkt::TempDir d;
+  mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
+  const auto* info = dsl::find_schedule("allreduce.two_shot");
+  REQUIRE(info);
+  auto compile = [&](DType t, RedOp op, int arch, compiler::CompileStats* st) {
+    compiler::CompileOptions o;
+    o.dtype = t;
+    o.op = op;
+    o.arch = arch;
+    o.lower.max_bytes = 4096;  // one bucket: one NVRTC run
+    return compiler::compile_plan(dsl::build(*info, 2), o, st);
+  };
+  const fs::path plans = d.path / "plans";
+  compiler::CompileStats s1, s2;
+  auto p1 = compile(DType::fp32, RedOp::sum, 90, &s1);
+  CHECK_FALSE(s1.from_cache);
+  CHECK(entries(plans) == 1);
+  auto p2 = compile(DType::fp32, RedOp::sum, 90, &s2);
+  CHECK(s2.from_cache);
+  CHECK(entries(plans) == 1);
+  REQUIRE(p1.kernels.size() == p2.kernels.size());
+  for (size_t i = 0; i < p1.kernels.size(); ++i) {
+    CHECK(p1.kernels[i].name == p2.kernels[i].name);
+    CHECK(p1.kernels[i].cubin == p2.kernels[i].cubin);
+    CHECK(p1.kernels[i].source == p2.kernels[i].source);
+  }
+  size_t expect = 1;
+  struct Change {
+    DType t;
+    RedOp op;
+    int arch;
+  };
+  for (Change c : {Change{DType::bf16, RedOp::sum, 90}, Change{DType::fp32, RedOp::max, 90},
+                   Change{DType::fp32, RedOp::sum, 80}}) {
+    CAPTURE(name(c.t));
+    CAPTURE(name(c.op));
+    CAPTURE(c.arch);
+    compiler::CompileStats st;
+    auto p = compile(c.t, c.op, c.arch, &st);
+    CHECK_FALSE(st.from_cache);
+    CHECK(entries(plans) == ++expect);
+    CHECK(p.dtype == c.t);
+    CHECK(p.op == c.op);
+    CHECK(p.arch == c.arch);
+    compiler::CompileStats again;
+    compile(c.t, c.op, c.arch, &again);
+    CHECK(again.from_cache);
+  }
+  // other ranks: another key
+  compiler::CompileStats st;
+  compiler::CompileOptions o;
+  o.lower.max_bytes = 4096;
+  compiler::compile_plan(dsl::build(*info, 3), o, &st);
+  CHECK_FALSE(st.from_cache);
+  CHECK(entries(plans) == ++expect);
+  // use_cache = false neither reads nor writes
+  o.use_cache = false;
+  compiler::compile_plan(dsl::build(*info, 2), o, &st);
+  CHECK_FALSE(st.from_cache);
+  CHECK(entries(plans) == expect);
+}
+
+// Regression: the fresh plan used to be renamed onto the damaged (non-empty)
+// entry, which failed, so the damaged entry stayed.
+TEST_CASE("cache: a damaged plan cache entry is replaced" * doctest::skip(!have_nvrtc())) {
+  mkt::TempDir d;
+  mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
+  compiler::CompileOptions o;
+  const auto* info = dsl::find_schedule("allgather.direct");
+  compiler::compile_plan(dsl::build(*info, 2), o);
+  const fs::path plans = d.path / "plans";
+  REQUIRE(entries(plans) == 1);
+  const fs::path entry = fs::directory_iterator(plans)->path();
+  mkt::write_text(entry / "plan.json", "{ truncated");
+  compiler::CompileStats st;
+  auto p = compiler::compile_plan(dsl::build(*info, 2), o, &st);
+  CHECK(!p.kernels.empty());  // the damaged entry is not used
+  CHECK_FALSE(catch_error([&] { plan::read_dir(entry.string()); }));
+}
+
+TEST_CASE("cache: a damaged plan cache entry is not used" * doctest::skip(!have_nvrtc())) {
+  mkt::TempDir d;
+  mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
+  compiler::CompileOptions o;
+  const auto* info = dsl::find_schedule("allgather.direct");
+  auto p0 = compiler::compile_plan(dsl::build(*info, 2), o);
+  const fs::path plans = d.path / "plans";
+  REQUIRE(entries(plans) == 1);
+  const fs::path entry = fs::directory_iterator(plans)->path();
+  mkt::write_text(entry / "plan.json", "{ truncated");
+  auto p = compiler::compile_plan(dsl::build(*info, 2), o);
+  REQUIRE(p.kernels.size() == p0.kernels.size());
+  for (size_t i = 0; i < p.kernels.size(); ++i) CHECK(p.kernels[i].cubin == p0.kernels[i].cubin);
+}

@@ -1,0 +1,616 @@
+// The verifier (compiler/verify) rejecting broken schedules: one test per
+// mk.verify id. Each test checks the id, that the message names the rank, the
+// step and the chunk, and (for schedules written in the DSL here) that the
+// error points at this file's line. Every broken schedule is a small edit of a
+// correct one, and the correct one is shown to pass (so a test cannot pass
+// because the verifier rejects everything).
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/ir/ir.hpp"
+#include "compiler/pipeline.hpp"
+#include "compiler/verify/hb.hpp"
+#include "compiler/verify/verify.hpp"
+#include "mk/dsl.hpp"
+#include "support.hpp"
+
+using namespace mk;
+using mk::dsl::Program;
+using mkt::catch_error;
+using mkt::Caught;
+using mkt::contains;
+using nlohmann::json;
+
+namespace {
+
+bool here(const SrcLoc& l) { return contains(l.file, "test_verify.cpp"); }
+
+compiler::Lowered lower(ir::Schedule s) {
+  compiler::LowerOptions o;
+  return compiler::lower(std::move(s), o);
+}
+
+Caught lower_error(Program& p) { return catch_error([&] { lower(std::move(p.ir())); }); }
+
+// A correct two-rank all-reduce: each rank pushes its input into the peer's
+// scratch, then reduces. The lines of its four calls are recorded.
+struct Ar2 {
+  int push0 = 0, push1 = 0, red0 = 0, red1 = 0;
+  ir::Schedule build() {
+    Program p(Collective::allreduce, 2, 0, "test.ar2");
+    push0 = __LINE__ + 1;
+    p.copy(p.scratch(1, 0), p.input(0, 0));
+    push1 = __LINE__ + 1;
+    p.copy(p.scratch(0, 0), p.input(1, 0));
+    red0 = __LINE__ + 1;
+    p.reduce(p.output(0, 0), {p.input(0, 0), p.scratch(0, 0)});
+    red1 = __LINE__ + 1;
+    p.reduce(p.output(1, 0), {p.input(1, 0), p.scratch(1, 0)});
+    return std::move(p.ir());
+  }
+};
+
+// The simple-protocol variant (the last bucket) of a lowered schedule.
+ir::Schedule simple_variant(ir::Schedule s) {
+  auto l = lower(std::move(s));
+  REQUIRE(l.variants.back().proto == ir::Proto::simple);
+  return l.variants.back();
+}
+
+// Removes the `which`-th wait (in op order) and, if no other wait listens on
+// that slot, the signal that served it. Returns false if there is no such wait.
+bool drop_wait(ir::Schedule& s, size_t which, ir::Op* removed = nullptr) {
+  size_t seen = 0;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    if (s.ops[i].kind != ir::OpKind::wait) continue;
+    if (seen++ != which) continue;
+    const ir::Op w = s.ops[i];
+    if (removed) *removed = w;
+    s.ops.erase(s.ops.begin() + std::ptrdiff_t(i));
+    bool others = false;
+    for (const auto& op : s.ops)
+      others = others || (op.kind == ir::OpKind::wait && op.rank == w.rank && op.slot == w.slot);
+    if (!others)
+      for (size_t k = 0; k < s.ops.size(); ++k)
+        if (s.ops[k].kind == ir::OpKind::signal && s.ops[k].peer == w.rank && s.ops[k].slot == w.slot) {
+          s.ops.erase(s.ops.begin() + std::ptrdiff_t(k));
+          break;
+        }
+    return true;
+  }
+  return false;
+}
+
+size_t count_kind(const ir::Schedule& s, ir::OpKind k) {
+  size_t n = 0;
+  for (const auto& op : s.ops) n += op.kind == k;
+  return n;
+}
+
+// A synced schedule written by hand as JSON: ops are
+// {rank, tb, kind, srcs/dsts or peer/slot/iter}.
+ir::Schedule hand_synced(const char* coll, int ranks, int scratch, int slots, int depth, const std::string& proto,
+                         const json& ops) {
+  json j = {{"mk_ir_version", 1}, {"name", "hand"},     {"collective", coll}, {"ranks", ranks},
+            {"chunks", 1},        {"scratch", scratch}, {"slots", slots},     {"depth", depth},
+            {"proto", proto},     {"tile_bytes", 1024}, {"staged", true},     {"synced", true}};
+  json list = json::array();
+  int id = 0;
+  int tbs = 0;
+  for (json op : ops) {
+    op["id"] = id++;
+    if ((op["kind"] == "copy" || op["kind"] == "reduce") && !op.contains("pos")) op["pos"] = json::array({0});
+    tbs = std::max(tbs, op["tb"].get<int>() + 1);
+    list.push_back(op);
+  }
+  j["tbs"] = tbs;
+  j["ops"] = list;
+  return ir::from_json(j.dump());
+}
+
+json copy(int rank, int tb, const char* src, const char* dst) {
+  return {{"kind", "copy"}, {"rank", rank}, {"tb", tb}, {"srcs", {src}}, {"dsts", {dst}}};
+}
+json signal(int rank, int tb, int peer, int slot) {
+  return {{"kind", "signal"}, {"rank", rank}, {"tb", tb}, {"peer", peer}, {"slot", slot}};
+}
+json wait(int rank, int tb, int slot, int iter = 0) {
+  return {{"kind", "wait"}, {"rank", rank}, {"tb", tb}, {"slot", slot}, {"iter", iter}};
+}
+
+}  // namespace
+
+TEST_CASE("verify: the correct schedules used below pass") {
+  Ar2 a;
+  auto l = lower(a.build());
+  REQUIRE(!l.variants.empty());
+  for (const auto& v : l.variants) {
+    CHECK(v.synced);
+    CHECK_FALSE(catch_error([&] { verify::verify_all(v); }));
+  }
+  CHECK(count_kind(l.variants.back(), ir::OpKind::wait) > 0);
+  // The hand-written synced schedules' correct forms: a one-rank all-reduce
+  // through scratch, with and without a cross-thread-block hand-off.
+  auto one_tb = hand_synced("allreduce", 1, 1, 0, 2, "simple",
+                            {copy(0, 0, "r0.in[0]", "r0.sc[0]"), copy(0, 0, "r0.sc[0]", "r0.out[0]")});
+  CHECK_FALSE(catch_error([&] { verify::verify_all(one_tb); }));
+  auto two_tb = hand_synced("allreduce", 1, 1, 2, 2, "simple",
+                            {wait(0, 0, 1, -2), copy(0, 0, "r0.in[0]", "r0.sc[0]"), signal(0, 0, 0, 0), wait(0, 1, 0),
+                             copy(0, 1, "r0.sc[0]", "r0.out[0]"), signal(0, 1, 0, 1)});
+  CHECK_FALSE(catch_error([&] { verify::verify_all(two_tb); }));
+}
+
+TEST_CASE("verify: mk.verify.E001 an output chunk misses a contribution") {
+  Program p(Collective::allreduce, 2, 0, "test.e001");
+  const int line = __LINE__ + 1;
+  p.copy(p.output(0, 0), p.input(0, 0));  // should also add rank 1's input
+  p.reduce(p.output(1, 0), {p.input(1, 0), p.input(0, 0)});
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E001");
+  CHECK(contains(c.message, "test.e001 (2 ranks"));
+  CHECK(contains(c.message, "rank 0 output chunk 0 misses the contribution of rank 1 input chunk 0"));
+  CHECK(contains(c.message, "last written by %0 (copy on rank 0, step 0)"));
+  CHECK(here(c.loc));
+  CHECK(c.loc.line == uint32_t(line));
+  CHECK(contains(c.what, "test_verify.cpp:" + std::to_string(line)));
+}
+
+TEST_CASE("verify: mk.verify.E001 for an output nothing wrote") {
+  Program p(Collective::allgather, 2, 0, "test.e001b");
+  p.chunks(2);
+  for (int r = 0; r < 2; ++r)
+    for (int q = 0; q < 2; ++q)
+      if (!(r == 1 && q == 0)) p.copy(p.output(r, 2 * q, 2), p.input(q, 0, 2));
+  // rank 1's block 0 (chunks 0 and 1) is never written
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E001");
+  CHECK(contains(c.message, "rank 1 output chunk 0 misses the contribution of rank 0 input chunk 0"));
+  CHECK(contains(c.message, "nothing wrote it"));
+}
+
+TEST_CASE("verify: mk.verify.E002 a contribution counted twice") {
+  Program p(Collective::allreduce, 2, 0, "test.e002");
+  p.reduce(p.scratch(0, 0), {p.input(0, 0), p.input(1, 0)});
+  const int line = __LINE__ + 1;
+  p.reduce(p.output(0, 0), {p.scratch(0, 0), p.input(1, 0)});  // rank 1's input again
+  p.copy(p.output(1, 0), p.scratch(0, 0));
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E002");
+  CHECK(contains(c.message, "%1 (reduce on rank 0, step 1)"));
+  CHECK(contains(c.message, "counts the contribution of rank 1 input chunk 0 twice (chunk 0)"));
+  CHECK(here(c.loc));
+  CHECK(c.loc.line == uint32_t(line));
+}
+
+TEST_CASE("verify: mk.verify.E003 an output chunk holds foreign data") {
+  // reduce-scatter: rank 0's output is the sum of block 0 of every input;
+  // adding block 1 of rank 0 is data that does not belong there.
+  Program p(Collective::reducescatter, 2, 0, "test.e003");
+  const int line = __LINE__ + 1;
+  p.reduce(p.output(0, 0), {p.input(0, 0), p.input(1, 0), p.input(0, 1)});
+  p.reduce(p.output(1, 0), {p.input(0, 1), p.input(1, 1)});
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E003");
+  CHECK(contains(c.message, "rank 0 output chunk 0 holds the contribution of rank 0 input chunk 1"));
+  CHECK(contains(c.message, "last written by %0 (reduce on rank 0, step 0)"));
+  CHECK(c.loc.line == uint32_t(line));
+  CHECK(here(c.loc));
+
+  // all-gather: a block that holds its rank's data plus another rank's
+  Program q(Collective::allgather, 2, 0, "test.e003b");
+  q.copy(q.output(0, 0), q.input(0, 0));
+  q.copy(q.output(0, 1), q.input(1, 0));
+  q.copy(q.output(1, 0), q.input(0, 0));
+  q.reduce(q.output(1, 1), {q.input(1, 0), q.input(0, 0)});
+  c = lower_error(q);
+  CHECK(c.id == "mk.verify.E003");
+  CHECK(contains(c.message, "rank 1 output chunk 1 holds the contribution of rank 0 input chunk 0"));
+}
+
+TEST_CASE("verify: mk.verify.E006 a chunk outside its buffer") {
+  Program p(Collective::allreduce, 2, 0, "test.e006");
+  p.copy(p.output(0, 0), p.input(0, 0));
+  const int line = __LINE__ + 1;
+  p.copy(p.output(1, 5), p.input(1, 0));
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E006");
+  CHECK(contains(c.message, "%1 (copy on rank 1, step 0) touches r1.out[5], but rank 1's out buffer has 1 chunk(s)"));
+  CHECK(c.loc.line == uint32_t(line));
+  CHECK(here(c.loc));
+
+  // a run that starts inside and ends outside
+  Program q(Collective::allreduce, 2, 0, "test.e006b");
+  q.chunks(2);
+  q.copy(q.output(0, 1, 2), q.input(0, 0, 2));
+  c = lower_error(q);
+  CHECK(c.id == "mk.verify.E006");
+  CHECK(contains(c.message, "r0.out[1:3]"));
+
+  // scratch outside the schedule's scratch count, in a hand-edited IR
+  Ar2 a;
+  ir::Schedule s = a.build();
+  s.scratch = 0;
+  c = catch_error([&] { verify::verify_semantics(s); });
+  CHECK(c.id == "mk.verify.E006");
+  CHECK(contains(c.message, "r1.sc[0]"));
+  CHECK(c.loc.line == uint32_t(a.push0));
+
+  // an op on a rank that does not exist
+  s = a.build();
+  s.ops[2].rank = 2;
+  c = catch_error([&] { verify::verify_semantics(s); });
+  CHECK(c.id == "mk.verify.E006");
+  CHECK(contains(c.message, "executes on rank 2"));
+}
+
+TEST_CASE("verify: mk.verify.E007 a read of data nothing wrote") {
+  Program p(Collective::allreduce, 2, 0, "test.e007");
+  p.copy(p.scratch(1, 0), p.input(0, 0));
+  const int line = __LINE__ + 1;
+  p.reduce(p.output(1, 0), {p.input(1, 0), p.scratch(1, 3)});  // slot 3, not slot 0
+  p.reduce(p.output(0, 0), {p.input(0, 0), p.input(1, 0)});
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E007");
+  CHECK(contains(c.message, "%1 (reduce on rank 1, step 0) reads r1.sc[3] (chunk 0) before anything wrote it"));
+  CHECK(c.loc.line == uint32_t(line));
+  CHECK(here(c.loc));
+}
+
+TEST_CASE("verify: mk.verify.E007 reading the output before writing it, out-of-place only") {
+  // dst := dst + x on the output is right in place (output aliases input) and
+  // wrong out of place (the output starts empty): the verifier checks both.
+  Program p(Collective::allreduce, 2, 0, "test.e007b");
+  const int line = __LINE__ + 1;
+  p.reduce(p.output(0, 0), {p.output(0, 0), p.input(1, 0)});
+  p.reduce(p.output(1, 0), {p.input(0, 0), p.input(1, 0)});
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E007");
+  CHECK(contains(c.message, "out-of-place"));
+  CHECK(contains(c.message, "reads r0.out[0]"));
+  CHECK(contains(c.what, "read the input instead"));
+  CHECK(c.loc.line == uint32_t(line));
+}
+
+TEST_CASE("verify: mk.verify.E008 one operation mixes chunk positions") {
+  Program p(Collective::allreduce, 2, 0, "test.e008");
+  p.chunks(2);
+  const int line = __LINE__ + 1;
+  p.reduce(p.output(0, 0), {p.input(0, 0), p.input(1, 1)});
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E008");
+  CHECK(contains(c.message, "%0 (reduce on rank 0, step 0) combines data of chunk position 0 with position 1 (r1.in[1])"));
+  CHECK(c.loc.line == uint32_t(line));
+  CHECK(here(c.loc));
+}
+
+TEST_CASE("verify: mk.verify.E009 a write into a buffer the collective does not let the schedule write") {
+  Program p(Collective::allreduce, 2, 0, "test.e009");
+  const int line = __LINE__ + 1;
+  p.copy(p.input(1, 0), p.input(0, 0));
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E009");
+  CHECK(contains(c.message, "%0 (copy on rank 0, step 0) reads/writes r1.in[0]"));
+  CHECK(contains(c.message, "read-only"));
+  CHECK(c.loc.line == uint32_t(line));
+  CHECK(here(c.loc));
+
+  // reduce: only the root has a receive buffer
+  Program q(Collective::reduce, 3, 0, "test.e009b");
+  q.copy(q.scratch(0, 1), q.input(1, 0));
+  const int line2 = __LINE__ + 1;
+  q.copy(q.output(2, 0), q.input(2, 0));
+  c = lower_error(q);
+  CHECK(c.id == "mk.verify.E009");
+  CHECK(contains(c.message, "r2.out[0]"));
+  CHECK(contains(c.message, "rank 2 has no receive buffer in a reduce rooted at 0"));
+  CHECK(c.loc.line == uint32_t(line2));
+}
+
+TEST_CASE("verify: mk.verify.E010 a read of a buffer the collective does not provide") {
+  // broadcast: only the root has a send buffer
+  Program p(Collective::broadcast, 3, 0, "test.e010");
+  p.copy(p.output(0, 0), p.input(0, 0));
+  p.copy(p.output(1, 0), p.input(0, 0));
+  const int line = __LINE__ + 1;
+  p.copy(p.output(2, 0), p.input(2, 0));
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E010");
+  CHECK(contains(c.message, "%2 (copy on rank 2, step 0) reads/writes r2.in[0]"));
+  CHECK(contains(c.message, "rank 2 has no send buffer in a broadcast rooted at 0"));
+  CHECK(c.loc.line == uint32_t(line));
+  CHECK(here(c.loc));
+
+  // reduce: a non-root's output does not exist, so it cannot be read either
+  Program q(Collective::reduce, 2, 0, "test.e010b");
+  q.reduce(q.output(0, 0), {q.input(0, 0), q.output(1, 0)});
+  c = lower_error(q);
+  CHECK(c.id == "mk.verify.E010");
+  CHECK(contains(c.message, "rank 1 has no receive buffer"));
+}
+
+TEST_CASE("verify: mk.verify.E012 a schedule without operations") {
+  Program p(Collective::allreduce, 4, 0, "test.e012");
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E012");
+  CHECK(contains(c.message, "test.e012 (4 ranks)"));
+  // sync ops alone are no operations either
+  ir::Schedule s;
+  s.name = "only.sync";
+  s.nranks = 2;
+  ir::Op n;
+  n.kind = ir::OpKind::nop;
+  n.rank = 0;
+  s.ops.push_back(n);
+  c = catch_error([&] { verify::verify_semantics(s); });
+  CHECK(c.id == "mk.verify.E012");
+}
+
+// ---- synchronisation ---------------------------------------------------------
+
+TEST_CASE("verify: mk.verify.E004 race after a wait is dropped from a lowered schedule") {
+  Ar2 a;
+  ir::Schedule s = simple_variant(a.build());
+  const size_t waits = count_kind(s, ir::OpKind::wait);
+  REQUIRE(waits > 0);
+  // Each wait insert_sync placed is needed: without it, some pair of accesses
+  // is unordered. (Also shows the pass adds no redundant waits here.)
+  for (size_t k = 0; k < waits; ++k) {
+    CAPTURE(k);
+    ir::Schedule b = s;
+    ir::Op w;
+    REQUIRE(drop_wait(b, k, &w));
+    CAPTURE(ir::print_op(w));
+    auto c = catch_error([&] { verify::verify_sync(b); });
+    CHECK(c.id == "mk.verify.E004");
+    CHECK(contains(c.message, "test.ar2: race on r"));
+    CHECK(contains(c.message, "are not ordered by signal/wait"));
+    CHECK(contains(c.message, "on rank "));
+    CHECK(contains(c.message, ", tb "));
+    CHECK(contains(c.message, ", step "));
+    CHECK(here(c.loc));
+    CHECK((c.loc.line == uint32_t(a.push0) || c.loc.line == uint32_t(a.push1) || c.loc.line == uint32_t(a.red0) ||
+           c.loc.line == uint32_t(a.red1)));
+  }
+}
+
+TEST_CASE("verify: mk.verify.E004 for every dropped wait of built-in ring schedules") {
+  for (const char* name : {"allreduce.ring", "allgather.ring", "reducescatter.ring"}) {
+    for (size_t v = 0; v < 2; ++v) {
+      auto l = lower(dsl::build(*dsl::find_schedule(name), 3));
+      REQUIRE(l.variants.size() == 2);
+      const ir::Schedule& s = l.variants[v];
+      const size_t waits = count_kind(s, ir::OpKind::wait);
+      CHECK(waits > 0);
+      for (size_t k = 0; k < waits; ++k) {
+        CAPTURE(name);
+        CAPTURE(v);
+        CAPTURE(k);
+        ir::Schedule b = s;
+        REQUIRE(drop_wait(b, k));
+        auto c = catch_error([&] { verify::verify_sync(b); });
+        CHECK(c.id == "mk.verify.E004");
+      }
+    }
+  }
+}
+
+TEST_CASE("verify: mk.verify.E004 two thread blocks write one chunk without sync (hand-written)") {
+  auto ok = hand_synced("allreduce", 1, 0, 1, 1, "simple",
+                        {copy(0, 0, "r0.in[0]", "r0.out[0]"), signal(0, 0, 0, 0), wait(0, 1, 0),
+                         copy(0, 1, "r0.in[0]", "r0.out[0]")});
+  CHECK_FALSE(catch_error([&] { verify::verify_sync(ok); }));
+  auto bad = hand_synced("allreduce", 1, 0, 0, 1, "simple",
+                         {copy(0, 0, "r0.in[0]", "r0.out[0]"), copy(0, 1, "r0.in[0]", "r0.out[0]")});
+  auto c = catch_error([&] { verify::verify_sync(bad); });
+  CHECK(c.id == "mk.verify.E004");
+  CHECK(contains(c.message, "race on r0.out[0] within a step"));
+  CHECK(contains(c.message, "%0 (copy on rank 0, tb 0, step 0) and %1 (copy on rank 0, tb 1, step 1)"));
+}
+
+TEST_CASE("verify: mk.verify.E004 a race that exists only in place") {
+  // tb 0 reads the input while tb 1 writes the output: separate buffers out of
+  // place, the same memory in place.
+  auto bad = hand_synced("allreduce", 1, 2, 0, 1, "simple",
+                         {copy(0, 1, "r0.in[0]", "r0.sc[0]"), copy(0, 0, "r0.sc[1]", "r0.out[0]")});
+  auto c = catch_error([&] { verify::verify_sync(bad); });
+  CHECK(c.id == "mk.verify.E004");
+  CHECK(contains(c.message, "race on r0.out[0] within a step (in-place)"));
+}
+
+TEST_CASE("verify: mk.verify.E004 scratch reused by the next step before it is read") {
+  // tb 0 fills a scratch slot, tb 1 drains it. Without the iter -depth wait,
+  // tb 0 may refill the slot `depth` steps later before tb 1 has read it.
+  auto bad = hand_synced("allreduce", 1, 1, 1, 2, "simple",
+                         {copy(0, 0, "r0.in[0]", "r0.sc[0]"), signal(0, 0, 0, 0), wait(0, 1, 0),
+                          copy(0, 1, "r0.sc[0]", "r0.out[0]")});
+  auto c = catch_error([&] { verify::verify_sync(bad); });
+  CHECK(c.id == "mk.verify.E004");
+  CHECK(contains(c.message, "race on r0.sc[0] between steps (scratch reuse)"));
+  CHECK(contains(c.message, "%3 (copy on rank 0, tb 1, step 3)"));
+}
+
+TEST_CASE("verify: mk.verify.E005 waits that form a cycle") {
+  // Hand-written: each rank waits for the other before signalling it.
+  auto bad = hand_synced("allreduce", 2, 0, 1, 1, "simple",
+                         {wait(0, 0, 0), copy(0, 0, "r0.in[0]", "r0.out[0]"), signal(0, 0, 1, 0), wait(1, 0, 0),
+                          copy(1, 0, "r1.in[0]", "r1.out[0]"), signal(1, 0, 0, 0)});
+  auto c = catch_error([&] { verify::verify_sync(bad); });
+  CHECK(c.id == "mk.verify.E005");
+  CHECK(contains(c.message, "deadlock: a cycle of"));
+  CHECK(contains(c.message, "(wait on rank 0, tb 0, step 0) [rank 0 tb 0]"));
+  CHECK(contains(c.message, "(wait on rank 1, tb 0, step 0) [rank 1 tb 0]"));
+
+  // From the DSL: a lowered schedule with one extra wait/signal pair that
+  // closes a cycle. tb X on rank A waits (slot s) for rank B's signal; make
+  // rank B's signalling block first wait for a new signal that A sends after
+  // its wait.
+  Ar2 a;
+  ir::Schedule s = simple_variant(a.build());
+  size_t wi = 0;
+  while (wi < s.ops.size() && !(s.ops[wi].kind == ir::OpKind::wait && s.ops[wi].iter == 0)) ++wi;
+  REQUIRE(wi < s.ops.size());
+  const ir::Op w = s.ops[wi];
+  size_t si = 0;
+  while (si < s.ops.size() &&
+         !(s.ops[si].kind == ir::OpKind::signal && s.ops[si].peer == w.rank && s.ops[si].slot == w.slot))
+    ++si;
+  REQUIRE(si < s.ops.size());
+  const ir::Op sig = s.ops[si];
+  REQUIRE((sig.rank != w.rank || sig.tb != w.tb));
+  ir::Op w2;
+  w2.id = s.next_id();
+  w2.kind = ir::OpKind::wait;
+  w2.rank = sig.rank;
+  w2.tb = sig.tb;
+  w2.slot = s.slots;
+  w2.loc = s.ops[si].loc;
+  ir::Op s2;
+  s2.id = w2.id + 1;
+  s2.kind = ir::OpKind::signal;
+  s2.rank = w.rank;
+  s2.tb = w.tb;
+  s2.peer = sig.rank;
+  s2.slot = s.slots;
+  s2.loc = w.loc;
+  s.slots += 1;
+  // the new signal right after A's wait; the new wait first in B's block
+  s.ops.insert(s.ops.begin() + std::ptrdiff_t(wi + 1), s2);
+  size_t first_of_b = 0;
+  while (!(s.ops[first_of_b].rank == sig.rank && s.ops[first_of_b].tb == sig.tb)) ++first_of_b;
+  s.ops.insert(s.ops.begin() + std::ptrdiff_t(first_of_b), w2);
+  c = catch_error([&] { verify::verify_sync(s); });
+  CHECK(c.id == "mk.verify.E005");
+  CHECK(contains(c.message, "test.ar2: deadlock"));
+  CHECK(contains(c.message, "rank " + std::to_string(w.rank) + " tb " + std::to_string(w.tb)));
+  CHECK(contains(c.message, "rank " + std::to_string(sig.rank) + " tb " + std::to_string(sig.tb)));
+  CHECK(here(c.loc));
+}
+
+TEST_CASE("verify: mk.verify.E011 unpaired signal or wait") {
+  Ar2 a;
+  ir::Schedule s = simple_variant(a.build());
+  // a wait whose signal is gone
+  {
+    ir::Schedule b = s;
+    size_t i = 0;
+    while (b.ops[i].kind != ir::OpKind::signal) ++i;
+    const ir::Op sig = b.ops[i];
+    b.ops.erase(b.ops.begin() + std::ptrdiff_t(i));
+    auto c = catch_error([&] { verify::verify_sync(b); });
+    CHECK(c.id == "mk.verify.E011");
+    CHECK(contains(c.message, "waits on slot " + std::to_string(sig.slot) + " of rank " + std::to_string(sig.peer) +
+                                  ", which nothing signals"));
+    CHECK(contains(c.message, "(wait on rank " + std::to_string(sig.peer)));
+    CHECK(here(c.loc));
+  }
+  // a signal nobody waits for
+  {
+    ir::Schedule b = s;
+    size_t i = 0;
+    while (b.ops[i].kind != ir::OpKind::wait) ++i;
+    b.ops.erase(b.ops.begin() + std::ptrdiff_t(i));
+    auto c = catch_error([&] { verify::verify_sync(b); });
+    CHECK(c.id == "mk.verify.E011");
+    CHECK(contains(c.message, "but nothing waits on it"));
+    CHECK(contains(c.message, "(signal on rank "));
+  }
+  // two signallers for one slot
+  {
+    auto b = hand_synced("allreduce", 1, 0, 1, 1, "simple",
+                         {copy(0, 0, "r0.in[0]", "r0.out[0]"), signal(0, 0, 0, 0), signal(0, 1, 0, 0), wait(0, 2, 0)});
+    auto c = catch_error([&] { verify::verify_sync(b); });
+    CHECK(c.id == "mk.verify.E011");
+    CHECK(contains(c.message, "slot 0 of rank 0 is signalled by 2 ops"));
+  }
+  // a wait reaching further back than the scratch depth
+  {
+    auto b = hand_synced("allreduce", 1, 0, 1, 2, "simple",
+                         {copy(0, 0, "r0.in[0]", "r0.out[0]"), signal(0, 0, 0, 0), wait(0, 1, 0, -3)});
+    auto c = catch_error([&] { verify::verify_sync(b); });
+    CHECK(c.id == "mk.verify.E011");
+    CHECK(contains(c.message, "waits 3 steps back"));
+  }
+}
+
+TEST_CASE("verify: mk.verify.E014 an LL scratch slot written twice in one step") {
+  // Rank 1 reuses its scratch slot 0 for a second value within the step: fine
+  // with flags (simple), impossible with LL, whose flag lives in the data.
+  Program p(Collective::allreduce, 2, 0, "test.e014");
+  p.copy(p.scratch(1, 0), p.input(0, 0));
+  p.reduce(p.output(1, 0), {p.input(1, 0), p.scratch(1, 0)});
+  const int line = __LINE__ + 1;
+  p.copy(p.scratch(1, 0), p.output(1, 0));
+  p.copy(p.output(0, 0), p.scratch(1, 0));
+  ir::Schedule built = std::move(p.ir());
+
+  auto l = lower(built);
+  REQUIRE(l.variants.size() == 1);  // LL is not offered for this schedule
+  ir::Schedule s = l.variants[0];
+  CHECK(s.proto == ir::Proto::simple);
+  CHECK_FALSE(catch_error([&] { verify::verify_sync(s); }));
+  s.proto = ir::Proto::ll;
+  auto c = catch_error([&] { verify::verify_sync(s); });
+  CHECK(c.id == "mk.verify.E014");
+  CHECK(contains(c.message, "LL scratch slot r1.sc[0] is written by %0 (copy on rank 0"));
+  CHECK(contains(c.message, "(copy on rank 1, tb "));
+  CHECK(contains(c.message, "in one step"));
+  CHECK(here(c.loc));
+  CHECK(c.loc.line == uint32_t(line));
+
+  // Asking for LL explicitly is a user error at the command-line level.
+  compiler::LowerOptions o;
+  o.proto.forced_proto = int(ir::Proto::ll);
+  c = catch_error([&] { compiler::lower(built, o); });
+  CHECK(c.id == "mk.cli.E013");
+  CHECK(contains(c.message, "test.e014"));
+}
+
+TEST_CASE("verify: happens-before orders program order and signal/wait pairs") {
+  auto s = hand_synced("allreduce", 1, 1, 2, 2, "simple",
+                       {wait(0, 0, 1, -2), copy(0, 0, "r0.in[0]", "r0.sc[0]"), signal(0, 0, 0, 0), wait(0, 1, 0),
+                        copy(0, 1, "r0.sc[0]", "r0.out[0]"), signal(0, 1, 0, 1)});
+  auto hb = verify::build_hb(s);
+  CHECK(hb.topo.size() == s.ops.size());
+  CHECK(hb.before(1, 4));  // the fill before the drain in a step
+  CHECK_FALSE(hb.before(4, 1));
+  CHECK(hb.before_reuse(4, 1));  // the drain of step g before the fill of step g+2
+  CHECK(hb.before_reuse(1, 1));
+  // without the signal/wait pair the two copies are unordered
+  auto t = hand_synced("allreduce", 1, 1, 0, 2, "simple",
+                       {copy(0, 0, "r0.in[0]", "r0.sc[0]"), copy(0, 1, "r0.sc[0]", "r0.out[0]")});
+  auto hb2 = verify::build_hb(t);
+  CHECK_FALSE(hb2.before(0, 1));
+  CHECK_FALSE(hb2.before(1, 0));
+}
+
+TEST_CASE("verify: mk.verify.E013 is raised by `mkc simulate` only") {
+  // E013 ("simulated execution gave a wrong result") is not raised by the
+  // library: verify::simulate() returns SimResult{ok=false} and `mkc simulate`
+  // turns that into mk.verify.E013. A schedule that reaches simulation has
+  // already been proved by verify_semantics/verify_sync, so through the CLI
+  // E013 means a bug in lowering, codegen-equivalent arithmetic or the
+  // executor, and no user input is known to produce it. test_executor.cpp
+  // shows simulate() reporting ok=false for broken lowered schedules.
+  ErrId id{};
+  CHECK(err_parse("mk.verify.E013", &id));
+  CHECK(err_name(id) == "mk.verify.E013");
+  CHECK(err_summary(id) == "simulated execution gave a wrong result");
+}
+
+// An op's chunks are processed position by position, in parallel: a source
+// chunk that is another position's destination has no defined order.
+TEST_CASE("verify: mk.verify.E004 for an op whose source and destination overlap at different positions") {
+  mk::dsl::Program p(mk::Collective::allreduce, 2);
+  p.chunks(2);
+  p.copy(p.scratch(0, 0, 2), p.input(0, 0, 2));
+  p.copy(p.scratch(0, 1, 2), p.scratch(0, 0, 2));  // sc[1:3] := sc[0:2]
+  auto& s = p.ir();
+  try {
+    mk::verify::verify_bounds(s);
+    FAIL("not rejected");
+  } catch (const mk::Error& e) {
+    CHECK(e.id() == mk::ErrId::verify_E004);
+    CHECK(std::string(e.what()).find("execution order") != std::string::npos);
+  }
+}
