@@ -11,10 +11,22 @@ namespace mk::verify {
 class BitRows {
  public:
   BitRows() = default;
-  BitRows(size_t rows, size_t cols) : words_((cols + 63) / 64), bits_(rows * words_, 0) {}
+  BitRows(size_t rows, size_t cols) { assign(rows, cols); }
+  BitRows(BitRows&&) noexcept = default;
+  BitRows& operator=(BitRows&& o) noexcept {
+    recycle(std::move(bits_));
+    words_ = o.words_;
+    bits_ = std::move(o.bits_);
+    return *this;
+  }
+  ~BitRows() { recycle(std::move(bits_)); }
   // Reuses the allocation (large matrices: page faults cost more than the work).
   void assign(size_t rows, size_t cols) {
     words_ = (cols + 63) / 64;
+    if (bits_.capacity() < rows * words_) {
+      recycle(std::move(bits_));
+      bits_ = take(rows * words_);
+    }
     bits_.assign(rows * words_, 0);
   }
   size_t rows() const { return words_ ? bits_.size() / words_ : 0; }
@@ -27,7 +39,6 @@ class BitRows {
     std::copy(other.bits_.begin() + std::ptrdiff_t(src * words_), other.bits_.begin() + std::ptrdiff_t((src + 1) * words_),
               bits_.begin() + std::ptrdiff_t(dst * words_));
   }
-  void clear_row(size_t r) { std::fill(bits_.begin() + std::ptrdiff_t(r * words_), bits_.begin() + std::ptrdiff_t((r + 1) * words_), 0); }
   void set(size_t row, size_t col) { bits_[row * words_ + col / 64] |= uint64_t(1) << (col % 64); }
   bool test(size_t row, size_t col) const {
     return (bits_[row * words_ + col / 64] >> (col % 64)) & 1u;
@@ -45,6 +56,32 @@ class BitRows {
   }
 
  private:
+  // Large buffers go back to a per-thread pool instead of to the system, so a
+  // compile that builds several closures faults its pages in once.
+  static std::vector<std::vector<uint64_t>>& pool() {
+    thread_local std::vector<std::vector<uint64_t>> p;
+    return p;
+  }
+  static std::vector<uint64_t> take(size_t n) {
+    auto& p = pool();
+    for (size_t i = 0; i < p.size(); ++i)
+      if (p[i].capacity() >= n) {
+        std::vector<uint64_t> v = std::move(p[i]);
+        p.erase(p.begin() + std::ptrdiff_t(i));
+        return v;
+      }
+    std::vector<uint64_t> v;
+    v.reserve(n);
+    return v;
+  }
+  static void recycle(std::vector<uint64_t>&& v) {
+    if (v.capacity() < (1u << 17)) return;  // small ones: let them go
+    auto& p = pool();
+    if (p.size() >= 8) p.erase(p.begin());
+    v.clear();
+    p.push_back(std::move(v));
+  }
+
   size_t words_ = 0;
   std::vector<uint64_t> bits_;
 };
