@@ -10,11 +10,11 @@
 #include <unordered_set>
 
 #include "mk.h"
+#include "compiler/verify/reference.hpp"
 #include "mk/error.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/status.hpp"
-#include "templates/layout.cuh"
 
 namespace mk::rt {
 
@@ -84,24 +84,6 @@ mkResult_t guard(Comm*& c, F&& f) {
   }
 }
 
-class CtxGuard {
- public:
-  explicit CtxGuard(CUcontext ctx) {
-    cu().cuCtxGetCurrent(&prev_);
-    if (prev_ != ctx) {
-      cu().cuCtxSetCurrent(ctx);
-      switched_ = true;
-    }
-  }
-  ~CtxGuard() {
-    if (switched_) cu().cuCtxSetCurrent(prev_);
-  }
-
- private:
-  CUcontext prev_ = nullptr;
-  bool switched_ = false;
-};
-
 struct Call {
   Collective coll;
   const void* send;
@@ -146,8 +128,11 @@ struct Pending {
   CUstream stream;
   DType dt;
   RedOp op;
-  int64_t bytes;
-  bool rooted;
+  int64_t bytes;         // per rank: count * element size
+  size_t in_bytes;       // the send buffer (nranks x bytes for reduce-scatter, all-to-all)
+  size_t out_bytes;      // the receive buffer (nranks x bytes for all-gather, all-to-all)
+  bool need_send;        // broadcast: only the root's send buffer is read
+  bool need_recv;        // reduce: only the root's receive buffer is written
 };
 
 thread_local std::vector<Pending> t_pending;
@@ -177,14 +162,21 @@ Pending validate(const Call& k, Comm* c, cudaStream_t stream) {
   const size_t es = dtype_size(dt);
   if (k.count > size_t(INT64_MAX) / es / size_t(c->nranks))
     fail(mkInvalidArgument, fmt::format("{}: count {} is too large", api, k.count));
-  Pending p{k, c, reinterpret_cast<CUstream>(stream), dt, reduces ? RedOp(k.op) : RedOp::sum,
-            int64_t(k.count * es), rooted};
-  if (k.count == 0) return p;
   const size_t bytes = k.count * es;
-  const size_t in_bytes = (k.coll == Collective::reducescatter || k.coll == Collective::alltoall) ? bytes * size_t(c->nranks) : bytes;
-  const size_t out_bytes = (k.coll == Collective::allgather || k.coll == Collective::alltoall) ? bytes * size_t(c->nranks) : bytes;
-  const bool need_send = !(k.coll == Collective::broadcast && c->rank != k.root);
-  const bool need_recv = !(k.coll == Collective::reduce && c->rank != k.root);
+  const int64_t count = int64_t(k.count);
+  Pending p{k,
+            c,
+            reinterpret_cast<CUstream>(stream),
+            dt,
+            reduces ? RedOp(k.op) : RedOp::sum,
+            int64_t(bytes),
+            size_t(verify::input_elems(k.coll, c->nranks, count)) * es,
+            size_t(verify::output_elems(k.coll, c->nranks, count)) * es,
+            !(k.coll == Collective::broadcast && c->rank != k.root),
+            !(k.coll == Collective::reduce && c->rank != k.root)};
+  if (k.count == 0) return p;
+  const size_t in_bytes = p.in_bytes, out_bytes = p.out_bytes;
+  const bool need_send = p.need_send, need_recv = p.need_recv;
   auto check_ptr = [&](const void* ptr, const char* what) {
     if (!ptr) fail(mkInvalidArgument, fmt::format("{}: {} is NULL (count {})", api, what, k.count));
     if (reinterpret_cast<uintptr_t>(ptr) % es != 0)
@@ -220,12 +212,9 @@ void check_locked(const Pending& p) {
   Comm* c = p.c;
   const Call& k = p.k;
   const char* api = coll_api_name(k.coll);
-  const size_t bytes = size_t(p.bytes);
   if (!c->registered.empty()) {
-    const size_t in_bytes = (k.coll == Collective::reducescatter || k.coll == Collective::alltoall) ? bytes * size_t(c->nranks) : bytes;
-    const size_t out_bytes = (k.coll == Collective::allgather || k.coll == Collective::alltoall) ? bytes * size_t(c->nranks) : bytes;
-    if (!(k.coll == Collective::broadcast && c->rank != k.root)) check_registered(*c, k.send, in_bytes, "sendbuff", api);
-    if (!(k.coll == Collective::reduce && c->rank != k.root)) check_registered(*c, k.recv, out_bytes, "recvbuff", api);
+    if (p.need_send) check_registered(*c, k.send, p.in_bytes, "sendbuff", api);
+    if (p.need_recv) check_registered(*c, k.recv, p.out_bytes, "recvbuff", api);
   }
   // The stream must belong to the communicator's GPU (checked once per stream).
   if (p.stream != c->checked_stream || special_stream(p.stream)) {
@@ -253,9 +242,7 @@ void check_locked(const Pending& p) {
 // Caller holds c->mu.
 PlanInstance& resolve_locked(Pending& p) {
   Comm& c = *p.c;
-  auto& ranges = c.fast[(size_t(p.k.coll) * 12 + size_t(p.dt)) * 5 + size_t(p.op)];
-  for (const auto& rg : ranges)
-    if (p.bytes >= rg.lo && (rg.hi < 0 || p.bytes <= rg.hi)) return *rg.inst;
+  if (PlanInstance* found = c.find(p.k.coll, p.dt, p.op, p.bytes)) return *found;
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   cu().cuStreamIsCapturing(p.stream, &capture);
   if (capture != CU_STREAM_CAPTURE_STATUS_NONE)
@@ -286,20 +273,7 @@ void launch_locked(Pending& p, PlanInstance& inst) {
       MK_CU(cu().cuStreamWaitEvent(p.stream, c.order_event, 0), "ordering streams");
   }
   const plan::Kernel& kern = *inst.kernel;
-  dev::Args a{};
-  a.input = p.k.send;
-  a.output = p.k.recv;
-  a.count = int64_t(p.k.count);
-  a.tile_bytes = dev::pick_tile_bytes(a.count, inst.plan->chunks, kern.instances, int32_t(dtype_size(p.dt)),
-                                      kern.max_tile_bytes);
-  a.rank = c.rank;
-  a.root = p.rooted ? p.k.root : 0;
-  a.scratch = reinterpret_cast<char* const*>(inst.scratch_ptrs);
-  a.flags = reinterpret_cast<uint64_t* const*>(inst.flag_ptrs);
-  a.seq = reinterpret_cast<uint64_t*>(inst.seq);
-  a.errors = reinterpret_cast<dev::ErrorRecord*>(inst.errors_dev);
-  a.host_abort = reinterpret_cast<const volatile int32_t*>(c.host_abort_dev);
-  a.timeout_ns = c.config.timeout_ns;
+  dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)));
   void* params[] = {&a};
   CUresult r = cu().cuLaunchKernel(inst.fn, unsigned(kern.grid), 1, 1, unsigned(kern.threads), 1, 1, 0, p.stream,
                                    params, nullptr);

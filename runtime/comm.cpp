@@ -27,22 +27,6 @@ int64_t env_i64(const char* name, int64_t dflt) {
   return v;
 }
 
-class CtxGuard {
- public:
-  explicit CtxGuard(CUcontext ctx) {
-    cu().cuCtxGetCurrent(&prev_);
-    if (prev_ != ctx) cu().cuCtxSetCurrent(ctx);
-  }
-  ~CtxGuard() {
-    CUcontext cur = nullptr;
-    cu().cuCtxGetCurrent(&cur);
-    if (cur != prev_) cu().cuCtxSetCurrent(prev_);
-  }
-
- private:
-  CUcontext prev_ = nullptr;
-};
-
 uint64_t process_token() {
   static const uint64_t t = [] {
     std::random_device rd;
@@ -256,13 +240,17 @@ std::vector<Comm*> comm_init_all(int ndev, const int* devlist) {
 
 // ---- plan instances ---------------------------------------------------------
 
+PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes) {
+  for (const Range& r : fast[(size_t(coll) * 12 + size_t(dtype)) * 5 + size_t(op)])
+    if (bytes >= r.lo && (r.hi < 0 || bytes <= r.hi)) return r.inst;
+  return nullptr;
+}
+
 PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t bytes, CUstream stream) {
-  auto& ranges = fast[(size_t(coll) * 12 + size_t(dtype)) * 5 + size_t(op)];
-  for (const Range& r : ranges)
-    if (bytes >= r.lo && (r.hi < 0 || bytes <= r.hi)) return *r.inst;
+  if (PlanInstance* p = find(coll, dtype, op, bytes)) return *p;
   int64_t lo = 0, hi = -1;
   PlanInstance& inst = create_instance(coll, dtype, op, bytes, stream, &lo, &hi);
-  ranges.push_back({lo, hi, &inst});
+  fast[(size_t(coll) * 12 + size_t(dtype)) * 5 + size_t(op)].push_back({lo, hi, &inst});
   return inst;
 }
 
@@ -342,6 +330,25 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   owned.push_back(std::move(inst));
   instances[key] = raw;
   return *raw;
+}
+
+dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
+                     int32_t elem_size) const {
+  const plan::Kernel& k = *inst.kernel;
+  dev::Args a{};
+  a.input = input;
+  a.output = output;
+  a.count = count;
+  a.tile_bytes = dev::pick_tile_bytes(count, inst.plan->chunks, k.instances, elem_size, k.max_tile_bytes);
+  a.rank = rank;
+  a.root = inst.rooted ? root : 0;
+  a.scratch = reinterpret_cast<char* const*>(inst.scratch_ptrs);
+  a.flags = reinterpret_cast<uint64_t* const*>(inst.flag_ptrs);
+  a.seq = reinterpret_cast<uint64_t*>(inst.seq);
+  a.errors = reinterpret_cast<dev::ErrorRecord*>(inst.errors_dev);
+  a.host_abort = reinterpret_cast<const volatile int32_t*>(host_abort_dev);
+  a.timeout_ns = config.timeout_ns;
+  return a;
 }
 
 mkResult_t Comm::poll_async_error() {

@@ -94,11 +94,16 @@ class Comm {
 
   ~Comm();
 
+  // The instance already serving this call, or null. Caller holds `mu`.
+  PlanInstance* find(Collective coll, DType dtype, RedOp op, int64_t bytes);
   // The instance for a call, created on first use (its device-side tables
   // are initialised on `stream`, ahead of the kernel). Caller holds `mu`.
   PlanInstance& instance(Collective coll, DType dtype, RedOp op, int64_t bytes, CUstream stream);
   PlanInstance& create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, CUstream stream,
                                 int64_t* lo, int64_t* hi);
+  // The kernel arguments of one call of `inst` (tile chosen for this count).
+  dev::Args args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
+                 int32_t elem_size) const;
   // Scans kernel error records; returns the first failure (and remembers it).
   mkResult_t poll_async_error();
   void release_instances();

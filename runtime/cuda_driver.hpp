@@ -84,4 +84,25 @@ bool cuda_available(std::string* why = nullptr);
 // "CUDA_ERROR_INVALID_VALUE (invalid argument)"
 std::string cu_error_string(CUresult r);
 
+// Makes `ctx` current for a scope and restores the previous one.
+class CtxGuard {
+ public:
+  explicit CtxGuard(CUcontext ctx) {
+    cu().cuCtxGetCurrent(&prev_);
+    if (prev_ != ctx) {
+      cu().cuCtxSetCurrent(ctx);
+      switched_ = true;
+    }
+  }
+  ~CtxGuard() {
+    if (switched_) cu().cuCtxSetCurrent(prev_);
+  }
+  CtxGuard(const CtxGuard&) = delete;
+  CtxGuard& operator=(const CtxGuard&) = delete;
+
+ private:
+  CUcontext prev_ = nullptr;
+  bool switched_ = false;
+};
+
 }  // namespace mk::rt

@@ -1,8 +1,8 @@
 // IR <-> JSON. The schema: docs/ir.md. Refs are written in their text form
 // ("r1.sc[3]") so a JSON schedule stays readable and diffable.
-#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "compiler/common/json_int.hpp"
 #include "compiler/ir/ir.hpp"
 
 namespace mk::ir {
@@ -30,11 +30,7 @@ T get_num(const json& j, const char* key, const std::string& path, std::optional
   }
   const json& v = j.at(key);
   if (!v.is_number_integer()) bad(path + "." + key, "expected an integer");
-  // Range-check before narrowing: 4294967298 must not become 2.
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(std::numeric_limits<T>::max())
-                             : (v.get<int64_t>() < int64_t(std::numeric_limits<T>::min()) ||
-                                (v.get<int64_t>() > 0 && uint64_t(v.get<int64_t>()) > uint64_t(std::numeric_limits<T>::max()))))
-    bad(path + "." + key, "integer out of range");
+  if (!json_int_fits<T>(v)) bad(path + "." + key, "integer out of range");
   return v.get<T>();
 }
 

@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <limits>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "compiler/common/json_int.hpp"
 #include "mk/error.hpp"
 
 namespace mk::plan {
@@ -25,11 +25,7 @@ T num(const json& j, const char* key, const std::string& where, const std::strin
   auto it = j.find(key);
   if (it == j.end()) bad(where, path + "." + key, "missing");
   if (!it->is_number_integer()) bad(where, path + "." + key, "expected an integer");
-  const bool too_big = it->is_number_unsigned() ? it->get<uint64_t>() > uint64_t(std::numeric_limits<T>::max())
-                                                : (it->get<int64_t>() < int64_t(std::numeric_limits<T>::min()) ||
-                                                   (it->get<int64_t>() > 0 &&
-                                                    uint64_t(it->get<int64_t>()) > uint64_t(std::numeric_limits<T>::max())));
-  if (too_big) bad(where, path + "." + key, "integer out of range");
+  if (!json_int_fits<T>(*it)) bad(where, path + "." + key, "integer out of range");
   return it->get<T>();
 }
 

@@ -36,7 +36,6 @@
 #include "mk/types.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
-#include "templates/layout.cuh"
 
 using namespace mk;
 
@@ -526,18 +525,7 @@ void host_time(World& w) {
   auto* c = reinterpret_cast<rt::Comm*>(r.comm);
   rt::PlanInstance& inst = c->instance(Collective::allreduce, DType::fp32, RedOp::sum, 4096 * 4,
                                        reinterpret_cast<CUstream>(r.stream));
-  dev::Args a{};
-  a.input = buf;
-  a.output = buf;
-  a.count = 4096;
-  a.tile_bytes = dev::pick_tile_bytes(4096, inst.plan->chunks, inst.kernel->instances, 4, inst.kernel->max_tile_bytes);
-  a.rank = 0;
-  a.scratch = reinterpret_cast<char* const*>(inst.scratch_ptrs);
-  a.flags = reinterpret_cast<uint64_t* const*>(inst.flag_ptrs);
-  a.seq = reinterpret_cast<uint64_t*>(inst.seq);
-  a.errors = reinterpret_cast<dev::ErrorRecord*>(inst.errors_dev);
-  a.host_abort = reinterpret_cast<const volatile int32_t*>(c->host_abort_dev);
-  a.timeout_ns = c->config.timeout_ns;
+  dev::Args a = c->args(inst, buf, buf, 4096, 0, 4);
   void* params[] = {&a};
   const double bare_us = median_us([&] {
     CUresult e = rt::cu().cuLaunchKernel(inst.fn, unsigned(inst.kernel->grid), 1, 1, unsigned(inst.kernel->threads),
