@@ -88,10 +88,11 @@ struct Contrib {
   int64_t elem;
 };
 
-// The input elements that produce output element `e` of `rank`.
-std::vector<Contrib> sources(Collective c, int32_t nranks, int32_t root, int64_t count, int32_t rank,
-                             int64_t e) {
-  std::vector<Contrib> v;
+// The input elements that produce output element `e` of `rank`, into `v`
+// (cleared first; callers reuse it, so a large check allocates once).
+void sources(Collective c, int32_t nranks, int32_t root, int64_t count, int32_t rank, int64_t e,
+             std::vector<Contrib>& v) {
+  v.clear();
   switch (c) {
     case Collective::allreduce:
     case Collective::reduce:
@@ -104,17 +105,18 @@ std::vector<Contrib> sources(Collective c, int32_t nranks, int32_t root, int64_t
     case Collective::broadcast: v.push_back({root, e}); break;
     case Collective::alltoall: v.push_back({int32_t(e / count), int64_t(rank) * count + e % count}); break;
   }
-  return v;
 }
 
 template <typename T>
 CheckResult check_typed(Collective coll, const DataSpec& d, int32_t nranks, int32_t root,
-                        int64_t count, int32_t rank, const void* out, int64_t out_elems) {
+                        int64_t count, int32_t rank, int64_t first, const void* out, int64_t n) {
   CheckResult res;
-  const T* o = static_cast<const T*>(out);
+  const T* o = static_cast<const T*>(out) - first;
   const bool reduces = collective_reduces(coll);
-  for (int64_t e = 0; e < out_elems; ++e) {
-    auto src = sources(coll, nranks, root, count, rank, e);
+  std::vector<Contrib> src;
+  src.reserve(size_t(std::max(nranks, 1)));
+  for (int64_t e = first; e < first + n; ++e) {
+    sources(coll, nranks, root, count, rank, e, src);
     const T got = o[e];
     bool bad = false;
     double err = 0, tol = 0, want_d = 0, got_d = Typed<T>::to_double(got);
@@ -199,8 +201,13 @@ void fill_input(const DataSpec& d, int32_t rank, int64_t first, int64_t n, void*
 
 CheckResult check_output(Collective coll, const DataSpec& d, int32_t nranks, int32_t root,
                          int64_t count, int32_t rank, const void* out, int64_t out_elems) {
+  return check_output_range(coll, d, nranks, root, count, rank, 0, out, out_elems);
+}
+
+CheckResult check_output_range(Collective coll, const DataSpec& d, int32_t nranks, int32_t root,
+                               int64_t count, int32_t rank, int64_t first, const void* out, int64_t n) {
   return dispatch_dtype(d.dtype, [&]<typename T>() {
-    return check_typed<T>(coll, d, nranks, root, count, rank, out, out_elems);
+    return check_typed<T>(coll, d, nranks, root, count, rank, first, out, n);
   });
 }
 

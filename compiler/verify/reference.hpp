@@ -46,6 +46,11 @@ struct CheckResult {
 CheckResult check_output(Collective coll, const DataSpec& d, int32_t nranks, int32_t root,
                          int64_t count, int32_t rank, const void* out, int64_t out_elems);
 
+// The same for output elements [first, first + n) only; `out` points at
+// element `first`. Ranges can be checked in parallel.
+CheckResult check_output_range(Collective coll, const DataSpec& d, int32_t nranks, int32_t root,
+                               int64_t count, int32_t rank, int64_t first, const void* out, int64_t n);
+
 // Elements in each rank's input / output buffer for a collective of `count`.
 int64_t input_elems(Collective c, int32_t nranks, int64_t count);
 int64_t output_elems(Collective c, int32_t nranks, int64_t count);

@@ -1,7 +1,7 @@
 // GPU test suite for the mKernel runtime. Runs on a machine with NVIDIA GPUs;
 // on a machine without one it prints "SKIPPED: ..." and exits 0.
 //
-//   mk_gpu_tests [--quick] [--only NAME] [--list]
+//   mk_gpu_tests [--quick] [--only NAME] [--skip NAME] [--list]
 //
 // Every scenario runs in a forked child process (the parent never touches
 // CUDA), so a crash or hang in one scenario is reported and the rest still
@@ -20,6 +20,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -135,6 +137,26 @@ struct RankBuffers {
   void* recv = nullptr;
 };
 
+// Large buffers are generated and checked on all host cores: 1 GiB per call
+// would otherwise cost seconds.
+template <class F>
+void parallel_ranges(int64_t n, F f) {
+  const unsigned want = n < (int64_t(1) << 20) ? 1u : std::max(1u, std::thread::hardware_concurrency() / 2);
+  const int64_t per = (n + want - 1) / std::max<int64_t>(1, want);
+  std::vector<std::thread> pool;
+  for (int64_t lo = 0; lo < n; lo += per) pool.emplace_back([&f, lo, hi = std::min(n, lo + per)] { f(lo, hi); });
+  if (pool.empty()) f(0, 0);
+  for (auto& t : pool) t.join();
+}
+
+void fill_parallel(const verify::DataSpec& d, int rank, int64_t n, char* dst) {
+  const size_t es = dtype_size(d.dtype);
+  parallel_ranges(n, [&](int64_t lo, int64_t hi) { verify::fill_input(d, rank, lo, hi - lo, dst + size_t(lo) * es); });
+}
+
+// Uninitialised host memory (a zeroed std::vector of 1 GiB costs a second).
+std::unique_ptr<char[]> host_bytes(size_t n) { return std::unique_ptr<char[]>(new char[n + 16]); }
+
 void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, int launch) {
   const size_t es = dtype_size(s.dtype);
   const int n = w.nranks;
@@ -142,7 +164,7 @@ void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, i
   const bool has_recv = !(s.coll == Collective::reduce && r.rank != s.root);
   const int64_t ie = in_elems(s.coll, n, s.count), oe = out_elems(s.coll, n, s.count);
   verify::DataSpec d{s.dtype, s.op, s.seed, launch, w.nranks};
-  std::vector<char> host(size_t(std::max(ie, oe)) * es + 16);
+  auto host = host_bytes(size_t(std::max(ie, oe)) * es);
   if (s.inplace && has_send && has_recv) {
     const size_t total = size_t(std::max(ie, oe)) * es;
     if (!b.out.base) b.out.alloc(total);
@@ -157,14 +179,14 @@ void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, i
     } else {
       b.send = b.recv = base;
     }
-    verify::fill_input(d, r.rank, 0, ie, host.data());
-    CK_CUDA(cudaMemcpy(b.send, host.data(), size_t(ie) * es, cudaMemcpyHostToDevice));
+    fill_parallel(d, r.rank, ie, host.get());
+    CK_CUDA(cudaMemcpy(b.send, host.get(), size_t(ie) * es, cudaMemcpyHostToDevice));
   } else {
     b.send = b.recv = nullptr;
     if (has_send) {
       if (!b.in.base) b.in.alloc(std::max<size_t>(size_t(ie) * es, 1));
-      verify::fill_input(d, r.rank, 0, ie, host.data());
-      CK_CUDA(cudaMemcpy(b.in.ptr(), host.data(), size_t(ie) * es, cudaMemcpyHostToDevice));
+      fill_parallel(d, r.rank, ie, host.get());
+      CK_CUDA(cudaMemcpy(b.in.ptr(), host.get(), size_t(ie) * es, cudaMemcpyHostToDevice));
       b.send = b.in.ptr();
     }
     if (has_recv) {
@@ -206,20 +228,28 @@ void check(const World& w, const Rank& r, const CallSpec& s, const RankBuffers& 
   if (b.out.base) b.out.check_guards(("receive buffer of rank " + std::to_string(r.rank)).c_str());
   verify::DataSpec d{s.dtype, s.op, s.seed, launch, w.nranks};
   if (b.recv) {
-    std::vector<char> host(size_t(oe) * es + 16);
-    CK_CUDA(cudaMemcpy(host.data(), b.recv, size_t(oe) * es, cudaMemcpyDeviceToHost));
-    auto res = verify::check_output(s.coll, d, w.nranks, s.root, s.count, r.rank, host.data(), oe);
-    if (res.mismatches)
-      throw Failure(describe(s, w.nranks) + ": " + std::to_string(res.mismatches) + " wrong element(s); first: " +
-                    res.first_bad);
+    auto host = host_bytes(size_t(oe) * es);
+    CK_CUDA(cudaMemcpy(host.get(), b.recv, size_t(oe) * es, cudaMemcpyDeviceToHost));
+    std::mutex mu;
+    int64_t bad = 0, first_at = -1;
+    std::string first;
+    parallel_ranges(oe, [&](int64_t lo, int64_t hi) {
+      auto res = verify::check_output_range(s.coll, d, w.nranks, s.root, s.count, r.rank, lo,
+                                            host.get() + size_t(lo) * es, hi - lo);
+      std::lock_guard<std::mutex> g(mu);
+      bad += res.mismatches;
+      if (res.mismatches && (first_at < 0 || lo < first_at)) first_at = lo, first = res.first_bad;
+    });
+    if (bad)
+      throw Failure(describe(s, w.nranks) + ": " + std::to_string(bad) + " wrong element(s); first: " + first);
     ++g_checked;
   }
   // Out-of-place: the send buffer must be untouched.
   if (b.in.base && b.send == b.in.ptr()) {
-    std::vector<char> got(size_t(ie) * es + 16), want(size_t(ie) * es + 16);
-    CK_CUDA(cudaMemcpy(got.data(), b.send, size_t(ie) * es, cudaMemcpyDeviceToHost));
-    verify::fill_input(d, r.rank, 0, ie, want.data());
-    if (std::memcmp(got.data(), want.data(), size_t(ie) * es) != 0)
+    auto got = host_bytes(size_t(ie) * es), want = host_bytes(size_t(ie) * es);
+    CK_CUDA(cudaMemcpy(got.get(), b.send, size_t(ie) * es, cudaMemcpyDeviceToHost));
+    fill_parallel(d, r.rank, ie, want.get());
+    if (std::memcmp(got.get(), want.get(), size_t(ie) * es) != 0)
       throw Failure(describe(s, w.nranks) + ": the send buffer of rank " + std::to_string(r.rank) + " was modified");
   }
 }
@@ -334,39 +364,53 @@ void matrix(World& w) {
   }
 }
 
-// Large messages: 64 MiB for every collective, 1 GiB for all-reduce (bf16 and
-// fp32) and all-gather.
+// Large messages: every collective x dtype x op at `bytes` per buffer (the
+// larger of input and output), out-of-place and (if `inplace`) in place.
+void large(World& w, int64_t bytes, bool inplace) {
+  for (Collective c : all_collectives())
+    for (DType t : all_dtypes())
+      for (RedOp o : collective_reduces(c) ? all_redops() : std::vector<RedOp>{RedOp::sum}) {
+        CallSpec s;
+        s.coll = c;
+        s.dtype = t;
+        s.op = o;
+        int64_t per = bytes / int64_t(dtype_size(t));
+        // all-gather / all-to-all / reduce-scatter buffers are nranks x count
+        if (c == Collective::allgather || c == Collective::alltoall || c == Collective::reducescatter)
+          per /= w.nranks;
+        s.count = per;
+        s.root = w.nranks - 1;
+        s.seed = uint64_t(bytes % 1000003) + uint64_t(int(c) * 64 + int(t) * 8 + int(o));
+        run_checked(w, s);
+        s.inplace = true;
+        if (inplace && c != Collective::alltoall) run_checked(w, s);
+      }
+}
+
+// 64 MiB for everything; 1 GiB for all-reduce (fp32 sum, bf16 avg) and
+// all-gather (the full 1 GiB matrix is the `huge` scenario).
 void sizes(World& w) {
+  large(w, g_quick ? (4ll << 20) : (64ll << 20), true);
+  if (g_quick) return;
   struct Big {
     Collective c;
     DType t;
     RedOp o;
-    int64_t bytes;
   };
-  std::vector<Big> bigs;
-  for (Collective c : all_collectives()) bigs.push_back({c, DType::fp32, RedOp::sum, 64ll << 20});
-  bigs.push_back({Collective::allreduce, DType::bf16, RedOp::sum, 64ll << 20});
-  bigs.push_back({Collective::allreduce, DType::fp32, RedOp::sum, 1ll << 30});
-  bigs.push_back({Collective::allreduce, DType::bf16, RedOp::avg, 1ll << 30});
-  bigs.push_back({Collective::allgather, DType::bf16, RedOp::sum, 1ll << 30});
-  for (const Big& b : bigs) {
-    if (g_quick && b.bytes > (64ll << 20)) continue;
+  for (Big b : {Big{Collective::allreduce, DType::fp32, RedOp::sum}, Big{Collective::allreduce, DType::bf16, RedOp::avg},
+                Big{Collective::allgather, DType::bf16, RedOp::sum}}) {
     CallSpec s;
     s.coll = b.c;
     s.dtype = b.t;
     s.op = b.o;
-    // all-gather / all-to-all / reduce-scatter buffers are nranks x count
-    int64_t per = b.bytes / int64_t(dtype_size(b.t));
-    if (b.c == Collective::allgather || b.c == Collective::alltoall || b.c == Collective::reducescatter)
-      per /= w.nranks;
-    s.count = per;
-    s.root = 0;
-    s.seed = uint64_t(b.bytes % 1000003) + int(b.c);
+    s.count = (1ll << 30) / int64_t(dtype_size(b.t)) / (b.c == Collective::allgather ? w.nranks : 1);
+    s.seed = 77 + uint64_t(b.c);
     run_checked(w, s);
-    s.inplace = b.c != Collective::alltoall;
-    if (s.inplace && b.bytes <= (64ll << 20)) run_checked(w, s);
   }
 }
+
+// 1 GiB for every collective x dtype x op, out-of-place.
+void huge(World& w) { large(w, 1ll << 30, false); }
 
 // 1000 back-to-back calls with changing sizes, collectives and dtypes, one sync.
 void back_to_back(World& w) {
@@ -706,6 +750,10 @@ std::vector<Scenario> scenarios() {
   v.push_back({"sizes_1rank", 1, false, 1, {}, sizes});
   v.push_back({"sizes_2gpu_1proc", 2, false, 2, {}, sizes});
   v.push_back({"sizes_2gpu_2proc", 2, true, 2, {}, sizes});
+  v.push_back({"huge_2gpu_2proc", 2, true, 2, {}, [](World& w) {
+                 if (g_quick) std::printf("    (skipped in quick mode: 1 GiB for every collective, dtype and op)\n");
+                 else huge(w);
+               }});
   v.push_back({"back_to_back_2gpu_2proc", 2, true, 2, {}, back_to_back});
   v.push_back({"back_to_back_2gpu_1proc", 2, false, 2, {}, back_to_back});
   v.push_back({"graphs_2gpu_2proc", 2, true, 2, {}, graphs});
@@ -824,16 +872,17 @@ int prewarm(int arch) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string only;
+  std::string only, skip;
   bool list = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") g_quick = true;
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--skip" && i + 1 < argc) skip = argv[++i];
     else if (a == "--list") list = true;
     else if (a == "--prewarm" && i + 1 < argc) return prewarm(std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--only NAME] [--list] [--prewarm ARCH]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--only NAME] [--skip NAME] [--list] [--prewarm ARCH]\n", argv[0]);
       return 2;
     }
   }
@@ -868,6 +917,7 @@ int main(int argc, char** argv) {
   int passed = 0, failed = 0, skipped = 0;
   for (auto& sc : all) {
     if (!only.empty() && sc.name.find(only) == std::string::npos) continue;
+    if (!skip.empty() && sc.name.find(skip) != std::string::npos) continue;
     if (sc.min_gpus > ngpu) {
       std::printf("SKIP %-32s needs %d GPUs\n", sc.name.c_str(), sc.min_gpus);
       ++skipped;
