@@ -21,7 +21,10 @@ Lowered lower(ir::Schedule s, const LowerOptions& o) {
   verify::verify_semantics(s);  // prove the author's program before touching it
   dump("verify", s);
 
-  s = passes::stage_remote(std::move(s));
+  if (o.zero_copy)
+    s.zero_copy = true;  // user buffers are mapped into peers: leave remote accesses alone
+  else
+    s = passes::stage_remote(std::move(s));
   dump("stage", s);
 
   s = passes::fuse(std::move(s));

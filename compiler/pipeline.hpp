@@ -24,6 +24,10 @@ struct LowerOptions {
   int64_t max_bytes = -1;  // -1: unbounded
   passes::ProtocolOptions proto;
   std::string topology;
+  // Zero-copy: skip `stage`; ops read and write peers' registered user
+  // buffers directly (the kernel gets their addresses at launch and runs an
+  // entry and an exit barrier). Plans need no scratch.
+  bool zero_copy = false;
   // Called after every pass with its name (for --dump-after).
   std::function<void(std::string_view pass, const ir::Schedule&)> on_pass;
 };

@@ -280,6 +280,7 @@ void launch_locked(Pending& p, PlanInstance& inst) {
   if (r != CUDA_SUCCESS) fail(mkUnhandledCudaError, std::string(api) + ": kernel launch failed: " + cu_error_string(r));
   c.last_stream = p.stream;
   c.used = true;
+  inst.res->last = &inst;
 }
 
 mkResult_t collective(const Call& k, mkComm_t comm, cudaStream_t stream) {

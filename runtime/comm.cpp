@@ -287,48 +287,67 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   if (int64_t(per_sm) * sms < k->grid)
     fail(mkInvalidUsage, fmt::format("kernel {} needs {} co-resident blocks of {} threads, but GPU {} holds {}",
                                      k->name, k->grid, k->threads, device, per_sm * sms));
+  inst->res = &resources_for(*plan, *k, stream);
+  debug_log(fmt::format("rank {}: plan {} kernel {} ready (grid {}x{}, scratch {} B at +{}, flags at +{})", rank,
+                        plan->schedule, k->name, k->grid, k->threads, k->scratch_bytes, inst->res->scratch_offset,
+                        inst->res->flag_offset));
+  PlanInstance* raw = inst.get();
+  owned.push_back(std::move(inst));
+  instances[key] = raw;
+  return *raw;
+}
+
+Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k, CUstream stream) {
+  // Everything that shapes the flag protocol and the scratch layout.
+  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", p.schedule, p.nranks, p.chunks,
+                                      k.proto, k.max_tile_bytes, k.instances, k.tbs, k.threads, k.grid, k.depth,
+                                      k.scratch_slots, k.flag_slots, k.classes, k.scratch_bytes, k.flag_bytes,
+                                      k.seq_words);
+  for (auto& r : resources)
+    if (r->key == key) return *r;
+  const Driver& d = cu();
+  auto res = std::make_unique<Resources>();
+  res->key = key;
+  res->grid = k.grid;
   // Regions, allocated in call order: identical on every rank because every
   // rank makes the same calls in the same order (as NCCL requires).
   const int64_t align = 256;
-  inst->flag_offset = (flags_used + align - 1) / align * align;
-  inst->scratch_offset = (scratch_used + align - 1) / align * align;
-  if (inst->flag_offset + k->flag_bytes > config.flag_bytes)
+  res->flag_offset = (flags_used + align - 1) / align * align;
+  res->scratch_offset = (scratch_used + align - 1) / align * align;
+  if (res->flag_offset + k.flag_bytes > config.flag_bytes)
     fail(mkSystemError, fmt::format("flag memory exhausted ({} bytes); raise MK_FLAG_BYTES", config.flag_bytes));
-  if (inst->scratch_offset + k->scratch_bytes > config.scratch_bytes)
+  if (res->scratch_offset + k.scratch_bytes > config.scratch_bytes)
     fail(mkSystemError, fmt::format("symmetric scratch exhausted: plan {} needs {} more bytes, {} of {} are in use; "
                                     "raise MK_SCRATCH_BYTES (on every rank)",
-                                    k->name, k->scratch_bytes, scratch_used, config.scratch_bytes));
+                                    k.name, k.scratch_bytes, scratch_used, config.scratch_bytes));
   std::vector<CUdeviceptr> sp(static_cast<size_t>(nranks)), fp(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) {
-    fp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(inst->flag_offset);
-    sp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(config.flag_bytes + inst->scratch_offset);
+    fp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(res->flag_offset);
+    sp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(config.flag_bytes + res->scratch_offset);
   }
-  MK_CU(d.cuMemAlloc(&inst->scratch_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");
-  MK_CU(d.cuMemAlloc(&inst->flag_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");
-  MK_CU(d.cuMemAlloc(&inst->seq, sizeof(uint64_t) * size_t(k->grid)), "allocating step counters");
+  Resources* raw = res.get();
+  resources.push_back(std::move(res));  // owned from here on: freed on any failure below
+  MK_CU(d.cuMemAlloc(&raw->scratch_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");
+  MK_CU(d.cuMemAlloc(&raw->flag_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");
+  MK_CU(d.cuMemAlloc(&raw->seq, sizeof(uint64_t) * size_t(k.grid)), "allocating step counters");
   // Initialised on the caller's stream, so the kernel that follows sees them
   // without any host synchronisation (which could wait for a peer's kernel
   // that this very thread has yet to launch). Pageable sources are staged
   // before the call returns, so the host vectors may go.
-  MK_CU(d.cuMemcpyHtoDAsync(inst->scratch_ptrs, sp.data(), sizeof(CUdeviceptr) * size_t(nranks), stream),
+  MK_CU(d.cuMemcpyHtoDAsync(raw->scratch_ptrs, sp.data(), sizeof(CUdeviceptr) * size_t(nranks), stream),
         "copying a plan table");
-  MK_CU(d.cuMemcpyHtoDAsync(inst->flag_ptrs, fp.data(), sizeof(CUdeviceptr) * size_t(nranks), stream),
+  MK_CU(d.cuMemcpyHtoDAsync(raw->flag_ptrs, fp.data(), sizeof(CUdeviceptr) * size_t(nranks), stream),
         "copying a plan table");
-  MK_CU(d.cuMemsetD8Async(inst->seq, 0, sizeof(uint64_t) * size_t(k->grid), stream), "zeroing step counters");
+  MK_CU(d.cuMemsetD8Async(raw->seq, 0, sizeof(uint64_t) * size_t(k.grid), stream), "zeroing step counters");
   void* host = nullptr;
-  MK_CU(d.cuMemHostAlloc(&host, sizeof(dev::ErrorRecord) * size_t(k->grid), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+  MK_CU(d.cuMemHostAlloc(&host, sizeof(dev::ErrorRecord) * size_t(k.grid),
+                         CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
         "allocating error records");
-  std::memset(host, 0, sizeof(dev::ErrorRecord) * size_t(k->grid));
-  inst->errors = static_cast<dev::ErrorRecord*>(host);
-  MK_CU(d.cuMemHostGetDevicePointer(&inst->errors_dev, host, 0), "mapping error records");
-  flags_used = inst->flag_offset + k->flag_bytes;
-  scratch_used = inst->scratch_offset + k->scratch_bytes;
-  debug_log(fmt::format("rank {}: plan {} kernel {} ready (grid {}x{}, scratch {} B at +{}, flags at +{})", rank,
-                        plan->schedule, k->name, k->grid, k->threads, k->scratch_bytes, inst->scratch_offset,
-                        inst->flag_offset));
-  PlanInstance* raw = inst.get();
-  owned.push_back(std::move(inst));
-  instances[key] = raw;
+  std::memset(host, 0, sizeof(dev::ErrorRecord) * size_t(k.grid));
+  raw->errors = static_cast<dev::ErrorRecord*>(host);
+  MK_CU(d.cuMemHostGetDevicePointer(&raw->errors_dev, host, 0), "mapping error records");
+  flags_used = raw->flag_offset + k.flag_bytes;
+  scratch_used = raw->scratch_offset + k.scratch_bytes;
   return *raw;
 }
 
@@ -342,10 +361,10 @@ dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, 
   a.tile_bytes = dev::pick_tile_bytes(count, inst.plan->chunks, k.instances, elem_size, k.max_tile_bytes);
   a.rank = rank;
   a.root = inst.rooted ? root : 0;
-  a.scratch = reinterpret_cast<char* const*>(inst.scratch_ptrs);
-  a.flags = reinterpret_cast<uint64_t* const*>(inst.flag_ptrs);
-  a.seq = reinterpret_cast<uint64_t*>(inst.seq);
-  a.errors = reinterpret_cast<dev::ErrorRecord*>(inst.errors_dev);
+  a.scratch = reinterpret_cast<char* const*>(inst.res->scratch_ptrs);
+  a.flags = reinterpret_cast<uint64_t* const*>(inst.res->flag_ptrs);
+  a.seq = reinterpret_cast<uint64_t*>(inst.res->seq);
+  a.errors = reinterpret_cast<dev::ErrorRecord*>(inst.res->errors_dev);
   a.host_abort = reinterpret_cast<const volatile int32_t*>(host_abort_dev);
   a.timeout_ns = config.timeout_ns;
   return a;
@@ -356,14 +375,14 @@ mkResult_t Comm::poll_async_error() {
   std::lock_guard<std::mutex> lock(mu);
   const dev::ErrorRecord* found = nullptr;
   const PlanInstance* where = nullptr;
-  for (auto& inst : owned)
-    for (int b = 0; b < inst->kernel->grid; ++b) {
-      const volatile dev::ErrorRecord& e = inst->errors[b];
+  for (auto& res : resources)
+    for (int b = 0; b < res->grid; ++b) {
+      const volatile dev::ErrorRecord& e = res->errors[b];
       int32_t code = e.code;
       if (code == 0) continue;
       if (!found || (found->code == dev::kErrStopped && code != dev::kErrStopped)) {
-        found = const_cast<const dev::ErrorRecord*>(&inst->errors[b]);
-        where = inst.get();
+        found = const_cast<const dev::ErrorRecord*>(&res->errors[b]);
+        where = res->last;
       }
     }
   if (!found) return mkSuccess;
@@ -382,21 +401,23 @@ mkResult_t Comm::poll_async_error() {
   async_message = fmt::format(
       "rank {}: collective {} ({}) did not complete: {}. A peer process may have died or stalled "
       "(watchdog: MK_TIMEOUT_MS). The communicator is unusable; call mkCommAbort.",
-      rank, where->plan->schedule, where->kernel->name, what);
+      rank, where ? where->plan->schedule : "?", where ? where->kernel->name : "?", what);
   async_error.store(mkRemoteError);
   return mkRemoteError;
 }
 
 void Comm::release_instances() {
   const Driver& d = cu();
-  for (auto& inst : owned) {
+  for (auto& inst : owned)
     if (inst->module) d.cuModuleUnload(inst->module);
-    if (inst->scratch_ptrs) d.cuMemFree(inst->scratch_ptrs);
-    if (inst->flag_ptrs) d.cuMemFree(inst->flag_ptrs);
-    if (inst->seq) d.cuMemFree(inst->seq);
-    if (inst->errors) d.cuMemFreeHost(inst->errors);
+  for (auto& res : resources) {
+    if (res->scratch_ptrs) d.cuMemFree(res->scratch_ptrs);
+    if (res->flag_ptrs) d.cuMemFree(res->flag_ptrs);
+    if (res->seq) d.cuMemFree(res->seq);
+    if (res->errors) d.cuMemFreeHost(res->errors);
   }
   owned.clear();
+  resources.clear();
   instances.clear();
 }
 

@@ -27,11 +27,18 @@
 
 namespace mk::rt {
 
-struct PlanInstance {
-  std::shared_ptr<const plan::Plan> plan;
-  const plan::Kernel* kernel = nullptr;
-  CUmodule module = nullptr;
-  CUfunction fn = nullptr;
+struct PlanInstance;
+
+// Scratch, flags and step counters of a kernel. Kernels lowered from the same
+// schedule to the same structure (blocks, slots, depth, tiles) share one set,
+// whatever their dtype and op: their launches then continue one step
+// sequence, exactly like launches of one kernel with different sizes, so the
+// flag protocol that protects scratch reuse between launches holds across
+// them too. This bounds symmetric memory by the number of schedules in use,
+// not by dtype x op x bucket.
+struct Resources {
+  std::string key;
+  int32_t grid = 0;
   int64_t scratch_offset = 0;  // in the arena, same on every rank
   int64_t flag_offset = 0;
   CUdeviceptr scratch_ptrs = 0;  // device array [nranks]
@@ -39,6 +46,15 @@ struct PlanInstance {
   CUdeviceptr seq = 0;           // device array [grid]
   dev::ErrorRecord* errors = nullptr;  // host-mapped [grid]
   CUdeviceptr errors_dev = 0;
+  const PlanInstance* last = nullptr;  // the kernel launched last (for error reports)
+};
+
+struct PlanInstance {
+  std::shared_ptr<const plan::Plan> plan;
+  const plan::Kernel* kernel = nullptr;
+  CUmodule module = nullptr;
+  CUfunction fn = nullptr;
+  Resources* res = nullptr;
   bool rooted = false;
 };
 
@@ -82,6 +98,7 @@ class Comm {
   };
   std::vector<Range> fast[6 * 12 * 5];
   std::vector<std::unique_ptr<PlanInstance>> owned;
+  std::vector<std::unique_ptr<Resources>> resources;
   int64_t scratch_used = 0, flags_used = 0;
   std::map<uintptr_t, size_t> registered;  // base -> size
 
@@ -101,6 +118,9 @@ class Comm {
   PlanInstance& instance(Collective coll, DType dtype, RedOp op, int64_t bytes, CUstream stream);
   PlanInstance& create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, CUstream stream,
                                 int64_t* lo, int64_t* hi);
+  // The resources for kernel `k` of `p`: shared with structurally equal
+  // kernels, else allocated (tables initialised on `stream`).
+  Resources& resources_for(const plan::Plan& p, const plan::Kernel& k, CUstream stream);
   // The kernel arguments of one call of `inst` (tile chosen for this count).
   dev::Args args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
                  int32_t elem_size) const;

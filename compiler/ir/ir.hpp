@@ -99,6 +99,7 @@ struct Schedule {
                            // (layout.cuh pick_tile_bytes). 0 until chosen
   bool staged = false;     // only owners touch user buffers (stage_remote ran)
   bool synced = false;     // signal/wait present (insert_sync ran)
+  bool zero_copy = false;  // lowered for registered buffers: ops touch peers' user buffers
   std::string topology;    // what it was lowered for (topology::Topology::name)
   std::vector<Op> ops;
 

@@ -85,6 +85,7 @@ std::string to_json(const Schedule& s, int indent) {
   j["proto"] = std::string(name(s.proto));
   j["tile_bytes"] = s.tile_bytes;
   j["staged"] = s.staged;
+  if (s.zero_copy) j["zero_copy"] = true;
   j["synced"] = s.synced;
   j["topology"] = s.topology;
   json ops = json::array();
@@ -146,6 +147,7 @@ Schedule from_json(std::string_view text) {
   s.proto = *proto;
   s.tile_bytes = get_num<int64_t>(j, "tile_bytes", "$", 0);
   s.staged = get_bool(j, "staged", "$", false);
+  s.zero_copy = get_bool(j, "zero_copy", "$", false);
   s.synced = get_bool(j, "synced", "$", false);
   s.topology = get_str(j, "topology", "$", std::string());
   if (s.nranks < 1) bad("$.ranks", "must be >= 1");

@@ -61,6 +61,7 @@ struct Common {
   int64_t tile = 0;
   int64_t min_bytes = 0;
   int64_t max_bytes = -1;
+  bool zero_copy = false;
 };
 
 void add_common(CLI::App* c, Common& o, bool sizes) {
@@ -75,6 +76,8 @@ void add_common(CLI::App* c, Common& o, bool sizes) {
   c->add_option("--plugin", o.plugins, "load schedules from a plugin library (.so)");
   c->add_option("--proto", o.proto, "force a protocol: simple or ll");
   c->add_option("--tile", o.tile, "force the tile size in bytes (a multiple of 16)");
+  c->add_flag("--zero-copy", o.zero_copy,
+              "lower for registered buffers: ops access peers' user buffers directly (no staging, no scratch)");
   if (sizes) {
     c->add_option("--min-bytes", o.min_bytes, "smallest message (bytes per rank) the plan covers");
     c->add_option("--max-bytes", o.max_bytes, "largest message (bytes per rank), -1 for no limit");
@@ -142,6 +145,7 @@ compiler::LowerOptions lower_options(const Common& o) {
     l.proto.forced_proto = int(*p);
   }
   l.proto.forced_tile = o.tile;
+  l.zero_copy = o.zero_copy;
   return l;
 }
 
