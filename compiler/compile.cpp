@@ -38,7 +38,8 @@ std::string plan_key(const ir::Schedule& s, const CompileOptions& o) {
                     int64_t(o.lower.max_tbs), o.lower.min_bytes, o.lower.max_bytes, o.lower.proto.scratch_budget,
                     o.lower.proto.ll_max_bytes, o.lower.proto.max_tile_bytes, int64_t(o.lower.proto.forced_proto),
                     o.lower.proto.forced_tile, int64_t(o.lower.proto.forced_instances),
-                    int64_t(o.lower.proto.simple_instances), int64_t(o.lower.proto.ll_instances)})
+                    int64_t(o.lower.proto.simple_instances), int64_t(o.lower.proto.ll_instances),
+                    int64_t(o.lower.zero_copy)})
     put(v);
   for (const auto& op : s.ops) {
     put(int64_t(op.kind) | int64_t(op.rank) << 8 | int64_t(op.tb) << 40);
@@ -107,6 +108,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   p.coll = s0.coll;
   p.nranks = s0.nranks;
   p.chunks = s0.chunks;
+  p.zero_copy = s0.zero_copy;
   p.topology = s0.topology;
   p.dtype = o.dtype;
   p.op = o.op;
@@ -131,8 +133,9 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     k.scratch_slots = std::max(s.scratch, 1);
     k.flag_slots = std::max(s.slots, 1);
     k.classes = units[b].kernel.classes;
-    k.scratch_bytes = s.tile_bytes * (s.proto == ir::Proto::ll ? 2 : 1) * k.scratch_slots * s.depth * s.instances;
-    k.flag_bytes = dev::flag_words(s.instances, k.flag_slots) * 8;
+    k.scratch_bytes =
+        s.scratch == 0 ? 0 : s.tile_bytes * (s.proto == ir::Proto::ll ? 2 : 1) * k.scratch_slots * s.depth * s.instances;
+    k.flag_bytes = (dev::flag_words(s.instances, k.flag_slots) + (s.zero_copy ? dev::zc_words(s.nranks) : 0)) * 8;
     k.seq_words = k.grid;
     k.cubin_file = k.name + ".sm_" + std::to_string(o.arch) + ".cubin";
     k.source_file = k.name + ".cu";

@@ -299,7 +299,8 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
 
 Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k, CUstream stream) {
   // Everything that shapes the flag protocol and the scratch layout.
-  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", p.schedule, p.nranks, p.chunks,
+  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", p.schedule, p.zero_copy,
+                                      p.nranks, p.chunks,
                                       k.proto, k.max_tile_bytes, k.instances, k.tbs, k.threads, k.grid, k.depth,
                                       k.scratch_slots, k.flag_slots, k.classes, k.scratch_bytes, k.flag_bytes,
                                       k.seq_words);

@@ -12,6 +12,21 @@ enum ErrorCode : int32_t {
   kErrWaitTimeout = 1,  // a flag wait ran past the timeout
   kErrLLTimeout = 2,    // an LL packet never arrived
   kErrStopped = 3,      // gave up because another block, rank or the host aborted
+  kErrZcMismatch = 4,   // zero-copy: a peer's call does not match this one (slot: what, see ZcWhat)
+};
+
+// Zero-copy mismatches (ErrorRecord::slot).
+enum ZcWhat : int32_t {
+  kZcCount = 1,   // the peer's count differs (have: the peer's, want: ours)
+  kZcWindow = 2,  // the peer named a registered window this rank does not know
+  kZcBounds = 3,  // the peer's buffer runs past the end of its registered window
+};
+
+// A registered window as one rank sees it on one peer: where it is mapped
+// here, and its size. The runtime keeps a table [window][nranks] per rank.
+struct ZcPeerWindow {
+  char* base;     // null: not registered on that peer
+  int64_t bytes;
 };
 
 // One per thread block and launch slot (instance * tbs + tb); written once by
@@ -44,11 +59,29 @@ struct Args {
   ErrorRecord* errors;      // [instances * tbs] (host-mapped)
   const volatile int32_t* host_abort;  // set by mkCommAbort; may be null
   uint64_t timeout_ns;      // 0: never time out
+  // Zero-copy plans only: this rank's buffers as (registered window, offset);
+  // window -1: no buffer (a rooted collective's unused side). Peers learn
+  // them at kernel entry and map them through their own `windows` table.
+  const ZcPeerWindow* windows;  // [max_windows][nranks]
+  int32_t max_windows;
+  int32_t in_window;
+  int32_t out_window;
+  int32_t pad_;
+  int64_t in_offset;
+  int64_t out_offset;
+  int64_t in_bytes;   // bytes of input / output the collective touches on every rank
+  int64_t out_bytes;
 };
 
 // Flag region of one plan on one rank: [instance][slot] step values, then one
 // abort word that any rank may set.
 MK_HD int64_t flag_words(int32_t instances, int32_t slots) { return int64_t(instances) * slots + 1; }
+
+// Zero-copy plans append, after the abort word: a mailbox of 8 words per rank
+// (what that rank announced for the current launch: epoch, windows, offsets,
+// count), an exit flag per rank, then this rank's launch epoch and a counter
+// of finished blocks.
+MK_HD int64_t zc_words(int32_t nranks) { return int64_t(nranks) * 9 + 2; }
 
 }  // namespace dev
 }  // namespace mk

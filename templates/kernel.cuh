@@ -77,6 +77,10 @@ MK_HD constexpr uint64_t data_ref(int kind, int block, bool rot_block, int pos, 
   return uint64_t(kind) | (rot_block ? 4u : 0u) | (rot_pos ? 8u : 0u) | (uint64_t(uint32_t(block) & 0xffffu) << 16) |
          (uint64_t(uint32_t(pos)) << 32);
 }
+// Zero-copy plans: any rank's user buffer (bits 4-15: that rank, relative).
+MK_HD constexpr uint64_t peer_data_ref(int kind, int rank_d, int block, bool rot_block, int pos, bool rot_pos) {
+  return data_ref(kind, block, rot_block, pos, rot_pos) | (uint64_t(uint32_t(rank_d) & 0xfffu) << 4);
+}
 MK_HD constexpr uint64_t scratch_ref(int rank_d, int slot) {
   return uint64_t(kRefScratch) | (uint64_t(uint32_t(rank_d) & 0xfffu) << 4) | (uint64_t(uint32_t(slot)) << 32);
 }
@@ -87,7 +91,10 @@ template <int N>
 struct Shared {
   char* sc[N];
   uint64_t* fl[N];
+  char* zin[N];   // zero-copy: every rank's input and output, mapped here
+  char* zout[N];
   int claim;  // first failing thread of the block writes the error record
+  int last;   // zero-copy: this block is the launch's last to finish
 };
 
 // P: plan traits from the generated source.
@@ -138,6 +145,13 @@ struct Ctx {
     return const_cast<T*>(static_cast<const T*>(a.input)) + data_offset(L, index, tile);
   }
   MK_DEV T* out(int32_t index) const { return static_cast<T*>(a.output) + data_offset(L, index, tile); }
+  // Zero-copy: rank peer(d)'s user buffers.
+  MK_DEV T* peer_in(int32_t d, int32_t index) const {
+    return reinterpret_cast<T*>(sh.zin[peer(d)]) + data_offset(L, index, tile);
+  }
+  MK_DEV T* peer_out(int32_t d, int32_t index) const {
+    return reinterpret_cast<T*>(sh.zout[peer(d)]) + data_offset(L, index, tile);
+  }
   MK_DEV T* scr(int32_t d, int32_t slot) const {
     return reinterpret_cast<T*>(sh.sc[peer(d)] + scratch_offset(kSlotBytes, P::kScratch, P::kDepth, inst,
                                                                 int64_t(base) + step, slot));
@@ -154,7 +168,12 @@ struct Ctx {
     if (r & 4u) block = blk(block);
     const int32_t pos = (r & 8u) ? rpos(hi) : hi;
     const int32_t index = block * P::kChunks + pos;
-    return kind == kRefIn ? in(index) : out(index);
+    if constexpr (P::kZeroCopy) {
+      const int32_t d = int32_t((r >> 4) & 0xfffu);
+      return kind == kRefIn ? peer_in(d, index) : peer_out(d, index);
+    } else {
+      return kind == kRefIn ? in(index) : out(index);
+    }
   }
   MK_DEV bool next() {
     ++step;
@@ -163,6 +182,108 @@ struct Ctx {
   }
   MK_DEV void finish() {
     if (threadIdx.x == 0) a.seq[blockIdx.x] = base + uint64_t(L.steps);
+  }
+
+  // ---- zero-copy entry and exit ------------------------------------------------
+  // Flag words after the abort word (abi.cuh zc_words): mailboxes, exit flags,
+  // epoch, finished-block counter.
+  static constexpr int64_t kZcBase = kAbortWord + 1;
+  MK_DEV uint64_t* zc(int32_t r) const { return sh.fl[r] + kZcBase; }
+  MK_DEV uint64_t* zc_epoch() const { return zc(rank) + 9 * N; }
+  MK_DEV uint64_t* zc_done() const { return zc(rank) + 9 * N + 1; }
+
+  // Bounded wait for *f >= want; false (and the abort raised) on timeout.
+  MK_DEV bool zc_spin(const uint64_t* f, uint64_t want, int32_t what, int32_t from) {
+    uint64_t have = ld_acquire_sys(f);
+    if (have >= want) return true;
+    const uint64_t t0 = globaltimer();
+    for (uint32_t spins = 1;; ++spins) {
+      have = ld_acquire_sys(f);
+      if (have >= want) return true;
+      if ((spins & 1023u) == 0 && stop_requested(t0)) {
+        fail(kErrWaitTimeout, what, from, -1, have, want, globaltimer() - t0);
+        return false;
+      }
+    }
+  }
+
+  // Every block: announce this rank's buffers (block 0 writes every peer's
+  // mailbox), then wait for every peer's announcement of this launch, check
+  // it against this call and map its buffers. A peer's announcement also
+  // means its kernel has started: its stream has produced its input and
+  // released its output. False: the collective aborted.
+  MK_DEV bool zc_enter() {
+    const uint64_t E = *reinterpret_cast<volatile uint64_t*>(zc_epoch()) + 1;
+    if (blockIdx.x == 0)
+      for (int q = threadIdx.x; q < N; q += NT) {
+        if (q == rank) continue;
+        uint64_t* box = zc(q) + 8 * rank;
+        box[1] = uint64_t(uint32_t(a.in_window)) | (uint64_t(uint32_t(a.out_window)) << 32);
+        box[2] = uint64_t(a.in_offset);
+        box[3] = uint64_t(a.out_offset);
+        box[4] = uint64_t(a.count);
+        st_release_sys(box, E);
+      }
+    for (int q = threadIdx.x; q < N; q += NT) {
+      if (q == rank) {
+        sh.zin[q] = const_cast<char*>(static_cast<const char*>(a.input));
+        sh.zout[q] = static_cast<char*>(a.output);
+        continue;
+      }
+      const uint64_t* box = zc(rank) + 8 * q;
+      if (!zc_spin(box, E, -1, q)) break;
+      const volatile uint64_t* vb = box;
+      const int32_t win[2] = {int32_t(uint32_t(vb[1])), int32_t(uint32_t(vb[1] >> 32))};
+      const int64_t off[2] = {int64_t(vb[2]), int64_t(vb[3])};
+      const int64_t bytes[2] = {a.in_bytes, a.out_bytes};
+      const int64_t count = int64_t(vb[4]);
+      char* ptr[2] = {nullptr, nullptr};
+      if (count != a.count) {
+        fail(kErrZcMismatch, kZcCount, q, -1, uint64_t(count), uint64_t(a.count), 0);
+        break;
+      }
+      for (int k = 0; k < 2; ++k) {
+        if (win[k] < 0) continue;
+        const ZcPeerWindow* w = win[k] < a.max_windows ? a.windows + int64_t(win[k]) * N + q : nullptr;
+        if (!w || !w->base) {
+          fail(kErrZcMismatch, kZcWindow, q, -1, uint64_t(win[k]), 0, 0);
+          break;
+        }
+        if (off[k] < 0 || off[k] + bytes[k] > w->bytes) {
+          fail(kErrZcMismatch, kZcBounds, q, -1, uint64_t(off[k] + bytes[k]), uint64_t(w->bytes), 0);
+          break;
+        }
+        ptr[k] = w->base + off[k];
+      }
+      sh.zin[q] = ptr[0];
+      sh.zout[q] = ptr[1];
+    }
+    return !__syncthreads_or(aborted);
+  }
+
+  // Every block after its last step: the launch's last block on this rank
+  // tells every peer "done with your buffers" and waits until every peer has
+  // said the same, so no rank returns while a peer may still read or write
+  // its buffers. Then it advances the epoch for the next launch.
+  MK_DEV void zc_exit() {
+    const uint64_t E = *reinterpret_cast<volatile uint64_t*>(zc_epoch()) + 1;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();  // this block's peer writes, before it is counted
+      sh.last = atomicAdd(reinterpret_cast<unsigned long long*>(zc_done()), 1ull) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!sh.last) return;
+    __threadfence_system();
+    for (int q = threadIdx.x; q < N; q += NT)
+      if (q != rank) st_release_sys(zc(q) + 8 * N + rank, E);
+    for (int q = threadIdx.x; q < N; q += NT)
+      if (q != rank && !zc_spin(zc(rank) + 8 * N + q, E, -2, q)) break;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      *zc_done() = 0;
+      *reinterpret_cast<volatile uint64_t*>(zc_epoch()) = E;
+    }
   }
 
   // ---- failure -------------------------------------------------------------

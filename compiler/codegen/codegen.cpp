@@ -113,13 +113,14 @@ class Emitter {
       it.nums.push_back(r.index + k);
       return;
     }
-    if (r.rank != op.rank)
+    if (r.rank != op.rank && !s_.zero_copy)
       throw InternalError("codegen: op %" + std::to_string(op.id) +
                           " touches another rank's user buffer (stage_remote must run first)");
     const int32_t i = r.index + k;
     const int32_t b = i / K, p = i % K;
     const bool rot_b = ir::buf_blocks(s_.coll, N, r.buf) == N && N > 1;
     it.refs.push_back({r.buf == Buf::input ? 0 : 1, rot_b, M != 0});
+    if (s_.zero_copy) it.nums.push_back(mod(r.rank - v0, N));  // whose buffer, relative
     it.nums.push_back(rot_b ? mod(b - v0, N) : b);
     it.nums.push_back(M ? mod(p - int64_t(v0) * M, K) : p);
   }
@@ -184,12 +185,21 @@ class Emitter {
     if (it.data) {
       if (!it.comment.empty()) o += ind + "// " + it.comment + "\n";
       std::string refs[2];
-      for (size_t r = 0; r < it.refs.size(); ++r, k += 2) {
+      for (size_t r = 0; r < it.refs.size(); ++r) {
         const RefShape& sh = it.refs[r];
-        std::string x = sh.kind == 2 ? fmt::format("mk::dev::scratch_ref({}, {})", e[k], e[k + 1])
-                                     : fmt::format("mk::dev::data_ref(mk::dev::{}, {}, {}, {}, {})",
-                                                   sh.kind == 0 ? "kRefIn" : "kRefOut", e[k],
-                                                   sh.rot_b ? "true" : "false", e[k + 1], sh.rot_p ? "true" : "false");
+        std::string x;
+        if (sh.kind == 2) {
+          x = fmt::format("mk::dev::scratch_ref({}, {})", e[k], e[k + 1]);
+          k += 2;
+        } else if (s_.zero_copy) {  // any rank's user buffer
+          x = fmt::format("mk::dev::peer_data_ref(mk::dev::{}, {}, {}, {}, {}, {})", sh.kind == 0 ? "kRefIn" : "kRefOut",
+                          e[k], e[k + 1], sh.rot_b ? "true" : "false", e[k + 2], sh.rot_p ? "true" : "false");
+          k += 3;
+        } else {
+          x = fmt::format("mk::dev::data_ref(mk::dev::{}, {}, {}, {}, {})", sh.kind == 0 ? "kRefIn" : "kRefOut", e[k],
+                          sh.rot_b ? "true" : "false", e[k + 1], sh.rot_p ? "true" : "false");
+          k += 2;
+        }
         std::string& list = refs[r < size_t(it.ns) ? 0 : 1];
         list += (list.empty() ? "" : ", ") + x;
       }
@@ -323,6 +333,9 @@ class Emitter {
     o_ += fmt::format("  __shared__ mk::dev::Shared<{}> sh;\n", s_.nranks);
     o_ += fmt::format("  mk::dev::Ctx<{}> c(a, sh);\n", P());
     o_ += "  if (c.L.steps == 0) return;\n";
+    // Zero-copy: learn every peer's buffers and wait until every peer's kernel
+    // has started (its buffers are ready and free to overwrite).
+    if (s_.zero_copy) o_ += "  if (!c.zc_enter()) return;\n";
     std::string cls;
     for (int32_t v = 0; v < s_.nranks; ++v) cls += (v ? "," : "") + std::to_string(rc_.class_of[size_t(v)]);
     o_ += fmt::format("  static constexpr short kClassOf[{}] = {{{}}};\n", s_.nranks, cls);
@@ -335,7 +348,10 @@ class Emitter {
       o_ += "        default: break;\n      }\n      break;\n";
     }
     o_ += "    default: break;\n  }\n";
-    o_ += "  if (!__syncthreads_or(c.aborted)) c.finish();\n}\n\n";
+    if (s_.zero_copy)  // no rank returns while a peer may still touch its buffers
+      o_ += "  if (!__syncthreads_or(c.aborted)) {\n    c.finish();\n    c.zc_exit();\n  }\n}\n\n";
+    else
+      o_ += "  if (!__syncthreads_or(c.aborted)) c.finish();\n}\n\n";
     KernelInfo k;
     k.name = kernel_name;
     k.grid = s_.tbs * s_.instances;
@@ -388,10 +404,11 @@ std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, R
         "  static constexpr int kRanks = {}, kChunks = {}, kTbs = {}, kInstances = {}, kDepth = {};\n"
         "  static constexpr int kScratch = {}, kSlots = {}, kThreads = {}, kPosRot = {};\n"
         "  static constexpr long long kMaxTileBytes = {};\n"
-        "  static constexpr bool kLL = {}, kRooted = {};\n}};\n\n",
+        "  static constexpr bool kLL = {}, kRooted = {}, kZeroCopy = {};\n}};\n\n",
         b, dtype_device_name(dtype), int(op), s.nranks, s.chunks, s.tbs, s.instances, s.depth,
         std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot,
-        s.tile_bytes, s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false");
+        s.tile_bytes, s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
+        s.zero_copy ? "true" : "false");
     Emitter e(s, int32_t(b), rc, o);
     u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b));
     units.push_back(std::move(u));

@@ -50,6 +50,7 @@ std::string to_json(const Plan& p) {
   j["ranks"] = p.nranks;
   j["chunks"] = p.chunks;
   j["topology"] = p.topology;
+  if (p.zero_copy) j["zero_copy"] = true;
   j["dtype"] = std::string(name(p.dtype));
   j["op"] = std::string(name(p.op));
   j["arch"] = "sm_" + std::to_string(p.arch);
@@ -104,6 +105,10 @@ Plan from_json(const std::string& text, const std::string& where) {
   p.chunks = num<int32_t>(j, "chunks", where, "$");
   if (p.chunks < 1) bad(where, "$.chunks", "must be >= 1");
   p.topology = j.value("topology", "");
+  if (j.contains("zero_copy")) {
+    if (!j["zero_copy"].is_boolean()) bad(where, "$.zero_copy", "expected true or false");
+    p.zero_copy = j["zero_copy"].get<bool>();
+  }
   auto dt = parse_dtype(str(j, "dtype", where, "$"));
   if (!dt) bad(where, "$.dtype", "unknown dtype");
   p.dtype = *dt;
@@ -207,8 +212,8 @@ const Kernel* select(const Plan& p, int64_t bytes) {
 std::string summary(const Plan& p) {
   size_t bytes = 0;
   for (const auto& k : p.kernels) bytes += k.cubin.size();
-  std::string s = fmt::format("plan {} ({}) for {} ranks, {} {}, {}; {} kernel(s), {} bytes of cubin\n", p.schedule,
-                              name(p.coll), p.nranks, name(p.dtype), name(p.op), "sm_" + std::to_string(p.arch),
+  std::string s = fmt::format("plan {} ({}{}) for {} ranks, {} {}, {}; {} kernel(s), {} bytes of cubin\n", p.schedule,
+                              name(p.coll), p.zero_copy ? ", zero-copy" : "", p.nranks, name(p.dtype), name(p.op), "sm_" + std::to_string(p.arch),
                               p.kernels.size(), bytes);
   for (const auto& k : p.kernels) {
     std::string range = k.max_bytes < 0 ? fmt::format("{}B..", k.min_bytes)

@@ -44,6 +44,7 @@ struct Plan {
   int32_t nranks = 1;
   int32_t chunks = 1;
   std::string topology;
+  bool zero_copy = false;  // lowered for registered buffers (mkc compile --zero-copy)
   DType dtype = DType::fp32;
   RedOp op = RedOp::sum;
   int32_t arch = 90;

@@ -175,7 +175,26 @@ class Sim {
     if (m.running == 0) finish_launch(r);
   }
 
+  // Zero-copy kernels enter and leave together (entry and exit barriers), so
+  // a launch starts on every rank once every rank has finished the last one.
   void finish_launch(int32_t r) {
+    if (s_.zero_copy && o_.zc_barriers) {
+      if (++zc_finished_ < s_.nranks) return;
+      zc_finished_ = 0;
+      bool more = false;
+      for (int32_t q = 0; q < s_.nranks; ++q) {
+        check_launch(q);
+        more = ++mem_[q].launch < o_.launches;
+      }
+      if (more)
+        for (int32_t q = 0; q < s_.nranks; ++q) start_launch(q);
+      return;
+    }
+    check_launch(r);
+    if (++mem_[r].launch < o_.launches) start_launch(r);
+  }
+
+  void check_launch(int32_t r) {
     SimResult& res = res_;
     RankMem& m = mem_[r];
     if (m.out) {
@@ -189,7 +208,6 @@ class Sim {
         res.max_tol = c.max_tol;
       }
     }
-    if (++m.launch < o_.launches) start_launch(r);
   }
 
   uint64_t& flag(int32_t rank, int32_t inst, int32_t slot) {
@@ -319,6 +337,7 @@ class Sim {
   std::vector<std::vector<size_t>> progs_;
   std::vector<RankMem> mem_;
   std::vector<Thread> threads_;
+  int32_t zc_finished_ = 0;  // zero-copy: ranks done with the current launch
   SimResult res_;
 };
 

@@ -22,6 +22,10 @@ struct SimOptions {
   int32_t launches = 2;  // back-to-back launches (fresh data each) to exercise flag epochs
   uint64_t seed = 1;     // data and interleaving
   int64_t tile_bytes = 0;  // 0: what the runtime would pick (pick_tile_bytes)
+  // Zero-copy plans: model the kernel's entry and exit barriers (every rank
+  // starts a launch once every rank has finished the previous one). false
+  // shows what goes wrong without them (tests).
+  bool zc_barriers = true;
 };
 
 struct SimResult {
