@@ -3,7 +3,11 @@
 //
 //   mk_bench [--ranks N] [--colls allreduce,allgather,...] [--dtype bf16]
 //            [--min-bytes B] [--max-bytes B] [--iters I] [--batches R]
-//            [--graph] [--out results.md]
+//            [--graph] [--register] [--out results.md]
+//
+// --register: each size's buffers are one allocation registered with both
+// libraries (mkCommRegister: zero-copy plans; ncclCommRegister: NCCL's
+// user-buffer registration), as an application that registers would run.
 //
 // One process per GPU (forked, like torchrun). For every size: both libraries
 // run `iters` back-to-back calls per batch, `batches` batches after a warm-up;
@@ -55,6 +59,8 @@ struct Nccl {
   decltype(&ncclAlltoAll) alltoAll;
   decltype(&ncclGetErrorString) errorString;
   decltype(&ncclGetVersion) getVersion;
+  decltype(&ncclCommRegister) commRegister;
+  decltype(&ncclCommDeregister) commDeregister;
 };
 
 bool load_nccl(Nccl* n, std::string* why) {
@@ -76,6 +82,8 @@ bool load_nccl(Nccl* n, std::string* why) {
   LD(alltoAll, "ncclAlltoAll");
   LD(errorString, "ncclGetErrorString");
   LD(getVersion, "ncclGetVersion");
+  LD(commRegister, "ncclCommRegister");
+  LD(commDeregister, "ncclCommDeregister");
 #undef LD
   return n->commInitRank && n->allReduce;
 }
@@ -87,6 +95,7 @@ struct Options {
   int64_t min_bytes = 1024, max_bytes = 1ll << 30;
   int iters = 20, batches = 15;
   bool graph = false;
+  bool reg = false;
   int64_t check_max_bytes = 64ll << 20;  // reference-check results up to this size
   std::string out;
 };
@@ -147,9 +156,24 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
       const int64_t count = count_for(c, o.ranks, bytes, es);
       const int64_t ie = verify::input_elems(c, o.ranks, count), oe = verify::output_elems(c, o.ranks, count);
-      void *in = nullptr, *out = nullptr;
-      CK(cudaMalloc(&in, size_t(ie) * es));
-      CK(cudaMalloc(&out, size_t(oe) * es));
+      void *in = nullptr, *out = nullptr, *arena = nullptr, *mk_handle = nullptr, *nccl_handle = nullptr;
+      const size_t in_span = (size_t(ie) * es + 4095) / 4096 * 4096, arena_bytes = in_span + size_t(oe) * es;
+      if (o.reg) {
+        CK(cudaMalloc(&arena, arena_bytes));
+        in = arena;
+        out = static_cast<char*>(arena) + in_span;
+        if (mkCommRegister(mcomm, arena, arena_bytes, &mk_handle) != mkSuccess) {
+          std::fprintf(stderr, "mkCommRegister failed: %s\n", mkGetLastError(mcomm));
+          std::exit(1);
+        }
+        if (!nc.commRegister || nc.commRegister(ncomm, arena, arena_bytes, &nccl_handle) != ncclSuccess) {
+          std::fprintf(stderr, "ncclCommRegister failed\n");
+          std::exit(1);
+        }
+      } else {
+        CK(cudaMalloc(&in, size_t(ie) * es));
+        CK(cudaMalloc(&out, size_t(oe) * es));
+      }
       verify::DataSpec d{o.dtype, RedOp::sum, 7, 0, o.ranks};
       std::vector<char> host(size_t(std::max(ie, oe)) * es);
       {  // inputs for GiB-sized buffers: generate on all cores
@@ -251,8 +275,17 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
                     !checked ? "unchecked" : (row.mk_ok && row.nccl_ok ? "ok" : "WRONG"));
         std::fflush(stdout);
       }
-      CK(cudaFree(in));
-      CK(cudaFree(out));
+      if (o.reg) {
+        CK(cudaStreamSynchronize(stream));
+        if (mkCommDeregister(mcomm, mk_handle) != mkSuccess || nc.commDeregister(ncomm, nccl_handle) != ncclSuccess) {
+          std::fprintf(stderr, "deregistration failed: %s\n", mkGetLastError(mcomm));
+          std::exit(1);
+        }
+        CK(cudaFree(arena));
+      } else {
+        CK(cudaFree(in));
+        CK(cudaFree(out));
+      }
     }
   }
   if (rank == 0) {
@@ -318,11 +351,12 @@ int main(int argc, char** argv) {
     else if (a == "--iters") o.iters = std::atoi(next().c_str());
     else if (a == "--batches") o.batches = std::atoi(next().c_str());
     else if (a == "--graph") o.graph = true;
+    else if (a == "--register") o.reg = true;
     else if (a == "--check-max-bytes") o.check_max_bytes = std::atoll(next().c_str());
     else if (a == "--out") o.out = next();
     else {
       std::fprintf(stderr, "usage: mk_bench [--ranks N] [--colls a,b] [--dtype T] [--min-bytes B] [--max-bytes B] "
-                           "[--iters I] [--batches R] [--graph] [--check-max-bytes B] [--out FILE]\n");
+                           "[--iters I] [--batches R] [--graph] [--register] [--check-max-bytes B] [--out FILE]\n");
       return 2;
     }
   }
@@ -382,9 +416,10 @@ int main(int argc, char** argv) {
   std::string table;
   char line[512];
   std::snprintf(line, sizeof line,
-                "mKernel vs NCCL %d.%d.%d, %d ranks, %s, %s, median of %d batches of %d calls (CUDA events, rank 0)\n\n",
+                "mKernel vs NCCL %d.%d.%d, %d ranks, %s, %s%s, median of %d batches of %d calls (CUDA events, rank 0)\n\n",
                 nccl_version / 10000, (nccl_version / 100) % 100, nccl_version % 100, o.ranks,
-                std::string(name(o.dtype)).c_str(), o.graph ? "CUDA graphs" : "eager launches", o.batches, o.iters);
+                std::string(name(o.dtype)).c_str(), o.graph ? "CUDA graphs" : "eager launches",
+                o.reg ? ", buffers registered with both libraries" : "", o.batches, o.iters);
   table += line;
   table += "| collective | size | NCCL us | mKernel us | NCCL busbw GB/s | mKernel busbw GB/s | speedup | checked |\n";
   table += "|---|---:|---:|---:|---:|---:|---:|---|\n";

@@ -21,8 +21,18 @@ Lowered lower(ir::Schedule s, const LowerOptions& o) {
   verify::verify_semantics(s);  // prove the author's program before touching it
   dump("verify", s);
 
-  if (o.zero_copy)
-    s.zero_copy = true;  // user buffers are mapped into peers: leave remote accesses alone
+  // Zero-copy: user buffers are mapped into peers, so remote accesses stay as
+  // written. A schedule that never touches a peer's user buffer gains nothing
+  // from it (only the entry/exit barriers) and is lowered as usual.
+  auto remote_user = [](const ir::Schedule& x) {
+    for (const auto& op : x.ops)
+      for (const auto* list : {&op.srcs, &op.dsts})
+        for (const auto& r : *list)
+          if (r.buf != ir::Buf::scratch && r.rank != op.rank) return true;
+    return false;
+  };
+  if (o.zero_copy && remote_user(s))
+    s.zero_copy = true;
   else
     s = passes::stage_remote(std::move(s));
   dump("stage", s);

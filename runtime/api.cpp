@@ -114,11 +114,21 @@ void check_registered(Comm& c, const void* p, size_t bytes, const char* what, co
   auto it = c.registered.upper_bound(x);
   if (it == c.registered.begin()) return;
   --it;
-  if (x >= it->first + it->second) return;
-  if (x + bytes > it->first + it->second)
+  const uintptr_t end = it->first + it->second.bytes;
+  if (x >= end) return;
+  if (x + bytes > end)
     fail(mkInvalidArgument, fmt::format("{}: {} needs {} bytes at {:p}, but the registered buffer it lies in ends "
                                         "{} bytes after it (count mismatch)",
-                                        api, what, bytes, p, it->first + it->second - x));
+                                        api, what, bytes, p, end - x));
+}
+
+// MK_ZERO_COPY=0: registered buffers still go through scratch (for comparisons).
+bool zero_copy_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MK_ZERO_COPY");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
 }
 
 // A validated call, ready to launch (mkGroupStart/End queue these).
@@ -133,6 +143,8 @@ struct Pending {
   size_t out_bytes;      // the receive buffer (nranks x bytes for all-gather, all-to-all)
   bool need_send;        // broadcast: only the root's send buffer is read
   bool need_recv;        // reduce: only the root's receive buffer is written
+  bool zc = false;       // every buffer of the call is registered: zero-copy plan
+  Comm::ZcCall zcc;
 };
 
 thread_local std::vector<Pending> t_pending;
@@ -173,7 +185,9 @@ Pending validate(const Call& k, Comm* c, cudaStream_t stream) {
             size_t(verify::input_elems(k.coll, c->nranks, count)) * es,
             size_t(verify::output_elems(k.coll, c->nranks, count)) * es,
             !(k.coll == Collective::broadcast && c->rank != k.root),
-            !(k.coll == Collective::reduce && c->rank != k.root)};
+            !(k.coll == Collective::reduce && c->rank != k.root),
+            false,
+            {}};
   if (k.count == 0) return p;
   const size_t in_bytes = p.in_bytes, out_bytes = p.out_bytes;
   const bool need_send = p.need_send, need_recv = p.need_recv;
@@ -208,13 +222,23 @@ Pending validate(const Call& k, Comm* c, cudaStream_t stream) {
 }
 
 // The checks that read communicator state; caller holds c->mu.
-void check_locked(const Pending& p) {
+void check_locked(Pending& p) {
   Comm* c = p.c;
   const Call& k = p.k;
   const char* api = coll_api_name(k.coll);
   if (!c->registered.empty()) {
     if (p.need_send) check_registered(*c, k.send, p.in_bytes, "sendbuff", api);
     if (p.need_recv) check_registered(*c, k.recv, p.out_bytes, "recvbuff", api);
+    if (zero_copy_enabled()) {
+      Comm::ZcCall z;
+      bool all = true;
+      if (p.need_send) all &= (z.in_window = c->window_of(k.send, p.in_bytes, &z.in_offset)) >= 0;
+      if (p.need_recv) all &= (z.out_window = c->window_of(k.recv, p.out_bytes, &z.out_offset)) >= 0;
+      z.in_bytes = int64_t(p.in_bytes);
+      z.out_bytes = int64_t(p.out_bytes);
+      p.zc = all;
+      p.zcc = z;
+    }
   }
   // The stream must belong to the communicator's GPU (checked once per stream).
   if (p.stream != c->checked_stream || special_stream(p.stream)) {
@@ -242,7 +266,7 @@ void check_locked(const Pending& p) {
 // Caller holds c->mu.
 PlanInstance& resolve_locked(Pending& p) {
   Comm& c = *p.c;
-  if (PlanInstance* found = c.find(p.k.coll, p.dt, p.op, p.bytes)) return *found;
+  if (PlanInstance* found = c.find(p.k.coll, p.dt, p.op, p.bytes, p.zc)) return *found;
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   cu().cuStreamIsCapturing(p.stream, &capture);
   if (capture != CU_STREAM_CAPTURE_STATUS_NONE)
@@ -251,7 +275,7 @@ PlanInstance& resolve_locked(Pending& p) {
                                      "it once before capturing (as a warm-up)",
                                      coll_api_name(p.k.coll), name(p.dt), p.bytes));
   CtxGuard g(c.ctx);
-  return c.instance(p.k.coll, p.dt, p.op, p.bytes, p.stream);
+  return c.instance(p.k.coll, p.dt, p.op, p.bytes, p.zc, p.stream);
 }
 
 // Caller holds c->mu.
@@ -273,7 +297,7 @@ void launch_locked(Pending& p, PlanInstance& inst) {
       MK_CU(cu().cuStreamWaitEvent(p.stream, c.order_event, 0), "ordering streams");
   }
   const plan::Kernel& kern = *inst.kernel;
-  dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)));
+  dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
   void* params[] = {&a};
   CUresult r = cu().cuLaunchKernel(inst.fn, unsigned(kern.grid), 1, 1, unsigned(kern.threads), 1, 1, 0, p.stream,
                                    params, nullptr);
@@ -451,14 +475,7 @@ mkResult_t mkCommRegister(const mkComm_t comm, void* buff, size_t size, void** h
   Comm* c = nullptr;
   return guard(c, [&] {
     c = check_comm(comm);
-    if (!buff || !size || !handle) fail(mkInvalidArgument, "mkCommRegister: buff, size and handle must be non-zero");
-    std::lock_guard<std::mutex> lock(c->mu);
-    const uintptr_t b = reinterpret_cast<uintptr_t>(buff);
-    for (auto& [base, n] : c->registered)
-      if (overlaps(b, size, base, n))
-        fail(mkInvalidArgument, fmt::format("mkCommRegister: [{:p}, +{}) overlaps a registered buffer", buff, size));
-    c->registered[b] = size;
-    *handle = buff;
+    comm_register(*c, buff, size, handle);
   });
 }
 
@@ -466,10 +483,7 @@ mkResult_t mkCommDeregister(const mkComm_t comm, void* handle) {
   Comm* c = nullptr;
   return guard(c, [&] {
     c = check_comm(comm);
-    std::lock_guard<std::mutex> lock(c->mu);
-    auto it = c->registered.find(reinterpret_cast<uintptr_t>(handle));
-    if (it == c->registered.end()) fail(mkInvalidArgument, "mkCommDeregister: handle was not registered");
-    c->registered.erase(it);
+    comm_deregister(*c, handle);
   });
 }
 

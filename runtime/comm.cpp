@@ -82,6 +82,10 @@ void setup_memory(Comm& c) {
   std::memset(host, 0, 64);
   c.host_abort = static_cast<volatile int32_t*>(host);
   MK_CU(d.cuMemHostGetDevicePointer(&c.host_abort_dev, host, 0), "mapping the abort flag");
+  const size_t table = sizeof(dev::ZcPeerWindow) * size_t(c.config.max_windows) * size_t(c.nranks);
+  MK_CU(d.cuMemAlloc(&c.windows, table), "allocating the registration table");
+  MK_CU(d.cuMemsetD8(c.windows, 0, table), "clearing the registration table");
+  MK_CU(d.cuStreamCreate(&c.side_stream, CU_STREAM_NON_BLOCKING), "creating a stream");
 }
 
 void check_peer_access(CUdevice a, CUdevice b) {
@@ -101,6 +105,9 @@ CommConfig comm_config_from_env() {
   c.scratch_bytes = env_i64("MK_SCRATCH_BYTES", 256ll << 20);
   c.flag_bytes = env_i64("MK_FLAG_BYTES", 1ll << 20);
   c.timeout_ns = uint64_t(env_i64("MK_TIMEOUT_MS", 600000)) * 1000000ull;
+  c.max_windows = int32_t(env_i64("MK_MAX_REGISTRATIONS", 256));
+  if (c.max_windows < 1 || c.max_windows > (1 << 20))
+    fail(mkInvalidArgument, "MK_MAX_REGISTRATIONS must be in 1..1048576");
   if (c.scratch_bytes < (1 << 20)) fail(mkInvalidArgument, "MK_SCRATCH_BYTES must be at least 1 MiB");
   if (c.flag_bytes < 4096) fail(mkInvalidArgument, "MK_FLAG_BYTES must be at least 4096");
   return c;
@@ -230,7 +237,10 @@ std::vector<Comm*> comm_init_all(int ndev, const int* devlist) {
     c->arena.grant(devices);
   }
   std::vector<Comm*> out;
+  auto clique = std::make_shared<Clique>();
+  for (auto& c : comms) clique->members.push_back(c.get());
   for (auto& c : comms) {
+    c->clique = clique;
     c->peer_base.resize(size_t(ndev));
     for (int r = 0; r < ndev; ++r) c->peer_base[size_t(r)] = comms[size_t(r)]->arena.base();
   }
@@ -240,25 +250,35 @@ std::vector<Comm*> comm_init_all(int ndev, const int* devlist) {
 
 // ---- plan instances ---------------------------------------------------------
 
-PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes) {
-  for (const Range& r : fast[(size_t(coll) * 12 + size_t(dtype)) * 5 + size_t(op)])
+PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc) {
+  for (const Range& r : fast[zc][(size_t(coll) * 12 + size_t(dtype)) * 5 + size_t(op)])
     if (bytes >= r.lo && (r.hi < 0 || bytes <= r.hi)) return r.inst;
   return nullptr;
 }
 
-PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t bytes, CUstream stream) {
-  if (PlanInstance* p = find(coll, dtype, op, bytes)) return *p;
+PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, CUstream stream) {
+  if (PlanInstance* p = find(coll, dtype, op, bytes, zc)) return *p;
   int64_t lo = 0, hi = -1;
-  PlanInstance& inst = create_instance(coll, dtype, op, bytes, stream, &lo, &hi);
-  fast[(size_t(coll) * 12 + size_t(dtype)) * 5 + size_t(op)].push_back({lo, hi, &inst});
+  PlanInstance& inst = create_instance(coll, dtype, op, bytes, zc, stream, &lo, &hi);
+  fast[zc][(size_t(coll) * 12 + size_t(dtype)) * 5 + size_t(op)].push_back({lo, hi, &inst});
   return inst;
 }
 
-PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, CUstream stream,
+int Comm::window_of(const void* p, size_t bytes, int64_t* offset) const {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(p);
+  auto it = registered.upper_bound(x);
+  if (it == registered.begin()) return -1;
+  --it;
+  if (x + bytes > it->first + it->second.bytes) return -1;
+  *offset = int64_t(x - it->first);
+  return it->second.window;
+}
+
+PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, CUstream stream,
                                     int64_t* lo, int64_t* hi) {
   const Choice choice = choose_schedule(coll, nranks, bytes);
   const std::string& schedule = choice.schedule;
-  auto plan = get_plan(schedule, coll, nranks, dtype, op, arch);
+  auto plan = get_plan(schedule, coll, nranks, dtype, op, arch, zc);
   const plan::Kernel* k = plan::select(*plan, bytes);
   if (!k)
     fail(mkInternalError, fmt::format("plan {} has no kernel for {} bytes", plan->schedule, bytes));
@@ -267,7 +287,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   // One instance per (plan, kernel): hash of the identifying strings.
   std::hash<std::string> h;
   const uint64_t key = h(plan->schedule + "|" + std::string(name(dtype)) + "|" + std::string(name(op)) + "|" +
-                         std::to_string(plan->nranks) + "|" + k->name);
+                         std::to_string(plan->nranks) + "|" + k->name + (plan->zero_copy ? "|zc" : ""));
   if (auto it = instances.find(key); it != instances.end()) return *it->second;
 
   const Driver& d = cu();
@@ -353,7 +373,7 @@ Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k, CUstr
 }
 
 dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
-                     int32_t elem_size) const {
+                     int32_t elem_size, const ZcCall& zc) const {
   const plan::Kernel& k = *inst.kernel;
   dev::Args a{};
   a.input = input;
@@ -368,6 +388,16 @@ dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, 
   a.errors = reinterpret_cast<dev::ErrorRecord*>(inst.res->errors_dev);
   a.host_abort = reinterpret_cast<const volatile int32_t*>(host_abort_dev);
   a.timeout_ns = config.timeout_ns;
+  if (inst.plan->zero_copy) {
+    a.windows = reinterpret_cast<const dev::ZcPeerWindow*>(windows);
+    a.max_windows = config.max_windows;
+    a.in_window = zc.in_window;
+    a.out_window = zc.out_window;
+    a.in_offset = zc.in_offset;
+    a.out_offset = zc.out_offset;
+    a.in_bytes = zc.in_bytes;
+    a.out_bytes = zc.out_bytes;
+  }
   return a;
 }
 
@@ -389,22 +419,41 @@ mkResult_t Comm::poll_async_error() {
   if (!found) return mkSuccess;
   const dev::ErrorRecord& e = *found;
   std::string what;
-  if (e.code == dev::kErrWaitTimeout)
-    what = fmt::format("thread block {} (instance {}) waited {:.0f} ms at step {} for flag slot {} from rank {} "
-                       "(have {}, want {})",
-                       e.tb, e.instance, double(e.waited_ns) / 1e6, e.step, e.slot, e.peer, e.have, e.want);
+  const std::string who = fmt::format("thread block {} (instance {})", e.tb, e.instance);
+  const char* zc_rule =
+      "; with registered buffers every rank must pass registered buffers to the same call (or none), as with NCCL";
+  if (e.code == dev::kErrWaitTimeout && e.slot == -1)
+    what = fmt::format("{} waited {:.0f} ms at kernel entry for rank {} to announce its buffers (zero-copy){}", who,
+                       double(e.waited_ns) / 1e6, e.peer, zc_rule);
+  else if (e.code == dev::kErrWaitTimeout && e.slot == -2)
+    what = fmt::format("{} waited {:.0f} ms at kernel exit for rank {} to finish with this rank's buffers (zero-copy)",
+                       who, double(e.waited_ns) / 1e6, e.peer);
+  else if (e.code == dev::kErrWaitTimeout)
+    what = fmt::format("{} waited {:.0f} ms at step {} for flag slot {} from rank {} (have {}, want {})", who,
+                       double(e.waited_ns) / 1e6, e.step, e.slot, e.peer, e.have, e.want);
   else if (e.code == dev::kErrLLTimeout)
-    what = fmt::format("thread block {} (instance {}) waited {:.0f} ms at step {} for data in LL scratch (source {})",
-                       e.tb, e.instance, double(e.waited_ns) / 1e6, e.step, e.slot);
+    what = fmt::format("{} waited {:.0f} ms at step {} for data in LL scratch (source {})", who,
+                       double(e.waited_ns) / 1e6, e.step, e.slot);
+  else if (e.code == dev::kErrZcMismatch && e.slot == dev::kZcCount)
+    what = fmt::format("rank {} called with count {}, this rank with {} (zero-copy); every rank must pass the same "
+                       "count",
+                       e.peer, e.have, e.want);
+  else if (e.code == dev::kErrZcMismatch && e.slot == dev::kZcWindow)
+    what = fmt::format("rank {} named registered buffer #{}, which this rank has not mapped{}", e.peer, e.have,
+                       zc_rule);
+  else if (e.code == dev::kErrZcMismatch)
+    what = fmt::format("rank {}'s buffer ends {} bytes into its registered buffer of {} bytes (beyond its end); "
+                       "nothing was written",
+                       e.peer, e.have, e.want);
   else
-    what = fmt::format("thread block {} (instance {}) stopped at step {} because another rank or the host aborted",
-                       e.tb, e.instance, e.step);
+    what = fmt::format("{} stopped at step {} because another rank or the host aborted", who, e.step);
   async_message = fmt::format(
       "rank {}: collective {} ({}) did not complete: {}. A peer process may have died or stalled "
       "(watchdog: MK_TIMEOUT_MS). The communicator is unusable; call mkCommAbort.",
       rank, where ? where->plan->schedule : "?", where ? where->kernel->name : "?", what);
-  async_error.store(mkRemoteError);
-  return mkRemoteError;
+  const mkResult_t code = e.code == dev::kErrZcMismatch ? mkInvalidUsage : mkRemoteError;
+  async_error.store(code);
+  return code;
 }
 
 void Comm::release_instances() {
@@ -426,7 +475,10 @@ Comm::~Comm() {
   magic = 0;
   try {
     CtxGuard g(ctx);
+    release_registrations(*this);
     release_instances();
+    if (windows) cu().cuMemFree(windows);
+    if (side_stream) cu().cuStreamDestroy(side_stream);
     if (host_abort) cu().cuMemFreeHost(const_cast<int32_t*>(host_abort));
     if (order_event) cu().cuEventDestroy(order_event);
     mappings.clear();

@@ -58,10 +58,27 @@ struct PlanInstance {
   bool rooted = false;
 };
 
+// A buffer registered with mkCommRegister: its row in the zero-copy window
+// table, and what this rank opened to map the peers' buffers of that row.
+struct Registration {
+  size_t bytes = 0;
+  int window = -1;
+  std::vector<CUdeviceptr> imports;  // per peer: IPC mapping to close (0: none)
+};
+
+// Communicators of one process created together (mkCommInitAll): they share
+// user buffers by address (peer access), without IPC.
+class Comm;
+struct Clique {
+  std::mutex mu;
+  std::vector<Comm*> members;  // by rank; null once destroyed
+};
+
 struct CommConfig {
   int64_t scratch_bytes;  // symmetric scratch per rank
   int64_t flag_bytes;
   uint64_t timeout_ns;
+  int32_t max_windows;  // registered buffers at a time (MK_MAX_REGISTRATIONS)
 };
 CommConfig comm_config_from_env();
 
@@ -96,11 +113,16 @@ class Comm {
     int64_t lo, hi;  // inclusive, hi -1 unbounded
     PlanInstance* inst;
   };
-  std::vector<Range> fast[6 * 12 * 5];
+  std::vector<Range> fast[2][6 * 12 * 5];  // [zero-copy] ...
   std::vector<std::unique_ptr<PlanInstance>> owned;
   std::vector<std::unique_ptr<Resources>> resources;
   int64_t scratch_used = 0, flags_used = 0;
-  std::map<uintptr_t, size_t> registered;  // base -> size
+  std::map<uintptr_t, Registration> registered;  // by base address
+  // Zero-copy window table [max_windows][nranks] of dev::ZcPeerWindow: row w,
+  // column p is rank p's buffer of window w as mapped on this GPU.
+  CUdeviceptr windows = 0;
+  CUstream side_stream = nullptr;  // table updates, never behind user work
+  std::shared_ptr<Clique> clique;  // mkCommInitAll; null otherwise
 
   std::atomic<int> async_error{mkSuccess};
   std::string async_message;
@@ -111,23 +133,39 @@ class Comm {
 
   ~Comm();
 
-  // The instance already serving this call, or null. Caller holds `mu`.
-  PlanInstance* find(Collective coll, DType dtype, RedOp op, int64_t bytes);
+  // The instance already serving this call, or null. `zc`: the call's
+  // buffers are registered (a zero-copy plan if the schedule has one).
+  // Caller holds `mu`.
+  PlanInstance* find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc);
   // The instance for a call, created on first use (its device-side tables
   // are initialised on `stream`, ahead of the kernel). Caller holds `mu`.
-  PlanInstance& instance(Collective coll, DType dtype, RedOp op, int64_t bytes, CUstream stream);
-  PlanInstance& create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, CUstream stream,
+  PlanInstance& instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, CUstream stream);
+  PlanInstance& create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, CUstream stream,
                                 int64_t* lo, int64_t* hi);
   // The resources for kernel `k` of `p`: shared with structurally equal
   // kernels, else allocated (tables initialised on `stream`).
   Resources& resources_for(const plan::Plan& p, const plan::Kernel& k, CUstream stream);
   // The kernel arguments of one call of `inst` (tile chosen for this count).
+  // Zero-copy plans also get the call's windows and offsets (`zc`).
+  struct ZcCall {
+    int32_t in_window = -1, out_window = -1;
+    int64_t in_offset = 0, out_offset = 0, in_bytes = 0, out_bytes = 0;
+  };
   dev::Args args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
-                 int32_t elem_size) const;
+                 int32_t elem_size, const ZcCall& zc) const;
+  // The registered window holding [p, p + bytes), or -1 (and its offset).
+  int window_of(const void* p, size_t bytes, int64_t* offset) const;
   // Scans kernel error records; returns the first failure (and remembers it).
   mkResult_t poll_async_error();
   void release_instances();
 };
+
+// Registration (runtime/register.cpp): collective over the ranks of other
+// processes (their buffers are opened through CUDA IPC), local within a
+// clique. Throw RtError.
+void comm_register(Comm& c, void* buff, size_t size, void** handle);
+void comm_deregister(Comm& c, void* handle);
+void release_registrations(Comm& c);
 
 // Creation (runtime/comm.cpp).
 Comm* comm_init_rank(int nranks, const mkUniqueId& id, int rank);
@@ -144,6 +182,6 @@ Choice choose_schedule(Collective coll, int nranks, int64_t bytes);
 
 // Plans shared by all communicators of the process (runtime/plans.cpp).
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch);
+                                           RedOp op, int arch, bool zero_copy);
 
 }  // namespace mk::rt

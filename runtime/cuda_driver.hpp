@@ -65,7 +65,11 @@ namespace mk::rt {
   X(cuMemcpyHtoDAsync)                 \
   X(cuEventDestroy)                    \
   X(cuEventRecord)                     \
-  X(cuStreamWaitEvent)
+  X(cuStreamWaitEvent)                 \
+  X(cuIpcGetMemHandle)                 \
+  X(cuIpcOpenMemHandle)                \
+  X(cuIpcCloseMemHandle)               \
+  X(cuCtxEnablePeerAccess)
 
 struct Driver {
 #define MK_CU_FIELD(name) decltype(&::name) name = nullptr;

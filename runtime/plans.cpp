@@ -23,6 +23,7 @@ struct Key {
   DType dtype;
   RedOp op;
   int arch;
+  bool zero_copy;
   auto operator<=>(const Key&) const = default;
 };
 
@@ -86,14 +87,21 @@ void apply_tuning_env(passes::ProtocolOptions* p) {
 }  // namespace
 
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch) {
+                                           RedOp op, int arch, bool zero_copy) {
   std::lock_guard<std::mutex> lock(mutex());
-  Key key{schedule, nranks, dtype, op, arch};
+  Key key{schedule, nranks, dtype, op, arch, zero_copy};
   if (auto it = cache().find(key); it != cache().end()) return it->second;
   // Reduction ops do not exist for collectives that do not reduce: they share
-  // the sum plan.
-  for (const auto& p : dir_plans()) {
+  // the sum plan. For registered buffers a zero-copy plan is preferred; the
+  // ordinary plan serves them too (through scratch).
+  std::vector<std::shared_ptr<const plan::Plan>> candidates;
+  for (const auto& p : dir_plans())
+    if (p->zero_copy) candidates.push_back(p);
+  for (const auto& p : dir_plans())
+    if (!p->zero_copy) candidates.push_back(p);
+  for (const auto& p : candidates) {
     if (p->schedule != schedule || p->dtype != dtype || (collective_reduces(coll) && p->op != op)) continue;
+    if (p->zero_copy && !zero_copy) continue;
     if (p->nranks != nranks || p->arch != arch)
       fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} ({} {}) compiled for {} ranks on sm_{}, but this "
                                        "communicator has {} ranks on sm_{}; recompile it with `mkc compile --ranks "
@@ -109,10 +117,12 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
   o.arch = arch;
   o.dtype = dtype;
   o.op = collective_reduces(coll) ? op : RedOp::sum;
+  o.lower.zero_copy = zero_copy;
   apply_tuning_env(&o.lower.proto);
   try {
     auto p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o));
-    debug_log(fmt::format("compiled plan {} for {} ranks, {} {}, sm_{}", schedule, nranks, name(dtype), name(op), arch));
+    debug_log(fmt::format("compiled plan {}{} for {} ranks, {} {}, sm_{}", schedule, p->zero_copy ? " (zero-copy)" : "",
+                          nranks, name(dtype), name(op), arch));
     cache()[key] = p;
     return p;
   } catch (const Error& e) {

@@ -542,6 +542,194 @@ void two_comms(World& w, World& w2) {
   }
 }
 
+// ---- registered buffers (zero-copy) --------------------------------------------
+
+// One registered arena per local rank; each call carves its buffers out of it
+// at offsets that differ per rank (peers learn them at kernel entry), poisons
+// the output, and the guard bytes around every buffer are checked after.
+struct RegArena {
+  char* base = nullptr;
+  size_t bytes = 0;
+  void* handle = nullptr;
+};
+
+std::vector<RegArena> register_arenas(World& w, size_t bytes) {
+  std::vector<RegArena> v(w.local.size());
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    CK_CUDA(cudaMalloc(&v[i].base, bytes));
+    v[i].bytes = bytes;
+  }
+  // Collective across processes; within one process each rank registers alone.
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    CK_MK(mkCommRegister(w.local[i].comm, v[i].base, bytes, &v[i].handle), w.local[i].comm);
+  }
+  return v;
+}
+
+void deregister_arenas(World& w, std::vector<RegArena>& v) {
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    CK_MK(mkCommDeregister(w.local[i].comm, v[i].handle), w.local[i].comm);
+    CK_CUDA(cudaFree(v[i].base));
+  }
+  v.clear();
+}
+
+// Whether the instance serving this call on `r` is a zero-copy plan.
+bool served_zero_copy(const Rank& r, const CallSpec& s) {
+  auto* c = reinterpret_cast<rt::Comm*>(r.comm);
+  std::lock_guard<std::mutex> lock(c->mu);
+  rt::PlanInstance* inst = c->find(s.coll, s.dtype, collective_reduces(s.coll) ? s.op : RedOp::sum,
+                                   s.count * int64_t(dtype_size(s.dtype)), true);
+  return inst && inst->plan->zero_copy;
+}
+
+int g_zero_copy_calls = 0;
+
+// `unregistered_out`: the receive buffer comes from plain cudaMalloc (the call
+// then goes through scratch although the send buffer is registered).
+void run_registered(World& w, const CallSpec& s, std::vector<RegArena>& arenas, bool unregistered_out = false) {
+  const size_t es = dtype_size(s.dtype);
+  const size_t G = GuardedBuffer::kGuard;
+  std::vector<RankBuffers> bufs(w.local.size());
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    const Rank& r = w.local[i];
+    CK_CUDA(cudaSetDevice(r.device));
+    RegArena& a = arenas[i];
+    CK_CUDA(cudaMemset(a.base, GuardedBuffer::kPattern, a.bytes));
+    const size_t ie = size_t(in_elems(s.coll, w.nranks, s.count)) * es;
+    const size_t oe = size_t(out_elems(s.coll, w.nranks, s.count)) * es;
+    auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+    size_t at = 4096 * size_t(r.rank + 1);  // differs per rank
+    RankBuffers& b = bufs[i];
+    if (s.inplace) {
+      b.out.base = a.base + at;
+      b.out.bytes = std::max(ie, oe);
+    } else {
+      b.in.base = a.base + at;
+      b.in.bytes = std::max<size_t>(ie, 1);
+      at = align(at + b.in.bytes + 2 * G) + 512 * size_t(r.rank);
+      if (unregistered_out) {
+        b.out.alloc(std::max<size_t>(oe, 1));
+      } else {
+        b.out.base = a.base + at;
+        b.out.bytes = std::max<size_t>(oe, 1);
+      }
+      at += b.out.bytes + 2 * G;
+    }
+    if (at > a.bytes) throw Failure("test arena too small");
+    prepare(w, r, s, b, 0);
+  }
+  CK_MK(mkGroupStart(), nullptr);
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    mkResult_t r = issue(w.local[i], s, bufs[i]);
+    if (r != mkSuccess)
+      throw Failure(describe(s, w.nranks) + " (registered): " + mkGetErrorString(r) + ": " +
+                    mkGetLastError(w.local[i].comm));
+  }
+  CK_MK(mkGroupEnd(), nullptr);
+  sync_all(w);
+  check_async(w);
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    check(w, w.local[i], s, bufs[i], 0);
+    if (s.count > 0 && !unregistered_out && served_zero_copy(w.local[i], s)) ++g_zero_copy_calls;
+    if (unregistered_out) bufs[i].out.free();
+  }
+}
+
+void registered(World& w) {
+  const bool big = !g_quick;
+  std::vector<RegArena> arenas = register_arenas(w, big ? (160u << 20) : (16u << 20));
+  g_zero_copy_calls = 0;
+  int calls = 0;
+  for (Collective c : all_collectives())
+    for (DType t : {DType::fp32, DType::bf16, DType::int8, DType::fp64})
+      for (RedOp o : collective_reduces(c) ? std::vector<RedOp>{RedOp::sum, RedOp::max, RedOp::avg}
+                                           : std::vector<RedOp>{RedOp::sum})
+        for (int64_t count : matrix_counts(t))
+          for (bool inplace : {false, true}) {
+            if (inplace && c == Collective::alltoall) continue;
+            if (g_quick && count > 4096) continue;
+            CallSpec s;
+            s.coll = c;
+            s.dtype = t;
+            s.op = o;
+            s.count = count;
+            s.inplace = inplace;
+            s.root = (c == Collective::broadcast || c == Collective::reduce) ? (w.nranks - 1) : 0;
+            s.seed = uint64_t(count * 7 + int(t) * 5 + int(o) * 3 + int(c) + 11);
+            run_registered(w, s, arenas);
+            ++calls;
+          }
+  // Large: 64 MiB buffers (16 MiB in quick mode) for every collective.
+  for (Collective c : all_collectives()) {
+    CallSpec s;
+    s.coll = c;
+    s.count = (big ? (64 << 20) : (4 << 20)) / 4;
+    if (c == Collective::allgather || c == Collective::alltoall || c == Collective::reducescatter) s.count /= w.nranks;
+    s.seed = 900 + uint64_t(c);
+    run_registered(w, s, arenas);
+    ++calls;
+  }
+  // A registered send buffer with a plain receive buffer: through scratch.
+  CallSpec mixed;
+  mixed.coll = Collective::allgather;
+  mixed.count = 100003;
+  run_registered(w, mixed, arenas, true);
+  std::printf("    %d calls on registered buffers, %d of them served by zero-copy plans (rank 0)\n", calls,
+              g_zero_copy_calls);
+  if (w.nranks > 1) EXPECT(g_zero_copy_calls > 0, "registered buffers never used a zero-copy plan");
+  deregister_arenas(w, arenas);
+  // After deregistration the same kind of call runs through scratch again.
+  CallSpec after;
+  after.coll = Collective::allgather;
+  after.count = 5000;
+  run_checked(w, after);
+}
+
+// Registration errors and mismatched calls: clear errors on every rank, no hang.
+void registered_errors(World& w) {
+  Rank& r = w.local[0];
+  CK_CUDA(cudaSetDevice(r.device));
+  // Host memory cannot be registered; registration is collective, so both
+  // ranks fail (rank 1 learns that rank 0's buffer was refused).
+  std::vector<char> host(4096);
+  char* dev = nullptr;
+  CK_CUDA(cudaMalloc(&dev, 1 << 20));
+  void* h = nullptr;
+  mkResult_t e = mkCommRegister(r.comm, r.rank == 0 ? static_cast<void*>(host.data()) : dev, 4096, &h);
+  EXPECT(e != mkSuccess, "registering host memory succeeded");
+  std::printf("    rank %d: %s\n", r.rank, mkGetLastError(r.comm));
+  std::string msg = mkGetLastError(r.comm);
+  EXPECT(msg.find("rank 0") != std::string::npos, msg);
+  // Past the end of the allocation.
+  e = mkCommRegister(r.comm, dev + 4096, 1 << 20, &h);
+  EXPECT(e != mkSuccess, "registering past the end of an allocation succeeded");
+  // A good registration, then calls whose counts differ between the ranks:
+  // the zero-copy entry check stops both kernels before anything is written.
+  CK_MK(mkCommRegister(r.comm, dev, 1 << 20, &h), r.comm);
+  float* f = reinterpret_cast<float*>(dev);
+  CK_CUDA(cudaMemset(dev, 0x11, 1 << 20));
+  const size_t count = r.rank == 0 ? 50000 : 50001;
+  CK_MK(mkAllGather(f, f + 2 * 50001, count, mkFloat32, r.comm, r.stream), r.comm);
+  CK_CUDA(cudaStreamSynchronize(r.stream));
+  mkResult_t async = mkSuccess;
+  CK_MK(mkCommGetAsyncError(r.comm, &async), r.comm);
+  std::printf("    rank %d, counts differ: %s: %s\n", r.rank, mkGetErrorString(async), mkGetLastError(r.comm));
+  EXPECT(async != mkSuccess, "mismatched counts went unnoticed");
+  // Nothing was written: the destination still holds the fill pattern.
+  std::vector<uint32_t> got(2 * 50001);
+  CK_CUDA(cudaMemcpy(got.data(), f + 2 * 50001, got.size() * 4, cudaMemcpyDeviceToHost));
+  for (uint32_t x : got) EXPECT(x == 0x11111111u, "a mismatched zero-copy call wrote to the output");
+  CK_MK(mkCommAbort(r.comm), nullptr);
+  r.comm = nullptr;
+  CK_CUDA(cudaFree(dev));
+}
+
 // Host time per call from the second call of a bucket on, next to a bare
 // cuLaunchKernel of the very same kernel and arguments (what the driver costs
 // by itself on this machine): the difference is mKernel's own overhead.
@@ -567,9 +755,9 @@ void host_time(World& w) {
   const double mk_us = median_us([&] { CK_MK(mkAllReduce(buf, buf, 4096, mkFloat32, mkSum, r.comm, r.stream), r.comm); });
   // The same launch, straight to the driver.
   auto* c = reinterpret_cast<rt::Comm*>(r.comm);
-  rt::PlanInstance& inst = c->instance(Collective::allreduce, DType::fp32, RedOp::sum, 4096 * 4,
+  rt::PlanInstance& inst = c->instance(Collective::allreduce, DType::fp32, RedOp::sum, 4096 * 4, false,
                                        reinterpret_cast<CUstream>(r.stream));
-  dev::Args a = c->args(inst, buf, buf, 4096, 0, 4);
+  dev::Args a = c->args(inst, buf, buf, 4096, 0, 4, {});
   void* params[] = {&a};
   const double bare_us = median_us([&] {
     CUresult e = rt::cu().cuLaunchKernel(inst.fn, unsigned(inst.kernel->grid), 1, 1, unsigned(inst.kernel->threads),
@@ -775,6 +963,10 @@ std::vector<Scenario> scenarios() {
                    run_checked(w, s);
                  }
                }, 1});
+  v.push_back({"registered_1rank", 1, false, 1, {}, registered});
+  v.push_back({"registered_2gpu_1proc", 2, false, 2, {}, registered});
+  v.push_back({"registered_2gpu_2proc", 2, true, 2, {}, registered});
+  v.push_back({"registered_errors_2proc", 2, true, 2, {{"MK_TIMEOUT_MS", "5000"}}, registered_errors});
   v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
   v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});
@@ -832,6 +1024,7 @@ int prewarm(int arch) {
     int n;
     DType t;
     RedOp o;
+    bool zc;
     auto operator<=>(const Want&) const = default;
   };
   std::set<Want> wants;
@@ -840,7 +1033,15 @@ int prewarm(int arch) {
       for (DType t : all_dtypes())
         for (RedOp o : collective_reduces(c) ? all_redops() : std::vector<RedOp>{RedOp::sum})
           for (int64_t bytes : {int64_t(16), int64_t(1) << 30})
-            wants.insert({rt::choose_schedule(c, n, bytes).schedule, c, n, t, o});
+            wants.insert({rt::choose_schedule(c, n, bytes).schedule, c, n, t, o, false});
+  // Zero-copy plans of the registered-buffer scenarios.
+  for (int n : {1, 2})
+    for (Collective c : all_collectives())
+      for (DType t : {DType::fp32, DType::bf16, DType::int8, DType::fp64})
+        for (RedOp o : collective_reduces(c) ? std::vector<RedOp>{RedOp::sum, RedOp::max, RedOp::avg}
+                                             : std::vector<RedOp>{RedOp::sum})
+          for (int64_t bytes : {int64_t(16), int64_t(1) << 30})
+            wants.insert({rt::choose_schedule(c, n, bytes).schedule, c, n, t, o, true});
   std::vector<Want> list(wants.begin(), wants.end());
   std::atomic<size_t> next{0};
   std::atomic<int> errors{0};
@@ -856,6 +1057,7 @@ int prewarm(int arch) {
           o.arch = arch;
           o.dtype = w.t;
           o.op = w.o;
+          o.lower.zero_copy = w.zc;
           compiler::compile_plan(dsl::build(*dsl::find_schedule(w.schedule), w.n, 0), o);
         } catch (const std::exception& e) {
           std::printf("prewarm %s n=%d: %s\n", w.schedule.c_str(), w.n, e.what());
