@@ -10,7 +10,7 @@ struct P0 {
   static constexpr int kRanks = 4, kChunks = 4, kTbs = 2, kInstances = 4, kDepth = 2;
   static constexpr int kScratch = 6, kSlots = 7, kThreads = 256, kPosRot = 1;
   static constexpr long long kMaxTileBytes = 4096;
-  static constexpr bool kLL = true, kRooted = false;
+  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {

@@ -10,7 +10,7 @@ struct P1 {
   static constexpr int kRanks = 4, kChunks = 4, kTbs = 2, kInstances = 16, kDepth = 2;
   static constexpr int kScratch = 6, kSlots = 7, kThreads = 512, kPosRot = 1;
   static constexpr long long kMaxTileBytes = 172032;
-  static constexpr bool kLL = false, kRooted = false;
+  static constexpr bool kLL = false, kRooted = false, kZeroCopy = false;
 };
 
 static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {

@@ -10,7 +10,7 @@ struct P0 {
   static constexpr int kRanks = 2, kChunks = 1, kTbs = 2, kInstances = 4, kDepth = 2;
   static constexpr int kScratch = 1, kSlots = 1, kThreads = 256, kPosRot = 0;
   static constexpr long long kMaxTileBytes = 16384;
-  static constexpr bool kLL = true, kRooted = false;
+  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {

@@ -10,7 +10,7 @@ struct P1 {
   static constexpr int kRanks = 2, kChunks = 1, kTbs = 2, kInstances = 16, kDepth = 2;
   static constexpr int kScratch = 1, kSlots = 2, kThreads = 512, kPosRot = 0;
   static constexpr long long kMaxTileBytes = 262144;
-  static constexpr bool kLL = false, kRooted = false;
+  static constexpr bool kLL = false, kRooted = false, kZeroCopy = false;
 };
 
 static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {

@@ -154,8 +154,20 @@ void fill_parallel(const verify::DataSpec& d, int rank, int64_t n, char* dst) {
   parallel_ranges(n, [&](int64_t lo, int64_t hi) { verify::fill_input(d, rank, lo, hi - lo, dst + size_t(lo) * es); });
 }
 
-// Uninitialised host memory (a zeroed std::vector of 1 GiB costs a second).
-std::unique_ptr<char[]> host_bytes(size_t n) { return std::unique_ptr<char[]>(new char[n + 16]); }
+// Pinned host staging, one buffer per role (0 inputs, 1 and 2 checks), grown
+// on demand and kept: GiB transfers run at full speed and pages are touched
+// once per process, not once per call.
+char* staging(int role, size_t n) {
+  static char* buf[3] = {nullptr, nullptr, nullptr};
+  static size_t cap[3] = {0, 0, 0};
+  if (cap[role] < n + 16) {
+    if (buf[role]) CK_CUDA(cudaFreeHost(buf[role]));
+    buf[role] = nullptr;
+    CK_CUDA(cudaMallocHost(&buf[role], n + 16));
+    cap[role] = n + 16;
+  }
+  return buf[role];
+}
 
 void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, int launch) {
   const size_t es = dtype_size(s.dtype);
@@ -164,7 +176,7 @@ void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, i
   const bool has_recv = !(s.coll == Collective::reduce && r.rank != s.root);
   const int64_t ie = in_elems(s.coll, n, s.count), oe = out_elems(s.coll, n, s.count);
   verify::DataSpec d{s.dtype, s.op, s.seed, launch, w.nranks};
-  auto host = host_bytes(size_t(std::max(ie, oe)) * es);
+  char* host = staging(0, size_t(std::max(ie, oe)) * es);
   if (s.inplace && has_send && has_recv) {
     const size_t total = size_t(std::max(ie, oe)) * es;
     if (!b.out.base) b.out.alloc(total);
@@ -179,14 +191,14 @@ void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, i
     } else {
       b.send = b.recv = base;
     }
-    fill_parallel(d, r.rank, ie, host.get());
-    CK_CUDA(cudaMemcpy(b.send, host.get(), size_t(ie) * es, cudaMemcpyHostToDevice));
+    fill_parallel(d, r.rank, ie, host);
+    CK_CUDA(cudaMemcpy(b.send, host, size_t(ie) * es, cudaMemcpyHostToDevice));
   } else {
     b.send = b.recv = nullptr;
     if (has_send) {
       if (!b.in.base) b.in.alloc(std::max<size_t>(size_t(ie) * es, 1));
-      fill_parallel(d, r.rank, ie, host.get());
-      CK_CUDA(cudaMemcpy(b.in.ptr(), host.get(), size_t(ie) * es, cudaMemcpyHostToDevice));
+      fill_parallel(d, r.rank, ie, host);
+      CK_CUDA(cudaMemcpy(b.in.ptr(), host, size_t(ie) * es, cudaMemcpyHostToDevice));
       b.send = b.in.ptr();
     }
     if (has_recv) {
@@ -195,6 +207,10 @@ void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, i
       b.recv = b.out.ptr();
     }
   }
+  // The memsets run on the legacy stream and return early, so does the upload
+  // (its DMA may still run): the collective goes to a non-blocking stream,
+  // which does not wait for either.
+  CK_CUDA(cudaDeviceSynchronize());
 }
 
 mkResult_t issue(const Rank& r, const CallSpec& s, const RankBuffers& b) {
@@ -228,14 +244,14 @@ void check(const World& w, const Rank& r, const CallSpec& s, const RankBuffers& 
   if (b.out.base) b.out.check_guards(("receive buffer of rank " + std::to_string(r.rank)).c_str());
   verify::DataSpec d{s.dtype, s.op, s.seed, launch, w.nranks};
   if (b.recv) {
-    auto host = host_bytes(size_t(oe) * es);
-    CK_CUDA(cudaMemcpy(host.get(), b.recv, size_t(oe) * es, cudaMemcpyDeviceToHost));
+    char* host = staging(1, size_t(oe) * es);
+    CK_CUDA(cudaMemcpy(host, b.recv, size_t(oe) * es, cudaMemcpyDeviceToHost));
     std::mutex mu;
     int64_t bad = 0, first_at = -1;
     std::string first;
     parallel_ranges(oe, [&](int64_t lo, int64_t hi) {
       auto res = verify::check_output_range(s.coll, d, w.nranks, s.root, s.count, r.rank, lo,
-                                            host.get() + size_t(lo) * es, hi - lo);
+                                            host + size_t(lo) * es, hi - lo);
       std::lock_guard<std::mutex> g(mu);
       bad += res.mismatches;
       if (res.mismatches && (first_at < 0 || lo < first_at)) first_at = lo, first = res.first_bad;
@@ -246,10 +262,11 @@ void check(const World& w, const Rank& r, const CallSpec& s, const RankBuffers& 
   }
   // Out-of-place: the send buffer must be untouched.
   if (b.in.base && b.send == b.in.ptr()) {
-    auto got = host_bytes(size_t(ie) * es), want = host_bytes(size_t(ie) * es);
-    CK_CUDA(cudaMemcpy(got.get(), b.send, size_t(ie) * es, cudaMemcpyDeviceToHost));
-    fill_parallel(d, r.rank, ie, want.get());
-    if (std::memcmp(got.get(), want.get(), size_t(ie) * es) != 0)
+    char* got = staging(1, size_t(ie) * es);
+    char* want = staging(2, size_t(ie) * es);
+    CK_CUDA(cudaMemcpy(got, b.send, size_t(ie) * es, cudaMemcpyDeviceToHost));
+    fill_parallel(d, r.rank, ie, want);
+    if (std::memcmp(got, want, size_t(ie) * es) != 0)
       throw Failure(describe(s, w.nranks) + ": the send buffer of rank " + std::to_string(r.rank) + " was modified");
   }
 }
@@ -367,7 +384,9 @@ void matrix(World& w) {
 // Large messages: every collective x dtype x op at `bytes` per buffer (the
 // larger of input and output), out-of-place and (if `inplace`) in place.
 void large(World& w, int64_t bytes, bool inplace) {
-  for (Collective c : all_collectives())
+  for (Collective c : all_collectives()) {
+    const int64_t before = g_checked;
+    auto t0 = std::chrono::steady_clock::now();
     for (DType t : all_dtypes())
       for (RedOp o : collective_reduces(c) ? all_redops() : std::vector<RedOp>{RedOp::sum}) {
         CallSpec s;
@@ -385,6 +404,13 @@ void large(World& w, int64_t bytes, bool inplace) {
         s.inplace = true;
         if (inplace && c != Collective::alltoall) run_checked(w, s);
       }
+    if (bytes >= (1ll << 30) && w.local[0].rank == 0) {  // progress, for long runs
+      std::printf("    %s: %lld results of %lld MiB checked on rank 0 (%.0f s)\n", std::string(name(c)).c_str(),
+                  (long long)(g_checked - before), (long long)(bytes >> 20),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+  }
 }
 
 // 64 MiB for everything; 1 GiB for all-reduce (fp32 sum, bf16 avg) and
@@ -509,6 +535,7 @@ void graphs(World& w) {
         CK_CUDA(cudaMemcpy(buf->send, host.data(), host.size(), cudaMemcpyHostToDevice));
         CK_CUDA(cudaMemset(buf->recv, 0xA5, size_t(oe) * es));
       }
+      CK_CUDA(cudaDeviceSynchronize());  // the replay's stream does not wait for the legacy stream
     }
     for (size_t j = 0; j < w.local.size(); ++j) {
       CK_CUDA(cudaSetDevice(w.local[j].device));
@@ -714,6 +741,7 @@ void registered_errors(World& w) {
   CK_MK(mkCommRegister(r.comm, dev, 1 << 20, &h), r.comm);
   float* f = reinterpret_cast<float*>(dev);
   CK_CUDA(cudaMemset(dev, 0x11, 1 << 20));
+  CK_CUDA(cudaDeviceSynchronize());
   const size_t count = r.rank == 0 ? 50000 : 50001;
   CK_MK(mkAllGather(f, f + 2 * 50001, count, mkFloat32, r.comm, r.stream), r.comm);
   CK_CUDA(cudaStreamSynchronize(r.stream));
