@@ -131,6 +131,18 @@ bool zero_copy_enabled() {
   return on;
 }
 
+// Zero-copy pays an entry and an exit barrier (two flag round trips) to save
+// the staging copies: on 2 x H200 it is slower up to 1 MiB and faster from
+// 4 MiB on (bench/results/2026-11-30-h200x2-bf16-registered.md). The size is
+// the larger buffer, as in the benchmark; every rank computes the same choice.
+int64_t zero_copy_min_bytes() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("MK_ZERO_COPY_MIN_BYTES");
+    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(4) << 20;
+  }();
+  return v;
+}
+
 // A validated call, ready to launch (mkGroupStart/End queue these).
 struct Pending {
   Call k;
@@ -229,7 +241,7 @@ void check_locked(Pending& p) {
   if (!c->registered.empty()) {
     if (p.need_send) check_registered(*c, k.send, p.in_bytes, "sendbuff", api);
     if (p.need_recv) check_registered(*c, k.recv, p.out_bytes, "recvbuff", api);
-    if (zero_copy_enabled()) {
+    if (zero_copy_enabled() && int64_t(std::max(p.in_bytes, p.out_bytes)) >= zero_copy_min_bytes()) {
       Comm::ZcCall z;
       bool all = true;
       if (p.need_send) all &= (z.in_window = c->window_of(k.send, p.in_bytes, &z.in_offset)) >= 0;

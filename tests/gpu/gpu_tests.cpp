@@ -381,6 +381,8 @@ void matrix(World& w) {
   }
 }
 
+bool huge_selected(Collective c, DType t);
+
 // Large messages: every collective x dtype x op at `bytes` per buffer (the
 // larger of input and output), out-of-place and (if `inplace`) in place.
 void large(World& w, int64_t bytes, bool inplace) {
@@ -389,6 +391,7 @@ void large(World& w, int64_t bytes, bool inplace) {
     auto t0 = std::chrono::steady_clock::now();
     for (DType t : all_dtypes())
       for (RedOp o : collective_reduces(c) ? all_redops() : std::vector<RedOp>{RedOp::sum}) {
+        if (bytes >= (1ll << 30) && !huge_selected(c, t)) continue;
         CallSpec s;
         s.coll = c;
         s.dtype = t;
@@ -435,8 +438,27 @@ void sizes(World& w) {
   }
 }
 
-// 1 GiB for every collective x dtype x op, out-of-place.
+// 1 GiB for every collective x dtype x op, out-of-place. MK_HUGE_ONLY
+// ("allgather,reduce:fp32+bf16") narrows it (collectives, optionally dtypes)
+// when a run must fit a time budget.
 void huge(World& w) { large(w, 1ll << 30, false); }
+
+bool huge_selected(Collective c, DType t) {
+  const char* e = std::getenv("MK_HUGE_ONLY");
+  if (!e || !*e) return true;
+  std::string spec = std::string(",") + e + ",";
+  for (size_t at = 1; at < spec.size();) {
+    size_t end = spec.find(',', at);
+    std::string item = spec.substr(at, end - at);
+    at = end + 1;
+    std::string coll = item.substr(0, item.find(':'));
+    if (coll != name(c)) continue;
+    if (item.find(':') == std::string::npos) return true;
+    std::string types = "+" + item.substr(item.find(':') + 1) + "+";
+    if (types.find("+" + std::string(name(t)) + "+") != std::string::npos) return true;
+  }
+  return false;
+}
 
 // 1000 back-to-back calls with changing sizes, collectives and dtypes, one sync.
 void back_to_back(World& w) {
