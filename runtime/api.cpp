@@ -132,8 +132,8 @@ bool zero_copy_enabled() {
 }
 
 // Zero-copy pays an entry and an exit barrier (two flag round trips) to save
-// the staging copies: on 2 x H200 it is slower up to 1 MiB and faster from
-// 4 MiB on (bench/results/2026-11-30-h200x2-bf16-registered.md). The size is
+// the staging copies: on 2 x H200 it is slower up to 1 MiB, even at 4 MiB and
+// faster from 16 MiB on (bench/results/2026-11-30-h200x2-bf16-registered.md). The size is
 // the larger buffer, as in the benchmark; every rank computes the same choice.
 int64_t zero_copy_min_bytes() {
   static const int64_t v = [] {
