@@ -99,7 +99,27 @@ mkResult_t mkCommGetAsyncError(mkComm_t comm, mkResult_t* asyncError);
 mkResult_t mkCommCount(const mkComm_t comm, int* count);
 mkResult_t mkCommCuDevice(const mkComm_t comm, int* device);
 mkResult_t mkCommUserRank(const mkComm_t comm, int* rank);
-/* Registered buffers are checked against the counts of later calls. */
+/* Zero-copy registration. A registered buffer is mapped into every peer
+ * (CUDA IPC between processes, peer access within one), so a collective whose
+ * send and receive buffers lie in registered buffers on every rank runs a
+ * zero-copy plan: peers read and write those buffers directly instead of
+ * staging through scratch (used from MK_ZERO_COPY_MIN_BYTES, default 4 MiB,
+ * of the larger buffer). Each rank may use any offset inside its buffer.
+ * - Collective between ranks of different processes, like
+ *   ncclCommWindowRegister: every rank calls it, in the same order; a failure
+ *   on any rank fails it on every rank. Within one process (mkCommInitAll)
+ *   each rank registers alone.
+ * - buff: memory from cudaMalloc / cuMemAlloc on the communicator's GPU (not
+ *   from a stream-ordered pool or a VMM allocation); [buff, buff+size) must
+ *   lie in one allocation and not overlap another registered buffer.
+ * - Every rank must pass registered buffers to a call, or none; a rank that
+ *   does while a peer does not makes both report an error after
+ *   MK_TIMEOUT_MS. Counts that differ between ranks are reported at once
+ *   (mkInvalidUsage from mkCommGetAsyncError) with nothing written.
+ * - Calls are checked against registered sizes (a buffer that starts inside
+ *   one must end inside it). MK_MAX_REGISTRATIONS (256) at a time.
+ * mkCommDeregister is collective the same way; the calls that use the buffer
+ * must have completed (it waits for the GPU between processes). */
 mkResult_t mkCommRegister(const mkComm_t comm, void* buff, size_t size, void** handle);
 mkResult_t mkCommDeregister(const mkComm_t comm, void* handle);
 

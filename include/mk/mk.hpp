@@ -94,6 +94,42 @@ class Group {
   bool done_ = false;
 };
 
+// A buffer registered with a communicator (mkCommRegister): calls whose
+// buffers lie in registered buffers on every rank run zero-copy plans (from
+// MK_ZERO_COPY_MIN_BYTES on). Registering and deregistering are collective
+// across processes: every rank does them in the same order. Destruction
+// deregisters; the calls using the buffer must have completed by then.
+class Registration {
+ public:
+  Registration() = default;
+  Registration(mkComm_t c, void* handle) : c_(c), h_(handle) {}
+  ~Registration() {
+    if (c_) mkCommDeregister(c_, h_);
+  }
+  Registration(Registration&& o) noexcept : c_(std::exchange(o.c_, nullptr)), h_(o.h_) {}
+  Registration& operator=(Registration&& o) noexcept {
+    if (this != &o) {
+      if (c_) mkCommDeregister(c_, h_);
+      c_ = std::exchange(o.c_, nullptr);
+      h_ = o.h_;
+    }
+    return *this;
+  }
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+  // Deregisters now, with errors as exceptions.
+  void release() {
+    if (c_) {
+      mkComm_t c = std::exchange(c_, nullptr);
+      check(mkCommDeregister(c, h_), c);
+    }
+  }
+
+ private:
+  mkComm_t c_ = nullptr;
+  void* h_ = nullptr;
+};
+
 class Communicator {
  public:
   Communicator() = default;
@@ -150,6 +186,13 @@ class Communicator {
   }
   void abort() {
     if (c_) check(mkCommAbort(std::exchange(c_, nullptr)));
+  }
+
+  // Registers [p, p + bytes) for zero-copy (see Registration).
+  [[nodiscard]] Registration register_buffer(void* p, size_t bytes) {
+    void* h = nullptr;
+    check(mkCommRegister(c_, p, bytes, &h), c_);
+    return Registration(c_, h);
   }
 
   // Untyped (any dtype, e.g. mkBfloat16, mkFloat8e4m3).

@@ -355,12 +355,13 @@ std::vector<int64_t> matrix_counts(DType t) {
   return {0, 1, 7, 1024 / es + 1, (1 << 20) / es};
 }
 
-// Every collective x dtype x op x size x in/out-of-place on this world.
-void matrix(World& w) {
-  for (Collective c : all_collectives()) {
-    for (DType t : all_dtypes()) {
-      std::vector<RedOp> ops = collective_reduces(c) ? all_redops() : std::vector<RedOp>{RedOp::sum};
-      for (RedOp o : ops) {
+// Every collective x dtype x op (`ops` for the reducing ones) x size x
+// in/out-of-place on this world, as calls for `f`.
+void for_each_matrix_call(const World& w, const std::vector<DType>& dtypes, const std::vector<RedOp>& ops,
+                          uint64_t salt, const std::function<void(const CallSpec&)>& f) {
+  for (Collective c : all_collectives())
+    for (DType t : dtypes)
+      for (RedOp o : collective_reduces(c) ? ops : std::vector<RedOp>{RedOp::sum})
         for (int64_t count : matrix_counts(t)) {
           if (g_quick && count > 4096) continue;
           for (bool inplace : {false, true}) {
@@ -372,13 +373,14 @@ void matrix(World& w) {
             s.count = count;
             s.inplace = inplace;
             s.root = (c == Collective::broadcast || c == Collective::reduce) ? (w.nranks - 1) : 0;
-            s.seed = uint64_t(count * 131 + int(t) * 17 + int(o) * 3 + int(c));
-            run_checked(w, s);
+            s.seed = uint64_t(count * 131 + int(t) * 17 + int(o) * 3 + int(c)) + salt;
+            f(s);
           }
         }
-      }
-    }
-  }
+}
+
+void matrix(World& w) {
+  for_each_matrix_call(w, all_dtypes(), all_redops(), 0, [&](const CallSpec& s) { run_checked(w, s); });
 }
 
 bool huge_selected(Collective c, DType t);
@@ -695,26 +697,12 @@ void registered(World& w) {
   std::vector<RegArena> arenas = register_arenas(w, big ? (160u << 20) : (16u << 20));
   g_zero_copy_calls = 0;
   int calls = 0;
-  for (Collective c : all_collectives())
-    for (DType t : {DType::fp32, DType::bf16, DType::int8, DType::fp64})
-      for (RedOp o : collective_reduces(c) ? std::vector<RedOp>{RedOp::sum, RedOp::max, RedOp::avg}
-                                           : std::vector<RedOp>{RedOp::sum})
-        for (int64_t count : matrix_counts(t))
-          for (bool inplace : {false, true}) {
-            if (inplace && c == Collective::alltoall) continue;
-            if (g_quick && count > 4096) continue;
-            CallSpec s;
-            s.coll = c;
-            s.dtype = t;
-            s.op = o;
-            s.count = count;
-            s.inplace = inplace;
-            s.root = (c == Collective::broadcast || c == Collective::reduce) ? (w.nranks - 1) : 0;
-            s.seed = uint64_t(count * 7 + int(t) * 5 + int(o) * 3 + int(c) + 11);
-            run_registered(w, s, arenas);
-            ++calls;
-          }
-  // Large: 64 MiB buffers (16 MiB in quick mode) for every collective.
+  for_each_matrix_call(w, {DType::fp32, DType::bf16, DType::int8, DType::fp64}, {RedOp::sum, RedOp::max, RedOp::avg},
+                       11, [&](const CallSpec& s) {
+                         run_registered(w, s, arenas);
+                         ++calls;
+                       });
+  // Large: 64 MiB buffers (4 MiB in quick mode) for every collective.
   for (Collective c : all_collectives()) {
     CallSpec s;
     s.coll = c;

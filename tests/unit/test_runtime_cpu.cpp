@@ -98,6 +98,11 @@ TEST_CASE("C API: argument errors are codes with messages, never crashes") {
   int junk[64] = {};
   CHECK(mkCommCount(reinterpret_cast<mkComm_t>(junk), &v) == mkInvalidArgument);
   CHECK(std::string(mkGetLastError(nullptr)).find("invalid communicator") != std::string::npos);
+  void* h = nullptr;
+  CHECK(mkCommRegister(nullptr, junk, sizeof junk, &h) == mkInvalidArgument);
+  CHECK(mkCommRegister(reinterpret_cast<mkComm_t>(junk), junk, sizeof junk, &h) == mkInvalidArgument);
+  CHECK(std::string(mkGetLastError(nullptr)).find("invalid communicator") != std::string::npos);
+  CHECK(mkCommDeregister(nullptr, h) == mkInvalidArgument);
   CHECK(mkGroupEnd() == mkInvalidUsage);
   CHECK(mkGroupStart() == mkSuccess);
   CHECK(mkGroupEnd() == mkSuccess);
