@@ -114,8 +114,10 @@ mkResult_t mkCommUserRank(const mkComm_t comm, int* rank);
  *   lie in one allocation and not overlap another registered buffer.
  * - Every rank must pass registered buffers to a call, or none; a rank that
  *   does while a peer does not makes both report an error after
- *   MK_TIMEOUT_MS. Counts that differ between ranks are reported at once
- *   (mkInvalidUsage from mkCommGetAsyncError) with nothing written.
+ *   MK_TIMEOUT_MS. Calls that differ between ranks (count, collective,
+ *   dtype, op, root) are reported at kernel entry (mkInvalidUsage from
+ *   mkCommGetAsyncError) before any data moves. MK_ZERO_COPY and
+ *   MK_ZERO_COPY_MIN_BYTES must be the same on every rank.
  * - Calls are checked against registered sizes (a buffer that starts inside
  *   one must end inside it). MK_MAX_REGISTRATIONS (256) at a time.
  * mkCommDeregister is collective the same way; the calls that use the buffer

@@ -248,6 +248,9 @@ void check_locked(Pending& p) {
       if (p.need_recv) all &= (z.out_window = c->window_of(k.recv, p.out_bytes, &z.out_offset)) >= 0;
       z.in_bytes = int64_t(p.in_bytes);
       z.out_bytes = int64_t(p.out_bytes);
+      const bool rooted = k.coll == Collective::broadcast || k.coll == Collective::reduce;
+      z.call_sig = uint64_t(k.coll) | uint64_t(p.dt) << 8 | uint64_t(p.op) << 16 |
+                   uint64_t(uint32_t(rooted ? k.root : 0)) << 32;
       p.zc = all;
       p.zcc = z;
     }

@@ -319,7 +319,9 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
 
 Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k, CUstream stream) {
   // Everything that shapes the flag protocol and the scratch layout.
-  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", p.schedule, p.zero_copy,
+  // (The compiler version too: another one may place synchronisation elsewhere.)
+  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", p.mkernel_version,
+                                      p.schedule, p.zero_copy,
                                       p.nranks, p.chunks,
                                       k.proto, k.max_tile_bytes, k.instances, k.tbs, k.threads, k.grid, k.depth,
                                       k.scratch_slots, k.flag_slots, k.classes, k.scratch_bytes, k.flag_bytes,
@@ -397,6 +399,7 @@ dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, 
     a.out_offset = zc.out_offset;
     a.in_bytes = zc.in_bytes;
     a.out_bytes = zc.out_bytes;
+    a.call_sig = zc.call_sig;
   }
   return a;
 }
@@ -434,6 +437,11 @@ mkResult_t Comm::poll_async_error() {
   else if (e.code == dev::kErrLLTimeout)
     what = fmt::format("{} waited {:.0f} ms at step {} for data in LL scratch (source {})", who,
                        double(e.waited_ns) / 1e6, e.step, e.slot);
+  else if (e.code == dev::kErrZcMismatch && e.slot == dev::kZcCall)
+    what = fmt::format("rank {} made a different call (collective {}, dtype {}, op {}, root {}) than this rank "
+                       "(collective {}, dtype {}, op {}, root {}) (zero-copy); nothing was touched",
+                       e.peer, e.have & 0xff, (e.have >> 8) & 0xff, (e.have >> 16) & 0xff, e.have >> 32,
+                       e.want & 0xff, (e.want >> 8) & 0xff, (e.want >> 16) & 0xff, e.want >> 32);
   else if (e.code == dev::kErrZcMismatch && e.slot == dev::kZcCount)
     what = fmt::format("rank {} called with count {}, this rank with {} (zero-copy); every rank must pass the same "
                        "count",
@@ -443,7 +451,7 @@ mkResult_t Comm::poll_async_error() {
                        zc_rule);
   else if (e.code == dev::kErrZcMismatch)
     what = fmt::format("rank {}'s buffer ends {} bytes into its registered buffer of {} bytes (beyond its end); "
-                       "nothing was written",
+                       "this rank did not touch it",
                        e.peer, e.have, e.want);
   else
     what = fmt::format("{} stopped at step {} because another rank or the host aborted", who, e.step);

@@ -150,6 +150,7 @@ class Comm {
   struct ZcCall {
     int32_t in_window = -1, out_window = -1;
     int64_t in_offset = 0, out_offset = 0, in_bytes = 0, out_bytes = 0;
+    uint64_t call_sig = 0;  // collective | dtype << 8 | op << 16 | root << 32
   };
   dev::Args args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
                  int32_t elem_size, const ZcCall& zc) const;

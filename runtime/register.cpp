@@ -20,6 +20,7 @@
 
 #include <cstring>
 #include <map>
+#include <random>
 
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -71,11 +72,23 @@ void close_import(CUdeviceptr base, CUcontext ctx) {
     }
 }
 
+// Identifies this process among the ranks (a pid alone repeats across
+// containers on one host).
+uint64_t process_token() {
+  static const uint64_t t = [] {
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ uint64_t(rd()) ^ (uint64_t(::getpid()) << 16);
+  }();
+  return t;
+}
+
 // What a rank tells the others when it registers (fixed layout, host order).
 struct Announce {
   int32_t ok;
   int32_t window;
-  int64_t pid;
+  int32_t max_windows;
+  int32_t pad;
+  uint64_t process;
   uint64_t address;  // this rank's buffer (valid in its own process)
   uint64_t size;
   uint64_t offset;   // buffer - allocation base
@@ -100,9 +113,11 @@ int free_window(const Comm& c) {
   return -1;
 }
 
-// Everything a rank can check alone; "" when fine.
-std::string local_check(Comm& c, void* buff, size_t size) {
-  if (!buff || !size) return "buff and size must be non-zero";
+// Everything a rank can check alone; "" when fine. `same_process`: peers
+// will reach the buffer by address (peer access), which works for cudaMalloc
+// memory only (not stream-ordered pools or VMM allocations).
+std::string local_check(Comm& c, void* buff, size_t size, void** handle, bool same_process) {
+  if (!buff || !size || !handle) return "buff, size and handle must be non-zero";
   const uintptr_t b = reinterpret_cast<uintptr_t>(buff);
   for (const auto& [base, reg] : c.registered)
     if (b < base + reg.bytes && base < b + size)
@@ -120,6 +135,13 @@ std::string local_check(Comm& c, void* buff, size_t size) {
   r = cu().cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CUdeviceptr(b));
   if (r == CUDA_SUCCESS && ordinal != c.device)
     return fmt::format("buff lives on GPU {}, the communicator (rank {}) on GPU {}", ordinal, c.rank, c.device);
+  int legacy = 0;  // the driver writes a boolean
+  if (same_process &&
+      cu().cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CUdeviceptr(b)) ==
+          CUDA_SUCCESS &&
+      legacy == 0)
+    return "buff is not cudaMalloc / cuMemAlloc memory (a stream-ordered pool or a VMM allocation), which peers "
+           "cannot reach by peer access";
   return "";
 }
 
@@ -131,8 +153,8 @@ void enable_peer_access(CUcontext from, CUcontext to) {
     fail(mkSystemError, "enabling peer access for a registered buffer: " + cu_error_string(r));
 }
 
-void register_in_process(Comm& c, void* buff, size_t size) {
-  std::string why = local_check(c, buff, size);
+void register_in_process(Comm& c, void* buff, size_t size, void** handle) {
+  std::string why = local_check(c, buff, size, handle, c.nranks > 1);
   if (!why.empty()) fail(mkInvalidArgument, "mkCommRegister: " + why);
   const int w = free_window(c);
   const CUdeviceptr b = CUdeviceptr(reinterpret_cast<uintptr_t>(buff));
@@ -153,9 +175,11 @@ void register_in_process(Comm& c, void* buff, size_t size) {
   c.registered[uintptr_t(b)] = std::move(reg);
 }
 
-void register_across_processes(Comm& c, void* buff, size_t size) {
+// Every rank makes the same two all-gathers whatever happens locally: a
+// failure is announced, never a reason to leave early.
+void register_across_processes(Comm& c, void* buff, size_t size, void** handle) {
   Announce mine{};
-  std::string why = local_check(c, buff, size);
+  std::string why = local_check(c, buff, size, handle, false);
   CUdeviceptr base = 0;
   size_t alloc = 0;
   if (why.empty()) {
@@ -168,7 +192,8 @@ void register_across_processes(Comm& c, void* buff, size_t size) {
   }
   mine.ok = why.empty();
   mine.window = mine.ok ? free_window(c) : -1;
-  mine.pid = int64_t(::getpid());
+  mine.max_windows = c.config.max_windows;
+  mine.process = process_token();
   mine.address = uint64_t(reinterpret_cast<uintptr_t>(buff));
   mine.size = size;
   mine.offset = uint64_t(reinterpret_cast<uintptr_t>(buff) - base);
@@ -188,6 +213,14 @@ void register_across_processes(Comm& c, void* buff, size_t size) {
       fail(p == c.rank ? mkInvalidArgument : mkInvalidUsage,
            fmt::format("mkCommRegister: rank {}: {} (registration is collective: no rank registered this buffer)", p,
                        all[size_t(p)].why));
+  // Every rank keeps a row per window of every peer: the same limit everywhere
+  // (decided from what all ranks announced, so all ranks decide alike).
+  for (int p = 0; p < c.nranks; ++p)
+    for (int q = 0; q < c.nranks; ++q)
+      if (all[size_t(p)].window >= all[size_t(q)].max_windows)
+        fail(mkInvalidUsage, fmt::format("mkCommRegister: rank {} has {} buffers registered but rank {} allows {} "
+                                         "(MK_MAX_REGISTRATIONS must be the same on every rank)",
+                                         p, all[size_t(p)].window + 1, q, all[size_t(q)].max_windows));
   // Open every peer's buffer; then agree that every rank managed to.
   Registration reg;
   reg.bytes = size;
@@ -202,7 +235,7 @@ void register_across_processes(Comm& c, void* buff, size_t size) {
       const Announce& a = all[size_t(p)];
       if (p == c.rank) {
         where[size_t(p)] = CUdeviceptr(a.address);
-      } else if (a.pid == int64_t(::getpid())) {  // another rank of this process: same address space
+      } else if (a.process == process_token()) {  // another rank of this process: same address space
         CUcontext owner = nullptr;
         if (cu().cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, CUdeviceptr(a.address)) == CUDA_SUCCESS)
           enable_peer_access(c.ctx, owner);
@@ -224,20 +257,30 @@ void register_across_processes(Comm& c, void* buff, size_t size) {
       fail(mkSystemError, fmt::format("mkCommRegister: rank {}: {} (no rank registered this buffer)", p,
                                       agreed[size_t(p)].why));
     }
-  for (int p = 0; p < c.nranks; ++p)
-    set_entry(c, all[size_t(p)].window, p, where[size_t(p)], int64_t(all[size_t(p)].size));
+  try {
+    for (int p = 0; p < c.nranks; ++p)
+      set_entry(c, all[size_t(p)].window, p, where[size_t(p)], int64_t(all[size_t(p)].size));
+  } catch (...) {
+    for (int p = 0; p < c.nranks; ++p) {
+      if (reg.imports[size_t(p)]) close_import(reg.imports[size_t(p)], c.ctx);
+      try {
+        set_entry(c, all[size_t(p)].window, p, 0, 0);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
   c.registered[uintptr_t(mine.address)] = std::move(reg);
 }
 
 }  // namespace
 
 void comm_register(Comm& c, void* buff, size_t size, void** handle) {
-  if (!handle) fail(mkInvalidArgument, "mkCommRegister: handle is NULL");
   std::lock_guard<std::mutex> lock(c.mu);
   if (c.boot && c.nranks > 1)
-    register_across_processes(c, buff, size);
+    register_across_processes(c, buff, size, handle);
   else
-    register_in_process(c, buff, size);
+    register_in_process(c, buff, size, handle);
   *handle = buff;
 }
 

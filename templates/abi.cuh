@@ -20,6 +20,7 @@ enum ZcWhat : int32_t {
   kZcCount = 1,   // the peer's count differs (have: the peer's, want: ours)
   kZcWindow = 2,  // the peer named a registered window this rank does not know
   kZcBounds = 3,  // the peer's buffer runs past the end of its registered window
+  kZcCall = 4,    // the peer's call differs (collective, dtype, op or root; have/want: signatures)
 };
 
 // A registered window as one rank sees it on one peer: where it is mapped
@@ -71,6 +72,7 @@ struct Args {
   int64_t out_offset;
   int64_t in_bytes;   // bytes of input / output the collective touches on every rank
   int64_t out_bytes;
+  uint64_t call_sig;  // collective, dtype, op and root of this call: must match on every rank
 };
 
 // Flag region of one plan on one rank: [instance][slot] step values, then one

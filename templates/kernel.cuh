@@ -222,6 +222,7 @@ struct Ctx {
         box[2] = uint64_t(a.in_offset);
         box[3] = uint64_t(a.out_offset);
         box[4] = uint64_t(a.count);
+        box[5] = a.call_sig;
         st_release_sys(box, E);
       }
     for (int q = threadIdx.x; q < N; q += NT) {
@@ -238,6 +239,10 @@ struct Ctx {
       const int64_t bytes[2] = {a.in_bytes, a.out_bytes};
       const int64_t count = int64_t(vb[4]);
       char* ptr[2] = {nullptr, nullptr};
+      if (vb[5] != a.call_sig) {  // another collective, dtype, op or root: its buffers mean something else
+        fail(kErrZcMismatch, kZcCall, q, -1, vb[5], a.call_sig, 0);
+        break;
+      }
       if (count != a.count) {
         fail(kErrZcMismatch, kZcCount, q, -1, uint64_t(count), uint64_t(a.count), 0);
         break;

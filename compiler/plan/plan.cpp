@@ -8,6 +8,7 @@
 
 #include "compiler/common/json_int.hpp"
 #include "mk/error.hpp"
+#include "templates/abi.cuh"
 
 namespace mk::plan {
 namespace fs = std::filesystem;
@@ -158,6 +159,18 @@ Plan from_json(const std::string& text, const std::string& where) {
         x.flag_slots < 1 || x.min_bytes < 0 || (x.max_bytes >= 0 && x.max_bytes < x.min_bytes) ||
         x.seq_words != x.grid || x.scratch_bytes < 0 || x.flag_bytes < 8)
       bad(where, path, "inconsistent kernel description");
+    // The regions the kernel addresses must fit what the runtime allocates.
+    const int64_t flag_words =
+        dev::flag_words(x.instances, x.flag_slots) + (p.zero_copy ? dev::zc_words(p.nranks) : 0);
+    if (x.flag_bytes < flag_words * 8)
+      bad(where, path + ".flag_bytes",
+          fmt::format("{} bytes cannot hold {} flag words ({} instances x {} slots, abort word{})", x.flag_bytes,
+                      flag_words, x.instances, x.flag_slots, p.zero_copy ? ", zero-copy mailboxes" : ""));
+    const int64_t scratch_need =
+        x.max_tile_bytes * (x.proto == "ll" ? 2 : 1) * x.scratch_slots * x.depth * x.instances;
+    if (x.scratch_bytes != 0 && x.scratch_bytes < scratch_need)
+      bad(where, path + ".scratch_bytes",
+          fmt::format("{} bytes cannot hold the scratch layout ({} bytes)", x.scratch_bytes, scratch_need));
     p.kernels.push_back(std::move(x));
   }
   return p;

@@ -497,7 +497,7 @@ plan::Plan fake_plan() {
     k.depth = 2;
     k.scratch_slots = 4;
     k.flag_slots = 3;
-    k.scratch_bytes = 4096 * 4 * 2 * 2;
+    k.scratch_bytes = 4096 * (b == 0 ? 2 : 1) * 4 * 2 * 2;
     k.flag_bytes = 64;
     k.cubin_file = k.name + ".sm_90.cubin";
     k.source_file = k.name + ".cu";

@@ -169,6 +169,13 @@ TEST_CASE("zero-copy: plans compile with NVRTC, say so in plan.json, and need no
   CHECK(a.zero_copy);
   CHECK_FALSE(b.zero_copy);
   CHECK(b.kernels[0].scratch_bytes > 0);
+  // A zero-copy plan whose flag region cannot hold the mailboxes is refused
+  // (the kernel would write past it into the next plan's flags).
+  plan::Plan small = p;
+  small.kernels[0].flag_bytes -= 8;
+  auto e = mkt::catch_error([&] { plan::from_json(plan::to_json(small), "plan.json"); });
+  CHECK(e.id == "mk.plan.E001");
+  CHECK(mkt::contains(e.message, "flag_bytes"));
   // A malformed flag is an error, not a silent default.
   std::string j = plan::to_json(p);
   auto at = j.find("\"zero_copy\": true");
