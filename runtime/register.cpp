@@ -135,11 +135,10 @@ std::string local_check(Comm& c, void* buff, size_t size, void** handle, bool sa
   r = cu().cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CUdeviceptr(b));
   if (r == CUDA_SUCCESS && ordinal != c.device)
     return fmt::format("buff lives on GPU {}, the communicator (rank {}) on GPU {}", ordinal, c.rank, c.device);
-  int legacy = 0;  // the driver writes a boolean
-  if (same_process &&
-      cu().cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CUdeviceptr(b)) ==
-          CUDA_SUCCESS &&
-      legacy == 0)
+  // Memory that legacy IPC can share is exactly the memory peer access
+  // reaches (pools and VMM allocations need their own access grants).
+  CUipcMemHandle probe;
+  if (same_process && cu().cuIpcGetMemHandle(&probe, base) != CUDA_SUCCESS)
     return "buff is not cudaMalloc / cuMemAlloc memory (a stream-ordered pool or a VMM allocation), which peers "
            "cannot reach by peer access";
   return "";
