@@ -183,3 +183,17 @@ TEST_CASE("zero-copy: plans compile with NVRTC, say so in plan.json, and need no
   j.replace(at, std::string("\"zero_copy\": true").size(), "\"zero_copy\": \"yes\"");
   CHECK(mkt::catch_error([&] { plan::from_json(j, "plan.json"); }).id == "mk.plan.E001");
 }
+
+TEST_CASE("zero-copy: mkc lower and simulate take --zero-copy") {
+  auto l = mkt::mkc({"lower", "-s", "allgather.direct", "-n", "3", "--zero-copy", "--dump-after", "sync"});
+  CHECK(l.exit_code == 0);
+  CHECK(mkt::contains(l.out, " zero_copy"));
+  CHECK(mkt::contains(l.out, "r0.in[0] -> r1.out[0]"));  // a push straight into a peer's output
+  auto plain = mkt::mkc({"lower", "-s", "allgather.direct", "-n", "3", "--dump-after", "sync"});
+  CHECK(plain.exit_code == 0);
+  CHECK_FALSE(mkt::contains(plain.out, " zero_copy"));
+  auto sim = mkt::mkc({"simulate", "-s", "alltoall.direct", "-n", "3", "--zero-copy", "--count", "777", "--launches",
+                       "3"});
+  CHECK(sim.exit_code == 0);
+  CHECK(mkt::contains(sim.out, "0 mismatch"));
+}
