@@ -108,18 +108,22 @@ const char* coll_api_name(Collective c) {
 
 bool overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return an && bn && a < b + bn && b < a + an; }
 
-void check_registered(Comm& c, const void* p, size_t bytes, const char* what, const char* api) {
-  if (c.registered.empty() || !p) return;
+// The registered buffer that address `p` lies in: its window, and p's offset
+// in it; -1 when p lies in none. A range that starts in one and runs past its
+// end is a count mismatch.
+int check_registered(const Comm& c, const void* p, size_t bytes, const char* what, const char* api, int64_t* offset) {
   const uintptr_t x = reinterpret_cast<uintptr_t>(p);
   auto it = c.registered.upper_bound(x);
-  if (it == c.registered.begin()) return;
+  if (it == c.registered.begin()) return -1;
   --it;
   const uintptr_t end = it->first + it->second.bytes;
-  if (x >= end) return;
+  if (x >= end) return -1;
   if (x + bytes > end)
     fail(mkInvalidArgument, fmt::format("{}: {} needs {} bytes at {:p}, but the registered buffer it lies in ends "
                                         "{} bytes after it (count mismatch)",
                                         api, what, bytes, p, end - x));
+  *offset = int64_t(x - it->first);
+  return it->second.window;
 }
 
 // MK_ZERO_COPY=0: registered buffers still go through scratch (for comparisons).
@@ -239,19 +243,19 @@ void check_locked(Pending& p) {
   const Call& k = p.k;
   const char* api = coll_api_name(k.coll);
   if (!c->registered.empty()) {
-    if (p.need_send) check_registered(*c, k.send, p.in_bytes, "sendbuff", api);
-    if (p.need_recv) check_registered(*c, k.recv, p.out_bytes, "recvbuff", api);
-    if (zero_copy_enabled() && int64_t(std::max(p.in_bytes, p.out_bytes)) >= zero_copy_min_bytes()) {
-      Comm::ZcCall z;
-      bool all = true;
-      if (p.need_send) all &= (z.in_window = c->window_of(k.send, p.in_bytes, &z.in_offset)) >= 0;
-      if (p.need_recv) all &= (z.out_window = c->window_of(k.recv, p.out_bytes, &z.out_offset)) >= 0;
+    Comm::ZcCall z;
+    bool all = true;  // every buffer of the call is registered
+    if (p.need_send)
+      all &= (z.in_window = check_registered(*c, k.send, p.in_bytes, "sendbuff", api, &z.in_offset)) >= 0;
+    if (p.need_recv)
+      all &= (z.out_window = check_registered(*c, k.recv, p.out_bytes, "recvbuff", api, &z.out_offset)) >= 0;
+    if (all && zero_copy_enabled() && int64_t(std::max(p.in_bytes, p.out_bytes)) >= zero_copy_min_bytes()) {
       z.in_bytes = int64_t(p.in_bytes);
       z.out_bytes = int64_t(p.out_bytes);
       const bool rooted = k.coll == Collective::broadcast || k.coll == Collective::reduce;
       z.call_sig = uint64_t(k.coll) | uint64_t(p.dt) << 8 | uint64_t(p.op) << 16 |
                    uint64_t(uint32_t(rooted ? k.root : 0)) << 32;
-      p.zc = all;
+      p.zc = true;
       p.zcc = z;
     }
   }

@@ -264,16 +264,6 @@ PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t byt
   return inst;
 }
 
-int Comm::window_of(const void* p, size_t bytes, int64_t* offset) const {
-  const uintptr_t x = reinterpret_cast<uintptr_t>(p);
-  auto it = registered.upper_bound(x);
-  if (it == registered.begin()) return -1;
-  --it;
-  if (x + bytes > it->first + it->second.bytes) return -1;
-  *offset = int64_t(x - it->first);
-  return it->second.window;
-}
-
 PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, CUstream stream,
                                     int64_t* lo, int64_t* hi) {
   const Choice choice = choose_schedule(coll, nranks, bytes);

@@ -154,8 +154,6 @@ class Comm {
   };
   dev::Args args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
                  int32_t elem_size, const ZcCall& zc) const;
-  // The registered window holding [p, p + bytes), or -1 (and its offset).
-  int window_of(const void* p, size_t bytes, int64_t* offset) const;
   // Scans kernel error records; returns the first failure (and remembers it).
   mkResult_t poll_async_error();
   void release_instances();
