@@ -152,21 +152,28 @@ void enable_peer_access(CUcontext from, CUcontext to) {
     fail(mkSystemError, "enabling peer access for a registered buffer: " + cu_error_string(r));
 }
 
+// Within one process: rank c's buffer of window w (0: none) goes into the
+// table of every member of its clique (or its own, alone), and the members
+// get peer access to it.
+void publish_in_process(Comm& c, int w, CUdeviceptr base, int64_t bytes) {
+  if (!c.clique) {
+    set_entry(c, w, c.rank, base, bytes);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(c.clique->mu);
+  for (Comm* m : c.clique->members)
+    if (m) {
+      if (base) enable_peer_access(m->ctx, c.ctx);  // m's kernels reach this buffer
+      set_entry(*m, w, c.rank, base, bytes);
+    }
+}
+
 void register_in_process(Comm& c, void* buff, size_t size, void** handle) {
   std::string why = local_check(c, buff, size, handle, c.nranks > 1);
   if (!why.empty()) fail(mkInvalidArgument, "mkCommRegister: " + why);
   const int w = free_window(c);
   const CUdeviceptr b = CUdeviceptr(reinterpret_cast<uintptr_t>(buff));
-  if (c.clique) {
-    std::lock_guard<std::mutex> lock(c.clique->mu);
-    for (Comm* m : c.clique->members)
-      if (m) {
-        enable_peer_access(m->ctx, c.ctx);  // m's kernels reach this buffer
-        set_entry(*m, w, c.rank, b, int64_t(size));
-      }
-  } else {
-    set_entry(c, w, c.rank, b, int64_t(size));
-  }
+  publish_in_process(c, w, b, int64_t(size));
   Registration reg;
   reg.bytes = size;
   reg.window = w;
@@ -314,13 +321,7 @@ void comm_deregister(Comm& c, void* handle) {
       if (it->second.imports[size_t(p)]) close_import(it->second.imports[size_t(p)], c.ctx);
   } else {
     if (!known) fail(mkInvalidArgument, "mkCommDeregister: handle was not registered");
-    if (c.clique) {
-      std::lock_guard<std::mutex> clock(c.clique->mu);
-      for (Comm* m : c.clique->members)
-        if (m) set_entry(*m, w, c.rank, 0, 0);
-    } else {
-      set_entry(c, w, c.rank, 0, 0);
-    }
+    publish_in_process(c, w, 0, 0);
   }
   c.registered.erase(it);
 }
