@@ -176,16 +176,8 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
       }
       verify::DataSpec d{o.dtype, RedOp::sum, 7, 0, o.ranks};
       std::vector<char> host(size_t(std::max(ie, oe)) * es);
-      {  // inputs for GiB-sized buffers: generate on all cores
-        const unsigned nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-        std::vector<std::thread> ts;
-        for (unsigned t = 0; t < nt; ++t)
-          ts.emplace_back([&, t] {
-            int64_t lo = ie * t / nt, hi = ie * (t + 1) / nt;
-            verify::fill_input(d, rank, lo, hi - lo, host.data() + size_t(lo) * es);
-          });
-        for (auto& t : ts) t.join();
-      }
+      // inputs for GiB-sized buffers: generate on (up to 16) cores
+      verify::fill_input_parallel(d, rank, ie, host.data(), std::min(16u, std::thread::hardware_concurrency()));
       CK(cudaMemcpy(in, host.data(), size_t(ie) * es, cudaMemcpyHostToDevice));
       auto call = [&](bool mk) {
         const size_t n = size_t(count);

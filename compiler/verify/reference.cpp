@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "compiler/verify/typed.hpp"
@@ -209,6 +212,53 @@ CheckResult check_output_range(Collective coll, const DataSpec& d, int32_t nrank
   return dispatch_dtype(d.dtype, [&]<typename T>() {
     return check_typed<T>(coll, d, nranks, root, count, rank, first, out, n);
   });
+}
+
+namespace {
+
+// f(lo, hi) over contiguous ranges of [0, n), one thread each.
+template <class F>
+void for_ranges(int64_t n, unsigned threads, F f) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  if (n < (int64_t(1) << 20)) threads = 1;
+  const int64_t per = std::max<int64_t>(1, (n + threads - 1) / threads);
+  std::vector<std::thread> pool;
+  for (int64_t lo = per; lo < n; lo += per) pool.emplace_back([&f, lo, hi = std::min(n, lo + per)] { f(lo, hi); });
+  f(0, std::min(n, per));
+  for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+void fill_input_parallel(const DataSpec& d, int32_t rank, int64_t n, void* dst, unsigned threads) {
+  const size_t es = dtype_size(d.dtype);
+  for_ranges(n, threads, [&](int64_t lo, int64_t hi) {
+    fill_input(d, rank, lo, hi - lo, static_cast<char*>(dst) + size_t(lo) * es);
+  });
+}
+
+CheckResult check_output_parallel(Collective coll, const DataSpec& d, int32_t nranks, int32_t root, int64_t count,
+                                  int32_t rank, const void* out, int64_t out_elems, unsigned threads) {
+  const size_t es = dtype_size(d.dtype);
+  std::vector<std::pair<int64_t, CheckResult>> parts;
+  std::mutex mu;
+  for_ranges(out_elems, threads, [&](int64_t lo, int64_t hi) {
+    CheckResult r = check_output_range(coll, d, nranks, root, count, rank, lo,
+                                       static_cast<const char*>(out) + size_t(lo) * es, hi - lo);
+    std::lock_guard<std::mutex> g(mu);
+    parts.emplace_back(lo, std::move(r));
+  });
+  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  CheckResult all;
+  for (auto& [lo, r] : parts) {
+    if (r.mismatches && all.mismatches == 0) all.first_bad = r.first_bad;
+    all.mismatches += r.mismatches;
+    if (r.max_err > all.max_err || std::isnan(r.max_err)) {
+      all.max_err = r.max_err;
+      all.max_tol = r.max_tol;
+    }
+  }
+  return all;
 }
 
 }  // namespace mk::verify

@@ -51,6 +51,13 @@ CheckResult check_output(Collective coll, const DataSpec& d, int32_t nranks, int
 CheckResult check_output_range(Collective coll, const DataSpec& d, int32_t nranks, int32_t root,
                                int64_t count, int32_t rank, int64_t first, const void* out, int64_t n);
 
+// The same two on `threads` threads (0: one per core) over contiguous ranges,
+// for GiB-sized buffers; below a million elements they run on the caller's
+// thread. The check reports the first mismatch by element order.
+void fill_input_parallel(const DataSpec& d, int32_t rank, int64_t n, void* dst, unsigned threads = 0);
+CheckResult check_output_parallel(Collective coll, const DataSpec& d, int32_t nranks, int32_t root, int64_t count,
+                                  int32_t rank, const void* out, int64_t out_elems, unsigned threads = 0);
+
 // Elements in each rank's input / output buffer for a collective of `count`.
 int64_t input_elems(Collective c, int32_t nranks, int64_t count);
 int64_t output_elems(Collective c, int32_t nranks, int64_t count);

@@ -137,21 +137,13 @@ struct RankBuffers {
   void* recv = nullptr;
 };
 
-// Large buffers are generated and checked on all host cores: 1 GiB per call
-// would otherwise cost seconds.
-template <class F>
-void parallel_ranges(int64_t n, F f) {
-  const unsigned want = n < (int64_t(1) << 20) ? 1u : std::max(1u, std::thread::hardware_concurrency() / 2);
-  const int64_t per = (n + want - 1) / std::max<int64_t>(1, want);
-  std::vector<std::thread> pool;
-  for (int64_t lo = 0; lo < n; lo += per) pool.emplace_back([&f, lo, hi = std::min(n, lo + per)] { f(lo, hi); });
-  if (pool.empty()) f(0, 0);
-  for (auto& t : pool) t.join();
-}
+// Large buffers are generated and checked on the host's cores (half of them:
+// two ranks' processes share the host): 1 GiB per call would otherwise cost
+// seconds.
+unsigned host_threads() { return std::max(1u, std::thread::hardware_concurrency() / 2); }
 
 void fill_parallel(const verify::DataSpec& d, int rank, int64_t n, char* dst) {
-  const size_t es = dtype_size(d.dtype);
-  parallel_ranges(n, [&](int64_t lo, int64_t hi) { verify::fill_input(d, rank, lo, hi - lo, dst + size_t(lo) * es); });
+  verify::fill_input_parallel(d, rank, n, dst, host_threads());
 }
 
 // Pinned host staging, one buffer per role (0 inputs, 1 and 2 checks), grown
@@ -246,18 +238,10 @@ void check(const World& w, const Rank& r, const CallSpec& s, const RankBuffers& 
   if (b.recv) {
     char* host = staging(1, size_t(oe) * es);
     CK_CUDA(cudaMemcpy(host, b.recv, size_t(oe) * es, cudaMemcpyDeviceToHost));
-    std::mutex mu;
-    int64_t bad = 0, first_at = -1;
-    std::string first;
-    parallel_ranges(oe, [&](int64_t lo, int64_t hi) {
-      auto res = verify::check_output_range(s.coll, d, w.nranks, s.root, s.count, r.rank, lo,
-                                            host + size_t(lo) * es, hi - lo);
-      std::lock_guard<std::mutex> g(mu);
-      bad += res.mismatches;
-      if (res.mismatches && (first_at < 0 || lo < first_at)) first_at = lo, first = res.first_bad;
-    });
-    if (bad)
-      throw Failure(describe(s, w.nranks) + ": " + std::to_string(bad) + " wrong element(s); first: " + first);
+    auto res = verify::check_output_parallel(s.coll, d, w.nranks, s.root, s.count, r.rank, host, oe, host_threads());
+    if (res.mismatches)
+      throw Failure(describe(s, w.nranks) + ": " + std::to_string(res.mismatches) + " wrong element(s); first: " +
+                    res.first_bad);
     ++g_checked;
   }
   // Out-of-place: the send buffer must be untouched.

@@ -1063,3 +1063,27 @@ TEST_CASE("executor: random valid all-reduce schedules verify, lower and simulat
   }
   CHECK(tried >= 3 * iters);
 }
+
+TEST_CASE("reference: the parallel fill and check agree with the serial ones, first mismatch by element order") {
+  const int64_t n = (int64_t(1) << 20) + 4099;  // above the threshold, not a multiple of the thread count
+  verify::DataSpec d{DType::bf16, RedOp::sum, 5, 0, 2};
+  std::vector<uint8_t> serial(size_t(n) * 2), par(size_t(n) * 2);
+  verify::fill_input(d, 1, 0, n, serial.data());
+  verify::fill_input_parallel(d, 1, n, par.data(), 3);
+  CHECK(serial == par);
+  // rank 0 of a 2-rank all-gather of count n/2: its output is [rank 0 input | rank 1 input]
+  const int64_t count = n / 2;
+  std::vector<uint8_t> out(size_t(2 * count) * 2);
+  verify::fill_input(d, 0, 0, count, out.data());
+  verify::fill_input(d, 1, 0, count, out.data() + size_t(count) * 2);
+  auto ok = verify::check_output_parallel(Collective::allgather, d, 2, 0, count, 0, out.data(), 2 * count, 3);
+  CHECK(ok.mismatches == 0);
+  out[size_t(count + 7) * 2] ^= 0x40;  // in the second half (another thread's range)
+  out[size_t(5) * 2] ^= 0x40;          // and earlier, in the first range
+  auto bad = verify::check_output_parallel(Collective::allgather, d, 2, 0, count, 0, out.data(), 2 * count, 3);
+  auto ref = verify::check_output(Collective::allgather, d, 2, 0, count, 0, out.data(), 2 * count);
+  CHECK(bad.mismatches == 2);
+  CHECK(bad.mismatches == ref.mismatches);
+  CHECK(bad.first_bad == ref.first_bad);
+  CHECK(mkt::contains(bad.first_bad, "element 5:"));
+}
