@@ -623,6 +623,10 @@ bool served_zero_copy(const Rank& r, const CallSpec& s) {
 
 int g_zero_copy_calls = 0;
 
+// What the registered-buffer matrix covers (zero-copy changes addressing, not arithmetic).
+const std::vector<DType> kRegisteredDtypes = {DType::fp32, DType::bf16, DType::int8, DType::fp64};
+const std::vector<RedOp> kRegisteredOps = {RedOp::sum, RedOp::max, RedOp::avg};
+
 // `unregistered_out`: the receive buffer comes from plain cudaMalloc (the call
 // then goes through scratch although the send buffer is registered).
 void run_registered(World& w, const CallSpec& s, std::vector<RegArena>& arenas, bool unregistered_out = false) {
@@ -681,11 +685,10 @@ void registered(World& w) {
   std::vector<RegArena> arenas = register_arenas(w, big ? (160u << 20) : (16u << 20));
   g_zero_copy_calls = 0;
   int calls = 0;
-  for_each_matrix_call(w, {DType::fp32, DType::bf16, DType::int8, DType::fp64}, {RedOp::sum, RedOp::max, RedOp::avg},
-                       11, [&](const CallSpec& s) {
-                         run_registered(w, s, arenas);
-                         ++calls;
-                       });
+  for_each_matrix_call(w, kRegisteredDtypes, kRegisteredOps, 11, [&](const CallSpec& s) {
+    run_registered(w, s, arenas);
+    ++calls;
+  });
   // Large: 64 MiB buffers (4 MiB in quick mode) for every collective.
   for (Collective c : all_collectives()) {
     CallSpec s;
@@ -1050,20 +1053,17 @@ int prewarm(int arch) {
     auto operator<=>(const Want&) const = default;
   };
   std::set<Want> wants;
-  for (int n : {1, 2, 4})
-    for (Collective c : all_collectives())
-      for (DType t : all_dtypes())
-        for (RedOp o : collective_reduces(c) ? all_redops() : std::vector<RedOp>{RedOp::sum})
-          for (int64_t bytes : {int64_t(16), int64_t(1) << 30})
-            wants.insert({rt::choose_schedule(c, n, bytes).schedule, c, n, t, o, false});
-  // Zero-copy plans of the registered-buffer scenarios.
-  for (int n : {1, 2})
-    for (Collective c : all_collectives())
-      for (DType t : {DType::fp32, DType::bf16, DType::int8, DType::fp64})
-        for (RedOp o : collective_reduces(c) ? std::vector<RedOp>{RedOp::sum, RedOp::max, RedOp::avg}
-                                             : std::vector<RedOp>{RedOp::sum})
-          for (int64_t bytes : {int64_t(16), int64_t(1) << 30})
-            wants.insert({rt::choose_schedule(c, n, bytes).schedule, c, n, t, o, true});
+  auto want = [&](std::initializer_list<int> ns, const std::vector<DType>& dtypes, const std::vector<RedOp>& ops,
+                  bool zc) {
+    for (int n : ns)
+      for (Collective c : all_collectives())
+        for (DType t : dtypes)
+          for (RedOp o : collective_reduces(c) ? ops : std::vector<RedOp>{RedOp::sum})
+            for (int64_t bytes : {int64_t(16), int64_t(1) << 30})
+              wants.insert({rt::choose_schedule(c, n, bytes).schedule, c, n, t, o, zc});
+  };
+  want({1, 2, 4}, all_dtypes(), all_redops(), false);
+  want({1, 2}, kRegisteredDtypes, kRegisteredOps, true);  // the registered-buffer scenarios
   std::vector<Want> list(wants.begin(), wants.end());
   std::atomic<size_t> next{0};
   std::atomic<int> errors{0};
