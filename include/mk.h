@@ -36,6 +36,51 @@ extern "C" {
 
 typedef struct mkComm* mkComm_t;
 
+/* Communicator configuration: the same fields, order and rules as NCCL 2.28's
+ * ncclConfig_t. Initialise with MK_CONFIG_INITIALIZER, then set fields; a
+ * field left at MK_CONFIG_UNDEF_INT / NULL takes its default. Only the first
+ * `size` bytes are read, so a struct from an older header works; the magic and
+ * version are checked. NULL config: every default.
+ *   blocking    1 (default): init and calls return when done; 0: init returns
+ *               mkInProgress at once and completes in the background (poll
+ *               mkCommGetAsyncError until it stops returning mkInProgress).
+ *   cgaClusterSize, minCTAs, maxCTAs, trafficClass, collnetEnable, CTAPolicy,
+ *   shrinkShare, nvlsCTAs, nChannelsPerNetPeer, nvlinkCentricSched: checked
+ *               for range and kept; grids are fixed by each compiled plan.
+ *   netName     NULL or a transport name ("p2p"); unknown names fail init.
+ *   splitShare  accepted (children of mkCommSplit allocate their own scratch).
+ *   commName    a label used in error messages (copied). */
+#define MK_CONFIG_UNDEF_INT (-2147483647 - 1)
+#define MK_CONFIG_UNDEF_PTR NULL
+#define MK_SPLIT_NOCOLOR -1
+#define MK_CONFIG_MAGIC 0xcafebeefu
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+  int cgaClusterSize;
+  int minCTAs;
+  int maxCTAs;
+  const char* netName;
+  int splitShare;
+  int trafficClass;
+  const char* commName;
+  int collnetEnable;
+  int CTAPolicy;
+  int shrinkShare;
+  int nvlsCTAs;
+  int nChannelsPerNetPeer;
+  int nvlinkCentricSched;
+} mkConfig_t;
+#define MK_CONFIG_INITIALIZER                                                                          \
+  {                                                                                                    \
+    sizeof(mkConfig_t), MK_CONFIG_MAGIC, MK_VERSION_CODE, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT,    \
+        MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_PTR, MK_CONFIG_UNDEF_INT,            \
+        MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_PTR, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT,            \
+        MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT             \
+  }
+
 #define MK_UNIQUE_ID_BYTES 128
 typedef struct {
   char internal[MK_UNIQUE_ID_BYTES];
@@ -88,13 +133,34 @@ const char* mkGetLastError(mkComm_t comm);
 /* Communicators. */
 mkResult_t mkGetUniqueId(mkUniqueId* uniqueId);
 mkResult_t mkCommInitRank(mkComm_t* comm, int nranks, mkUniqueId commId, int rank);
+/* mkCommInitRank with a configuration (NULL: defaults). With blocking = 0 it
+ * returns mkInProgress and *comm at once; the communicator is usable once
+ * mkCommGetAsyncError reports mkSuccess (an init error is reported there). */
+mkResult_t mkCommInitRankConfig(mkComm_t* comm, int nranks, mkUniqueId commId, int rank,
+                                const mkConfig_t* config);
+/* Collective over `comm`: ranks passing the same color form a new
+ * communicator, ranked by (key, rank in comm); MK_SPLIT_NOCOLOR gives NULL.
+ * config NULL: the parent's configuration. Ranks of one process created by
+ * mkCommInitAll call it from their own threads (or inside mkGroupStart/End). */
+mkResult_t mkCommSplit(mkComm_t comm, int color, int key, mkComm_t* newcomm, const mkConfig_t* config);
+/* Waits (bounded) for every collective issued on comm to complete; afterwards
+ * only mkCommDestroy is allowed. */
+mkResult_t mkCommFinalize(mkComm_t comm);
 /* One process, `ndev` ranks on devices devlist[0..ndev) (NULL: 0..ndev-1). A
  * device may appear more than once (several ranks per GPU, for testing). */
 mkResult_t mkCommInitAll(mkComm_t* comms, int ndev, const int* devlist);
+/* Destroy and abort are safe from any thread while other threads are inside
+ * calls on comm (those calls then fail; the memory is freed when the last of
+ * them returns). Destroy waits for this communicator's kernels (bounded by the
+ * watchdog); abort stops them, tells every peer (their kernels stop within
+ * microseconds, their next calls fail) and never waits on other work. */
 mkResult_t mkCommDestroy(mkComm_t comm);
 mkResult_t mkCommAbort(mkComm_t comm);
-/* mkSuccess, or the error that ended an earlier collective (mkRemoteError when
- * a peer stopped answering: the watchdog fired). */
+/* mkSuccess; mkInProgress while a nonblocking init runs; or the error that
+ * ended an earlier collective (mkRemoteError when a peer stopped answering:
+ * the watchdog fired, or a peer aborted). Errors are sticky: once one is
+ * recorded, every later call and graph replay on comm fails with it. Cheap
+ * and thread-safe: a watchdog thread may poll it every millisecond. */
 mkResult_t mkCommGetAsyncError(mkComm_t comm, mkResult_t* asyncError);
 mkResult_t mkCommCount(const mkComm_t comm, int* count);
 mkResult_t mkCommCuDevice(const mkComm_t comm, int* device);
@@ -141,7 +207,9 @@ mkResult_t mkAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                       mkDataType_t datatype, mkComm_t comm, cudaStream_t stream);
 
 /* Groups: one host thread driving several communicators. Calls between
- * mkGroupStart and mkGroupEnd are issued at mkGroupEnd. */
+ * mkGroupStart and mkGroupEnd are issued at mkGroupEnd. All or nothing: if any
+ * call of the group failed (its own return code says why), mkGroupEnd returns
+ * that error and launches none of the group's calls. */
 mkResult_t mkGroupStart(void);
 mkResult_t mkGroupEnd(void);
 

@@ -278,6 +278,10 @@ Bootstrap::Bootstrap(const mkUniqueId& id, int nranks, int rank) : id_(bootstrap
   }
 }
 
+void Bootstrap::interrupt() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
 Bootstrap::~Bootstrap() {
   if (fd_ >= 0) ::close(fd_);
 }

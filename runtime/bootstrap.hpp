@@ -39,6 +39,8 @@ class Bootstrap {
   // Every rank contributes `mine`; returns all contributions in rank order.
   std::vector<std::string> allgather(const std::string& mine);
   void barrier() { allgather(std::string()); }
+  // Makes a wait in allgather() on another thread fail now (abort).
+  void interrupt();
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   const IdContents& id() const { return id_; }

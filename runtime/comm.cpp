@@ -3,13 +3,14 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "runtime/cuda_driver.hpp"
-#include "runtime/ipc.hpp"
 #include "runtime/status.hpp"
 #include "templates/layout.cuh"
 
@@ -34,18 +35,6 @@ uint64_t process_token() {
   }();
   return t;
 }
-
-struct RankInfo {
-  char host[64];
-  char boot_id[40];
-  uint64_t token;
-  int64_t pid;
-  int32_t device;
-  int32_t arch;
-  uint8_t uuid[16];
-  uint64_t arena_base;
-  uint64_t arena_size;
-};
 
 std::string read_boot_id() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
@@ -76,26 +65,74 @@ void setup_memory(Comm& c) {
   const Driver& d = cu();
   CtxGuard g(c.ctx);
   c.arena.allocate(c.cudev, size_t(c.config.flag_bytes + c.config.scratch_bytes));
-  MK_CU(d.cuEventCreate(&c.order_event, CU_EVENT_DISABLE_TIMING), "creating an event");
+  MK_CU(d.cuEventCreate(&c.done_event, CU_EVENT_DISABLE_TIMING), "creating an event");
   void* host = nullptr;
-  MK_CU(d.cuMemHostAlloc(&host, 64, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE), "allocating the abort flag");
-  std::memset(host, 0, 64);
-  c.host_abort = static_cast<volatile int32_t*>(host);
-  MK_CU(d.cuMemHostGetDevicePointer(&c.host_abort_dev, host, 0), "mapping the abort flag");
+  MK_CU(d.cuMemHostAlloc(&host, sizeof(HostFlags), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+        "allocating the host flags");
+  std::memset(host, 0, sizeof(HostFlags));
+  c.host = static_cast<HostFlags*>(host);
+  c.host->one = 1;
+  MK_CU(d.cuMemHostGetDevicePointer(&c.host_dev, host, 0), "mapping the host flags");
   const size_t table = sizeof(dev::ZcPeerWindow) * size_t(c.config.max_windows) * size_t(c.nranks);
-  MK_CU(d.cuMemAlloc(&c.windows, table), "allocating the registration table");
-  MK_CU(d.cuMemsetD8(c.windows, 0, table), "clearing the registration table");
+  MK_CU(d.cuMemAlloc(&c.regs.windows, table), "allocating the registration table");
+  MK_CU(d.cuMemsetD8(c.regs.windows, 0, table), "clearing the registration table");
   MK_CU(d.cuStreamCreate(&c.side_stream, CU_STREAM_NON_BLOCKING), "creating a stream");
 }
 
-void check_peer_access(CUdevice a, CUdevice b) {
-  if (a == b) return;
-  int can = 0;
-  MK_CU(cu().cuDeviceCanAccessPeer(&can, a, b), "cuDeviceCanAccessPeer");
-  if (!can)
-    fail(mkSystemError, fmt::format("GPUs {} and {} cannot access each other's memory (no NVLink or PCIe peer "
-                                    "access); mKernel's intra-node transport needs peer access",
-                                    a, b));
+RankInfo local_info(const Comm& c) {
+  RankInfo me{};
+  char host[64] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::memcpy(me.host, host, sizeof me.host);
+  std::string boot = read_boot_id();
+  std::strncpy(me.boot_id, boot.c_str(), sizeof me.boot_id - 1);
+  me.token = process_token();
+  me.pid = ::getpid();
+  me.device = c.device;
+  me.arch = c.arch;
+  CUuuid uuid{};
+  cu().cuDeviceGetUuid(&uuid, c.cudev);
+  std::memcpy(me.uuid, uuid.bytes, 16);
+  me.arena_base = c.arena.base();
+  me.arena_size = c.arena.size();
+  return me;
+}
+
+// Checks what every rank must agree on; counts the ranks on this GPU.
+void check_peers(Comm& c, const std::vector<RankInfo>& all) {
+  const RankInfo& me = all[size_t(c.rank)];
+  c.colocated = 0;
+  for (int r = 0; r < c.nranks; ++r) {
+    const RankInfo& p = all[size_t(r)];
+    if (std::strncmp(p.host, me.host, sizeof me.host) != 0 || std::strncmp(p.boot_id, me.boot_id, sizeof me.boot_id) != 0)
+      fail(mkInvalidUsage, fmt::format("rank {} runs on host '{:.64}' and rank {} on '{:.64}': communicators spanning "
+                                       "nodes need the network transport, which this build does not include yet",
+                                       c.rank, me.host, r, p.host));
+    if (p.arena_size != me.arena_size)
+      fail(mkInvalidUsage, fmt::format("ranks disagree on the symmetric memory size ({} vs {} bytes): set "
+                                       "MK_SCRATCH_BYTES and MK_FLAG_BYTES alike on every rank",
+                                       me.arena_size, p.arena_size));
+    if (std::memcmp(p.uuid, me.uuid, 16) == 0) ++c.colocated;
+  }
+}
+
+void connect(Comm& c, const std::vector<RankInfo>& all) {
+  check_peers(c, all);
+  if (!c.config.net_name.empty() && c.config.net_name != "p2p")
+    fail(mkInvalidArgument, fmt::format("config netName '{}' is not a transport of this build (p2p)", c.config.net_name));
+  c.transport = make_p2p_transport();
+  TransportSetup s;
+  s.rank = c.rank;
+  s.nranks = c.nranks;
+  s.cudev = c.cudev;
+  s.ctx = c.ctx;
+  s.arena = &c.arena;
+  s.all = &all;
+  s.boot = c.boot.get();
+  s.timeout_ms = bootstrap_timeout_ms();
+  c.transport->connect(s);
+  c.peer_base.resize(size_t(c.nranks));
+  for (int r = 0; r < c.nranks; ++r) c.peer_base[size_t(r)] = c.transport->peer_base(r);
 }
 
 }  // namespace
@@ -113,304 +150,160 @@ CommConfig comm_config_from_env() {
   return c;
 }
 
-Comm* comm_init_rank(int nranks, const mkUniqueId& id, int rank) {
-  if (nranks < 1) fail(mkInvalidArgument, fmt::format("nranks must be >= 1, got {}", nranks));
-  if (rank < 0 || rank >= nranks) fail(mkInvalidArgument, fmt::format("rank {} is outside 0..{}", rank, nranks - 1));
+void apply_user_config(CommConfig* c, const mkConfig_t* user) {
+  if (!user) return;
+  // Read only the bytes the caller's struct has (an older header may be shorter).
+  if (user->size < offsetof(mkConfig_t, blocking) || user->size > (1u << 16))
+    fail(mkInvalidArgument, fmt::format("config: size {} is not a mkConfig_t (initialise it with "
+                                        "MK_CONFIG_INITIALIZER)",
+                                        user->size));
+  mkConfig_t u = MK_CONFIG_INITIALIZER;
+  std::memcpy(&u, user, std::min(user->size, sizeof u));
+  if (u.magic != MK_CONFIG_MAGIC)
+    fail(mkInvalidArgument, fmt::format("config: magic {:#x} is wrong (initialise it with MK_CONFIG_INITIALIZER)",
+                                        u.magic));
+  if (u.version < 100 || u.version > 10000000u)
+    fail(mkInvalidArgument, fmt::format("config: version {} is not a version code", u.version));
+  auto field = [](int v, const char* name, int lo, int hi, int dflt) {
+    if (v == MK_CONFIG_UNDEF_INT) return dflt;
+    if (v < lo || v > hi) fail(mkInvalidArgument, fmt::format("config: {} = {} is outside {}..{}", name, v, lo, hi));
+    return v;
+  };
+  c->blocking = field(u.blocking, "blocking", 0, 1, 1) == 1;
+  c->cga_cluster_size = field(u.cgaClusterSize, "cgaClusterSize", 0, 8, 0);
+  c->min_ctas = field(u.minCTAs, "minCTAs", 1, 65536, 1);
+  c->max_ctas = field(u.maxCTAs, "maxCTAs", 1, 65536, 65536);
+  if (c->min_ctas > c->max_ctas)
+    fail(mkInvalidArgument, fmt::format("config: minCTAs {} > maxCTAs {}", c->min_ctas, c->max_ctas));
+  c->split_share = field(u.splitShare, "splitShare", 0, 1, 0);
+  // Fields NCCL defines that only need to be valid here.
+  if (u.size >= offsetof(mkConfig_t, commName) + sizeof(const char*)) {
+    field(u.trafficClass, "trafficClass", 0, 255, 0);
+    if (u.commName) c->comm_name = std::string(u.commName).substr(0, 128);
+  }
+  if (u.netName) c->net_name = std::string(u.netName).substr(0, 64);
+}
+
+int current_device() {
   const Driver& d = cu();
-  auto c = std::make_unique<Comm>();
-  c->nranks = nranks;
-  c->rank = rank;
-  c->config = comm_config_from_env();
-  // The caller's current device (cudaSetDevice), as NCCL does.
   CUcontext cur = nullptr;
-  int device = 0;
   if (d.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur) {
     CUdevice dev = 0;
     MK_CU(d.cuCtxGetDevice(&dev), "cuCtxGetDevice");
-    device = int(dev);
+    return int(dev);
   }
-  setup_device(*c, device);
-  if (nranks > 1) c->boot = std::make_unique<Bootstrap>(id, nranks, rank);
-  setup_memory(*c);
+  return 0;
+}
 
-  RankInfo me{};
-  char host[64] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::memcpy(me.host, host, sizeof me.host);
-  std::string boot = read_boot_id();
-  std::strncpy(me.boot_id, boot.c_str(), sizeof me.boot_id - 1);
-  me.token = process_token();
-  me.pid = ::getpid();
-  me.device = c->device;
-  me.arch = c->arch;
-  CUuuid uuid{};
-  d.cuDeviceGetUuid(&uuid, c->cudev);
-  std::memcpy(me.uuid, uuid.bytes, 16);
-  me.arena_base = c->arena.base();
-  me.arena_size = c->arena.size();
+void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int device) {
+  if (nranks < 1) fail(mkInvalidArgument, fmt::format("nranks must be >= 1, got {}", nranks));
+  if (rank < 0 || rank >= nranks) fail(mkInvalidArgument, fmt::format("rank {} is outside 0..{}", rank, nranks - 1));
+  c.nranks = nranks;
+  c.rank = rank;
+  setup_device(c, device);
+  if (nranks > 1) c.boot = std::make_unique<Bootstrap>(id, nranks, rank);
+  if (c.closing.load()) fail(mkInvalidUsage, "the communicator was aborted during init");
+  setup_memory(c);
 
+  RankInfo me = local_info(c);
   std::vector<RankInfo> all(static_cast<size_t>(nranks));
   if (nranks == 1) {
     all[0] = me;
   } else {
-    auto blobs = c->boot->allgather(std::string(reinterpret_cast<const char*>(&me), sizeof me));
+    auto blobs = c.boot->allgather(std::string(reinterpret_cast<const char*>(&me), sizeof me));
     for (int r = 0; r < nranks; ++r) {
       if (blobs[size_t(r)].size() != sizeof(RankInfo))
-        fail(mkInternalError, "rank " + std::to_string(r) + " runs a different mKernel version");
+        fail(mkInvalidUsage, "rank " + std::to_string(r) + " runs a different mKernel version");
       std::memcpy(&all[size_t(r)], blobs[size_t(r)].data(), sizeof(RankInfo));
     }
   }
-  for (int r = 0; r < nranks; ++r) {
-    const RankInfo& p = all[size_t(r)];
-    if (std::strncmp(p.host, me.host, sizeof me.host) != 0 || std::strncmp(p.boot_id, me.boot_id, sizeof me.boot_id) != 0)
-      fail(mkInvalidUsage, fmt::format("rank {} runs on host '{}' and rank {} on '{}': communicators spanning nodes "
-                                       "need the network transport, which this build does not include yet",
-                                       rank, me.host, r, p.host));
-    if (p.arena_size != me.arena_size)
-      fail(mkInvalidUsage, fmt::format("ranks disagree on the symmetric memory size ({} vs {} bytes): set "
-                                       "MK_SCRATCH_BYTES and MK_FLAG_BYTES alike on every rank",
-                                       me.arena_size, p.arena_size));
-  }
-  // Peers in this process reach our arena through its own address: grant
-  // their devices access. Peers in other processes import our handle.
-  c->peer_base.assign(size_t(nranks), 0);
-  std::vector<CUdevice> local_devices;
-  int remote = 0;
-  for (int r = 0; r < nranks; ++r) {
-    const RankInfo& p = all[size_t(r)];
-    if (p.token == me.token) {
-      c->peer_base[size_t(r)] = p.arena_base;
-      if (p.device != me.device) {
-        check_peer_access(c->cudev, CUdevice(p.device));
-        local_devices.push_back(CUdevice(p.device));
-      }
-    } else {
-      ++remote;
-    }
-  }
-  {
-    CtxGuard g(c->ctx);
-    c->arena.grant(local_devices);
-  }
-  if (remote > 0) {
-    const std::string prefix = "mkernel-" + nonce_hex(c->boot->id()) + "-";
-    int fd = c->arena.export_fd();
-    FdServer server(prefix + std::to_string(rank), fd, remote, bootstrap_timeout_ms());
-    CtxGuard g(c->ctx);
-    for (int r = 0; r < nranks; ++r) {
-      if (all[size_t(r)].token == me.token) continue;
-      int peer_fd = fetch_fd(prefix + std::to_string(r), bootstrap_timeout_ms());
-      auto m = std::make_unique<PeerMapping>();
-      m->map(peer_fd, all[size_t(r)].arena_size, c->cudev);
-      c->peer_base[size_t(r)] = m->base();
-      c->mappings.push_back(std::move(m));
-    }
-    server.wait();
-    ::close(fd);
-  }
-  if (c->boot) c->boot->barrier();  // every grant and mapping done before any kernel runs
-  debug_log(fmt::format("rank {}/{} on GPU {} (sm_{}), {} peer(s) in other processes", rank, nranks, c->device,
-                        c->arch, remote));
-  return c.release();
+  connect(c, all);
+  if (c.boot) c.boot->barrier();  // every grant and mapping done before any kernel runs
+  debug_log(fmt::format("rank {}/{} on GPU {} (sm_{}), {} peer(s) in other processes, {} rank(s) on this GPU", rank,
+                        nranks, c.device, c.arch, c.transport->remote_peers(), c.colocated));
 }
 
-std::vector<Comm*> comm_init_all(int ndev, const int* devlist) {
+std::vector<std::shared_ptr<Comm>> comm_init_all(int ndev, const int* devlist, const CommConfig& cfg) {
   if (ndev < 1) fail(mkInvalidArgument, fmt::format("ndev must be >= 1, got {}", ndev));
-  const Driver& d = cu();
-  (void)d;
-  std::vector<std::unique_ptr<Comm>> comms;
+  std::vector<std::shared_ptr<Comm>> comms;
   for (int r = 0; r < ndev; ++r) {
-    auto c = std::make_unique<Comm>();
+    auto c = std::make_shared<Comm>();
     c->nranks = ndev;
     c->rank = r;
-    c->config = comm_config_from_env();
+    c->config = cfg;
     setup_device(*c, devlist ? devlist[r] : r);
     setup_memory(*c);
     comms.push_back(std::move(c));
   }
-  std::vector<CUdevice> devices;
-  for (auto& c : comms) devices.push_back(c->cudev);
-  for (auto& a : comms)
-    for (auto& b : comms) check_peer_access(a->cudev, b->cudev);
-  for (auto& c : comms) {
-    CtxGuard g(c->ctx);
-    c->arena.grant(devices);
-  }
-  std::vector<Comm*> out;
+  std::vector<RankInfo> all;
+  for (auto& c : comms) all.push_back(local_info(*c));
+  for (auto& c : comms) connect(*c, all);
   auto clique = std::make_shared<Clique>();
   for (auto& c : comms) clique->members.push_back(c.get());
-  for (auto& c : comms) {
-    c->clique = clique;
-    c->peer_base.resize(size_t(ndev));
-    for (int r = 0; r < ndev; ++r) c->peer_base[size_t(r)] = comms[size_t(r)]->arena.base();
-  }
-  for (auto& c : comms) out.push_back(c.release());
-  return out;
+  for (auto& c : comms) c->clique = clique;
+  return comms;
 }
 
-// ---- plan instances ---------------------------------------------------------
+// ---- lifecycle and errors ---------------------------------------------------
 
-PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc) {
-  for (const Range& r : fast[zc][(size_t(coll) * 12 + size_t(dtype)) * 5 + size_t(op)])
-    if (bytes >= r.lo && (r.hi < 0 || bytes <= r.hi)) return r.inst;
-  return nullptr;
+void Comm::set_error(mkResult_t code, const std::string& msg) {
+  std::lock_guard<std::mutex> lock(err_mu);
+  if (async_error.load() != mkSuccess) return;
+  async_message_ = msg;
+  async_error.store(code);
 }
 
-PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, CUstream stream) {
-  if (PlanInstance* p = find(coll, dtype, op, bytes, zc)) return *p;
-  int64_t lo = 0, hi = -1;
-  PlanInstance& inst = create_instance(coll, dtype, op, bytes, zc, stream, &lo, &hi);
-  fast[zc][(size_t(coll) * 12 + size_t(dtype)) * 5 + size_t(op)].push_back({lo, hi, &inst});
-  return inst;
+std::string Comm::error_message() const {
+  std::lock_guard<std::mutex> lock(err_mu);
+  return async_message_;
 }
 
-PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, CUstream stream,
-                                    int64_t* lo, int64_t* hi) {
-  const Choice choice = choose_schedule(coll, nranks, bytes);
-  const std::string& schedule = choice.schedule;
-  auto plan = get_plan(schedule, coll, nranks, dtype, op, arch, zc);
-  const plan::Kernel* k = plan::select(*plan, bytes);
-  if (!k)
-    fail(mkInternalError, fmt::format("plan {} has no kernel for {} bytes", plan->schedule, bytes));
-  *lo = std::max(choice.lo, k->min_bytes);
-  *hi = choice.hi < 0 ? k->max_bytes : (k->max_bytes < 0 ? choice.hi : std::min(choice.hi, k->max_bytes));
-  // One instance per (plan, kernel): hash of the identifying strings.
-  std::hash<std::string> h;
-  const uint64_t key = h(plan->schedule + "|" + std::string(name(dtype)) + "|" + std::string(name(op)) + "|" +
-                         std::to_string(plan->nranks) + "|" + k->name + (plan->zero_copy ? "|zc" : ""));
-  if (auto it = instances.find(key); it != instances.end()) return *it->second;
-
-  const Driver& d = cu();
-  CtxGuard g(ctx);
-  auto inst = std::make_unique<PlanInstance>();
-  inst->plan = plan;
-  inst->kernel = k;
-  inst->rooted = coll == Collective::broadcast || coll == Collective::reduce;
-  MK_CU(d.cuModuleLoadData(&inst->module, k->cubin.data()), "loading the kernel of plan " + plan->schedule);
-  MK_CU(d.cuModuleGetFunction(&inst->fn, inst->module, k->name.c_str()), "finding kernel " + k->name);
-  // With lazy module loading (the CUDA 12+ default) the first launch would
-  // load the code, which may wait for running kernels: ours wait for peers,
-  // so load now, before any kernel of this call is launched.
-  if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(inst->fn), "loading kernel " + k->name);
-  int per_sm = 0;
-  d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, inst->fn, k->threads, 0);
-  if (int64_t(per_sm) * sms < k->grid)
-    fail(mkInvalidUsage, fmt::format("kernel {} needs {} co-resident blocks of {} threads, but GPU {} holds {}",
-                                     k->name, k->grid, k->threads, device, per_sm * sms));
-  inst->res = &resources_for(*plan, *k, stream);
-  debug_log(fmt::format("rank {}: plan {} kernel {} ready (grid {}x{}, scratch {} B at +{}, flags at +{})", rank,
-                        plan->schedule, k->name, k->grid, k->threads, k->scratch_bytes, inst->res->scratch_offset,
-                        inst->res->flag_offset));
-  PlanInstance* raw = inst.get();
-  owned.push_back(std::move(inst));
-  instances[key] = raw;
-  return *raw;
+void Comm::set_last_error(const std::string& msg) {
+  std::lock_guard<std::mutex> lock(err_mu);
+  last_error_ = msg;
 }
 
-Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k, CUstream stream) {
-  // Everything that shapes the flag protocol and the scratch layout.
-  // (The compiler version too: another one may place synchronisation elsewhere.)
-  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", p.mkernel_version,
-                                      p.schedule, p.zero_copy,
-                                      p.nranks, p.chunks,
-                                      k.proto, k.max_tile_bytes, k.instances, k.tbs, k.threads, k.grid, k.depth,
-                                      k.scratch_slots, k.flag_slots, k.classes, k.scratch_bytes, k.flag_bytes,
-                                      k.seq_words);
-  for (auto& r : resources)
-    if (r->key == key) return *r;
-  const Driver& d = cu();
-  auto res = std::make_unique<Resources>();
-  res->key = key;
-  res->grid = k.grid;
-  // Regions, allocated in call order: identical on every rank because every
-  // rank makes the same calls in the same order (as NCCL requires).
-  const int64_t align = 256;
-  res->flag_offset = (flags_used + align - 1) / align * align;
-  res->scratch_offset = (scratch_used + align - 1) / align * align;
-  if (res->flag_offset + k.flag_bytes > config.flag_bytes)
-    fail(mkSystemError, fmt::format("flag memory exhausted ({} bytes); raise MK_FLAG_BYTES", config.flag_bytes));
-  if (res->scratch_offset + k.scratch_bytes > config.scratch_bytes)
-    fail(mkSystemError, fmt::format("symmetric scratch exhausted: plan {} needs {} more bytes, {} of {} are in use; "
-                                    "raise MK_SCRATCH_BYTES (on every rank)",
-                                    k.name, k.scratch_bytes, scratch_used, config.scratch_bytes));
-  std::vector<CUdeviceptr> sp(static_cast<size_t>(nranks)), fp(static_cast<size_t>(nranks));
-  for (int r = 0; r < nranks; ++r) {
-    fp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(res->flag_offset);
-    sp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(config.flag_bytes + res->scratch_offset);
-  }
-  Resources* raw = res.get();
-  resources.push_back(std::move(res));  // owned from here on: freed on any failure below
-  MK_CU(d.cuMemAlloc(&raw->scratch_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");
-  MK_CU(d.cuMemAlloc(&raw->flag_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");
-  MK_CU(d.cuMemAlloc(&raw->seq, sizeof(uint64_t) * size_t(k.grid)), "allocating step counters");
-  // Initialised on the caller's stream, so the kernel that follows sees them
-  // without any host synchronisation (which could wait for a peer's kernel
-  // that this very thread has yet to launch). Pageable sources are staged
-  // before the call returns, so the host vectors may go.
-  MK_CU(d.cuMemcpyHtoDAsync(raw->scratch_ptrs, sp.data(), sizeof(CUdeviceptr) * size_t(nranks), stream),
-        "copying a plan table");
-  MK_CU(d.cuMemcpyHtoDAsync(raw->flag_ptrs, fp.data(), sizeof(CUdeviceptr) * size_t(nranks), stream),
-        "copying a plan table");
-  MK_CU(d.cuMemsetD8Async(raw->seq, 0, sizeof(uint64_t) * size_t(k.grid), stream), "zeroing step counters");
-  void* host = nullptr;
-  MK_CU(d.cuMemHostAlloc(&host, sizeof(dev::ErrorRecord) * size_t(k.grid),
-                         CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
-        "allocating error records");
-  std::memset(host, 0, sizeof(dev::ErrorRecord) * size_t(k.grid));
-  raw->errors = static_cast<dev::ErrorRecord*>(host);
-  MK_CU(d.cuMemHostGetDevicePointer(&raw->errors_dev, host, 0), "mapping error records");
-  flags_used = raw->flag_offset + k.flag_bytes;
-  scratch_used = raw->scratch_offset + k.scratch_bytes;
-  return *raw;
+std::string Comm::last_error() const {
+  std::lock_guard<std::mutex> lock(err_mu);
+  return last_error_;
 }
 
-dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
-                     int32_t elem_size, const ZcCall& zc) const {
-  const plan::Kernel& k = *inst.kernel;
-  dev::Args a{};
-  a.input = input;
-  a.output = output;
-  a.count = count;
-  a.tile_bytes = dev::pick_tile_bytes(count, inst.plan->chunks, k.instances, elem_size, k.max_tile_bytes);
-  a.rank = rank;
-  a.root = inst.rooted ? root : 0;
-  a.scratch = reinterpret_cast<char* const*>(inst.res->scratch_ptrs);
-  a.flags = reinterpret_cast<uint64_t* const*>(inst.res->flag_ptrs);
-  a.seq = reinterpret_cast<uint64_t*>(inst.res->seq);
-  a.errors = reinterpret_cast<dev::ErrorRecord*>(inst.res->errors_dev);
-  a.host_abort = reinterpret_cast<const volatile int32_t*>(host_abort_dev);
-  a.timeout_ns = config.timeout_ns;
-  if (inst.plan->zero_copy) {
-    a.windows = reinterpret_cast<const dev::ZcPeerWindow*>(windows);
-    a.max_windows = config.max_windows;
-    a.in_window = zc.in_window;
-    a.out_window = zc.out_window;
-    a.in_offset = zc.in_offset;
-    a.out_offset = zc.out_offset;
-    a.in_bytes = zc.in_bytes;
-    a.out_bytes = zc.out_bytes;
-    a.call_sig = zc.call_sig;
-  }
-  return a;
+void Comm::check_usable(const char* api) {
+  const int s = state.load();
+  if (s == int(CommState::initializing))
+    fail(mkInvalidUsage, fmt::format("{}: the communicator is still being initialised (nonblocking init): wait until "
+                                     "mkCommGetAsyncError returns mkSuccess",
+                                     api));
+  if (aborted.load() || closing.load())
+    fail(mkInvalidUsage, std::string(api) + ": the communicator was aborted or is being destroyed");
+  if (async_error.load() == mkSuccess && host && host->error != 0) poll_async_error();
+  if (const int e = async_error.load(); e != mkSuccess) fail(mkResult_t(e), std::string(api) + ": " + error_message());
+  if (s == int(CommState::finalized))
+    fail(mkInvalidUsage, std::string(api) + ": the communicator was finalized; only mkCommDestroy is allowed");
 }
 
 mkResult_t Comm::poll_async_error() {
-  if (async_error.load() != mkSuccess) return mkResult_t(async_error.load());
-  std::lock_guard<std::mutex> lock(mu);
-  const dev::ErrorRecord* found = nullptr;
+  if (const int e = async_error.load(); e != mkSuccess) return mkResult_t(e);
+  if (state.load() == int(CommState::initializing)) return mkInProgress;
+  dev::ErrorRecord found{};
   const PlanInstance* where = nullptr;
-  for (auto& res : resources)
-    for (int b = 0; b < res->grid; ++b) {
-      const volatile dev::ErrorRecord& e = res->errors[b];
-      int32_t code = e.code;
-      if (code == 0) continue;
-      if (!found || (found->code == dev::kErrStopped && code != dev::kErrStopped)) {
-        found = const_cast<const dev::ErrorRecord*>(&res->errors[b]);
-        where = res->last;
+  {
+    std::lock_guard<std::mutex> lock(plans.res_mu);
+    for (auto& res : plans.resources)
+      for (int b = 0; b < res->grid; ++b) {
+        const volatile dev::ErrorRecord& e = res->errors[b];
+        const int32_t code = e.code;
+        if (code == 0) continue;
+        if (found.code == 0 || (found.code == dev::kErrStopped && code != dev::kErrStopped)) {
+          std::atomic_thread_fence(std::memory_order_acquire);  // the fields were written before the code
+          std::memcpy(&found, const_cast<const dev::ErrorRecord*>(&res->errors[b]), sizeof found);
+          found.code = code;
+          where = res->last.load();
+        }
       }
-    }
-  if (!found) return mkSuccess;
-  const dev::ErrorRecord& e = *found;
+  }
+  if (found.code == 0) return mkSuccess;
+  const dev::ErrorRecord& e = found;
   std::string what;
   const std::string who = fmt::format("thread block {} (instance {})", e.tb, e.instance);
   const char* zc_rule =
@@ -443,52 +336,303 @@ mkResult_t Comm::poll_async_error() {
     what = fmt::format("rank {}'s buffer ends {} bytes into its registered buffer of {} bytes (beyond its end); "
                        "this rank did not touch it",
                        e.peer, e.have, e.want);
+  else if (e.slot == dev::kStoppedAtEntry)
+    what = fmt::format("{} did not start: the communicator had already been aborted (by this rank, a peer, or a "
+                       "failed collective elsewhere)",
+                       who);
   else
     what = fmt::format("{} stopped at step {} because another rank or the host aborted", who, e.step);
-  async_message = fmt::format(
-      "rank {}: collective {} ({}) did not complete: {}. A peer process may have died or stalled "
+  const std::string msg = fmt::format(
+      "rank {}: collective {} ({}) did not complete: {}. A peer process may have died, stalled or aborted "
       "(watchdog: MK_TIMEOUT_MS). The communicator is unusable; call mkCommAbort.",
       rank, where ? where->plan->schedule : "?", where ? where->kernel->name : "?", what);
-  const mkResult_t code = e.code == dev::kErrZcMismatch ? mkInvalidUsage : mkRemoteError;
-  async_error.store(code);
-  return code;
+  set_error(e.code == dev::kErrZcMismatch ? mkInvalidUsage : mkRemoteError, msg);
+  return mkResult_t(async_error.load());
 }
 
-void Comm::release_instances() {
-  const Driver& d = cu();
-  for (auto& inst : owned)
-    if (inst->module) d.cuModuleUnload(inst->module);
-  for (auto& res : resources) {
-    if (res->scratch_ptrs) d.cuMemFree(res->scratch_ptrs);
-    if (res->flag_ptrs) d.cuMemFree(res->flag_ptrs);
-    if (res->seq) d.cuMemFree(res->seq);
-    if (res->errors) d.cuMemFreeHost(res->errors);
+void Comm::raise_abort() {
+  if (host) host->abort = 1;  // this rank's kernels, at their next bounded-wait check
+  if (!side_stream || peer_base.empty()) return;
+  // The comm-wide abort word of every rank (in its arena's flag part):
+  // peers' kernels stop too, and every later launch there stops at entry.
+  // On the side stream: never behind user work, bounded.
+  try {
+    CtxGuard g(ctx);
+    for (CUdeviceptr b : peer_base)
+      if (b) cu().cuMemcpyHtoDAsync(b, &host->one, sizeof(uint64_t), side_stream);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (cu().cuStreamQuery(side_stream) == CUDA_ERROR_NOT_READY &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2))
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  } catch (...) {
   }
-  owned.clear();
-  resources.clear();
-  instances.clear();
+}
+
+bool Comm::wait_idle(int64_t bound_ms) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!used || !done_event) return true;
+  const Driver& d = cu();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const CUresult r = d.cuEventQuery(done_event);
+    if (r != CUDA_ERROR_NOT_READY) return true;  // done, or the context is gone
+    if (bound_ms >= 0 && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(bound_ms)) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+// ---- plan instances ---------------------------------------------------------
+
+namespace {
+size_t fast_slot(Collective coll, DType dtype, RedOp op) {
+  return (size_t(coll) * kNumDTypes + size_t(dtype)) * kNumRedOps + size_t(op);
+}
+
+// Unused capture mode for the calling thread during instance creation: the
+// JIT, module loads and allocations are then allowed while a graph is being
+// captured (what NCCL does on a first call inside capture).
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cu().cuThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cu().cuThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+}  // namespace
+
+PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc) {
+  for (const PlanCache::Range& r : plans.fast[zc][fast_slot(coll, dtype, op)])
+    if (bytes >= r.lo && (r.hi < 0 || bytes <= r.hi)) return r.inst;
+  return nullptr;
+}
+
+PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc) {
+  if (PlanInstance* p = find(coll, dtype, op, bytes, zc)) return *p;
+  int64_t lo = 0, hi = -1;
+  RelaxedCapture relaxed;
+  CtxGuard g(ctx);
+  PlanInstance& inst = create_instance(coll, dtype, op, bytes, zc, &lo, &hi);
+  plans.fast[zc][fast_slot(coll, dtype, op)].push_back({lo, hi, &inst});
+  return inst;
+}
+
+PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
+                                    int64_t* hi) {
+  const Choice choice = choose_schedule(coll, nranks, bytes);
+  auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc);
+  const plan::Kernel* k = plan::select(*plan, bytes);
+  if (!k) fail(mkInternalError, fmt::format("plan {} has no kernel for {} bytes", plan->schedule, bytes));
+  *lo = std::max(choice.lo, k->min_bytes);
+  *hi = choice.hi < 0 ? k->max_bytes : (k->max_bytes < 0 ? choice.hi : std::min(choice.hi, k->max_bytes));
+  // One instance per (plan, kernel).
+  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", plan->schedule, name(plan->dtype), name(plan->op),
+                                      plan->nranks, k->name, plan->zero_copy);
+  if (auto it = plans.instances.find(key); it != plans.instances.end()) return *it->second;
+
+  const Driver& d = cu();
+  auto inst = std::make_unique<PlanInstance>();  // unloads its module if anything below fails
+  inst->plan = plan;
+  inst->kernel = k;
+  inst->rooted = coll == Collective::broadcast || coll == Collective::reduce;
+  MK_CU(d.cuModuleLoadData(&inst->module, k->cubin.data()), "loading the kernel of plan " + plan->schedule);
+  MK_CU(d.cuModuleGetFunction(&inst->fn, inst->module, k->name.c_str()), "finding kernel " + k->name);
+  // With lazy module loading (the CUDA 12+ default) the first launch would
+  // load the code, which may wait for running kernels: ours wait for peers,
+  // so load now, before any kernel of this call is launched.
+  if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(inst->fn), "loading kernel " + k->name);
+  // Every block of every kernel of the ranks sharing this GPU must be
+  // resident at once (they wait for each other): check before launching.
+  int per_sm = 0;
+  MK_CU(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, inst->fn, k->threads, 0), "querying occupancy");
+  const int64_t capacity = int64_t(per_sm) * sms;
+  if (int64_t(k->grid) * colocated > capacity)
+    fail(mkInvalidUsage,
+         fmt::format("kernel {} needs {} co-resident blocks of {} threads per rank and {} rank(s) of this "
+                     "communicator share GPU {}, which holds {} such blocks: the kernels would wait for each other "
+                     "forever. Use fewer ranks per GPU, or smaller plans (MK_TUNE=simple_instances=N,ll_instances=N)",
+                     k->name, k->grid, k->threads, colocated, device, capacity));
+  inst->res = &resources_for(*plan, *k);
+  debug_log(fmt::format("rank {}: plan {} kernel {} ready (grid {}x{}, scratch {} B at +{}, flags at +{})", rank,
+                        plan->schedule, k->name, k->grid, k->threads, k->scratch_bytes, inst->res->scratch_offset,
+                        inst->res->flag_offset));
+  PlanInstance* raw = inst.get();
+  plans.owned.push_back(std::move(inst));
+  plans.instances[key] = raw;
+  return *raw;
+}
+
+Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
+  // Everything that shapes the flag protocol and the scratch layout.
+  // (The compiler version too: another one may place synchronisation elsewhere.)
+  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", p.mkernel_version,
+                                      p.schedule, p.zero_copy,
+                                      p.nranks, p.chunks,
+                                      k.proto, k.max_tile_bytes, k.instances, k.tbs, k.threads, k.grid, k.depth,
+                                      k.scratch_slots, k.flag_slots, k.classes, k.scratch_bytes, k.flag_bytes,
+                                      k.seq_words);
+  for (auto& r : plans.resources)
+    if (r->key == key) return *r;
+  const Driver& d = cu();
+  // Built completely before it is published: a failure part-way (a GPU full
+  // because a framework's caching allocator holds it) frees what was taken
+  // and leaves nothing behind, so a retry allocates again.
+  auto res = std::make_unique<Resources>();
+  res->key = key;
+  res->grid = k.grid;
+  // Regions, allocated in call order: identical on every rank because every
+  // rank makes the same calls in the same order (as NCCL requires).
+  const int64_t align = 256;
+  res->flag_offset = (plans.flags_used + align - 1) / align * align;
+  res->scratch_offset = (plans.scratch_used + align - 1) / align * align;
+  if (res->flag_offset + k.flag_bytes > config.flag_bytes)
+    fail(mkSystemError, fmt::format("flag memory exhausted ({} bytes); raise MK_FLAG_BYTES", config.flag_bytes));
+  if (res->scratch_offset + k.scratch_bytes > config.scratch_bytes)
+    fail(mkSystemError, fmt::format("symmetric scratch exhausted: plan {} needs {} more bytes, {} of {} are in use; "
+                                    "raise MK_SCRATCH_BYTES (on every rank)",
+                                    k.name, k.scratch_bytes, plans.scratch_used, config.scratch_bytes));
+  std::vector<CUdeviceptr> sp(static_cast<size_t>(nranks)), fp(static_cast<size_t>(nranks));
+  for (int r = 0; r < nranks; ++r) {
+    fp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(res->flag_offset);
+    sp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(config.flag_bytes + res->scratch_offset);
+  }
+  const std::vector<uint64_t> zeros(size_t(k.grid), 0);
+  MK_CU(d.cuMemAlloc(&res->scratch_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");
+  MK_CU(d.cuMemAlloc(&res->flag_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");
+  MK_CU(d.cuMemAlloc(&res->seq, sizeof(uint64_t) * size_t(k.grid)), "allocating step counters");
+  // Initialised by copies on the side stream, waited for here: nothing goes
+  // on the caller's stream (which may be capturing a graph), and copies need
+  // no SMs (a memset kernel could wait behind peers' spinning kernels).
+  MK_CU(d.cuMemcpyHtoDAsync(res->scratch_ptrs, sp.data(), sizeof(CUdeviceptr) * size_t(nranks), side_stream),
+        "copying a plan table");
+  MK_CU(d.cuMemcpyHtoDAsync(res->flag_ptrs, fp.data(), sizeof(CUdeviceptr) * size_t(nranks), side_stream),
+        "copying a plan table");
+  MK_CU(d.cuMemcpyHtoDAsync(res->seq, zeros.data(), sizeof(uint64_t) * size_t(k.grid), side_stream),
+        "zeroing step counters");
+  MK_CU(d.cuStreamSynchronize(side_stream), "initialising plan tables");
+  void* host_rec = nullptr;
+  MK_CU(d.cuMemHostAlloc(&host_rec, sizeof(dev::ErrorRecord) * size_t(k.grid),
+                         CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+        "allocating error records");
+  std::memset(host_rec, 0, sizeof(dev::ErrorRecord) * size_t(k.grid));
+  res->errors = static_cast<dev::ErrorRecord*>(host_rec);
+  MK_CU(d.cuMemHostGetDevicePointer(&res->errors_dev, host_rec, 0), "mapping error records");
+  plans.flags_used = res->flag_offset + k.flag_bytes;
+  plans.scratch_used = res->scratch_offset + k.scratch_bytes;
+  Resources* raw = res.get();
+  std::lock_guard<std::mutex> lock(plans.res_mu);
+  plans.resources.push_back(std::move(res));
+  return *raw;
+}
+
+dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
+                     int32_t elem_size, const ZcCall& zc) const {
+  const plan::Kernel& k = *inst.kernel;
+  dev::Args a{};
+  a.input = input;
+  a.output = output;
+  a.count = count;
+  a.tile_bytes = dev::pick_tile_bytes(count, inst.plan->chunks, k.instances, elem_size, k.max_tile_bytes);
+  a.rank = rank;
+  a.root = inst.rooted ? root : 0;
+  a.scratch = reinterpret_cast<char* const*>(inst.res->scratch_ptrs);
+  a.flags = reinterpret_cast<uint64_t* const*>(inst.res->flag_ptrs);
+  a.seq = reinterpret_cast<uint64_t*>(inst.res->seq);
+  a.errors = reinterpret_cast<dev::ErrorRecord*>(inst.res->errors_dev);
+  a.host_abort = reinterpret_cast<volatile int32_t*>(host_dev);
+  a.timeout_ns = config.timeout_ns;
+  a.flag_offset = inst.res->flag_offset;
+  if (inst.plan->zero_copy) {
+    a.windows = reinterpret_cast<const dev::ZcPeerWindow*>(regs.windows);
+    a.max_windows = config.max_windows;
+    a.in_window = zc.in_window;
+    a.out_window = zc.out_window;
+    a.in_offset = zc.in_offset;
+    a.out_offset = zc.out_offset;
+    a.in_bytes = zc.in_bytes;
+    a.out_bytes = zc.out_bytes;
+    a.call_sig = zc.call_sig;
+  }
+  return a;
+}
+
+Resources::~Resources() {
+  try {
+    const Driver& d = cu();
+    if (scratch_ptrs) d.cuMemFree(scratch_ptrs);
+    if (flag_ptrs) d.cuMemFree(flag_ptrs);
+    if (seq) d.cuMemFree(seq);
+    if (errors) d.cuMemFreeHost(errors);
+  } catch (...) {
+  }
+}
+
+PlanInstance::~PlanInstance() {
+  try {
+    if (module) cu().cuModuleUnload(module);
+  } catch (...) {
+  }
+}
+
+void Comm::release() {
+  CtxGuard g(ctx);
+  release_registrations(*this);
+  plans.instances.clear();
+  for (auto& f : plans.fast)
+    for (auto& v : f) v.clear();
+  plans.owned.clear();
+  {
+    std::lock_guard<std::mutex> lock(plans.res_mu);
+    plans.resources.clear();
+  }
+  const Driver& d = cu();
+  if (regs.windows) d.cuMemFree(regs.windows);
+  if (side_stream) d.cuStreamDestroy(side_stream);
+  if (host) d.cuMemFreeHost(host);
+  if (done_event) d.cuEventDestroy(done_event);
+  regs.windows = 0;
+  side_stream = nullptr;
+  host = nullptr;
+  done_event = nullptr;
+  transport.reset();
+  arena.release();
+}
+
+void Comm::abandon() {
+  if (clique) {
+    std::lock_guard<std::mutex> lock(clique->mu);
+    for (Comm*& m : clique->members)
+      if (m == this) m = nullptr;
+  }
+  for (auto& i : plans.owned) (void)i.release();
+  {
+    std::lock_guard<std::mutex> lock(plans.res_mu);
+    for (auto& r : plans.resources) (void)r.release();
+  }
+  (void)transport.release();
+  arena.abandon();
 }
 
 Comm::~Comm() {
-  magic = 0;
+  if (!ctx) return;  // init failed before the device was set up
   try {
-    CtxGuard g(ctx);
-    release_registrations(*this);
-    release_instances();
-    if (windows) cu().cuMemFree(windows);
-    if (side_stream) cu().cuStreamDestroy(side_stream);
-    if (host_abort) cu().cuMemFreeHost(const_cast<int32_t*>(host_abort));
-    if (order_event) cu().cuEventDestroy(order_event);
-    mappings.clear();
-    arena.release();
-  } catch (...) {
-  }
-  // arena released by its destructor; then the context reference.
-  if (ctx) {
-    try {
-      cu().cuDevicePrimaryCtxRelease(cudev);
-    } catch (...) {
+    // Our kernels end by themselves (or by the watchdog, or at once after an
+    // abort). Memory they may still touch is never freed: past the bound it
+    // is leaked instead (a stream stuck behind foreign work).
+    const int64_t bound = aborted.load() ? 5000
+                          : config.timeout_ns == 0 ? -1
+                                                   : int64_t(config.timeout_ns / 1000000) + 5000;
+    if (wait_idle(bound)) {
+      release();
+    } else {
+      debug_log(fmt::format("rank {}: kernels still running after {} ms; leaking the communicator's GPU memory "
+                            "rather than freeing memory in use",
+                            rank, bound));
+      abandon();
+      return;
     }
+    cu().cuDevicePrimaryCtxRelease(cudev);
+  } catch (...) {
   }
 }
 

@@ -1,11 +1,18 @@
-// The communicator: ranks, device, symmetric memory, plan instances.
+// The communicator: identity, symmetric memory and transport, the plan cache
+// and registrations, and its lifecycle.
 //
-// Life of a collective call (runtime/api.cpp):
-//   validate arguments -> find the plan instance for (collective, dtype, op,
-//   size bucket) (created on first use: JIT or MK_PLAN_DIR, module load,
-//   scratch/flag regions, peer pointer tables) -> fill mk::dev::Args ->
-//   cuLaunchKernel on the caller's stream. From the second call of a bucket
-//   on: a hash lookup and one launch, no allocation, no I/O, no sync.
+// Life of a collective call (runtime/enqueue.cpp):
+//   acquire a reference (runtime/handles.cpp) -> validate arguments -> find
+//   the plan instance for (collective, dtype, op, size bucket) (created on
+//   first use: JIT or MK_PLAN_DIR, module load, scratch/flag regions, peer
+//   pointer tables) -> fill mk::dev::Args -> cuLaunchKernel on the caller's
+//   stream. From the second call of a bucket on: a hash lookup and one
+//   launch, no allocation, no I/O, no sync.
+//
+// Lifetime: handles.cpp owns every communicator through a shared_ptr; each
+// API call holds a reference for its duration, so mkCommAbort/mkCommDestroy
+// from another thread never frees memory a call still uses (the last
+// reference frees it). Errors are sticky (check_usable).
 #pragma once
 
 #include <cuda.h>
@@ -15,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -23,6 +31,7 @@
 #include "mk/types.hpp"
 #include "runtime/bootstrap.hpp"
 #include "runtime/memory.hpp"
+#include "runtime/transport/transport.hpp"
 #include "templates/abi.cuh"
 
 namespace mk::rt {
@@ -40,13 +49,14 @@ struct Resources {
   std::string key;
   int32_t grid = 0;
   int64_t scratch_offset = 0;  // in the arena, same on every rank
-  int64_t flag_offset = 0;
+  int64_t flag_offset = 0;     // from the arena's base (the comm-wide abort word)
   CUdeviceptr scratch_ptrs = 0;  // device array [nranks]
   CUdeviceptr flag_ptrs = 0;     // device array [nranks]
   CUdeviceptr seq = 0;           // device array [grid]
   dev::ErrorRecord* errors = nullptr;  // host-mapped [grid]
   CUdeviceptr errors_dev = 0;
-  const PlanInstance* last = nullptr;  // the kernel launched last (for error reports)
+  std::atomic<const PlanInstance*> last{nullptr};  // the kernel launched last (for error reports)
+  ~Resources();  // frees what was allocated (a half-built set too)
 };
 
 struct PlanInstance {
@@ -56,6 +66,7 @@ struct PlanInstance {
   CUfunction fn = nullptr;
   Resources* res = nullptr;
   bool rooted = false;
+  ~PlanInstance();  // unloads the module
 };
 
 // A buffer registered with mkCommRegister: its row in the zero-copy window
@@ -67,7 +78,7 @@ struct Registration {
 };
 
 // Communicators of one process created together (mkCommInitAll): they share
-// user buffers by address (peer access), without IPC.
+// user buffers by address (peer access), without IPC, and split together.
 class Comm;
 struct Clique {
   std::mutex mu;
@@ -79,11 +90,58 @@ struct CommConfig {
   int64_t flag_bytes;
   uint64_t timeout_ns;
   int32_t max_windows;  // registered buffers at a time (MK_MAX_REGISTRATIONS)
+  // From mkConfig_t (NCCL's ncclConfig_t fields).
+  bool blocking = true;
+  int32_t cga_cluster_size = 0, min_ctas = 0, max_ctas = 0, split_share = 0;
+  std::string net_name, comm_name;
 };
 CommConfig comm_config_from_env();
+// Applies a user mkConfig_t (NULL: nothing) on top of `c`; throws RtError for
+// a wrong magic/version/size or a value out of range.
+void apply_user_config(CommConfig* c, const mkConfig_t* user);
+
+// Host-mapped words shared by the host and this rank's kernels.
+struct HostFlags {
+  volatile int32_t abort;      // host -> kernels: mkCommAbort (read in every bounded wait)
+  volatile int32_t error;      // kernels -> host: an error record was written (sticky errors)
+  uint64_t one;                // 1: the source of the abort-word copies
+  uint8_t pad[48];
+};
+static_assert(sizeof(HostFlags) == 64, "one cache line");
+
+// The plan instances of a communicator and the memory their kernels use.
+// Guarded by Comm::mu, except `resources`, which also has res_mu so that
+// mkCommGetAsyncError can scan error records without waiting for a JIT.
+struct PlanCache {
+  std::unordered_map<std::string, PlanInstance*> instances;
+  struct Range {
+    int64_t lo, hi;  // inclusive, hi -1 unbounded
+    PlanInstance* inst;
+  };
+  static constexpr size_t kSlots = size_t(6) * kNumDTypes * kNumRedOps;
+  std::vector<Range> fast[2][kSlots];  // [zero-copy][collective, dtype, op]
+  std::vector<std::unique_ptr<PlanInstance>> owned;
+  std::mutex res_mu;
+  std::vector<std::unique_ptr<Resources>> resources;
+  // Bump allocation in the arena's flag and scratch parts; the first
+  // kFlagReserve bytes of the flags hold the comm-wide abort word.
+  static constexpr int64_t kFlagReserve = 256;
+  int64_t scratch_used = 0, flags_used = kFlagReserve;
+};
+
+// Zero-copy registrations. Guarded by Comm::mu.
+struct Registrations {
+  std::map<uintptr_t, Registration> by_base;
+  // Window table [max_windows][nranks] of dev::ZcPeerWindow: row w, column p
+  // is rank p's buffer of window w as mapped on this GPU.
+  CUdeviceptr windows = 0;
+};
+
+enum class CommState : int { initializing, ready, failed, finalized };
 
 class Comm {
  public:
+  // ---- identity ----
   int nranks = 0;
   int rank = 0;
   int device = 0;  // CUDA ordinal in this process
@@ -91,60 +149,70 @@ class Comm {
   CUcontext ctx = nullptr;
   int arch = 0;  // e.g. 90
   int sms = 0;
+  int colocated = 1;  // ranks of this communicator on this GPU (they must all fit at once)
   CommConfig config{};
 
+  // ---- memory and peers ----
   std::unique_ptr<Bootstrap> boot;  // null for mkCommInitAll and single-rank comms
   Arena arena;
-  std::vector<std::unique_ptr<PeerMapping>> mappings;  // peers in other processes
-  std::vector<CUdeviceptr> peer_base;                  // arena base of every rank, in this process
+  std::unique_ptr<Transport> transport;
+  std::vector<CUdeviceptr> peer_base;  // arena base of every rank, as this GPU sees it
+  HostFlags* host = nullptr;           // host-mapped
+  CUdeviceptr host_dev = 0;
+  CUstream side_stream = nullptr;  // table updates and abort words, never behind user work
 
-  volatile int32_t* host_abort = nullptr;  // host-mapped, read by kernels
-  CUdeviceptr host_abort_dev = 0;
-  // Calls of one communicator run one after another even across streams.
+  // ---- ordering of this communicator's kernels (under mu) ----
   CUstream last_stream = nullptr;
   CUstream checked_stream = nullptr;  // last stream seen to belong to this GPU
-  bool used = false;
-  CUevent order_event = nullptr;
+  bool used = false;     // a kernel was launched eagerly (done_event is recorded)
+  CUevent done_event = nullptr;  // recorded after every eager launch
 
-  std::mutex mu;  // guards plan instance creation and the fields below
-  std::unordered_map<uint64_t, PlanInstance*> instances;
-  // Fast path: per (collective, dtype, op), byte ranges already resolved.
-  struct Range {
-    int64_t lo, hi;  // inclusive, hi -1 unbounded
-    PlanInstance* inst;
-  };
-  std::vector<Range> fast[2][6 * 12 * 5];  // [zero-copy] ...
-  std::vector<std::unique_ptr<PlanInstance>> owned;
-  std::vector<std::unique_ptr<Resources>> resources;
-  int64_t scratch_used = 0, flags_used = 0;
-  std::map<uintptr_t, Registration> registered;  // by base address
-  // Zero-copy window table [max_windows][nranks] of dev::ZcPeerWindow: row w,
-  // column p is rank p's buffer of window w as mapped on this GPU.
-  CUdeviceptr windows = 0;
-  CUstream side_stream = nullptr;  // table updates, never behind user work
+  std::mutex mu;  // guards plans, regs, the ordering fields and pointer checks
+  PlanCache plans;
+  Registrations regs;
+  std::map<uintptr_t, std::pair<size_t, int>> pointer_cache;  // allocation base -> (size, device ordinal)
   std::shared_ptr<Clique> clique;  // mkCommInitAll; null otherwise
 
-  std::atomic<int> async_error{mkSuccess};
-  std::string async_message;
-  std::string last_error;
+  // ---- lifecycle and errors ----
+  std::atomic<int> state{int(CommState::initializing)};
+  std::atomic<int> async_error{mkSuccess};  // sticky: set once, never cleared
   std::atomic<bool> aborted{false};
-  uint32_t magic = kMagic;
-  static constexpr uint32_t kMagic = 0x6d6b436d;  // "mkCm"
+  std::atomic<bool> closing{false};  // destroy or abort started
+  std::thread::id init_thread;       // nonblocking init runs there
 
-  ~Comm();
+  Comm() = default;
+  ~Comm();  // waits (bounded) for this communicator's kernels, then frees
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  // Fails (RtError) when the communicator cannot take a call: aborted, an
+  // error recorded (by a kernel, a peer or the host), not initialised yet, or
+  // finalized. Cheap: atomics and one host-mapped word.
+  void check_usable(const char* api);
+  // Scans kernel error records; returns the first failure (and makes it
+  // sticky). Thread-safe; never waits for a call in progress.
+  mkResult_t poll_async_error();
+  // Records a sticky error (first one wins).
+  void set_error(mkResult_t code, const std::string& msg);
+  std::string error_message() const;
+  void set_last_error(const std::string& msg);
+  std::string last_error() const;
+
+  // Raises the comm-wide abort word on every rank and this rank's host abort
+  // word: running kernels everywhere stop within microseconds, later ones at
+  // entry. Bounded; best effort (a peer may be gone).
+  void raise_abort();
+  // Waits until this communicator's kernels are done, at most `bound_ms`
+  // (<0: no bound). False if the bound passed.
+  bool wait_idle(int64_t bound_ms);
 
   // The instance already serving this call, or null. `zc`: the call's
   // buffers are registered (a zero-copy plan if the schedule has one).
   // Caller holds `mu`.
   PlanInstance* find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc);
-  // The instance for a call, created on first use (its device-side tables
-  // are initialised on `stream`, ahead of the kernel). Caller holds `mu`.
-  PlanInstance& instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, CUstream stream);
-  PlanInstance& create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, CUstream stream,
-                                int64_t* lo, int64_t* hi);
-  // The resources for kernel `k` of `p`: shared with structurally equal
-  // kernels, else allocated (tables initialised on `stream`).
-  Resources& resources_for(const plan::Plan& p, const plan::Kernel& k, CUstream stream);
+  // The instance for a call, created on first use. Works inside stream
+  // capture: nothing is enqueued on the caller's stream. Caller holds `mu`.
+  PlanInstance& instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc);
   // The kernel arguments of one call of `inst` (tile chosen for this count).
   // Zero-copy plans also get the call's windows and offsets (`zc`).
   struct ZcCall {
@@ -154,9 +222,19 @@ class Comm {
   };
   dev::Args args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
                  int32_t elem_size, const ZcCall& zc) const;
-  // Scans kernel error records; returns the first failure (and remembers it).
-  mkResult_t poll_async_error();
-  void release_instances();
+
+ private:
+  PlanInstance& create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
+                                int64_t* hi);
+  // The resources for kernel `k` of `p`: shared with structurally equal
+  // kernels, else allocated (tables initialised on the side stream).
+  Resources& resources_for(const plan::Plan& p, const plan::Kernel& k);
+  void release();
+  void abandon();  // gives up ownership of everything kernels may still touch
+
+  mutable std::mutex err_mu;  // the two strings below
+  std::string async_message_;
+  std::string last_error_;
 };
 
 // Registration (runtime/register.cpp): collective over the ranks of other
@@ -166,9 +244,12 @@ void comm_register(Comm& c, void* buff, size_t size, void** handle);
 void comm_deregister(Comm& c, void* handle);
 void release_registrations(Comm& c);
 
-// Creation (runtime/comm.cpp).
-Comm* comm_init_rank(int nranks, const mkUniqueId& id, int rank);
-std::vector<Comm*> comm_init_all(int ndev, const int* devlist);
+// Creation (runtime/comm.cpp). init_rank fills a Comm that handles.cpp has
+// already published (so that abort can reach a nonblocking init).
+void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int device);
+std::vector<std::shared_ptr<Comm>> comm_init_all(int ndev, const int* devlist, const CommConfig& cfg);
+// The CUDA device current on the calling thread (cudaSetDevice), 0 if none.
+int current_device();
 
 // The schedule the runtime uses for a call, and the byte range over which the
 // same choice holds: MK_ALGO overrides, else the default table

@@ -42,6 +42,8 @@ namespace mk::rt {
   X(cuMemFreeHost)                     \
   X(cuMemGetAddressRange)              \
   X(cuPointerGetAttribute)             \
+  X(cuPointerGetAttributes)            \
+  X(cuEventQuery)                      \
   X(cuMemGetAllocationGranularity)     \
   X(cuMemCreate)                       \
   X(cuMemRelease)                      \

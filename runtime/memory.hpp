@@ -25,6 +25,8 @@ class Arena {
   void grant(const std::vector<CUdevice>& devices);
   int export_fd() const;  // caller closes
   void release();
+  // Forgets the memory without freeing it (kernels may still use it).
+  void abandon() { base_ = 0; }
   CUdeviceptr base() const { return base_; }
   size_t size() const { return size_; }
 

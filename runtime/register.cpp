@@ -100,14 +100,14 @@ struct Announce {
 void set_entry(Comm& m, int w, int p, CUdeviceptr base, int64_t bytes) {
   dev::ZcPeerWindow e{reinterpret_cast<char*>(base), bytes};
   CtxGuard g(m.ctx);
-  const CUdeviceptr at = m.windows + sizeof(e) * (size_t(w) * size_t(m.nranks) + size_t(p));
+  const CUdeviceptr at = m.regs.windows + sizeof(e) * (size_t(w) * size_t(m.nranks) + size_t(p));
   MK_CU(cu().cuMemcpyHtoDAsync(at, &e, sizeof e, m.side_stream), "updating the registration table");
   MK_CU(cu().cuStreamSynchronize(m.side_stream), "updating the registration table");
 }
 
 int free_window(const Comm& c) {
   std::vector<bool> used(size_t(c.config.max_windows), false);
-  for (const auto& [base, reg] : c.registered) used[size_t(reg.window)] = true;
+  for (const auto& [base, reg] : c.regs.by_base) used[size_t(reg.window)] = true;
   for (int w = 0; w < c.config.max_windows; ++w)
     if (!used[size_t(w)]) return w;
   return -1;
@@ -119,7 +119,7 @@ int free_window(const Comm& c) {
 std::string local_check(Comm& c, void* buff, size_t size, void** handle, bool same_process) {
   if (!buff || !size || !handle) return "buff, size and handle must be non-zero";
   const uintptr_t b = reinterpret_cast<uintptr_t>(buff);
-  for (const auto& [base, reg] : c.registered)
+  for (const auto& [base, reg] : c.regs.by_base)
     if (b < base + reg.bytes && base < b + size)
       return fmt::format("[{:p}, +{}) overlaps a buffer registered before", buff, size);
   if (free_window(c) < 0)
@@ -178,7 +178,7 @@ void register_in_process(Comm& c, void* buff, size_t size, void** handle) {
   reg.bytes = size;
   reg.window = w;
   reg.imports.assign(size_t(c.nranks), 0);
-  c.registered[uintptr_t(b)] = std::move(reg);
+  c.regs.by_base[uintptr_t(b)] = std::move(reg);
 }
 
 // Every rank makes the same two all-gathers whatever happens locally: a
@@ -276,7 +276,7 @@ void register_across_processes(Comm& c, void* buff, size_t size, void** handle) 
     }
     throw;
   }
-  c.registered[uintptr_t(mine.address)] = std::move(reg);
+  c.regs.by_base[uintptr_t(mine.address)] = std::move(reg);
 }
 
 }  // namespace
@@ -292,8 +292,8 @@ void comm_register(Comm& c, void* buff, size_t size, void** handle) {
 
 void comm_deregister(Comm& c, void* handle) {
   std::lock_guard<std::mutex> lock(c.mu);
-  auto it = c.registered.find(reinterpret_cast<uintptr_t>(handle));
-  const bool known = it != c.registered.end();
+  auto it = c.regs.by_base.find(reinterpret_cast<uintptr_t>(handle));
+  const bool known = it != c.regs.by_base.end();
   const int w = known ? it->second.window : -1;
   if (c.boot && c.nranks > 1) {
     // Collective: every peer drops its mapping of this rank's window.
@@ -308,10 +308,12 @@ void comm_deregister(Comm& c, void* handle) {
                                          p));
       }
     }
-    {
-      CtxGuard g(c.ctx);
-      MK_CU(cu().cuCtxSynchronize(), "waiting for kernels that may use the buffer");
-    }
+    // The calls that use the buffer must have completed (this
+    // communicator's kernels: not the whole device).
+    c.mu.unlock();
+    const bool idle = c.wait_idle(c.config.timeout_ns == 0 ? -1 : int64_t(c.config.timeout_ns / 1000000) + 5000);
+    c.mu.lock();
+    if (!idle) fail(mkRemoteError, "mkCommDeregister: kernels that may use the buffer did not finish");
     for (int p = 0; p < c.nranks; ++p) {
       int32_t pw = -1;
       std::memcpy(&pw, blobs[size_t(p)].data(), sizeof pw);
@@ -323,14 +325,14 @@ void comm_deregister(Comm& c, void* handle) {
     if (!known) fail(mkInvalidArgument, "mkCommDeregister: handle was not registered");
     publish_in_process(c, w, 0, 0);
   }
-  c.registered.erase(it);
+  c.regs.by_base.erase(it);
 }
 
 void release_registrations(Comm& c) {
-  for (auto& [base, reg] : c.registered)
+  for (auto& [base, reg] : c.regs.by_base)
     for (CUdeviceptr im : reg.imports)
       if (im) close_import(im, c.ctx);
-  c.registered.clear();
+  c.regs.by_base.clear();
   if (c.clique) {
     std::lock_guard<std::mutex> lock(c.clique->mu);
     for (Comm*& m : c.clique->members)

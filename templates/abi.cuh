@@ -15,6 +15,10 @@ enum ErrorCode : int32_t {
   kErrZcMismatch = 4,   // zero-copy: a peer's call does not match this one (slot: what, see ZcWhat)
 };
 
+// ErrorRecord::slot of a kErrStopped record written at kernel entry: the
+// communicator's abort word was already set, so the kernel did nothing.
+constexpr int32_t kStoppedAtEntry = -3;
+
 // Zero-copy mismatches (ErrorRecord::slot).
 enum ZcWhat : int32_t {
   kZcCount = 1,   // the peer's count differs (have: the peer's, want: ours)
@@ -58,7 +62,10 @@ struct Args {
   uint64_t* const* flags;   // [nranks] this plan's flag region on every rank
   uint64_t* seq;            // [instances * tbs] this rank's per-block step counters
   ErrorRecord* errors;      // [instances * tbs] (host-mapped)
-  const volatile int32_t* host_abort;  // set by mkCommAbort; may be null
+  // Host-mapped words of this rank (runtime HostFlags): [0] set by mkCommAbort
+  // (read in every bounded wait), [1] set by a kernel that wrote an error
+  // record (the host's cheap sticky-error check). May be null.
+  volatile int32_t* host_abort;
   uint64_t timeout_ns;      // 0: never time out
   // Zero-copy plans only: this rank's buffers as (registered window, offset);
   // window -1: no buffer (a rooted collective's unused side). Peers learn
@@ -73,10 +80,15 @@ struct Args {
   int64_t in_bytes;   // bytes of input / output the collective touches on every rank
   int64_t out_bytes;
   uint64_t call_sig;  // collective, dtype, op and root of this call: must match on every rank
+  // Byte offset of this plan's flag region from the start of the arena's
+  // flags on every rank; the arena's first word there is the communicator's
+  // abort word (any rank or the host sets it; every kernel of the
+  // communicator checks it at entry and in every bounded wait).
+  int64_t flag_offset;
 };
 
 // Flag region of one plan on one rank: [instance][slot] step values, then one
-// abort word that any rank may set.
+// reserved word (the abort word is communicator-wide: Args::flag_offset).
 MK_HD int64_t flag_words(int32_t instances, int32_t slots) { return int64_t(instances) * slots + 1; }
 
 // Zero-copy plans append, after the abort word: a mailbox of 8 words per rank

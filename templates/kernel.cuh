@@ -94,6 +94,7 @@ struct Shared {
   char* zin[N];   // zero-copy: every rank's input and output, mapped here
   char* zout[N];
   int claim;  // first failing thread of the block writes the error record
+  int stop;   // the communicator was aborted before this launch
   int last;   // zero-copy: this block is the launch's last to finish
 };
 
@@ -127,14 +128,29 @@ struct Ctx {
       sh.sc[i] = a.scratch[i];
       sh.fl[i] = a.flags[i];
     }
-    if (threadIdx.x == 0) sh.claim = 0;
+    if (threadIdx.x == 0) {
+      sh.claim = 0;
+      // Issued next to the step-counter load below, so the two latencies overlap.
+      sh.stop = int(*reinterpret_cast<const volatile uint64_t*>(comm_abort(a.flags[rank], a.flag_offset)) != 0);
+    }
     base = a.seq[blockIdx.x];
     L = make_layout(a.count, P::kChunks, a.tile_bytes, P::kInstances, int32_t(sizeof(T)));
     step = 0;
     tile = inst;
     aborted = 0;
     __syncthreads();
+    // A communicator that was aborted (here, on a peer, or by a failed
+    // collective) runs nothing: launches and graph replays after an error
+    // fail instead of computing garbage.
+    if (sh.stop) {
+      if (threadIdx.x == 0) fail(kErrStopped, kStoppedAtEntry, -1, -1, 0, 0, 0);
+      L.steps = 0;
+    }
   }
+  MK_DEV static uint64_t* comm_abort(uint64_t* flags, int64_t flag_offset) {
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(flags) - flag_offset);
+  }
+  MK_DEV uint64_t* abort_word(int32_t r) const { return comm_abort(sh.fl[r], a.flag_offset); }
 
   // ---- addressing --------------------------------------------------------
   MK_DEV int32_t peer(int32_t d) const { return (rank + d) % N; }
@@ -293,16 +309,15 @@ struct Ctx {
 
   // ---- failure -------------------------------------------------------------
   MK_DEV bool stop_requested(uint64_t t0) const {
-    const volatile uint64_t* abort_word = sh.fl[rank] + kAbortWord;
-    if (*abort_word != 0) return true;
+    if (*reinterpret_cast<const volatile uint64_t*>(abort_word(rank)) != 0) return true;
     if (a.host_abort && *a.host_abort != 0) return true;
     return a.timeout_ns != 0 && globaltimer() - t0 > a.timeout_ns;
   }
   MK_DEV void fail(int32_t code, int32_t slot, int32_t peer_rank, int32_t op, uint64_t have, uint64_t want,
                    uint64_t waited) {
     aborted = 1;
-    const volatile uint64_t* abort_word = sh.fl[rank] + kAbortWord;
-    const bool root_cause = *abort_word == 0 && !(a.host_abort && *a.host_abort != 0);
+    const bool root_cause = *reinterpret_cast<const volatile uint64_t*>(abort_word(rank)) == 0 &&
+                            !(a.host_abort && *a.host_abort != 0);
     if (atomicCAS(&sh.claim, 0, 1) == 0) {
       ErrorRecord& e = a.errors[blockIdx.x];
       e.rank = rank;
@@ -318,9 +333,10 @@ struct Ctx {
       __threadfence_system();
       *reinterpret_cast<volatile int32_t*>(&e.code) = root_cause ? code : int32_t(kErrStopped);
       __threadfence_system();
+      if (a.host_abort) a.host_abort[1] = 1;  // the host sees it at its next call
     }
     // Tell every rank (and every block here) to stop waiting.
-    for (int q = 0; q < N; ++q) st_release_sys(sh.fl[q] + kAbortWord, 1);
+    for (int q = 0; q < N; ++q) st_release_sys(abort_word(q), 1);
   }
 
   // ---- synchronisation -------------------------------------------------------

@@ -780,8 +780,10 @@ void host_time(World& w) {
   const double mk_us = median_us([&] { CK_MK(mkAllReduce(buf, buf, 4096, mkFloat32, mkSum, r.comm, r.stream), r.comm); });
   // The same launch, straight to the driver.
   auto* c = reinterpret_cast<rt::Comm*>(r.comm);
-  rt::PlanInstance& inst = c->instance(Collective::allreduce, DType::fp32, RedOp::sum, 4096 * 4, false,
-                                       reinterpret_cast<CUstream>(r.stream));
+  rt::PlanInstance& inst = [&]() -> rt::PlanInstance& {
+    std::lock_guard<std::mutex> lock(c->mu);
+    return c->instance(Collective::allreduce, DType::fp32, RedOp::sum, 4096 * 4, false);
+  }();
   dev::Args a = c->args(inst, buf, buf, 4096, 0, 4, {});
   void* params[] = {&a};
   const double bare_us = median_us([&] {

@@ -1,0 +1,347 @@
+// Validation -> plan lookup -> launch -> groups. The hot path takes one lock
+// (the communicator's) and, from the second call of a size bucket on, does a
+// table lookup and one cuLaunchKernel.
+#include "runtime/enqueue.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "compiler/verify/reference.hpp"
+#include "runtime/comm.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/handles.hpp"
+#include "runtime/status.hpp"
+
+namespace mk::rt {
+
+const char* api_name_of(Collective c) {
+  switch (c) {
+    case Collective::allreduce: return "mkAllReduce";
+    case Collective::allgather: return "mkAllGather";
+    case Collective::reducescatter: return "mkReduceScatter";
+    case Collective::broadcast: return "mkBroadcast";
+    case Collective::reduce: return "mkReduce";
+    case Collective::alltoall: return "mkAllToAll";
+  }
+  return "collective";
+}
+
+namespace {
+
+bool overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return an && bn && a < b + bn && b < a + an; }
+
+// The registered buffer that address `p` lies in: its window, and p's offset
+// in it; -1 when p lies in none. A range that starts in one and runs past its
+// end is a count mismatch.
+int check_registered(const Comm& c, const void* p, size_t bytes, const char* what, const char* api, int64_t* offset) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(p);
+  auto it = c.regs.by_base.upper_bound(x);
+  if (it == c.regs.by_base.begin()) return -1;
+  --it;
+  const uintptr_t end = it->first + it->second.bytes;
+  if (x >= end) return -1;
+  if (x + bytes > end)
+    fail(mkInvalidArgument, fmt::format("{}: {} needs {} bytes at {:p}, but the registered buffer it lies in ends "
+                                        "{} bytes after it (count mismatch)",
+                                        api, what, bytes, p, end - x));
+  *offset = int64_t(x - it->first);
+  return it->second.window;
+}
+
+// MK_ZERO_COPY=0: registered buffers still go through scratch (for comparisons).
+bool zero_copy_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MK_ZERO_COPY");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+// Zero-copy pays an entry and an exit barrier (two flag round trips) to save
+// the staging copies: on 2 x H200 it is slower up to 1 MiB, even at 4 MiB and
+// faster from 16 MiB on (bench/results/2026-11-30-h200x2-bf16-registered.md). The size is
+// the larger buffer, as in the benchmark; every rank computes the same choice.
+int64_t zero_copy_min_bytes() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("MK_ZERO_COPY_MIN_BYTES");
+    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(4) << 20;
+  }();
+  return v;
+}
+
+// A validated call, ready to launch (groups queue these; the reference keeps
+// the communicator alive until the group ends).
+struct Pending {
+  Call k;
+  std::shared_ptr<Comm> c;
+  CUstream stream;
+  DType dt;
+  RedOp op;
+  int64_t bytes;         // per rank: count * element size
+  size_t in_bytes;       // the send buffer (nranks x bytes for reduce-scatter, all-to-all)
+  size_t out_bytes;      // the receive buffer (nranks x bytes for all-gather, all-to-all)
+  bool need_send;        // broadcast: only the root's send buffer is read
+  bool need_recv;        // reduce: only the root's receive buffer is written
+  bool zc = false;       // every buffer of the call is registered: zero-copy plan
+  Comm::ZcCall zcc;
+};
+
+struct GroupState {
+  int depth = 0;
+  std::vector<Pending> pending;
+  mkResult_t failed = mkSuccess;
+  std::string why;
+};
+thread_local GroupState t_group;
+
+bool special_stream(CUstream s) {
+  // NULL, cudaStreamLegacy (0x1), cudaStreamPerThread (0x2): resolved through
+  // the current context.
+  return reinterpret_cast<uintptr_t>(s) <= 2;
+}
+
+// Everything that can be checked without the GPU: done at call time, also
+// inside a group, so that errors point at the offending call.
+Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
+  Comm* c = cp.get();
+  const char* api = api_name_of(k.coll);
+  c->check_usable(api);
+  if (k.dtype < 0 || k.dtype >= mkNumTypes)
+    fail(mkInvalidArgument, fmt::format("{}: datatype {} is not an mkDataType_t", api, k.dtype));
+  const bool reduces = collective_reduces(k.coll);
+  if (reduces && (k.op < 0 || k.op >= mkNumOps))
+    fail(mkInvalidArgument, fmt::format("{}: reduction op {} is not an mkRedOp_t", api, k.op));
+  const bool rooted = k.coll == Collective::broadcast || k.coll == Collective::reduce;
+  if (rooted && (k.root < 0 || k.root >= c->nranks))
+    fail(mkInvalidArgument, fmt::format("{}: root {} is not a rank of {}", api, k.root, c->nranks));
+  const DType dt = DType(k.dtype);
+  const size_t es = dtype_size(dt);
+  if (k.count > size_t(INT64_MAX) / es / size_t(c->nranks))
+    fail(mkInvalidArgument, fmt::format("{}: count {} is too large", api, k.count));
+  const size_t bytes = k.count * es;
+  const int64_t count = int64_t(k.count);
+  Pending p{k,
+            std::move(cp),
+            reinterpret_cast<CUstream>(stream),
+            dt,
+            reduces ? RedOp(k.op) : RedOp::sum,
+            int64_t(bytes),
+            size_t(verify::input_elems(k.coll, c->nranks, count)) * es,
+            size_t(verify::output_elems(k.coll, c->nranks, count)) * es,
+            !(k.coll == Collective::broadcast && c->rank != k.root),
+            !(k.coll == Collective::reduce && c->rank != k.root),
+            false,
+            {}};
+  if (k.count == 0) return p;
+  const size_t in_bytes = p.in_bytes, out_bytes = p.out_bytes;
+  const bool need_send = p.need_send, need_recv = p.need_recv;
+  auto check_ptr = [&](const void* ptr, const char* what) {
+    if (!ptr) fail(mkInvalidArgument, fmt::format("{}: {} is NULL (count {})", api, what, k.count));
+    if (reinterpret_cast<uintptr_t>(ptr) % es != 0)
+      fail(mkInvalidArgument, fmt::format("{}: {} {:p} is not aligned to its {}-byte element type {}", api, what, ptr,
+                                          es, name(dt)));
+  };
+  if (need_send) check_ptr(k.send, "sendbuff");
+  if (need_recv) check_ptr(k.recv, "recvbuff");
+  if (need_send && need_recv) {
+    const uintptr_t sp = reinterpret_cast<uintptr_t>(k.send), rp = reinterpret_cast<uintptr_t>(k.recv);
+    bool inplace = false;
+    switch (k.coll) {
+      case Collective::allgather: inplace = sp == rp + uintptr_t(c->rank) * bytes; break;
+      case Collective::reducescatter: inplace = rp == sp + uintptr_t(c->rank) * bytes; break;
+      case Collective::alltoall:
+        if (sp == rp) fail(mkInvalidArgument, "mkAllToAll: in-place (sendbuff == recvbuff) is not supported");
+        break;
+      default: inplace = sp == rp; break;
+    }
+    if (!inplace && overlaps(sp, in_bytes, rp, out_bytes))
+      fail(mkInvalidArgument, fmt::format("{}: sendbuff and recvbuff overlap without being in-place (in-place "
+                                          "means {})",
+                                          api,
+                                          k.coll == Collective::allgather       ? "sendbuff == recvbuff + rank*count"
+                                          : k.coll == Collective::reducescatter ? "recvbuff == sendbuff + rank*count"
+                                                                                : "sendbuff == recvbuff"));
+  }
+  return p;
+}
+
+// The buffer [ptr, ptr+bytes) must be memory of the communicator's GPU (or
+// managed memory). Asked of the driver once per allocation: framework caching
+// allocators hand out addresses inside a few big allocations. Caller holds
+// c.mu.
+void check_device_memory(Comm& c, const void* ptr, size_t bytes, const char* what, const char* api) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(ptr);
+  auto it = c.pointer_cache.upper_bound(x);
+  if (it != c.pointer_cache.begin()) {
+    --it;
+    if (x >= it->first && x + bytes <= it->first + it->second.first && it->second.second == c.device) return;
+  }
+  CUmemorytype type = CUmemorytype(0);
+  int ordinal = -1;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  int managed = 0;
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                 CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                 CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  void* data[] = {&type, &ordinal, &start, &size, &managed};
+  const CUresult r = cu().cuPointerGetAttributes(5, attrs, data, CUdeviceptr(x));
+  if (r != CUDA_SUCCESS || type == 0)
+    fail(mkInvalidArgument, fmt::format("{}: {} {:p} is not GPU memory (host memory from malloc/new? pass memory "
+                                        "from cudaMalloc or a framework's GPU allocator)",
+                                        api, what, ptr));
+  if (type == CU_MEMORYTYPE_HOST && !managed)
+    fail(mkInvalidArgument, fmt::format("{}: {} {:p} is pinned host memory (cudaMallocHost); collectives need GPU "
+                                        "memory of the communicator's GPU",
+                                        api, what, ptr));
+  if (!managed && ordinal != c.device)
+    fail(mkInvalidArgument, fmt::format("{}: {} {:p} is memory of GPU {}, but the communicator (rank {}) runs on GPU "
+                                        "{}",
+                                        api, what, ptr, ordinal, c.rank, c.device));
+  if (size && x + bytes > uintptr_t(start) + size)
+    fail(mkInvalidArgument, fmt::format("{}: {} needs {} bytes at {:p}, but its allocation ends {} bytes after it "
+                                        "(count too large for the buffer?)",
+                                        api, what, bytes, ptr, uintptr_t(start) + size - x));
+  if (size) c.pointer_cache[uintptr_t(start)] = {size, managed ? c.device : ordinal};
+}
+
+// The checks that read communicator state; caller holds c->mu.
+void check_locked(Pending& p) {
+  Comm* c = p.c.get();
+  const Call& k = p.k;
+  const char* api = api_name_of(k.coll);
+  if (p.need_send) check_device_memory(*c, k.send, p.in_bytes, "sendbuff", api);
+  if (p.need_recv) check_device_memory(*c, k.recv, p.out_bytes, "recvbuff", api);
+  if (!c->regs.by_base.empty()) {
+    Comm::ZcCall z;
+    bool all = true;  // every buffer of the call is registered
+    if (p.need_send)
+      all &= (z.in_window = check_registered(*c, k.send, p.in_bytes, "sendbuff", api, &z.in_offset)) >= 0;
+    if (p.need_recv)
+      all &= (z.out_window = check_registered(*c, k.recv, p.out_bytes, "recvbuff", api, &z.out_offset)) >= 0;
+    if (all && zero_copy_enabled() && int64_t(std::max(p.in_bytes, p.out_bytes)) >= zero_copy_min_bytes()) {
+      z.in_bytes = int64_t(p.in_bytes);
+      z.out_bytes = int64_t(p.out_bytes);
+      const bool rooted = k.coll == Collective::broadcast || k.coll == Collective::reduce;
+      z.call_sig = uint64_t(k.coll) | uint64_t(p.dt) << 8 | uint64_t(p.op) << 16 |
+                   uint64_t(uint32_t(rooted ? k.root : 0)) << 32;
+      p.zc = true;
+      p.zcc = z;
+    }
+  }
+  // The stream must belong to the communicator's GPU (checked once per stream).
+  if (p.stream != c->checked_stream || special_stream(p.stream)) {
+    std::unique_ptr<CtxGuard> g;
+    if (special_stream(p.stream)) g = std::make_unique<CtxGuard>(c->ctx);
+    CUcontext sctx = nullptr;
+    CUresult r = cu().cuStreamGetCtx(p.stream, &sctx);
+    if (r != CUDA_SUCCESS) fail(mkInvalidArgument, std::string(api) + ": invalid stream: " + cu_error_string(r));
+    if (sctx != c->ctx) {
+      CUdevice sd = -1;
+      CUcontext keep = nullptr;
+      cu().cuCtxGetCurrent(&keep);
+      cu().cuCtxSetCurrent(sctx);
+      cu().cuCtxGetDevice(&sd);
+      cu().cuCtxSetCurrent(keep);
+      fail(mkInvalidArgument, fmt::format("{}: the stream belongs to GPU {}, the communicator (rank {}) to GPU {}",
+                                          api, int(sd), c->rank, c->device));
+    }
+    if (!special_stream(p.stream)) c->checked_stream = p.stream;
+  }
+}
+
+// Finds (or, first time, creates) the plan instance. Creation loads code and
+// allocates, never on the caller's stream, so it also works on the first call
+// inside graph capture. It must happen before any kernel of the same group is
+// launched. Caller holds c->mu.
+PlanInstance& resolve_locked(Pending& p) { return p.c->instance(p.k.coll, p.dt, p.op, p.bytes, p.zc); }
+
+// Caller holds c->mu.
+void launch_locked(Pending& p, PlanInstance& inst) {
+  Comm& c = *p.c;
+  const char* api = api_name_of(p.k.coll);
+  if (c.closing.load()) fail(mkInvalidUsage, std::string(api) + ": the communicator was aborted or destroyed");
+  std::unique_ptr<CtxGuard> g;
+  if (special_stream(p.stream)) g = std::make_unique<CtxGuard>(c.ctx);
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  MK_CU(cu().cuStreamIsCapturing(p.stream, &capture), std::string(api) + ": querying the stream's capture status");
+  const bool eager = capture == CU_STREAM_CAPTURE_STATUS_NONE;
+  // One communicator's kernels must not overlap: a new stream waits for the
+  // previous launch (done_event is valid even if that stream is gone).
+  if (eager && c.used && p.stream != c.last_stream)
+    MK_CU(cu().cuStreamWaitEvent(p.stream, c.done_event, 0), "ordering streams");
+  const plan::Kernel& kern = *inst.kernel;
+  dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
+  void* params[] = {&a};
+  CUresult r = cu().cuLaunchKernel(inst.fn, unsigned(kern.grid), 1, 1, unsigned(kern.threads), 1, 1, 0, p.stream,
+                                   params, nullptr);
+  if (r != CUDA_SUCCESS) fail(mkUnhandledCudaError, std::string(api) + ": kernel launch failed: " + cu_error_string(r));
+  inst.res->last.store(&inst);
+  if (eager) {
+    // Destroy, finalize and deregistration wait for this event, not for the
+    // whole device.
+    MK_CU(cu().cuEventRecord(c.done_event, p.stream), std::string(api) + ": recording completion");
+    c.last_stream = p.stream;
+    c.used = true;
+  }
+}
+
+}  // namespace
+
+void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream) {
+  std::shared_ptr<Comm> c = acquire(comm);
+  Pending p = validate(k, c, stream);
+  if (k.count == 0) return;
+  std::lock_guard<std::mutex> lock(c->mu);  // the one lock of the hot path
+  check_locked(p);
+  if (t_group.depth > 0) {
+    t_group.pending.push_back(std::move(p));
+    return;
+  }
+  PlanInstance& inst = resolve_locked(p);
+  launch_locked(p, inst);
+}
+
+void group_start() { ++t_group.depth; }
+int group_depth() { return t_group.depth; }
+
+void group_fail(mkResult_t code, const std::string& why) {
+  if (t_group.depth > 0 && t_group.failed == mkSuccess) {
+    t_group.failed = code;
+    t_group.why = why;
+  }
+}
+
+void group_end() {
+  if (t_group.depth == 0) fail(mkInvalidUsage, "mkGroupEnd without mkGroupStart");
+  if (--t_group.depth > 0) return;
+  std::vector<Pending> calls;
+  calls.swap(t_group.pending);
+  const mkResult_t failed = std::exchange(t_group.failed, mkSuccess);
+  const std::string why = std::move(t_group.why);
+  if (failed != mkSuccess)
+    fail(failed, fmt::format("mkGroupEnd: a call of the group failed, so none of its {} other call(s) was launched: {}",
+                             calls.size(), why));
+  // First every plan instance (code loads and allocations may wait for
+  // running kernels), then every launch: kernels of one group wait for
+  // each other, so none may be launched before all can be.
+  std::vector<PlanInstance*> inst;
+  for (auto& p : calls) {
+    p.c->check_usable(api_name_of(p.k.coll));
+    std::lock_guard<std::mutex> lock(p.c->mu);
+    inst.push_back(&resolve_locked(p));
+  }
+  for (size_t i = 0; i < calls.size(); ++i) {
+    std::lock_guard<std::mutex> lock(calls[i].c->mu);
+    launch_locked(calls[i], *inst[i]);
+  }
+}
+
+}  // namespace mk::rt

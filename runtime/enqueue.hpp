@@ -1,0 +1,35 @@
+// From an API call to a kernel on the caller's stream: validation, plan
+// lookup, launch, and groups (mkGroupStart/End).
+#pragma once
+
+#include <cstddef>
+
+#include "mk.h"
+#include "mk/types.hpp"
+
+namespace mk::rt {
+
+struct Call {
+  Collective coll;
+  const void* send;
+  void* recv;
+  size_t count;
+  int dtype;
+  int op;
+  int root;
+};
+
+// Validates and launches (or queues, inside a group) one collective; throws
+// RtError. A failure inside a group also fails the whole group.
+void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream);
+
+void group_start();
+// Launches the group's calls, all or nothing; throws RtError.
+void group_end();
+int group_depth();
+// Records a failure inside an open group (the group then launches nothing).
+void group_fail(mkResult_t code, const std::string& why);
+
+const char* api_name_of(Collective c);
+
+}  // namespace mk::rt

@@ -1,0 +1,28 @@
+// Communicator handles: mkComm_t values are addresses of Comm objects owned
+// here. Every API call takes a reference (acquire) for its duration; retire
+// removes a handle so that no new call can reach it, and the memory goes with
+// the last reference. This is what makes mkCommAbort / mkCommDestroy safe
+// from any thread while another thread is inside a call on the same
+// communicator (PyTorch's watchdog does exactly that).
+#pragma once
+
+#include <memory>
+
+#include "mk.h"
+#include "runtime/comm.hpp"
+
+namespace mk::rt {
+
+// Makes `c` reachable through its handle.
+mkComm_t publish(std::shared_ptr<Comm> c);
+// The communicator behind `h`, referenced; throws RtError(mkInvalidArgument)
+// for NULL, a destroyed or never-created handle.
+std::shared_ptr<Comm> acquire(mkComm_t h);
+// Removes `h`: later acquire() fail. Returns the owning reference (null if
+// `h` was not live).
+std::shared_ptr<Comm> retire(mkComm_t h);
+// Waits until `c` is referenced only by `c` itself (every call in progress
+// has returned), at most `bound_ms`. False if the bound passed.
+bool wait_sole_owner(const std::shared_ptr<Comm>& c, int64_t bound_ms);
+
+}  // namespace mk::rt

@@ -1,0 +1,86 @@
+// The p2p transport: peers in this process reach this rank's arena by its own
+// address once their GPUs are granted access; peers in other processes import
+// it from a POSIX fd (VMM shareable handle) passed over a local socket.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "runtime/bootstrap.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/ipc.hpp"
+#include "runtime/memory.hpp"
+#include "runtime/status.hpp"
+#include "runtime/transport/transport.hpp"
+
+namespace mk::rt {
+
+void check_peer_access(CUdevice a, CUdevice b) {
+  if (a == b) return;
+  int can = 0;
+  MK_CU(cu().cuDeviceCanAccessPeer(&can, a, b), "cuDeviceCanAccessPeer");
+  if (!can)
+    fail(mkSystemError, fmt::format("GPUs {} and {} cannot access each other's memory (no NVLink or PCIe peer "
+                                    "access); mKernel's intra-node transport needs peer access",
+                                    a, b));
+}
+
+namespace {
+
+class P2pTransport final : public Transport {
+ public:
+  const char* name() const override { return "p2p"; }
+  CUdeviceptr peer_base(int r) const override { return base_.at(size_t(r)); }
+  int remote_peers() const override { return remote_; }
+
+  void connect(const TransportSetup& s) override {
+    const std::vector<RankInfo>& all = *s.all;
+    const RankInfo& me = all[size_t(s.rank)];
+    base_.assign(size_t(s.nranks), 0);
+    std::vector<CUdevice> local_devices;
+    for (int r = 0; r < s.nranks; ++r) {
+      const RankInfo& p = all[size_t(r)];
+      if (p.token == me.token) {
+        base_[size_t(r)] = p.arena_base;
+        if (p.device != me.device) {
+          check_peer_access(s.cudev, CUdevice(p.device));
+          local_devices.push_back(CUdevice(p.device));
+        }
+      } else {
+        ++remote_;
+      }
+    }
+    {
+      CtxGuard g(s.ctx);
+      s.arena->grant(local_devices);
+    }
+    if (remote_ == 0) return;
+    if (!s.boot) fail(mkInternalError, "p2p: peers in other processes but no bootstrap");
+    const std::string prefix = "mkernel-" + nonce_hex(s.boot->id()) + "-";
+    const int fd = s.arena->export_fd();
+    struct CloseFd {
+      int fd;
+      ~CloseFd() { ::close(fd); }
+    } close_fd{fd};
+    FdServer server(prefix + std::to_string(s.rank), fd, remote_, s.timeout_ms);
+    CtxGuard g(s.ctx);
+    for (int r = 0; r < s.nranks; ++r) {
+      if (all[size_t(r)].token == me.token) continue;
+      const int peer_fd = fetch_fd(prefix + std::to_string(r), s.timeout_ms);
+      auto m = std::make_unique<PeerMapping>();
+      m->map(peer_fd, all[size_t(r)].arena_size, s.cudev);
+      base_[size_t(r)] = m->base();
+      mappings_.push_back(std::move(m));
+    }
+    server.wait();
+  }
+
+ private:
+  std::vector<CUdeviceptr> base_;
+  std::vector<std::unique_ptr<PeerMapping>> mappings_;  // peers in other processes
+  int remote_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_p2p_transport() { return std::make_unique<P2pTransport>(); }
+
+}  // namespace mk::rt

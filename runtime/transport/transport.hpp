@@ -1,0 +1,70 @@
+// Transports: how a rank reaches its peers' symmetric memory.
+//
+// A transport is set up once per communicator, after the ranks have
+// exchanged their RankInfo through the bootstrap (or, for mkCommInitAll,
+// directly in the process). It gives every rank's arena base as mapped on
+// this GPU (what kernels address peers' scratch and flags by) and tears down
+// whatever it opened. Today: `p2p` (NVLink / PCIe peer memory: peers in this
+// process by address with access granted, peers in other processes by a VMM
+// POSIX fd passed over a local socket). The network transport plugs in here.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mk::rt {
+
+class Arena;
+class Bootstrap;
+
+// What every rank tells the others at init (fixed layout: it travels as
+// bytes between processes of one mKernel version).
+struct RankInfo {
+  char host[64];
+  char boot_id[40];
+  uint64_t token;  // identifies the process (pids repeat across containers)
+  int64_t pid;
+  int32_t device;
+  int32_t arch;
+  uint8_t uuid[16];
+  uint64_t arena_base;
+  uint64_t arena_size;
+  uint8_t settings[32];  // hash of the settings that shape plans and memory (env.hpp)
+};
+
+// Everything a transport needs to connect one rank.
+struct TransportSetup {
+  int rank = 0;
+  int nranks = 0;
+  CUdevice cudev = 0;
+  CUcontext ctx = nullptr;
+  Arena* arena = nullptr;                // this rank's symmetric memory
+  const std::vector<RankInfo>* all = nullptr;  // every rank's info, by rank
+  Bootstrap* boot = nullptr;             // null when every rank is in this process
+  int timeout_ms = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  // Connects to every peer; after it returns, peer_base() is valid for all
+  // ranks. Throws RtError; on failure releases what it opened.
+  virtual void connect(const TransportSetup& s) = 0;
+  // Rank r's arena as this GPU addresses it (r == own rank: the arena itself).
+  virtual CUdeviceptr peer_base(int r) const = 0;
+  // Number of peers reached in other processes (for the log).
+  virtual int remote_peers() const = 0;
+};
+
+// Peer memory inside a node: CUDA P2P within the process, VMM fds across.
+std::unique_ptr<Transport> make_p2p_transport();
+
+// Fails with mkSystemError unless GPUs a and b can reach each other's memory.
+void check_peer_access(CUdevice a, CUdevice b);
+
+}  // namespace mk::rt
