@@ -354,7 +354,8 @@ SimResult simulate(const Schedule& lowered, const SimOptions& o) {
   if (collective_rooted(lowered.coll) || o.root == 0) {
     Schedule s = rotate_root(lowered, o.root);
     if (o.inplace && inplace_rule(s.coll) == InPlace::unsupported)
-      throw Error(ErrId::cli_E013, fmt::format("{} has no in-place form", name(s.coll)));
+      throw Error(ErrId::cli_E013, fmt::format("{} has no in-place form", name(s.coll)), {},
+                  "simulate it out-of-place (without --inplace)");
     Sim sim(s, o);
     return sim.run();
   }
