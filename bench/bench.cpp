@@ -100,21 +100,25 @@ struct Options {
   std::string out;
 };
 
+// nccl-tests' bus bandwidth convention (a choice of that suite, not a property
+// of the collective's buffers); exhaustive so that a new collective gets one.
 double busbw_factor(Collective c, int n) {
   switch (c) {
     case Collective::allreduce: return 2.0 * (n - 1) / n;
     case Collective::allgather:
     case Collective::reducescatter:
     case Collective::alltoall: return double(n - 1) / n;
-    default: return 1.0;
+    case Collective::broadcast:
+    case Collective::reduce: return 1.0;
   }
+  return 1.0;
 }
 
 // Per-rank element count such that the collective moves `bytes` (nccl-tests'
 // convention: the size of the larger buffer).
 int64_t count_for(Collective c, int n, int64_t bytes, size_t es) {
   int64_t total = bytes / int64_t(es);
-  if (c == Collective::allgather || c == Collective::reducescatter || c == Collective::alltoall) total /= n;
+  total /= std::max(input_blocks(c, n), output_blocks(c, n));
   return std::max<int64_t>(total, 1);
 }
 
@@ -213,7 +217,7 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
       };
       auto verify_out = [&]() {
         CK(cudaStreamSynchronize(stream));
-        bool has_out = !(c == Collective::reduce && rank != 0);
+        const bool has_out = has_output(c, rank, 0);
         if (!has_out || bytes > o.check_max_bytes) return true;
         CK(cudaMemcpy(host.data(), out, size_t(oe) * es, cudaMemcpyDeviceToHost));
         auto res = verify::check_output(c, d, o.ranks, 0, count, rank, host.data(), oe);

@@ -38,12 +38,34 @@ constexpr std::array<DTypeInfo, kNumDTypes> kDTypes = {{
 }};
 
 constexpr std::array<std::string_view, kNumRedOps> kOps = {"sum", "prod", "max", "min", "avg"};
-constexpr std::array<std::string_view, 6> kColls = {"allreduce", "allgather", "reducescatter",
-                                                    "broadcast", "reduce",    "alltoall"};
+struct CollInfo {
+  std::string_view name, api;
+  bool reduces;
+  RootBuffer rooted;
+  Blocks in, out;
+  InPlace inplace;
+};
+
+constexpr std::array<CollInfo, kNumCollectives> kColls = {{
+#define MK_COLL(id, name, api, reduces, rooted, in_blocks, out_blocks, inplace) \
+  {name, api, reduces, RootBuffer::rooted, Blocks::in_blocks, Blocks::out_blocks, InPlace::inplace},
+#include "mk/collectives.def"
+#undef MK_COLL
+}};
+
+// Plans' kernels carry these numbers in their call signature (and tests pin
+// them): a reordered collectives.def would silently mismatch old plans.
+static_assert(int(Collective::allreduce) == 0 && int(Collective::allgather) == 1 &&
+              int(Collective::reducescatter) == 2 && int(Collective::broadcast) == 3 &&
+              int(Collective::reduce) == 4 && int(Collective::alltoall) == 5);
+
+const CollInfo& info(Collective c) { return kColls.at(size_t(c)); }
+
+int blocks(Blocks b, int nranks) { return b == Blocks::nranks ? nranks : 1; }
 
 }  // namespace
 
-std::string_view name(Collective c) { return kColls.at(size_t(c)); }
+std::string_view name(Collective c) { return info(c).name; }
 std::string_view name(DType t) { return kDTypes.at(size_t(t)).name; }
 std::string_view name(RedOp o) { return kOps.at(size_t(o)); }
 
@@ -53,7 +75,7 @@ std::optional<Collective> parse_collective(std::string_view s) {
   if (l.rfind("nccl", 0) == 0) l = l.substr(4);
   if (l == "alltoall" || l == "alltoallv") l = "alltoall";
   for (size_t i = 0; i < kColls.size(); ++i)
-    if (l == kColls[i]) return Collective(i);
+    if (l == kColls[i].name) return Collective(i);
   return std::nullopt;
 }
 
@@ -95,8 +117,40 @@ std::vector<Collective> all_collectives() {
   return v;
 }
 
-bool collective_reduces(Collective c) {
-  return c == Collective::allreduce || c == Collective::reducescatter || c == Collective::reduce;
+std::string_view api_name(Collective c) { return info(c).api; }
+bool collective_reduces(Collective c) { return info(c).reduces; }
+RootBuffer root_buffer(Collective c) { return info(c).rooted; }
+bool collective_rooted(Collective c) { return root_buffer(c) != RootBuffer::none; }
+bool has_input(Collective c, int rank, int root) { return root_buffer(c) != RootBuffer::input || rank == root; }
+bool has_output(Collective c, int rank, int root) { return root_buffer(c) != RootBuffer::output || rank == root; }
+int input_blocks(Collective c, int nranks) { return blocks(info(c).in, nranks); }
+int output_blocks(Collective c, int nranks) { return blocks(info(c).out, nranks); }
+
+BlockSource output_source(Collective c, int root, int rank, int out_block) {
+  const int in_block = info(c).in == Blocks::nranks ? rank : 0;
+  if (collective_reduces(c)) return {BlockSource::kAllRanks, in_block};
+  if (info(c).out == Blocks::nranks) return {out_block, in_block};
+  return {root, in_block};
+}
+
+InPlace inplace_rule(Collective c) { return info(c).inplace; }
+int inplace_input_block(Collective c, int rank) { return inplace_rule(c) == InPlace::input_in_output ? rank : 0; }
+int inplace_output_block(Collective c, int rank) { return inplace_rule(c) == InPlace::output_in_input ? rank : 0; }
+
+bool is_inplace_call(Collective c, uintptr_t send, uintptr_t recv, int rank, size_t block_bytes) {
+  // both start at their block of one allocation: the allocation's base agrees
+  return send - uintptr_t(inplace_input_block(c, rank)) * block_bytes ==
+         recv - uintptr_t(inplace_output_block(c, rank)) * block_bytes;
+}
+
+std::string_view inplace_condition(Collective c) {
+  switch (inplace_rule(c)) {
+    case InPlace::same: return "sendbuff == recvbuff";
+    case InPlace::input_in_output: return "sendbuff == recvbuff + rank*count";
+    case InPlace::output_in_input: return "recvbuff == sendbuff + rank*count";
+    case InPlace::unsupported: return "not supported";
+  }
+  return "not supported";
 }
 
 }  // namespace mk

@@ -188,8 +188,8 @@ int64_t View::cell(int32_t rank, VBuf b, int32_t index) const {
   const int32_t K = g_.chunks;
   if (inplace_) {
     switch (b) {
-      case VBuf::i: return base + (g_.coll == Collective::allgather ? int64_t(rank) * K + index : index);
-      case VBuf::o: return base + (g_.coll == Collective::reducescatter ? int64_t(rank) * K + index : index);
+      case VBuf::i: return base + int64_t(inplace_input_block(g_.coll, rank)) * K + index;
+      case VBuf::o: return base + int64_t(inplace_output_block(g_.coll, rank)) * K + index;
       case VBuf::s: return base + unified_ + index;
     }
   } else {
@@ -208,37 +208,19 @@ View::Cell View::info(int64_t cell) const {
   const int32_t K = g_.chunks;
   auto in = [&](int32_t i) { return ir::Ref{r, ir::Buf::input, i, 1}; };
   auto out = [&](int32_t i) { return ir::Ref{r, ir::Buf::output, i, 1}; };
-  const bool has_in = g_.coll != Collective::broadcast || r == g_.root;
-  const bool has_out = g_.coll != Collective::reduce || r == g_.root;
+  const bool has_in = has_input(g_.coll, r, g_.root), has_out = has_output(g_.coll, r, g_.root);
   Cell c;
   if (inplace_) {
     if (u >= unified_) {
       c.home = ir::Ref{r, ir::Buf::scratch, u - unified_, 1};
       return c;
     }
-    switch (g_.coll) {
-      case Collective::allgather:
-        if (u >= r * K && u < (r + 1) * K) c.init = in(u - r * K);
-        c.home = out(u);
-        break;
-      case Collective::reducescatter:
-        c.init = in(u);
-        if (u >= r * K && u < (r + 1) * K) c.home = out(u - r * K);
-        break;
-      case Collective::allreduce:
-      case Collective::alltoall:
-        c.init = in(u);
-        c.home = out(u);
-        break;
-      case Collective::broadcast:
-        if (has_in) c.init = in(u);
-        c.home = out(u);
-        break;
-      case Collective::reduce:
-        c.init = in(u);
-        if (has_out) c.home = out(u);
-        break;
-    }
+    // the unified buffer holds input and output, each from its in-place block
+    // on (both from block 0 where mKernel has no in-place form: the file says
+    // its buffers are one)
+    const int32_t i = u - inplace_input_block(g_.coll, r) * K, o = u - inplace_output_block(g_.coll, r) * K;
+    if (has_in && i >= 0 && i < g_.in_chunks()) c.init = in(i);
+    if (has_out && o >= 0 && o < g_.out_chunks()) c.home = out(o);
     return c;
   }
   const int32_t ni = g_.in_chunks(), no = g_.out_chunks();

@@ -321,16 +321,8 @@ class Exporter {
 
   std::string write() {
     const int32_t in = ir::buf_chunks(s_, Buf::input), out = ir::buf_chunks(s_, Buf::output);
-    std::string coll;
-    switch (s_.coll) {
-      case Collective::allreduce: coll = "allreduce"; break;
-      case Collective::allgather: coll = "allgather"; break;
-      case Collective::reducescatter: coll = "reducescatter"; break;
-      case Collective::alltoall: coll = "alltoall"; break;
-      case Collective::broadcast: coll = "broadcast"; break;
-      case Collective::reduce: coll = "reduce"; break;
-    }
-    const bool inplace = s_.coll != Collective::alltoall;
+    const std::string coll(name(s_.coll));  // MSCCL spells the collectives as mKernel does
+    const bool inplace = inplace_rule(s_.coll) != InPlace::unsupported;
     std::string x = "<?xml version=\"1.0\"?>\n";
     x += fmt::format(
         "<!-- written by mkc export from the mKernel schedule '{}' ({} ranks); docs/import.md -->\n",

@@ -202,7 +202,7 @@ void Reader::parse(const Element& root) {
   min_bytes_ = int_attr(root, "minBytes", false, 0, 0, INT64_MAX);
   max_bytes_ = int_attr(root, "maxBytes", false, -1, 0, INT64_MAX);
   root_ = int32_t(int_attr(root, "root", false, 0, 0, ngpus_ - 1));
-  if (root_ != 0 && coll_ != Collective::broadcast && coll_ != Collective::reduce)
+  if (root_ != 0 && !collective_rooted(coll_))
     fail(ErrId::import_E002, root.attr("root")->line, "root applies to broadcast and reduce only");
   if (const std::string* r = str_attr(root, "redop", false))
     notes_.push_back(fmt::format("redop=\"{}\" ignored: the reduction op is chosen when the plan is compiled",

@@ -324,7 +324,7 @@ void Reader::parse_top() {
     fail(ErrId::import_E002, "$.gpus", fmt::format("{} gpus; a plan has 1..{}", gpus.size(), kMaxRanks));
   ngpus_ = int32_t(gpus.size());
   root_ = int32_t(get_int(doc_, {"root"}, "$", false, 0, 0, ngpus_ - 1));
-  if (root_ != 0 && coll_ != Collective::broadcast && coll_ != Collective::reduce)
+  if (root_ != 0 && !collective_rooted(coll_))
     fail(ErrId::import_E002, "$.root", "root applies to broadcast and reduce only");
   if (proto_ != "Simple")
     notes_.push_back("protocol " + proto_ + " ignored: mKernel chooses its own protocol per size bucket");

@@ -97,12 +97,12 @@ int32_t Schedule::next_id() const {
 }
 
 int32_t buf_blocks(Collective c, int32_t nranks, Buf b) {
-  switch (c) {
-    case Collective::allgather: return b == Buf::output ? nranks : 1;
-    case Collective::reducescatter: return b == Buf::input ? nranks : 1;
-    case Collective::alltoall: return nranks;
-    default: return 1;
+  switch (b) {
+    case Buf::input: return input_blocks(c, nranks);
+    case Buf::output: return output_blocks(c, nranks);
+    case Buf::scratch: return 1;  // slots, not blocks: buf_chunks uses s.scratch
   }
+  return 1;
 }
 
 int32_t buf_chunks(const Schedule& s, Buf b) {
@@ -110,27 +110,16 @@ int32_t buf_chunks(const Schedule& s, Buf b) {
   return buf_blocks(s.coll, s.nranks, b) * s.chunks;
 }
 
-bool has_input(const Schedule& s, int32_t rank) {
-  return s.coll != Collective::broadcast || rank == s.root;
-}
-bool has_output(const Schedule& s, int32_t rank) {
-  return s.coll != Collective::reduce || rank == s.root;
-}
+bool has_input(const Schedule& s, int32_t rank) { return mk::has_input(s.coll, rank, s.root); }
+bool has_output(const Schedule& s, int32_t rank) { return mk::has_output(s.coll, rank, s.root); }
 
 std::optional<int32_t> inplace_output_of_input(const Schedule& s, int32_t rank, int32_t index) {
-  switch (s.coll) {
-    case Collective::allreduce: return index;
-    case Collective::allgather: return rank * s.chunks + index;
-    case Collective::reducescatter:
-      if (index >= rank * s.chunks && index < (rank + 1) * s.chunks) return index - rank * s.chunks;
-      return std::nullopt;
-    case Collective::broadcast:
-    case Collective::reduce:
-      if (rank == s.root) return index;
-      return std::nullopt;
-    case Collective::alltoall: return std::nullopt;
-  }
-  return std::nullopt;
+  if (inplace_rule(s.coll) == InPlace::unsupported || !has_input(s, rank) || !has_output(s, rank))
+    return std::nullopt;
+  // both buffers sit in one allocation, each from its in-place block on
+  const int32_t at = index + (inplace_input_block(s.coll, rank) - inplace_output_block(s.coll, rank)) * s.chunks;
+  if (at < 0 || at >= buf_chunks(s, Buf::output)) return std::nullopt;
+  return at;
 }
 
 std::string print_op(const Op& op) {

@@ -106,14 +106,17 @@ struct Schedule {
   int32_t next_id() const;  // an id no op has yet
 };
 
-// Buffer geometry. blocks(...) * chunks = chunks in that buffer.
+// Buffer geometry (collectives.def). blocks(...) * chunks = chunks in that
+// buffer; scratch is not made of blocks (buf_blocks says 1).
 int32_t buf_blocks(Collective c, int32_t nranks, Buf b);
 int32_t buf_chunks(const Schedule& s, Buf b);  // scratch: s.scratch
 // Which ranks own a meaningful input/output (broadcast/reduce: only the root
-// has a send buffer / receive buffer).
+// has a send buffer / receive buffer): mk::has_input/has_output at s.root.
 bool has_input(const Schedule& s, int32_t rank);
 bool has_output(const Schedule& s, int32_t rank);
-// In-place: the output chunk that aliases input chunk `index` of `rank`, if any.
+// In-place: the output chunk that aliases input chunk `index` of `rank`, if any
+// (mk::inplace_rule; none where the rank lacks a buffer or the collective has
+// no in-place form).
 std::optional<int32_t> inplace_output_of_input(const Schedule& s, int32_t rank, int32_t index);
 
 // Text form: stable and diff-friendly (golden tests use it).

@@ -90,15 +90,9 @@ class Sim {
         int64_t total = std::max(m.in_bytes, m.out_bytes);
         m.out_store.resize(size_t(total));
         uint8_t* base = m.out_store.data();
-        if (s.coll == Collective::allgather) {
-          m.out = base;
-          m.in = base + int64_t(r) * o.count * es_;
-        } else if (s.coll == Collective::reducescatter) {
-          m.in = base;
-          m.out = base + int64_t(r) * o.count * es_;
-        } else {
-          m.in = m.out = base;
-        }
+        const int64_t block_bytes = o.count * es_;
+        m.in = base + inplace_input_block(s.coll, r) * block_bytes;
+        m.out = base + inplace_output_block(s.coll, r) * block_bytes;
       } else {
         if (hin) {
           m.in_store.resize(size_t(m.in_bytes));
@@ -357,10 +351,11 @@ SimResult simulate(const Schedule& lowered, const SimOptions& o) {
   }
   if (o.root < 0 || o.root >= lowered.nranks)
     throw Error(ErrId::cli_E011, fmt::format("root {} is not a rank of {}", o.root, lowered.nranks));
-  if ((lowered.coll == Collective::broadcast || lowered.coll == Collective::reduce) || o.root == 0) {
+  if (collective_rooted(lowered.coll) || o.root == 0) {
     Schedule s = rotate_root(lowered, o.root);
-    if (o.inplace && s.coll == Collective::alltoall)
-      throw Error(ErrId::cli_E013, "all-to-all has no in-place form");
+    if (o.inplace && inplace_rule(s.coll) == InPlace::unsupported)
+      throw Error(ErrId::cli_E013, fmt::format("{} has no in-place form", name(s.coll)), {},
+                  "simulate it out-of-place (without --inplace)");
     Sim sim(s, o);
     return sim.run();
   }

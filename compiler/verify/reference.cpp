@@ -96,18 +96,14 @@ struct Contrib {
 void sources(Collective c, int32_t nranks, int32_t root, int64_t count, int32_t rank, int64_t e,
              std::vector<Contrib>& v) {
   v.clear();
-  switch (c) {
-    case Collective::allreduce:
-    case Collective::reduce:
-      for (int32_t q = 0; q < nranks; ++q) v.push_back({q, e});
-      break;
-    case Collective::allgather: v.push_back({int32_t(e / count), e % count}); break;
-    case Collective::reducescatter:
-      for (int32_t q = 0; q < nranks; ++q) v.push_back({q, int64_t(rank) * count + e});
-      break;
-    case Collective::broadcast: v.push_back({root, e}); break;
-    case Collective::alltoall: v.push_back({int32_t(e / count), int64_t(rank) * count + e % count}); break;
+  const int64_t block = count > 0 ? e / count : 0, offset = count > 0 ? e % count : e;
+  const BlockSource src = output_source(c, root, rank, int(block));
+  const int64_t elem = int64_t(src.in_block) * count + offset;
+  if (src.from != BlockSource::kAllRanks) {
+    v.push_back({src.from, elem});
+    return;
   }
+  for (int32_t q = 0; q < nranks; ++q) v.push_back({q, elem});
 }
 
 template <typename T>
@@ -188,12 +184,8 @@ CheckResult check_typed(Collective coll, const DataSpec& d, int32_t nranks, int3
 
 }  // namespace
 
-int64_t input_elems(Collective c, int32_t nranks, int64_t count) {
-  return (c == Collective::reducescatter || c == Collective::alltoall) ? count * nranks : count;
-}
-int64_t output_elems(Collective c, int32_t nranks, int64_t count) {
-  return (c == Collective::allgather || c == Collective::alltoall) ? count * nranks : count;
-}
+int64_t input_elems(Collective c, int32_t nranks, int64_t count) { return input_blocks(c, nranks) * count; }
+int64_t output_elems(Collective c, int32_t nranks, int64_t count) { return output_blocks(c, nranks) * count; }
 
 void fill_input(const DataSpec& d, int32_t rank, int64_t first, int64_t n, void* dst) {
   dispatch_dtype(d.dtype, [&]<typename T>() {

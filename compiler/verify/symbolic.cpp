@@ -78,20 +78,13 @@ class Machine {
   // Expected contributions of output chunk i of rank r.
   std::vector<uint32_t> expected(int32_t r, int32_t i) const {
     const int32_t K = s_.chunks, N = s_.nranks;
+    const BlockSource src = output_source(s_.coll, s_.root, r, i / K);
+    const int32_t in_chunk = src.in_block * K + i % K;
     std::vector<uint32_t> e;
-    switch (s_.coll) {
-      case Collective::allreduce:
-        for (int32_t q = 0; q < N; ++q) e.push_back(sym(q, i));
-        break;
-      case Collective::allgather: e.push_back(sym(i / K, i % K)); break;
-      case Collective::reducescatter:
-        for (int32_t q = 0; q < N; ++q) e.push_back(sym(q, r * K + i));
-        break;
-      case Collective::broadcast: e.push_back(sym(s_.root, i)); break;
-      case Collective::reduce:
-        for (int32_t q = 0; q < N; ++q) e.push_back(sym(q, i));
-        break;
-      case Collective::alltoall: e.push_back(sym(i / K, r * K + i % K)); break;
+    if (src.from != BlockSource::kAllRanks) {
+      e.push_back(sym(src.from, in_chunk));
+    } else {
+      for (int32_t q = 0; q < N; ++q) e.push_back(sym(q, in_chunk));
     }
     std::sort(e.begin(), e.end());
     return e;

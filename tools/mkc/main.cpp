@@ -326,7 +326,7 @@ int cmd_simulate(Common o, const std::string& dtype, const std::string& op, int6
       "{} ({} ranks, {} {}, count {}, {}{}, proto {}, tile {} B, {} step(s), {} launch(es)): max error {:.3g} "
       "(tolerance {:.3g}), {} mismatch(es)\n",
       in.name, o.ranks, name(so.dtype), name(so.op), count, inplace ? "in-place" : "out-of-place",
-      in.coll == Collective::broadcast || in.coll == Collective::reduce ? fmt::format(", root {}", o.root) : "",
+      collective_rooted(in.coll) ? fmt::format(", root {}", o.root) : "",
       ir::name(v.proto), v.tile_bytes, r.steps, launches, r.max_err, r.max_tol, r.mismatches);
   if (!r.ok)
     throw Error(ErrId::verify_E013, "simulated result differs from the float64 reference: " + r.first_bad);
