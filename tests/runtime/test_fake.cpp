@@ -30,7 +30,7 @@ std::string cuda_elf(const std::string& names) {
 
 }  // namespace
 
-TEST_CASE("fake: cuModuleLoadData refuses what is not a CUDA ELF; functions are found by name") {
+TEST_CASE("fake: cuModuleLoadData refuses what is not a CUDA ELF, functions are found by name") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
   CUmodule m = nullptr;
@@ -89,7 +89,7 @@ TEST_CASE("fake: pointer attributes for device, host and malloc memory") {
   CHECK(type == 0);
 }
 
-TEST_CASE("fake: cuMemAlloc inside a global-mode capture fails and invalidates it; relaxed mode allows it") {
+TEST_CASE("fake: cuMemAlloc inside a global-mode capture fails and invalidates it, relaxed mode allows it") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
   mkt::Buffer b(dev, 64);
@@ -169,7 +169,7 @@ TEST_CASE("fake: a launch with the abort word raised writes kErrStopped into err
   CHECK(cu().cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, dev.stream, params, nullptr) == CUDA_ERROR_INVALID_HANDLE);
 }
 
-TEST_CASE("fake: VMM memory exported as a POSIX fd and imported maps the same bytes; access needs cuMemSetAccess") {
+TEST_CASE("fake: VMM memory exported as a POSIX fd and imported maps the same bytes, access needs cuMemSetAccess") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
   const mkfake_counts before = mkt::counts();

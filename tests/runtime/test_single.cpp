@@ -20,7 +20,7 @@ TEST_CASE("fake driver: the libcuda.so.1 in use is the fake") {
   CHECK(n >= 2);
 }
 
-TEST_CASE("one rank: an all-reduce launches one kernel with the call's arguments; destroy frees everything") {
+TEST_CASE("one rank: an all-reduce launches one kernel with the call's arguments, destroy frees everything") {
   MKT_REQUIRE_FAKE();
   const mkfake_counts before = mkt::counts();
   {
@@ -89,12 +89,12 @@ void init_all_allreduce(const std::vector<int>& devlist) {
 
 }  // namespace
 
-TEST_CASE("mkCommInitAll: two GPUs, a grouped all-reduce launches one kernel per rank; no leaks") {
+TEST_CASE("mkCommInitAll: two GPUs, a grouped all-reduce launches one kernel per rank, no leaks") {
   MKT_REQUIRE_FAKE();
   init_all_allreduce({0, 1});
 }
 
-TEST_CASE("mkCommInitAll: two ranks sharing one GPU launch two kernels; no leaks") {
+TEST_CASE("mkCommInitAll: two ranks sharing one GPU launch two kernels, no leaks") {
   MKT_REQUIRE_FAKE();
   init_all_allreduce({0, 0});
 }
