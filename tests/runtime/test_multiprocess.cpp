@@ -1,0 +1,183 @@
+// Two processes, one rank each, over the bootstrap: arenas and registered
+// buffers are really shared (the fake maps the same memfd / shm bytes).
+// The ranks are this binary started again (fresh processes, as with a
+// launcher), so nothing of the parent's runtime state leaks into them.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/comm.hpp"
+#include "tests/runtime/fake.hpp"
+
+using mkt::cu;
+
+namespace {
+
+std::string to_hex(const void* p, size_t n) {
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += "0123456789abcdef"[static_cast<const unsigned char*>(p)[i] >> 4],
+                                 s += "0123456789abcdef"[static_cast<const unsigned char*>(p)[i] & 15];
+  return s;
+}
+
+bool from_hex(const std::string& s, void* p, size_t n) {
+  if (s.size() != 2 * n) return false;
+  for (size_t i = 0; i < n; ++i) static_cast<unsigned char*>(p)[i] = (unsigned char)std::stoi(s.substr(2 * i, 2), nullptr, 16);
+  return true;
+}
+
+int g_rank = -1;
+#define CHILD_CHECK(cond)                                                                              \
+  do {                                                                                                 \
+    if (!(cond)) {                                                                                     \
+      std::fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed; last error: %s\n", g_rank, __FILE__, __LINE__, \
+                   #cond, mkGetLastError(nullptr));                                                    \
+      return 1;                                                                                        \
+    }                                                                                                  \
+  } while (0)
+
+// Reads `n` bytes at device address `p` and checks they all equal `v`.
+bool all_bytes(CUdeviceptr p, size_t n, unsigned char v) {
+  std::vector<unsigned char> got(n);
+  if (cu().cuMemcpyDtoH(got.data(), p, n) != CUDA_SUCCESS) return false;
+  for (unsigned char c : got)
+    if (c != v) return false;
+  return true;
+}
+
+int run_rank(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  CHILD_CHECK(mkt::driver() == mkt::Driver::fake);
+  mkfake_counts before{};
+  mkfake_fn<decltype(mkfake_get_counts)>("mkfake_get_counts")(&before);
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  auto* c = reinterpret_cast<mk::rt::Comm*>(comm);
+  const int peer = 1 - rank;
+  CHILD_CHECK(c->device == rank);
+
+  // Arenas: the last KiB of each rank's scratch (no plan uses it) gets a
+  // pattern; the peer reads it through its imported mapping.
+  const size_t tail = 1024;
+  const size_t at = c->arena.size() - tail;
+  CHILD_CHECK(c->peer_base[size_t(peer)] != 0 && c->peer_base[size_t(peer)] != c->arena.base());
+  CHILD_CHECK(cu().cuMemsetD8(c->arena.base() + at, (unsigned char)(0x50 + rank), tail) == CUDA_SUCCESS);
+  c->boot->barrier();
+  CHILD_CHECK(all_bytes(c->peer_base[size_t(peer)] + at, tail, (unsigned char)(0x50 + peer)));
+  c->boot->barrier();
+
+  // Registration: the peer's cuMemAlloc buffer is opened over CUDA IPC; its
+  // bytes are visible here and our writes land there.
+  const size_t bytes = 1 << 16;
+  CUdeviceptr reg = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&reg, bytes) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemsetD8(reg, (unsigned char)(0xA0 + rank), bytes) == CUDA_SUCCESS);
+  void* handle = nullptr;
+  CHILD_CHECK(mkCommRegister(comm, reinterpret_cast<void*>(uintptr_t(reg)), bytes, &handle) == mkSuccess);
+  const int w = c->registered.at(uintptr_t(reg)).window;
+  mk::dev::ZcPeerWindow entry{};
+  CHILD_CHECK(cu().cuMemcpyDtoH(&entry, c->windows + sizeof entry * (size_t(w) * 2 + size_t(peer)), sizeof entry) ==
+              CUDA_SUCCESS);
+  CHILD_CHECK(entry.base != nullptr && entry.bytes == int64_t(bytes));
+  const CUdeviceptr mapped = CUdeviceptr(uintptr_t(entry.base));
+  CHILD_CHECK(mapped != reg);
+  CHILD_CHECK(all_bytes(mapped, bytes, (unsigned char)(0xA0 + peer)));
+  c->boot->barrier();
+  CHILD_CHECK(cu().cuMemsetD8(mapped + 8 * size_t(rank), (unsigned char)(0xE0 + rank), 8) == CUDA_SUCCESS);
+  c->boot->barrier();
+  CHILD_CHECK(all_bytes(reg + 8 * size_t(peer), 8, (unsigned char)(0xE0 + peer)));
+
+  // A collective launches on both ranks.
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 4096) == CUDA_SUCCESS);
+  const int64_t launches = mkt::counts().launches;
+  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(buf)), reinterpret_cast<void*>(uintptr_t(buf)), 256,
+                          mkFloat32, mkSum, comm, stream) == mkSuccess);
+  CHILD_CHECK(mkt::counts().launches == launches + 1);
+  mkfake_launch l{};
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(l.args.rank == rank && l.args.count == 256 && l.device == rank);
+
+  CHILD_CHECK(mkCommDeregister(comm, handle) == mkSuccess);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemFree(reg) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRelease(rank) == CUDA_SUCCESS);
+  const std::string leaked = mkt::leaks(before, mkt::counts());
+  if (!leaked.empty()) std::fprintf(stderr, "rank %d leaked: %s\n", rank, leaked.c_str());
+  CHILD_CHECK(leaked.empty());
+  return 0;
+}
+
+}  // namespace
+
+// argv: --mkt-child RANK NRANKS ID_HEX
+int mkt_child_main(int argc, char** argv) {
+  mkUniqueId id;
+  if (argc != 5 || !from_hex(argv[4], &id, sizeof id)) {
+    std::fprintf(stderr, "usage: --mkt-child RANK NRANKS ID_HEX\n");
+    return 2;
+  }
+  return run_rank(std::atoi(argv[2]), std::atoi(argv[3]), id);
+}
+
+TEST_CASE("two processes: ranks share arenas and registered buffers, launch, and destroy cleanly") {
+  MKT_REQUIRE_FAKE();
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  const std::string hex = to_hex(&id, sizeof id);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = std::to_string(r);
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      // A rank whose peer failed gives up at the next all-gather, well before our deadline.
+      setenv("MK_BOOTSTRAP_TIMEOUT_MS", "30000", 0);
+      const char* args[] = {"mk_runtime_tests", "--mkt-child", rank.c_str(), "2", hex.c_str(), nullptr};
+      ::execv("/proc/self/exe", const_cast<char* const*>(args));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  // Bounded: a hang fails the test instead of hanging ctest.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  std::vector<int> status(pids.size(), -1);
+  for (size_t done = 0; done < pids.size();) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (status[i] != -1) continue;
+      int st = 0;
+      if (::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        status[i] = st;
+        ++done;
+      }
+    }
+    if (done < pids.size() && std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (status[i] == -1) {
+          ::kill(pids[i], SIGKILL);
+          ::waitpid(pids[i], &status[i], 0);
+        }
+      FAIL("the ranks did not finish within 120 s (killed)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (size_t i = 0; i < pids.size(); ++i) {
+    INFO("rank " << i << " (its stderr says what failed)");
+    CHECK(WIFEXITED(status[i]));
+    CHECK(WEXITSTATUS(status[i]) == 0);
+  }
+}

@@ -1,0 +1,170 @@
+// One process: one rank, and ranks of mkCommInitAll.
+#include <memory>
+#include <vector>
+
+#include "tests/runtime/fake.hpp"
+
+using mkt::cu;
+
+TEST_CASE("fake driver: the libcuda.so.1 in use is the fake") {
+  const mkt::Driver d = mkt::driver();
+  if (d == mkt::Driver::real) {
+    MESSAGE("SKIPPED: a real NVIDIA driver is loaded; every test of mk_runtime_tests skips");
+    return;
+  }
+  REQUIRE_MESSAGE(d == mkt::Driver::fake, "no libcuda.so.1: run through ctest (LD_LIBRARY_PATH)");
+  std::string why;
+  CHECK_MESSAGE(mk::rt::cuda_available(&why), why);
+  int n = 0;
+  CHECK(cu().cuDeviceGetCount(&n) == CUDA_SUCCESS);
+  CHECK(n >= 2);
+}
+
+TEST_CASE("one rank: an all-reduce launches one kernel with the call's arguments, destroy frees everything") {
+  MKT_REQUIRE_FAKE();
+  const mkfake_counts before = mkt::counts();
+  {
+    mkt::Device dev(0);
+    mkt::Buffer in(dev, 4096), out(dev, 4096);
+    mkUniqueId id;
+    REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+    mkComm_t comm = nullptr;
+    REQUIRE_MESSAGE(mkCommInitRank(&comm, 1, id, 0) == mkSuccess, mkGetLastError(nullptr));
+    const int64_t launches = mkt::counts().launches;
+    REQUIRE_MESSAGE(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat32, mkSum, comm, dev.stream) == mkSuccess,
+                    mkGetLastError(comm));
+    CHECK(mkt::counts().launches == launches + 1);
+    const mkfake_launch l = mkt::last_launch();
+    CHECK(l.stream == dev.stream);
+    CHECK(l.device == 0);
+    CHECK(l.grid[0] >= 1);
+    CHECK(l.block[0] >= 32);
+    CHECK(l.args.count == 256);
+    CHECK(l.args.rank == 0);
+    CHECK(l.args.input == in.ptr());
+    CHECK(l.args.output == out.ptr());
+    CHECK(l.args.errors != nullptr);
+    CHECK((l.args.host_abort != nullptr));
+    REQUIRE(mkCommDestroy(comm) == mkSuccess);
+  }
+  const std::string leaked = mkt::leaks(before, mkt::counts());
+  CHECK_MESSAGE(leaked.empty(), leaked);
+}
+
+namespace {
+
+// mkCommInitAll over `devlist`, a grouped all-reduce on every rank, destroy;
+// no driver object may outlive it.
+void init_all_allreduce(const std::vector<int>& devlist) {
+  const mkfake_counts before = mkt::counts();
+  {
+    const int n = int(devlist.size());
+    std::vector<std::unique_ptr<mkt::Device>> devs;
+    std::vector<std::unique_ptr<mkt::Buffer>> in, out;
+    for (int d : devlist) {
+      devs.push_back(std::make_unique<mkt::Device>(d));
+      in.push_back(std::make_unique<mkt::Buffer>(*devs.back(), 4096));
+      out.push_back(std::make_unique<mkt::Buffer>(*devs.back(), 4096));
+    }
+    std::vector<mkComm_t> comms(size_t(n), nullptr);
+    REQUIRE_MESSAGE(mkCommInitAll(comms.data(), n, devlist.data()) == mkSuccess, mkGetLastError(nullptr));
+    const int64_t launches = mkt::counts().launches;
+    REQUIRE(mkGroupStart() == mkSuccess);
+    for (int r = 0; r < n; ++r)
+      CHECK(mkAllReduce(in[size_t(r)]->ptr(), out[size_t(r)]->ptr(), 128, mkFloat32, mkSum, comms[size_t(r)],
+                        devs[size_t(r)]->stream) == mkSuccess);
+    REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, mkGetLastError(nullptr));
+    CHECK(mkt::counts().launches == launches + n);
+    const mkfake_launch l = mkt::last_launch();  // the group launches in call order
+    CHECK(l.args.rank == n - 1);
+    CHECK(l.args.count == 128);
+    CHECK(l.device == devlist.back());
+    CHECK(l.stream == devs.back()->stream);
+    CHECK(l.args.input == in.back()->ptr());
+    for (mkComm_t c : comms) CHECK(mkCommDestroy(c) == mkSuccess);
+  }
+  const std::string leaked = mkt::leaks(before, mkt::counts());
+  CHECK_MESSAGE(leaked.empty(), leaked);
+}
+
+}  // namespace
+
+TEST_CASE("mkCommInitAll: two GPUs, a grouped all-reduce launches one kernel per rank, no leaks") {
+  MKT_REQUIRE_FAKE();
+  init_all_allreduce({0, 1});
+}
+
+TEST_CASE("mkCommInitAll: two ranks sharing one GPU launch two kernels, no leaks") {
+  MKT_REQUIRE_FAKE();
+  init_all_allreduce({0, 0});
+}
+
+TEST_CASE("a kernel's error record makes mkCommGetAsyncError report the rank, block and peer") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device d0(0), d1(1);
+  mkt::Buffer a0(d0, 4096), a1(d1, 4096);
+  mkComm_t comms[2] = {};
+  const int devs[2] = {0, 1};
+  REQUIRE_MESSAGE(mkCommInitAll(comms, 2, devs) == mkSuccess, mkGetLastError(nullptr));
+  auto allreduce = [&] {
+    mkGroupStart();
+    mkAllReduce(a0.ptr(), a0.ptr(), 64, mkFloat32, mkSum, comms[0], d0.stream);
+    mkAllReduce(a1.ptr(), a1.ptr(), 64, mkFloat32, mkSum, comms[1], d1.stream);
+    return mkGroupEnd();
+  };
+  REQUIRE(allreduce() == mkSuccess);
+  mkResult_t async = mkInternalError;
+  REQUIRE(mkCommGetAsyncError(comms[1], &async) == mkSuccess);
+  CHECK(async == mkSuccess);
+  // Only rank 1's launch fails: a group launches in call order, rank 1 first here.
+  mk::dev::ErrorRecord rec{};
+  rec.code = mk::dev::kErrWaitTimeout;
+  rec.rank = 1;
+  rec.tb = 3;
+  rec.slot = 1;
+  rec.peer = 0;
+  rec.step = 7;
+  rec.have = 5;
+  rec.want = 6;
+  rec.waited_ns = 2000000000;
+  auto inject = mkt::require_fn<decltype(mkfake_inject_record)>("mkfake_inject_record");
+  mkGroupStart();
+  mkAllReduce(a1.ptr(), a1.ptr(), 64, mkFloat32, mkSum, comms[1], d1.stream);
+  mkAllReduce(a0.ptr(), a0.ptr(), 64, mkFloat32, mkSum, comms[0], d0.stream);
+  inject(1, &rec);
+  REQUIRE(mkGroupEnd() == mkSuccess);
+  CHECK(mkt::last_launch().args.rank == 0);
+  REQUIRE(mkCommGetAsyncError(comms[0], &async) == mkSuccess);
+  CHECK(async == mkSuccess);
+  REQUIRE(mkCommGetAsyncError(comms[1], &async) == mkSuccess);
+  CHECK(async == mkRemoteError);
+  const std::string msg = mkGetLastError(comms[1]);
+  CHECK_MESSAGE(msg.find("rank 1:") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("thread block 3") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("from rank 0") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("step 7") != std::string::npos, msg);
+  // Sticky: the next call on that communicator fails with the same error.
+  CHECK(mkAllReduce(a1.ptr(), a1.ptr(), 64, mkFloat32, mkSum, comms[1], d1.stream) == mkRemoteError);
+  CHECK(mkCommDestroy(comms[0]) == mkSuccess);
+  CHECK(mkCommDestroy(comms[1]) == mkSuccess);
+}
+
+TEST_CASE("a hung kernel ends when mkCommAbort raises the abort word") {
+  MKT_REQUIRE_FAKE();
+  auto hang = mkt::require_fn<decltype(mkfake_hang)>("mkfake_hang");
+  auto running = mkt::require_fn<decltype(mkfake_running)>("mkfake_running");
+  mkt::Device dev(0);
+  mkt::Buffer buf(dev, 4096);
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  mkComm_t comm = nullptr;
+  REQUIRE(mkCommInitRank(&comm, 1, id, 0) == mkSuccess);
+  hang(1);
+  REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+  hang(0);
+  CHECK(running() == 1);
+  CHECK(cu().cuStreamQuery(dev.stream) == CUDA_ERROR_NOT_READY);
+  CHECK(mkCommAbort(comm) == mkSuccess);  // returns only once the kernel ended
+  CHECK(running() == 0);
+  CHECK(cu().cuStreamQuery(dev.stream) == CUDA_SUCCESS);
+}
