@@ -201,7 +201,10 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
   c.nranks = nranks;
   c.rank = rank;
   setup_device(c, device);
-  if (nranks > 1) c.boot = std::make_unique<Bootstrap>(id, nranks, rank);
+  if (nranks > 1) {
+    c.boot = std::make_unique<Bootstrap>(id, nranks, rank);
+    c.boot_live.store(c.boot.get());
+  }
   if (c.closing.load()) fail(mkInvalidUsage, "the communicator was aborted during init");
   setup_memory(c);
 
@@ -240,7 +243,10 @@ std::vector<std::shared_ptr<Comm>> comm_init_all(int ndev, const int* devlist, c
   for (auto& c : comms) connect(*c, all);
   auto clique = std::make_shared<Clique>();
   for (auto& c : comms) clique->members.push_back(c.get());
-  for (auto& c : comms) c->clique = clique;
+  for (auto& c : comms) {
+    c->clique = clique;
+    c->state.store(int(CommState::ready));
+  }
   return comms;
 }
 
@@ -351,6 +357,10 @@ mkResult_t Comm::poll_async_error() {
 }
 
 void Comm::raise_abort() {
+  if (Bootstrap* b = boot_live.load()) b->interrupt();  // a call or init blocked in the bootstrap returns now
+  // While a nonblocking init runs, its thread owns the fields below (it
+  // stops at its next check of `closing`).
+  if (state.load() == int(CommState::initializing)) return;
   if (host) host->abort = 1;  // this rank's kernels, at their next bounded-wait check
   if (!side_stream || peer_base.empty()) return;
   // The comm-wide abort word of every rank (in its arena's flag part):
@@ -434,7 +444,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   auto inst = std::make_unique<PlanInstance>();  // unloads its module if anything below fails
   inst->plan = plan;
   inst->kernel = k;
-  inst->rooted = coll == Collective::broadcast || coll == Collective::reduce;
+  inst->rooted = collective_rooted(coll);
   MK_CU(d.cuModuleLoadData(&inst->module, k->cubin.data()), "loading the kernel of plan " + plan->schedule);
   MK_CU(d.cuModuleGetFunction(&inst->fn, inst->module, k->name.c_str()), "finding kernel " + k->name);
   // With lazy module loading (the CUDA 12+ default) the first launch would

@@ -154,6 +154,7 @@ class Comm {
 
   // ---- memory and peers ----
   std::unique_ptr<Bootstrap> boot;  // null for mkCommInitAll and single-rank comms
+  std::atomic<Bootstrap*> boot_live{nullptr};  // `boot` once set, for abort from another thread
   Arena arena;
   std::unique_ptr<Transport> transport;
   std::vector<CUdeviceptr> peer_base;  // arena base of every rank, as this GPU sees it
@@ -200,7 +201,8 @@ class Comm {
 
   // Raises the comm-wide abort word on every rank and this rank's host abort
   // word: running kernels everywhere stop within microseconds, later ones at
-  // entry. Bounded; best effort (a peer may be gone).
+  // entry; and interrupts a bootstrap wait. Bounded; best effort (a peer may
+  // be gone). Safe while a nonblocking init is still running.
   void raise_abort();
   // Waits until this communicator's kernels are done, at most `bound_ms`
   // (<0: no bound). False if the bound passed.

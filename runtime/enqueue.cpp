@@ -13,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "compiler/verify/reference.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/handles.hpp"
@@ -21,17 +20,7 @@
 
 namespace mk::rt {
 
-const char* api_name_of(Collective c) {
-  switch (c) {
-    case Collective::allreduce: return "mkAllReduce";
-    case Collective::allgather: return "mkAllGather";
-    case Collective::reducescatter: return "mkReduceScatter";
-    case Collective::broadcast: return "mkBroadcast";
-    case Collective::reduce: return "mkReduce";
-    case Collective::alltoall: return "mkAllToAll";
-  }
-  return "collective";
-}
+const char* api_name_of(Collective c) { return api_name(c).data(); }
 
 namespace {
 
@@ -118,7 +107,7 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
   const bool reduces = collective_reduces(k.coll);
   if (reduces && (k.op < 0 || k.op >= mkNumOps))
     fail(mkInvalidArgument, fmt::format("{}: reduction op {} is not an mkRedOp_t", api, k.op));
-  const bool rooted = k.coll == Collective::broadcast || k.coll == Collective::reduce;
+  const bool rooted = collective_rooted(k.coll);
   if (rooted && (k.root < 0 || k.root >= c->nranks))
     fail(mkInvalidArgument, fmt::format("{}: root {} is not a rank of {}", api, k.root, c->nranks));
   const DType dt = DType(k.dtype);
@@ -126,17 +115,16 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
   if (k.count > size_t(INT64_MAX) / es / size_t(c->nranks))
     fail(mkInvalidArgument, fmt::format("{}: count {} is too large", api, k.count));
   const size_t bytes = k.count * es;
-  const int64_t count = int64_t(k.count);
   Pending p{k,
             std::move(cp),
             reinterpret_cast<CUstream>(stream),
             dt,
             reduces ? RedOp(k.op) : RedOp::sum,
             int64_t(bytes),
-            size_t(verify::input_elems(k.coll, c->nranks, count)) * es,
-            size_t(verify::output_elems(k.coll, c->nranks, count)) * es,
-            !(k.coll == Collective::broadcast && c->rank != k.root),
-            !(k.coll == Collective::reduce && c->rank != k.root),
+            size_t(input_blocks(k.coll, c->nranks)) * bytes,
+            size_t(output_blocks(k.coll, c->nranks)) * bytes,
+            has_input(k.coll, c->rank, k.root),
+            has_output(k.coll, c->rank, k.root),
             false,
             {}};
   if (k.count == 0) return p;
@@ -152,22 +140,13 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
   if (need_recv) check_ptr(k.recv, "recvbuff");
   if (need_send && need_recv) {
     const uintptr_t sp = reinterpret_cast<uintptr_t>(k.send), rp = reinterpret_cast<uintptr_t>(k.recv);
-    bool inplace = false;
-    switch (k.coll) {
-      case Collective::allgather: inplace = sp == rp + uintptr_t(c->rank) * bytes; break;
-      case Collective::reducescatter: inplace = rp == sp + uintptr_t(c->rank) * bytes; break;
-      case Collective::alltoall:
-        if (sp == rp) fail(mkInvalidArgument, "mkAllToAll: in-place (sendbuff == recvbuff) is not supported");
-        break;
-      default: inplace = sp == rp; break;
-    }
+    const bool inplace = is_inplace_call(k.coll, sp, rp, c->rank, bytes);
+    if (inplace_rule(k.coll) == InPlace::unsupported && sp == rp)
+      fail(mkInvalidArgument, fmt::format("{}: in-place (sendbuff == recvbuff) is not supported", api));
     if (!inplace && overlaps(sp, in_bytes, rp, out_bytes))
       fail(mkInvalidArgument, fmt::format("{}: sendbuff and recvbuff overlap without being in-place (in-place "
                                           "means {})",
-                                          api,
-                                          k.coll == Collective::allgather       ? "sendbuff == recvbuff + rank*count"
-                                          : k.coll == Collective::reducescatter ? "recvbuff == sendbuff + rank*count"
-                                                                                : "sendbuff == recvbuff"));
+                                          api, inplace_condition(k.coll)));
   }
   return p;
 }
@@ -229,9 +208,8 @@ void check_locked(Pending& p) {
     if (all && zero_copy_enabled() && int64_t(std::max(p.in_bytes, p.out_bytes)) >= zero_copy_min_bytes()) {
       z.in_bytes = int64_t(p.in_bytes);
       z.out_bytes = int64_t(p.out_bytes);
-      const bool rooted = k.coll == Collective::broadcast || k.coll == Collective::reduce;
       z.call_sig = uint64_t(k.coll) | uint64_t(p.dt) << 8 | uint64_t(p.op) << 16 |
-                   uint64_t(uint32_t(rooted ? k.root : 0)) << 32;
+                   uint64_t(uint32_t(collective_rooted(k.coll) ? k.root : 0)) << 32;
       p.zc = true;
       p.zcc = z;
     }

@@ -67,10 +67,7 @@ mkComm_t lifecycle_init_rank(int nranks, const mkUniqueId& id, int rank, const m
 std::vector<mkComm_t> lifecycle_init_all(int ndev, const int* devlist) {
   auto comms = comm_init_all(ndev, devlist, comm_config_from_env());
   std::vector<mkComm_t> out;
-  for (auto& c : comms) {
-    c->state.store(int(CommState::ready));
-    out.push_back(publish(c));
-  }
+  for (auto& c : comms) out.push_back(publish(c));
   return out;
 }
 
@@ -82,7 +79,6 @@ void lifecycle_close(mkComm_t h, bool abort) {
   if (abort) {
     c->aborted.store(true);
     c->raise_abort();
-    if (c->boot) c->boot->interrupt();  // a call or init blocked in the bootstrap returns now
   }
   // Calls still inside on other threads fail at their next check; let them
   // leave. If one takes longer, it frees the communicator when it returns.

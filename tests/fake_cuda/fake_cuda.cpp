@@ -288,6 +288,18 @@ CUresult unsafe_call() {
 
 // ---- kernels -------------------------------------------------------------------
 
+// The communicator's abort word of this rank (abi.cuh: Args::flag_offset
+// bytes before this plan's flag region), or null when the args do not lead to
+// one the driver gave out.
+uint64_t* comm_abort_word(const mk::dev::Args& a) {
+  const uintptr_t flags = reinterpret_cast<uintptr_t>(a.flags);
+  if (!flags || a.rank < 0 || !device_range_ok(flags + sizeof(void*) * size_t(a.rank), sizeof(void*))) return nullptr;
+  const uintptr_t region = reinterpret_cast<const uintptr_t*>(flags)[a.rank];
+  if (a.flag_offset < 0 || region < uintptr_t(a.flag_offset)) return nullptr;
+  const uintptr_t w = region - uintptr_t(a.flag_offset);
+  return device_range_ok(w, sizeof(uint64_t)) ? reinterpret_cast<uint64_t*>(w) : nullptr;
+}
+
 void write_record(const mk::dev::Args& a, const mk::dev::ErrorRecord& rec) {
   const uintptr_t p = reinterpret_cast<uintptr_t>(a.errors);
   if (!p || !device_range_ok(p, sizeof rec)) return;  // a real kernel would fault; nothing to write to
@@ -298,6 +310,11 @@ void write_record(const mk::dev::Args& a, const mk::dev::ErrorRecord& rec) {
   std::memcpy(reinterpret_cast<char*>(e) + sizeof(int32_t), reinterpret_cast<const char*>(&body) + sizeof(int32_t),
               sizeof body - sizeof(int32_t));
   __atomic_store_n(&e->code, code, __ATOMIC_RELEASE);
+  // The kernel then tells its host (host_abort[1]) and stops every kernel of
+  // the communicator on this rank (the comm-wide abort word).
+  const uintptr_t h = reinterpret_cast<uintptr_t>(a.host_abort);
+  if (h && device_range_ok(h, 2 * sizeof(int32_t))) __atomic_store_n(reinterpret_cast<int32_t*>(h) + 1, 1, __ATOMIC_RELEASE);
+  if (uint64_t* w = comm_abort_word(a)) __atomic_store_n(w, uint64_t(1), __ATOMIC_RELEASE);
 }
 
 void write_stopped(const mk::dev::Args& a) {
@@ -310,9 +327,16 @@ void write_stopped(const mk::dev::Args& a) {
 }
 
 bool abort_set(const mk::dev::Args& a) {
+  if (const uint64_t* w = comm_abort_word(a); w && __atomic_load_n(w, __ATOMIC_ACQUIRE) != 0) return true;
   const uintptr_t p = reinterpret_cast<uintptr_t>(a.host_abort);
   if (!p || !device_range_ok(p, sizeof(int32_t))) return false;
   return __atomic_load_n(reinterpret_cast<const int32_t*>(p), __ATOMIC_ACQUIRE) != 0;
+}
+
+// At entry a kernel checks only the communicator's abort word (abi.cuh).
+bool stopped_at_entry(const mk::dev::Args& a) {
+  const uint64_t* w = comm_abort_word(a);
+  return w && __atomic_load_n(w, __ATOMIC_ACQUIRE) != 0;
 }
 
 bool finished(Run& r) {
@@ -355,8 +379,14 @@ void run_launch(const Op& op, Stream* stream, CUstream handle) {
   if (s.inject_left > 0) {
     --s.inject_left;
     write_record(op.args, s.inject);
-  } else if (abort_set(op.args)) {
-    write_stopped(op.args);  // stopped at entry
+  } else if (stopped_at_entry(op.args)) {
+    mk::dev::ErrorRecord rec{};
+    rec.code = mk::dev::kErrStopped;
+    rec.rank = op.args.rank;
+    rec.slot = mk::dev::kStoppedAtEntry;
+    rec.peer = -1;
+    rec.op = -1;
+    write_record(op.args, rec);
   } else if (s.hang) {
     auto r = std::make_shared<Run>();
     r->args = op.args;
@@ -468,6 +498,12 @@ void mkfake_inject_record(int launches, const mk::dev::ErrorRecord* record) {
 void mkfake_hang(int on) {
   std::lock_guard<std::mutex> lock(S().mu);
   S().hang = on != 0;
+}
+
+void mkfake_set_limits(int sms, int blocks_per_sm) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().sms = sms > 0 ? sms : env_int("MKFAKE_SMS", 132);
+  S().blocks_per_sm = blocks_per_sm > 0 ? blocks_per_sm : env_int("MKFAKE_BLOCKS_PER_SM", 2);
 }
 
 void mkfake_release(void) {

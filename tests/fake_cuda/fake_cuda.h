@@ -34,9 +34,13 @@
 //               its NUL-terminated name occurs in the image.
 //   launches    counted; the last one's grid, block, stream and first
 //               parameter (an mk::dev::Args) are kept. The kernel emulates the
-//               device contract of templates/abi.cuh: with *host_abort != 0 it
-//               writes a kErrStopped record into errors[0] (fields first, code
-//               last). Controls below inject error records and "hung" kernels.
+//               device contract of templates/abi.cuh: when the communicator's
+//               abort word (Args::flag_offset before its flag region) is set
+//               at launch it writes a kErrStopped record (slot
+//               kStoppedAtEntry) into errors[0] (fields first, code last);
+//               every record it writes also sets host_abort[1] and that abort
+//               word. Controls below inject error records and "hung" kernels
+//               (these also end on *host_abort != 0).
 //   failures    MKFAKE_FAIL="cuMemCreate:2,cuModuleLoadData:1:200": the N-th
 //               call (1-based, per process) of that function fails with
 //               CUDA_ERROR_OUT_OF_MEMORY or the given numeric code.
@@ -96,6 +100,9 @@ void mkfake_inject_record(int launches, const mk::dev::ErrorRecord* record);
 // (then they write kErrStopped) or mkfake_release(); meanwhile their stream
 // and events recorded after them are not ready and synchronisation blocks.
 void mkfake_hang(int on);
+// SMs per device and blocks per SM that occupancy answers from now on (0:
+// the environment's values again).
+void mkfake_set_limits(int sms, int blocks_per_sm);
 // Ends every running launch (without an error record).
 void mkfake_release(void);
 // Launches still running.

@@ -132,7 +132,7 @@ TEST_CASE("fake: cuMemAlloc inside a global-mode capture fails and invalidates i
   CHECK(MKT_FN(cuStreamEndCapture)(dev.stream, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
 }
 
-TEST_CASE("fake: a launch with the abort word raised writes kErrStopped into errors[0], code last") {
+TEST_CASE("fake: a launch with the communicator's abort word raised stops at entry: kErrStopped into errors[0], code last, host told") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
   const std::string img = cuda_elf(std::string("k\0", 2));
@@ -144,18 +144,36 @@ TEST_CASE("fake: a launch with the abort word raised writes kErrStopped into err
   REQUIRE(cu().cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_DEVICEMAP) == CUDA_SUCCESS);
   std::memset(host, 0, 4096);
   auto* rec = static_cast<mk::dev::ErrorRecord*>(host);
-  auto* abort_word = reinterpret_cast<int32_t*>(static_cast<char*>(host) + 2048);
+  auto* host_words = reinterpret_cast<int32_t*>(static_cast<char*>(host) + 2048);
+  // The arena's flag part: the comm-wide abort word at 0, this plan's region at +256.
+  auto* flags = reinterpret_cast<uint64_t*>(static_cast<char*>(host) + 3072);
+  uint64_t* regions[6] = {};
+  regions[5] = flags + 32;
   mk::dev::Args a{};
   a.rank = 5;
   a.errors = rec;
-  a.host_abort = abort_word;
+  a.host_abort = host_words;
+  a.flags = regions;
+  a.flag_offset = 256;
   void* params[] = {&a};
+  // A host pointer for the region table would not do on a GPU; the fake reads
+  // only memory it gave out.
+  void* table = nullptr;
+  REQUIRE(cu().cuMemHostAlloc(&table, sizeof regions, CU_MEMHOSTALLOC_DEVICEMAP) == CUDA_SUCCESS);
+  std::memcpy(table, regions, sizeof regions);
+  a.flags = static_cast<uint64_t* const*>(table);
   CHECK(cu().cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, dev.stream, params, nullptr) == CUDA_SUCCESS);
   CHECK(rec->code == 0);
-  *abort_word = 1;
+  host_words[0] = 1;  // the host abort word alone is read in waits, not at entry
+  CHECK(cu().cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, dev.stream, params, nullptr) == CUDA_SUCCESS);
+  CHECK(rec->code == 0);
+  flags[0] = 1;  // the communicator's abort word
   CHECK(cu().cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, dev.stream, params, nullptr) == CUDA_SUCCESS);
   CHECK(rec->code == mk::dev::kErrStopped);
+  CHECK(rec->slot == mk::dev::kStoppedAtEntry);
   CHECK(rec->rank == 5);
+  CHECK(host_words[1] == 1);  // the host sees it at its next call
+  CHECK(cu().cuMemFreeHost(table) == CUDA_SUCCESS);
   // Bad handles are errors, not crashes.
   CHECK(cu().cuLaunchKernel(reinterpret_cast<CUfunction>(&a), 1, 1, 1, 32, 1, 1, 0, dev.stream, params, nullptr) ==
         CUDA_ERROR_INVALID_HANDLE);

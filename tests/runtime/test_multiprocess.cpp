@@ -86,9 +86,9 @@ int run_rank(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(cu().cuMemsetD8(reg, (unsigned char)(0xA0 + rank), bytes) == CUDA_SUCCESS);
   void* handle = nullptr;
   CHILD_CHECK(mkCommRegister(comm, reinterpret_cast<void*>(uintptr_t(reg)), bytes, &handle) == mkSuccess);
-  const int w = c->registered.at(uintptr_t(reg)).window;
+  const int w = c->regs.by_base.at(uintptr_t(reg)).window;
   mk::dev::ZcPeerWindow entry{};
-  CHILD_CHECK(cu().cuMemcpyDtoH(&entry, c->windows + sizeof entry * (size_t(w) * 2 + size_t(peer)), sizeof entry) ==
+  CHILD_CHECK(cu().cuMemcpyDtoH(&entry, c->regs.windows + sizeof entry * (size_t(w) * 2 + size_t(peer)), sizeof entry) ==
               CUDA_SUCCESS);
   CHILD_CHECK(entry.base != nullptr && entry.bytes == int64_t(bytes));
   const CUdeviceptr mapped = CUdeviceptr(uintptr_t(entry.base));
