@@ -195,11 +195,14 @@ Comm* comm_init_rank(int nranks, const mkUniqueId& id, int rank) {
   if (remote > 0) {
     const std::string prefix = "mkernel-" + nonce_hex(c->boot->id()) + "-";
     int fd = c->arena.export_fd();
-    FdServer server(prefix + std::to_string(rank), fd, remote, bootstrap_timeout_ms());
+    std::vector<pid_t> pids;  // only the job's ranks may fetch our arena
+    for (const RankInfo& p : all) pids.push_back(pid_t(p.pid));
+    FdServer server(prefix + std::to_string(rank), fd, remote, bootstrap_timeout_ms(), pids, c->boot->id().secret);
     CtxGuard g(c->ctx);
     for (int r = 0; r < nranks; ++r) {
       if (all[size_t(r)].token == me.token) continue;
-      int peer_fd = fetch_fd(prefix + std::to_string(r), bootstrap_timeout_ms());
+      int peer_fd = fetch_fd(prefix + std::to_string(r), bootstrap_timeout_ms(), pid_t(all[size_t(r)].pid),
+                             c->boot->id().secret);
       auto m = std::make_unique<PeerMapping>();
       m->map(peer_fd, all[size_t(r)].arena_size, c->cudev);
       c->peer_base[size_t(r)] = m->base();
