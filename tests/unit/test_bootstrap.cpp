@@ -232,9 +232,19 @@ TEST_CASE("bootstrap: a blob length over the limit is refused, not allocated") {
     REQUIRE(mkGetUniqueId(&id) == mkSuccess);
     const auto t0 = Clock::now();
     std::thread rank1([&] {
-      rt::Bootstrap b(id, 2, 1);
-      CHECK_THROWS_AS(b.allgather("x"), rt::RtError);  // rank 0 misbehaved: the job fails, it does not hang
+      try {
+        rt::Bootstrap b(id, 2, 1);
+        CHECK_THROWS_AS(b.allgather("x"), rt::RtError);  // rank 0 misbehaved: the job fails, it does not hang
+      } catch (const std::exception& e) {
+        FAIL_CHECK("rank 1: " << std::string(e.what()));
+      }
     });
+    struct Join {
+      std::thread& t;
+      ~Join() {
+        if (t.joinable()) t.join();  // also when a REQUIRE below fails
+      }
+    } join{rank1};
     int s = authenticated_raw(id);
     REQUIRE(send_all(s, hello_bytes(rt::bootstrap_decode(id), 2, 0)));
     int32_t status = -1;
@@ -244,9 +254,9 @@ TEST_CASE("bootstrap: a blob length over the limit is refused, not allocated") {
     std::string prefix(reinterpret_cast<const char*>(&len), sizeof len);
     REQUIRE(send_all(s, prefix + "some bytes"));
     CHECK(closed_within(s, 2000));  // the old root allocated up to 1 GiB and waited for the bytes
+    ::close(s);
     rank1.join();
     CHECK(seconds_since(t0) < 4.0);
-    ::close(s);
   }
   // A rank cannot send more than the limit either.
   mkUniqueId id;
