@@ -244,32 +244,28 @@ class Rendezvous {
     }
   }
 
-  // Marks a connection for closing. A rank that goes after the rendezvous
-  // breaks the job: ranks waiting in a round that can no longer complete are
-  // closed so that they fail now instead of at their timeout; the others close
-  // their own connections when they are done.
+  // Marks a connection for closing; a joined rank's slot is free again. A rank
+  // that goes after the rendezvous breaks the job (see reap()).
   void drop(Peer& p, const std::string& why) {
     if (p.dead) return;
     p.dead = true;
-    if (p.rank >= 0 && debug_enabled())
-      debug_log("bootstrap: rank " + std::to_string(p.rank) + " connection closed: " + why);
-    else if (debug_enabled())
-      debug_log("bootstrap: dropped a connection that " + why);
-    if (p.rank >= 0 && !started_) {  // its slot is free again
+    if (debug_enabled())
+      debug_log(p.rank >= 0 ? "bootstrap: rank " + std::to_string(p.rank) + " connection closed: " + why
+                            : "bootstrap: dropped a connection that " + why);
+    if (p.rank >= 0 && !started_) {
       slots_[size_t(p.rank)] = nullptr;
       --joined_;
     }
-    if (p.rank >= 0 && started_ && !broken_) {
-      broken_ = true;
-      for (Peer* q : slots_)
-        if (q != &p && (q->phase != Phase::kLength || !q->c.in.empty())) drop(*q, "waits for a rank that left");
-    }
+    if (p.rank >= 0 && started_) broken_ = true;
   }
 
+  // Closes what is done. Once the job is broken, ranks waiting in a round that
+  // can no longer complete are closed so that they fail now instead of at
+  // their timeout; the others close their own connections when they are done.
   void reap() {
     if (broken_)
       for (Peer* q : slots_)
-        if (q && !q->dead && (q->phase != Phase::kLength || !q->c.in.empty())) drop(*q, "waits for a rank that left");
+        if (q->phase != Phase::kLength || !q->c.in.empty()) drop(*q, "waits for a rank that left");
     for (auto& p : peers_)
       if (p->close_after_flush && p->c.out.empty()) p->dead = true;
     for (size_t k = 0; k < peers_.size();) {
@@ -292,7 +288,9 @@ class Rendezvous {
   int timeout_, handshake_ms_;
   Clock::time_point deadline_;
   std::vector<std::unique_ptr<Peer>> peers_;
-  std::vector<Peer*> slots_;  // by rank; after the rendezvous, the ranks still connected
+  // By rank; after the rendezvous, the ranks still connected (in rank order,
+  // which matters only until one leaves: then no round completes).
+  std::vector<Peer*> slots_;
   int nranks_ = -1, joined_ = 0;
   bool started_ = false, broken_ = false;
   uint64_t round_bytes_ = 0;

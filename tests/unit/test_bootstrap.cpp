@@ -224,6 +224,27 @@ TEST_CASE("bootstrap: a hello with nranks = 2^30 is refused without taking a slo
   CHECK_THROWS_WITH_AS(rt::Bootstrap(id, 1 << 30, 0), doctest::Contains("65536"), rt::RtError);
 }
 
+TEST_CASE("bootstrap: ranks that disagree on nranks are told so, and the job still forms") {
+  ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "10000");
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  std::atomic<int> ok{0};
+  std::thread rank0([&] {
+    try {
+      rt::Bootstrap b(id, 2, 0);
+      if (b.allgather("a").size() == 2) ++ok;
+    } catch (const std::exception& e) {
+      FAIL_CHECK("rank 0: " << std::string(e.what()));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 0 fixes nranks = 2
+  CHECK_THROWS_WITH_AS(rt::Bootstrap(id, 3, 1), doctest::Contains("nranks=3 differs"), rt::RtError);
+  rt::Bootstrap b1(id, 2, 1);
+  CHECK(b1.allgather("b").size() == 2);
+  rank0.join();
+  CHECK(ok == 1);
+}
+
 TEST_CASE("bootstrap: a blob length over the limit is refused, not allocated") {
   ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "5000");
   for (uint64_t len : {uint64_t(512) << 20, uint64_t(1) << 40}) {
