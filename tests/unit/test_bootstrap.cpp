@@ -444,6 +444,27 @@ TEST_CASE("ipc: a client with the wrong secret gets nothing and the right client
   ::close(got);
 }
 
+TEST_CASE("ipc: idle and garbage local connections neither use up the count nor delay the real peer") {
+  Pipe p;
+  const rt::Secret secret = make_secret();
+  const std::string name = unique_name("idle");
+  rt::FdServer server(name, p.fd[1], 1, 10000, {::getpid()}, secret);
+  std::vector<int> idle;
+  for (int k = 0; k < 8; ++k) idle.push_back(connect_unix(name));  // connect, say nothing
+  int garbage = connect_unix(name);
+  REQUIRE(garbage >= 0);
+  REQUIRE(send_all(garbage, std::string(100, 'x')));
+  const auto t0 = Clock::now();
+  int got = rt::fetch_fd(name, 5000, ::getpid(), secret);
+  CHECK(seconds_since(t0) < 1.0);  // the handshake deadline is 5 s
+  server.wait();
+  CHECK(server.served() == 1);
+  check_same_pipe(got, p);
+  ::close(got);
+  for (int s : idle) ::close(s);
+  ::close(garbage);
+}
+
 TEST_CASE("ipc: a client whose pid the ranks did not announce is refused") {
   Pipe p;
   const rt::Secret secret = make_secret();
