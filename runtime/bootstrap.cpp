@@ -339,6 +339,9 @@ int bootstrap_timeout_ms() {
 }
 
 void bootstrap_create_id(mkUniqueId* id) {
+  IdContents c;  // the random parts first: nothing to clean up if there is no randomness
+  random_bytes(c.nonce, sizeof c.nonce);
+  random_bytes(c.secret.data(), c.secret.size());
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -355,11 +358,8 @@ void bootstrap_create_id(mkUniqueId* id) {
   }
   socklen_t len = sizeof sa;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  IdContents c;
   c.ipv4 = sa.sin_addr.s_addr;
   c.port = sa.sin_port;
-  random_bytes(c.nonce, sizeof c.nonce);
-  random_bytes(c.secret.data(), c.secret.size());
   std::memset(id->internal, 0, sizeof id->internal);
   std::memcpy(id->internal, kMagic, 4);
   std::memcpy(id->internal + 4, &c.ipv4, 4);

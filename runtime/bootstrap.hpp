@@ -38,6 +38,9 @@ constexpr uint64_t kMaxBlobBytes = uint64_t(64) << 20;        // one rank's cont
 constexpr uint64_t kMaxRoundBytes = uint64_t(1) << 30;        // all contributions of one all-gather
 constexpr int kMaxPendingConnections = 128;                   // not yet authenticated, at the root
 
+// The id's bytes: 0-3 "MKID", 4-7 IPv4 address, 8-9 port (both network byte
+// order), 16-31 nonce (names the job's local IPC sockets; not secret), 32-63
+// secret (proves membership; never sent over a socket), the rest zero.
 struct IdContents {
   uint32_t ipv4 = 0;  // network byte order
   uint16_t port = 0;  // network byte order
