@@ -165,6 +165,57 @@ TEST_CASE("crypto: random bytes differ between calls; constant-time compare") {
   CHECK(rt::equal_constant_time(a, a, sizeof a));
 }
 
+TEST_CASE("auth: the server handshake accepts the client proof only, in constant-size steps") {
+  rt::Secret secret;
+  rt::random_bytes(secret.data(), secret.size());
+  auto mac = [&](const std::string& challenge, const char* role) {
+    auto d = rt::hmac_sha256(secret.data(), secret.size(), {challenge, role});
+    return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+  };
+  const std::string mine(32, '\x42');
+  auto start = [&](rt::ServerHandshake& hs, std::string* server_challenge) {
+    REQUIRE(hs.want() == 36);
+    std::string hello = "MKB1" + mine;
+    std::string reply = hs.feed(reinterpret_cast<const uint8_t*>(hello.data()));
+    REQUIRE(reply.size() == 64);
+    CHECK(reply.substr(32) == mac(mine, "mkernel bootstrap server"));  // the server proves the secret
+    *server_challenge = reply.substr(0, 32);
+    REQUIRE(hs.want() == 32);
+  };
+  SUBCASE("the right client proof") {
+    rt::ServerHandshake hs(secret, rt::Channel::kBootstrap);
+    std::string cs;
+    start(hs, &cs);
+    std::string proof = mac(cs, "mkernel bootstrap client");
+    hs.feed(reinterpret_cast<const uint8_t*>(proof.data()));
+    CHECK(hs.done());
+    CHECK(hs.want() == 0);
+  }
+  SUBCASE("the server's own proof reflected back") {
+    rt::ServerHandshake hs(secret, rt::Channel::kBootstrap);
+    std::string cs;
+    start(hs, &cs);
+    std::string reflected = mac(cs, "mkernel bootstrap server");
+    hs.feed(reinterpret_cast<const uint8_t*>(reflected.data()));
+    CHECK(hs.failed());
+  }
+  SUBCASE("a proof for the other channel") {
+    rt::ServerHandshake hs(secret, rt::Channel::kBootstrap);
+    std::string cs;
+    start(hs, &cs);
+    std::string other = mac(cs, "mkernel ipc client");
+    hs.feed(reinterpret_cast<const uint8_t*>(other.data()));
+    CHECK(hs.failed());
+  }
+  SUBCASE("a wrong magic") {
+    rt::ServerHandshake hs(secret, rt::Channel::kIpc);
+    std::string hello = "MKB1" + mine;  // a bootstrap hello at the IPC server
+    CHECK(hs.feed(reinterpret_cast<const uint8_t*>(hello.data())).empty());
+    CHECK(hs.failed());
+    CHECK(hs.want() == 0);
+  }
+}
+
 TEST_CASE("bootstrap: the id carries a secret that differs per id") {
   mkUniqueId a, b;
   REQUIRE(mkGetUniqueId(&a) == mkSuccess);
@@ -205,6 +256,19 @@ TEST_CASE("bootstrap: idle and garbage connections do not delay the real ranks")
   CHECK(closed_within(garbage, 2000));  // and the garbage was dropped
   for (int s : idle) ::close(s);
   ::close(garbage);
+}
+
+TEST_CASE("bootstrap: more idle connections than the pending limit delay the ranks by one handshake deadline at most") {
+  ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "20000");  // handshake deadline: 5 s
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  rt::IdContents c = rt::bootstrap_decode(id);
+  std::vector<int> idle;
+  for (int k = 0; k < rt::kMaxPendingConnections + 20; ++k) idle.push_back(connect_tcp(c.port));
+  const auto t0 = Clock::now();
+  CHECK(run_ranks(id, 2) == 2);
+  CHECK(seconds_since(t0) < 8.0);
+  for (int s : idle) ::close(s);
 }
 
 TEST_CASE("bootstrap: a hello with nranks = 2^30 is refused without taking a slot") {
