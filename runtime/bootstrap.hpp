@@ -1,12 +1,27 @@
 // Bootstrap: how ranks find each other before any GPU memory is shared.
 //
 // mkGetUniqueId starts a small TCP rendezvous server in the calling process
-// (the "root", usually rank 0's) and writes its address and a random nonce
-// into the 128-byte id. Every rank connects, says who it is, and then uses
-// the connection for all-gathers of small host blobs (device info, memory
+// (the "root", usually rank 0's) and writes its address, a random nonce and a
+// 32-byte random secret into the 128-byte id. Every rank connects, proves it
+// knows the secret (and checks that the server does: runtime/auth.hpp has the
+// handshake and the threat model), says who it is, and then uses the
+// connection for all-gathers of small host blobs (device info, memory
 // handles) during communicator setup. Address: 127.0.0.1 on an ephemeral port
 // unless MK_BOOTSTRAP_ADDR=host:port (multi-node needs a routable address).
 // Every wait is bounded (MK_BOOTSTRAP_TIMEOUT_MS, default 120000).
+//
+// Trust: the unique id is the capability. Whoever holds it can join the job,
+// so pass it only over channels the job trusts (the launcher, MPI, a private
+// store). Connections that cannot prove the secret are dropped before any of
+// their bytes beyond the handshake are read, never take a rank slot, and
+// cannot stall the real ranks: the root serves all connections from one poll
+// loop, gives each a few seconds to authenticate and keeps at most a bounded
+// number of unauthenticated ones. Every length read from a socket is bounded
+// before anything is allocated.
+//
+// Lifetime of the rendezvous server: it ends when every rank has disconnected
+// after the rendezvous, or when the rendezvous does not complete within the
+// timeout (counted from mkGetUniqueId, restarted by each rank that joins).
 #pragma once
 
 #include <cstdint>
@@ -14,13 +29,23 @@
 #include <vector>
 
 #include "mk.h"
+#include "runtime/auth.hpp"
 
 namespace mk::rt {
 
+constexpr int kMaxRanks = 65536;
+constexpr uint64_t kMaxBlobBytes = uint64_t(64) << 20;        // one rank's contribution to one all-gather
+constexpr uint64_t kMaxRoundBytes = uint64_t(1) << 30;        // all contributions of one all-gather
+constexpr int kMaxPendingConnections = 128;                   // not yet authenticated, at the root
+
+// The id's bytes: 0-3 "MKID", 4-7 IPv4 address, 8-9 port (both network byte
+// order), 16-31 nonce (names the job's local IPC sockets; not secret), 32-63
+// secret (proves membership; never sent over a socket), the rest zero.
 struct IdContents {
   uint32_t ipv4 = 0;  // network byte order
   uint16_t port = 0;  // network byte order
   uint8_t nonce[16] = {};
+  Secret secret = {};
 };
 
 // Starts the rendezvous server and fills `id`.
@@ -29,14 +54,21 @@ void bootstrap_create_id(mkUniqueId* id);
 IdContents bootstrap_decode(const mkUniqueId& id);
 std::string nonce_hex(const IdContents& c);
 
+// Rendezvous server threads still running in this process (for tests).
+int bootstrap_live_servers();
+
 class Bootstrap {
  public:
+  // Joins the rendezvous as `rank` of `nranks` (1..kMaxRanks); throws RtError
+  // with the reason when the id is foreign, the server cannot prove the
+  // secret, the ranks disagree on nranks, or the rendezvous times out.
   Bootstrap(const mkUniqueId& id, int nranks, int rank);
   ~Bootstrap();
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;
 
-  // Every rank contributes `mine`; returns all contributions in rank order.
+  // Every rank contributes `mine` (at most kMaxBlobBytes); returns all
+  // contributions in rank order.
   std::vector<std::string> allgather(const std::string& mine);
   void barrier() { allgather(std::string()); }
   // Makes a wait in allgather() on another thread fail now (abort).

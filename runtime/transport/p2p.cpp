@@ -60,11 +60,14 @@ class P2pTransport final : public Transport {
       int fd;
       ~CloseFd() { ::close(fd); }
     } close_fd{fd};
-    FdServer server(prefix + std::to_string(s.rank), fd, remote_, s.timeout_ms);
+    std::vector<pid_t> pids;  // only the job's ranks may fetch our arena
+    for (const RankInfo& p : all) pids.push_back(pid_t(p.pid));
+    FdServer server(prefix + std::to_string(s.rank), fd, remote_, s.timeout_ms, pids, s.boot->id().secret);
     CtxGuard g(s.ctx);
     for (int r = 0; r < s.nranks; ++r) {
       if (all[size_t(r)].token == me.token) continue;
-      const int peer_fd = fetch_fd(prefix + std::to_string(r), s.timeout_ms);
+      const int peer_fd =
+          fetch_fd(prefix + std::to_string(r), s.timeout_ms, pid_t(all[size_t(r)].pid), s.boot->id().secret);
       auto m = std::make_unique<PeerMapping>();
       m->map(peer_fd, all[size_t(r)].arena_size, s.cudev);
       base_[size_t(r)] = m->base();

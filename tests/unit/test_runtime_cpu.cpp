@@ -71,8 +71,10 @@ TEST_CASE("ipc: a file descriptor travels over the abstract socket") {
   int p[2];
   REQUIRE(::pipe(p) == 0);
   const std::string name = "mkernel-test-" + std::to_string(::getpid());
-  rt::FdServer server(name, p[1], 1, 5000);
-  int got = rt::fetch_fd(name, 5000);
+  rt::Secret secret{};
+  secret[0] = 7;
+  rt::FdServer server(name, p[1], 1, 5000, {::getpid()}, secret);
+  int got = rt::fetch_fd(name, 5000, ::getpid(), secret);
   server.wait();
   REQUIRE(got >= 0);
   const char msg[] = "hello";
@@ -83,7 +85,7 @@ TEST_CASE("ipc: a file descriptor travels over the abstract socket") {
   ::close(got);
   ::close(p[0]);
   ::close(p[1]);
-  CHECK_THROWS_AS(rt::fetch_fd(name + "-nobody", 200), rt::RtError);
+  CHECK_THROWS_AS(rt::fetch_fd(name + "-nobody", 200, ::getpid(), secret), rt::RtError);
 }
 
 TEST_CASE("C API: argument errors are codes with messages, never crashes") {

@@ -1,0 +1,637 @@
+// Nothing from outside gets in: the bootstrap and the local fd server only
+// talk to processes that prove the unique id's secret (and, locally, are the
+// job's own ranks of this user); bad peers cannot stall, crash or bloat them.
+#include <doctest/doctest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "mk.h"
+#include "runtime/auth.hpp"
+#include "runtime/bootstrap.hpp"
+#include "runtime/crypto.hpp"
+#include "runtime/ipc.hpp"
+#include "runtime/status.hpp"
+
+using namespace mk;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string hex(const rt::Digest& d) {
+  static const char* h = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : d) {
+    s += h[b >> 4];
+    s += h[b & 15];
+  }
+  return s;
+}
+
+std::string hmac_hex(const std::string& key, const std::string& msg) {
+  return hex(rt::hmac_sha256(key.data(), key.size(), {msg}));
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Sets an environment variable for one scope.
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+int connect_tcp(uint16_t port_be) {
+  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = port_be;
+  if (::connect(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(s);
+    return -1;
+  }
+  return s;
+}
+
+// True when the peer closes `s` within `ms` (after any bytes it sends first).
+bool closed_within(int s, int ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  char buf[4096];
+  for (;;) {
+    pollfd p{s, POLLIN, 0};
+    if (::poll(&p, 1, rt::ms_left(deadline)) <= 0) return false;
+    ssize_t n = ::recv(s, buf, sizeof buf, 0);
+    if (n <= 0) return true;
+  }
+}
+
+// Runs ranks 0..n-1 in threads with `skip` left out; every rank all-gathers
+// its rank number. Returns how many ranks saw the right result.
+int run_ranks(const mkUniqueId& id, int n, int skip = -1) {
+  std::atomic<int> ok{0};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    if (r == skip) continue;
+    ts.emplace_back([&, r] {
+      try {
+        rt::Bootstrap b(id, n, r);
+        auto all = b.allgather(std::to_string(r));
+        bool good = all.size() == size_t(n);
+        for (int q = 0; q < n && good; ++q) good = all[size_t(q)] == std::to_string(q);
+        if (good) ++ok;
+      } catch (const std::exception& e) {
+        MESSAGE("rank " << r << ": " << std::string(e.what()));
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  return ok.load();
+}
+
+// The protocol's hello (a wire format: magic "MKHE", nranks, rank, nonce).
+std::string hello_bytes(const rt::IdContents& c, int32_t nranks, int32_t rank) {
+  std::string h(4 + 4 + 4 + 16, '\0');
+  uint32_t magic = 0x4d4b4845;
+  std::memcpy(h.data(), &magic, 4);
+  std::memcpy(h.data() + 4, &nranks, 4);
+  std::memcpy(h.data() + 8, &rank, 4);
+  std::memcpy(h.data() + 12, c.nonce, 16);
+  return h;
+}
+
+// Connects and authenticates like a real rank would, without the Bootstrap class.
+int authenticated_raw(const mkUniqueId& id) {
+  rt::IdContents c = rt::bootstrap_decode(id);
+  int s = connect_tcp(c.port);
+  REQUIRE(s >= 0);
+  std::string why;
+  REQUIRE(rt::client_handshake(s, c.secret, rt::Channel::kBootstrap, Clock::now() + std::chrono::seconds(5), &why) ==
+          rt::ClientAuth::kOk);
+  return s;
+}
+
+bool send_all(int s, const std::string& bytes) {
+  std::string why;
+  return rt::write_full(s, bytes.data(), bytes.size(), Clock::now() + std::chrono::seconds(5), &why);
+}
+
+}  // namespace
+
+TEST_CASE("crypto: SHA-256 matches the FIPS 180-4 examples") {
+  CHECK(hex(rt::sha256("", 0)) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(hex(rt::sha256("abc", 3)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  CHECK(hex(rt::sha256(two.data(), two.size())) == "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // One million 'a', fed in odd pieces so that updates straddle block boundaries.
+  rt::Sha256 s;
+  const std::string piece(999, 'a');
+  for (int i = 0; i < 1001; ++i) s.update(piece.data(), piece.size());
+  s.update(piece.data(), 1000000 - 999 * 1001);
+  CHECK(hex(s.finish()) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_CASE("crypto: HMAC-SHA256 matches the RFC 4231 test cases") {
+  CHECK(hmac_hex(std::string(20, '\x0b'), "Hi There") ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  CHECK(hmac_hex("Jefe", "what do ya want for nothing?") ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  CHECK(hmac_hex(std::string(20, '\xaa'), std::string(50, '\xdd')) ==
+        "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
+  CHECK(hmac_hex(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First") ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  // The message may come in parts: the MAC is of their concatenation.
+  const std::string key = "Jefe";
+  CHECK(hex(rt::hmac_sha256(key.data(), key.size(), {"what do ya ", "want for nothing?"})) ==
+        hmac_hex("Jefe", "what do ya want for nothing?"));
+}
+
+TEST_CASE("crypto: random bytes differ between calls; constant-time compare") {
+  uint8_t a[32], b[32], zero[32] = {};
+  rt::random_bytes(a, sizeof a);
+  rt::random_bytes(b, sizeof b);
+  CHECK_FALSE(rt::equal_constant_time(a, b, sizeof a));
+  CHECK_FALSE(rt::equal_constant_time(a, zero, sizeof a));
+  CHECK(rt::equal_constant_time(a, a, sizeof a));
+}
+
+TEST_CASE("auth: the server handshake accepts the client proof only, in constant-size steps") {
+  rt::Secret secret;
+  rt::random_bytes(secret.data(), secret.size());
+  auto mac = [&](const std::string& challenge, const char* role) {
+    auto d = rt::hmac_sha256(secret.data(), secret.size(), {challenge, role});
+    return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+  };
+  const std::string mine(32, '\x42');
+  auto start = [&](rt::ServerHandshake& hs, std::string* server_challenge) {
+    REQUIRE(hs.want() == 36);
+    std::string hello = "MKB1" + mine;
+    std::string reply = hs.feed(reinterpret_cast<const uint8_t*>(hello.data()));
+    REQUIRE(reply.size() == 64);
+    CHECK(reply.substr(32) == mac(mine, "mkernel bootstrap server"));  // the server proves the secret
+    *server_challenge = reply.substr(0, 32);
+    REQUIRE(hs.want() == 32);
+  };
+  SUBCASE("the right client proof") {
+    rt::ServerHandshake hs(secret, rt::Channel::kBootstrap);
+    std::string cs;
+    start(hs, &cs);
+    std::string proof = mac(cs, "mkernel bootstrap client");
+    hs.feed(reinterpret_cast<const uint8_t*>(proof.data()));
+    CHECK(hs.done());
+    CHECK(hs.want() == 0);
+  }
+  SUBCASE("the server's own proof reflected back") {
+    rt::ServerHandshake hs(secret, rt::Channel::kBootstrap);
+    std::string cs;
+    start(hs, &cs);
+    std::string reflected = mac(cs, "mkernel bootstrap server");
+    hs.feed(reinterpret_cast<const uint8_t*>(reflected.data()));
+    CHECK(hs.failed());
+  }
+  SUBCASE("a proof for the other channel") {
+    rt::ServerHandshake hs(secret, rt::Channel::kBootstrap);
+    std::string cs;
+    start(hs, &cs);
+    std::string other = mac(cs, "mkernel ipc client");
+    hs.feed(reinterpret_cast<const uint8_t*>(other.data()));
+    CHECK(hs.failed());
+  }
+  SUBCASE("a wrong magic") {
+    rt::ServerHandshake hs(secret, rt::Channel::kIpc);
+    std::string hello = "MKB1" + mine;  // a bootstrap hello at the IPC server
+    CHECK(hs.feed(reinterpret_cast<const uint8_t*>(hello.data())).empty());
+    CHECK(hs.failed());
+    CHECK(hs.want() == 0);
+  }
+}
+
+TEST_CASE("bootstrap: the id carries a secret that differs per id") {
+  mkUniqueId a, b;
+  REQUIRE(mkGetUniqueId(&a) == mkSuccess);
+  REQUIRE(mkGetUniqueId(&b) == mkSuccess);
+  rt::IdContents ca = rt::bootstrap_decode(a), cb = rt::bootstrap_decode(b);
+  CHECK(ca.secret != cb.secret);
+  CHECK(ca.secret != rt::Secret{});
+}
+
+TEST_CASE("bootstrap: a client with the wrong secret is refused and the real ranks still complete") {
+  ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "10000");
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  mkUniqueId wrong = id;
+  wrong.internal[40] ^= 0x5a;  // inside the secret
+  const auto t0 = Clock::now();
+  // An impostor that has the address but not the secret, asking for rank 0 first.
+  CHECK_THROWS_WITH_AS(rt::Bootstrap(wrong, 2, 0), doctest::Contains("secret"), rt::RtError);
+  CHECK(run_ranks(id, 2) == 2);
+  CHECK(seconds_since(t0) < 5.0);
+}
+
+TEST_CASE("bootstrap: idle and garbage connections do not delay the real ranks") {
+  ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "20000");
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  rt::IdContents c = rt::bootstrap_decode(id);
+  std::vector<int> idle;
+  for (int k = 0; k < 8; ++k) idle.push_back(connect_tcp(c.port));  // connect, then say nothing
+  int garbage = connect_tcp(c.port);
+  REQUIRE(garbage >= 0);
+  std::string junk(4096, '\0');
+  rt::random_bytes(junk.data(), junk.size());
+  send_all(garbage, junk);
+  const auto t0 = Clock::now();
+  CHECK(run_ranks(id, 3) == 3);
+  CHECK(seconds_since(t0) < 2.0);  // the handshake deadline is 5 s; the old root waited the whole timeout
+  CHECK(closed_within(garbage, 2000));  // and the garbage was dropped
+  for (int s : idle) ::close(s);
+  ::close(garbage);
+}
+
+TEST_CASE("bootstrap: more idle connections than the pending limit delay the ranks by one handshake deadline at most") {
+  ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "20000");  // handshake deadline: 5 s
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  rt::IdContents c = rt::bootstrap_decode(id);
+  std::vector<int> idle;
+  for (int k = 0; k < rt::kMaxPendingConnections + 20; ++k) idle.push_back(connect_tcp(c.port));
+  const auto t0 = Clock::now();
+  CHECK(run_ranks(id, 2) == 2);
+  CHECK(seconds_since(t0) < 8.0);
+  for (int s : idle) ::close(s);
+}
+
+TEST_CASE("bootstrap: a hello with nranks = 2^30 is refused without taking a slot") {
+  ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "10000");
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  int s = authenticated_raw(id);
+  REQUIRE(send_all(s, hello_bytes(rt::bootstrap_decode(id), int32_t(1) << 30, 0)));
+  int32_t status = 0;
+  std::string why;
+  REQUIRE(rt::read_full(s, &status, sizeof status, Clock::now() + std::chrono::seconds(3), &why));
+  CHECK(status != 0);
+  CHECK(closed_within(s, 2000));
+  ::close(s);
+  CHECK(run_ranks(id, 2) == 2);
+  // The client side checks the same bound before connecting.
+  CHECK_THROWS_WITH_AS(rt::Bootstrap(id, 1 << 30, 0), doctest::Contains("65536"), rt::RtError);
+}
+
+TEST_CASE("bootstrap: ranks that disagree on nranks are told so, and the job still forms") {
+  ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "10000");
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  std::atomic<int> ok{0};
+  std::thread rank0([&] {
+    try {
+      rt::Bootstrap b(id, 2, 0);
+      if (b.allgather("a").size() == 2) ++ok;
+    } catch (const std::exception& e) {
+      FAIL_CHECK("rank 0: " << std::string(e.what()));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 0 fixes nranks = 2
+  CHECK_THROWS_WITH_AS(rt::Bootstrap(id, 3, 1), doctest::Contains("nranks=3 differs"), rt::RtError);
+  rt::Bootstrap b1(id, 2, 1);
+  CHECK(b1.allgather("b").size() == 2);
+  rank0.join();
+  CHECK(ok == 1);
+}
+
+TEST_CASE("bootstrap: a blob length over the limit is refused, not allocated") {
+  ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "5000");
+  for (uint64_t len : {uint64_t(512) << 20, uint64_t(1) << 40}) {
+    CAPTURE(len);
+    mkUniqueId id;
+    REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+    const auto t0 = Clock::now();
+    std::thread rank1([&] {
+      try {
+        rt::Bootstrap b(id, 2, 1);
+        CHECK_THROWS_AS(b.allgather("x"), rt::RtError);  // rank 0 misbehaved: the job fails, it does not hang
+      } catch (const std::exception& e) {
+        FAIL_CHECK("rank 1: " << std::string(e.what()));
+      }
+    });
+    struct Join {
+      std::thread& t;
+      ~Join() {
+        if (t.joinable()) t.join();  // also when a REQUIRE below fails
+      }
+    } join{rank1};
+    int s = authenticated_raw(id);
+    REQUIRE(send_all(s, hello_bytes(rt::bootstrap_decode(id), 2, 0)));
+    int32_t status = -1;
+    std::string why;
+    REQUIRE(rt::read_full(s, &status, sizeof status, Clock::now() + std::chrono::seconds(3), &why));
+    REQUIRE(status == 0);
+    std::string prefix(reinterpret_cast<const char*>(&len), sizeof len);
+    REQUIRE(send_all(s, prefix + "some bytes"));
+    CHECK(closed_within(s, 2000));  // the old root allocated up to 1 GiB and waited for the bytes
+    ::close(s);
+    rank1.join();
+    CHECK(seconds_since(t0) < 4.0);
+  }
+  // A rank cannot send more than the limit either.
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  rt::Bootstrap b(id, 1, 0);
+  CHECK_THROWS_WITH_AS(b.allgather(std::string(rt::kMaxBlobBytes + 1, 'x')), doctest::Contains("limit"),
+                       rt::RtError);
+}
+
+TEST_CASE("bootstrap: a server on the port that does not know the secret is refused") {
+  // A listener that plays the root's part without the secret.
+  int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  REQUIRE(::listen(l, 4) == 0);
+  socklen_t len = sizeof sa;
+  ::getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len);
+  std::thread fake([l] {
+    pollfd p{l, POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0) return;
+    int c = ::accept(l, nullptr, nullptr);
+    char buf[256];
+    std::string why;
+    rt::read_full(c, buf, 36, Clock::now() + std::chrono::seconds(3), &why);
+    std::string reply(64, '\0');  // a challenge and a made-up proof, then "you joined"
+    rt::random_bytes(reply.data(), reply.size());
+    reply.append(4, '\0');
+    rt::write_full(c, reply.data(), reply.size(), Clock::now() + std::chrono::seconds(3), &why);
+    closed_within(c, 3000);
+    ::close(c);
+  });
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  std::memcpy(id.internal + 8, &sa.sin_port, 2);  // the id now points at the fake
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH_AS(rt::Bootstrap(id, 2, 0), doctest::Contains("could not prove"), rt::RtError);
+  CHECK(seconds_since(t0) < 4.0);
+  fake.join();
+  ::close(l);
+}
+
+TEST_CASE("bootstrap: the rendezvous server ends after the ranks finish, and when its id is never used") {
+  ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "300");
+  auto wait_for = [](int want) {
+    const auto t0 = Clock::now();
+    while (rt::bootstrap_live_servers() > want && seconds_since(t0) < 5.0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return rt::bootstrap_live_servers();
+  };
+  const int before = rt::bootstrap_live_servers();  // servers of other tests in this process may still run
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  CHECK(rt::bootstrap_live_servers() == before + 1);
+  CHECK(run_ranks(id, 3) == 3);
+  CHECK(wait_for(before) <= before);
+  CHECK(connect_tcp(rt::bootstrap_decode(id).port) < 0);  // its socket is gone too
+
+  mkUniqueId unused;
+  REQUIRE(mkGetUniqueId(&unused) == mkSuccess);
+  CHECK(rt::bootstrap_live_servers() == before + 1);
+  const auto t0 = Clock::now();
+  CHECK(wait_for(before) <= before);
+  CHECK(seconds_since(t0) < 3.0);
+  CHECK(connect_tcp(rt::bootstrap_decode(unused).port) < 0);
+}
+
+// ---------------------------------------------------------------------------
+// The local fd server.
+
+namespace {
+
+struct Pipe {
+  int fd[2] = {-1, -1};
+  Pipe() { REQUIRE(::pipe(fd) == 0); }
+  ~Pipe() {
+    for (int f : fd)
+      if (f >= 0) ::close(f);
+  }
+};
+
+rt::Secret make_secret() {
+  rt::Secret s;
+  rt::random_bytes(s.data(), s.size());
+  return s;
+}
+
+std::string unique_name(const char* what) {
+  static int n = 0;
+  return "mkernel-test-" + std::string(what) + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+int connect_unix(const std::string& name) {
+  int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    ::close(s);
+    return -1;
+  }
+  return s;
+}
+
+// After connecting, sends the IPC challenge and reports whether the server
+// answered (true) or closed without a word (false). Only system calls and the
+// stack: safe in a forked child of a threaded process.
+bool ipc_server_answers(int s) {
+  char hello[36] = {'M', 'K', 'I', '1'};
+  for (int i = 4; i < 36; ++i) hello[i] = char(i * 37);
+  if (::send(s, hello, sizeof hello, MSG_NOSIGNAL) != ssize_t(sizeof hello)) return false;
+  pollfd p{s, POLLIN, 0};
+  if (::poll(&p, 1, 3000) <= 0) return false;
+  char buf[64];
+  return ::recv(s, buf, sizeof buf, 0) > 0;
+}
+
+// Waits for a child at most 10 s; returns its exit status or -1.
+int wait_child(pid_t pid) {
+  for (int i = 0; i < 1000; ++i) {
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    ::usleep(10000);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// Checks that `fd` is the write end of `p` by writing through it.
+void check_same_pipe(int fd, const Pipe& p) {
+  REQUIRE(fd >= 0);
+  const char msg[] = "hello";
+  REQUIRE(::write(fd, msg, sizeof msg) == ssize_t(sizeof msg));
+  char buf[sizeof msg] = {};
+  REQUIRE(::read(p.fd[0], buf, sizeof buf) == ssize_t(sizeof msg));
+  CHECK(std::string(buf) == "hello");
+}
+
+}  // namespace
+
+TEST_CASE("ipc: a client with the wrong secret gets nothing and the right client still gets the fd") {
+  Pipe p;
+  const rt::Secret secret = make_secret();
+  const std::string name = unique_name("secret");
+  rt::FdServer server(name, p.fd[1], 1, 5000, {::getpid()}, secret);
+  // A client of the right process and user that guesses the proof.
+  int s = connect_unix(name);
+  REQUIRE(s >= 0);
+  REQUIRE(ipc_server_answers(s));
+  char proof[32];
+  rt::random_bytes(proof, sizeof proof);
+  REQUIRE(::send(s, proof, sizeof proof, MSG_NOSIGNAL) == ssize_t(sizeof proof));
+  CHECK(closed_within(s, 2000));  // closed, and no descriptor came with it
+  ::close(s);
+  // A client that has the id, but whose secret is wrong, cannot even trust the server.
+  CHECK_THROWS_WITH_AS(rt::fetch_fd(name, 2000, ::getpid(), make_secret()), doctest::Contains("prove"), rt::RtError);
+  int got = rt::fetch_fd(name, 5000, ::getpid(), secret);
+  server.wait();
+  CHECK(server.served() == 1);
+  check_same_pipe(got, p);
+  ::close(got);
+}
+
+TEST_CASE("ipc: idle and garbage local connections neither use up the count nor delay the real peer") {
+  Pipe p;
+  const rt::Secret secret = make_secret();
+  const std::string name = unique_name("idle");
+  rt::FdServer server(name, p.fd[1], 1, 10000, {::getpid()}, secret);
+  std::vector<int> idle;
+  for (int k = 0; k < 8; ++k) idle.push_back(connect_unix(name));  // connect, say nothing
+  int garbage = connect_unix(name);
+  REQUIRE(garbage >= 0);
+  REQUIRE(send_all(garbage, std::string(100, 'x')));
+  const auto t0 = Clock::now();
+  int got = rt::fetch_fd(name, 5000, ::getpid(), secret);
+  CHECK(seconds_since(t0) < 1.0);  // the handshake deadline is 5 s
+  server.wait();
+  CHECK(server.served() == 1);
+  check_same_pipe(got, p);
+  ::close(got);
+  for (int s : idle) ::close(s);
+  ::close(garbage);
+}
+
+TEST_CASE("ipc: a client whose pid the ranks did not announce is refused") {
+  Pipe p;
+  const rt::Secret secret = make_secret();
+  const std::string name = unique_name("pid");
+  pid_t other = ::getpid() == 1 ? 2 : 1;  // not us
+  rt::FdServer server(name, p.fd[1], 1, 600, {other}, secret);
+  int s = connect_unix(name);
+  REQUIRE(s >= 0);
+  CHECK_FALSE(ipc_server_answers(s));  // closed before reading a byte
+  ::close(s);
+  CHECK_THROWS_AS(rt::fetch_fd(name, 300, ::getpid(), secret), rt::RtError);
+  server.wait();
+  CHECK(server.served() == 0);
+}
+
+TEST_CASE("ipc: a client of another user is refused (forked child that setuid()s to nobody)") {
+  if (::geteuid() != 0) {
+    MESSAGE("SKIPPED: not root, cannot switch a child to another user");
+    return;
+  }
+  Pipe p, go;
+  const rt::Secret secret = make_secret();
+  const std::string name = unique_name("uid");
+  pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    char c;
+    if (::read(go.fd[0], &c, 1) != 1) ::_exit(4);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    int s = connect_unix(name);
+    if (s < 0) ::_exit(2);
+    ::_exit(ipc_server_answers(s) ? 1 : 0);
+  }
+  rt::FdServer server(name, p.fd[1], 1, 5000, {::getpid(), child}, secret);
+  REQUIRE(::write(go.fd[1], "g", 1) == 1);
+  const int rc = wait_child(child);
+  if (rc == 3) {
+    MESSAGE("SKIPPED: setuid(nobody) failed in the child (a restricted container?)");
+  } else {
+    CHECK(rc == 0);  // the server closed on it without answering
+  }
+  int got = rt::fetch_fd(name, 5000, ::getpid(), secret);  // the count was not used up
+  server.wait();
+  CHECK(server.served() == 1);
+  check_same_pipe(got, p);
+  ::close(got);
+}
+
+TEST_CASE("ipc: a squatter on the socket name cannot hand out a descriptor") {
+  const rt::Secret secret = make_secret();
+  SUBCASE("another process holds the name") {
+    const std::string name = unique_name("squat");
+    Pipe ready, stop;
+    pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      int l = ::socket(AF_UNIX, SOCK_STREAM, 0);
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      std::memcpy(a.sun_path + 1, name.data(), name.size());
+      socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+      if (::bind(l, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(l, 4) != 0) ::_exit(2);
+      (void)!::write(ready.fd[1], "r", 1);
+      pollfd pf{stop.fd[0], POLLIN, 0};
+      ::poll(&pf, 1, 10000);
+      ::_exit(0);
+    }
+    char c;
+    REQUIRE(::read(ready.fd[0], &c, 1) == 1);
+    // The real server cannot bind the name, and says so.
+    Pipe p;
+    CHECK_THROWS_WITH_AS(rt::FdServer(name, p.fd[1], 1, 500, {::getpid()}, secret), doctest::Contains("another process"),
+                         rt::RtError);
+    const auto t0 = Clock::now();
+    CHECK_THROWS_WITH_AS(rt::fetch_fd(name, 3000, ::getpid(), secret), doctest::Contains("squat"), rt::RtError);
+    CHECK(seconds_since(t0) < 1.0);  // refused at once, not retried
+    REQUIRE(::write(stop.fd[1], "s", 1) == 1);
+    CHECK(wait_child(child) == 0);
+  }
+  SUBCASE("the expected process, without the secret") {
+    const std::string name = unique_name("nosecret");
+    int l = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path + 1, name.data(), name.size());
+    socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&a), len) == 0);
+    REQUIRE(::listen(l, 4) == 0);
+    std::thread fake([l] {
+      pollfd pf{l, POLLIN, 0};
+      if (::poll(&pf, 1, 5000) <= 0) return;
+      int s = ::accept(l, nullptr, nullptr);
+      char buf[36];
+      std::string why;
+      rt::read_full(s, buf, sizeof buf, Clock::now() + std::chrono::seconds(3), &why);
+      char reply[64];
+      rt::random_bytes(reply, sizeof reply);
+      rt::write_full(s, reply, sizeof reply, Clock::now() + std::chrono::seconds(3), &why);
+      closed_within(s, 3000);
+      ::close(s);
+    });
+    CHECK_THROWS_WITH_AS(rt::fetch_fd(name, 3000, ::getpid(), secret), doctest::Contains("prove"), rt::RtError);
+    fake.join();
+    ::close(l);
+  }
+}
