@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <thread>
 
 #include "runtime/cuda_driver.hpp"
@@ -26,14 +25,6 @@ int64_t env_i64(const char* name, int64_t dflt) {
   if (end == e || *end != '\0' || v < 0)
     fail(mkInvalidArgument, std::string(name) + "='" + e + "' is not a non-negative integer");
   return v;
-}
-
-uint64_t process_token() {
-  static const uint64_t t = [] {
-    std::random_device rd;
-    return (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(::getpid());
-  }();
-  return t;
 }
 
 std::string read_boot_id() {

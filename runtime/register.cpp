@@ -20,11 +20,11 @@
 
 #include <cstring>
 #include <map>
-#include <random>
 
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/status.hpp"
+#include "runtime/transport/transport.hpp"
 
 namespace mk::rt {
 
@@ -70,16 +70,6 @@ void close_import(CUdeviceptr base, CUcontext ctx) {
       }
       return;
     }
-}
-
-// Identifies this process among the ranks (a pid alone repeats across
-// containers on one host).
-uint64_t process_token() {
-  static const uint64_t t = [] {
-    std::random_device rd;
-    return (uint64_t(rd()) << 32) ^ uint64_t(rd()) ^ (uint64_t(::getpid()) << 16);
-  }();
-  return t;
 }
 
 // What a rank tells the others when it registers (fixed layout, host order).

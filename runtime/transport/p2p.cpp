@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <mutex>
+
 #include "runtime/bootstrap.hpp"
+#include "runtime/crypto.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/ipc.hpp"
 #include "runtime/memory.hpp"
@@ -21,6 +24,18 @@ void check_peer_access(CUdevice a, CUdevice b) {
     fail(mkSystemError, fmt::format("GPUs {} and {} cannot access each other's memory (no NVLink or PCIe peer "
                                     "access); mKernel's intra-node transport needs peer access",
                                     a, b));
+}
+
+uint64_t process_token() {
+  static std::mutex mu;
+  static pid_t pid = 0;
+  static uint64_t token = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (pid != ::getpid()) {
+    random_bytes(&token, sizeof token);
+    pid = ::getpid();
+  }
+  return token;
 }
 
 namespace {

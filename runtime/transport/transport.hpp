@@ -64,6 +64,10 @@ class Transport {
 // Peer memory inside a node: CUDA P2P within the process, VMM fds across.
 std::unique_ptr<Transport> make_p2p_transport();
 
+// Identifies this process among the ranks (a pid alone repeats across
+// containers on one host); a forked child gets its own.
+uint64_t process_token();
+
 // Fails with mkSystemError unless GPUs a and b can reach each other's memory.
 void check_peer_access(CUdevice a, CUdevice b);
 

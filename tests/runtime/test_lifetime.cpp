@@ -320,11 +320,11 @@ TEST_CASE("ranks sharing a GPU whose kernels cannot all be resident are refused 
   auto limits = mkt::require_fn<decltype(mkfake_set_limits)>("mkfake_set_limits");
   // A GPU with room for 2 blocks at a time: one rank's kernel may fit, four
   // ranks' kernels together cannot (they would wait for each other forever).
+  mkt::Device d(0);  // the driver is initialised (cuInit reads the fake's defaults)
   limits(1, 2);
   const int devs[4] = {0, 0, 0, 0};
   mkComm_t c[4] = {};
   REQUIRE(mkCommInitAll(c, 4, devs) == mkSuccess);
-  mkt::Device d(0);
   mkt::Buffer b(d, 8 << 20);
   const int64_t launches = mkt::counts().launches;
   mkGroupStart();
