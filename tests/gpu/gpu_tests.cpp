@@ -490,8 +490,9 @@ void back_to_back(World& w) {
 }
 
 // CUDA graph: capture an all-reduce and an all-gather, replay 100 times with
-// fresh inputs each time.
-void graphs(World& w) {
+// fresh inputs each time. `warm`: issue them once before capturing (as NCCL
+// users do); without it the capture holds the first use of both plans.
+void graphs_impl(World& w, bool warm, cudaStreamCaptureMode mode) {
   const int replays = g_quick ? 20 : 100;
   CallSpec ar;
   ar.coll = Collective::allreduce;
@@ -510,7 +511,7 @@ void graphs(World& w) {
   }
   // Warm up outside capture (plans compile and load here), as with NCCL. One
   // thread driving several ranks groups its calls, as NCCL requires.
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < (warm ? 2 : 0); ++k) {
     CK_MK(mkGroupStart(), nullptr);
     for (size_t j = 0; j < w.local.size(); ++j) {
       CK_CUDA(cudaSetDevice(w.local[j].device));
@@ -520,12 +521,23 @@ void graphs(World& w) {
     CK_MK(mkGroupEnd(), nullptr);
     sync_all(w);
   }
+  // Every rank's stream captures at once; one thread issues the calls of all
+  // ranks in a group (first use: the plans load inside the capture).
+  for (size_t j = 0; j < w.local.size(); ++j) {
+    CK_CUDA(cudaSetDevice(w.local[j].device));
+    CK_CUDA(cudaStreamBeginCapture(w.local[j].stream, mode));
+  }
+  for (CallSpec* spec : {&ar, &ag}) {
+    CK_MK(mkGroupStart(), nullptr);
+    for (size_t j = 0; j < w.local.size(); ++j) {
+      CK_CUDA(cudaSetDevice(w.local[j].device));
+      CK_MK(issue(w.local[j], *spec, spec == &ar ? b1[j] : b2[j]), w.local[j].comm);
+    }
+    CK_MK(mkGroupEnd(), nullptr);
+  }
   for (size_t j = 0; j < w.local.size(); ++j) {
     CK_CUDA(cudaSetDevice(w.local[j].device));
     cudaGraph_t g;
-    CK_CUDA(cudaStreamBeginCapture(w.local[j].stream, cudaStreamCaptureModeThreadLocal));
-    CK_MK(issue(w.local[j], ar, b1[j]), w.local[j].comm);
-    CK_MK(issue(w.local[j], ag, b2[j]), w.local[j].comm);
     CK_CUDA(cudaStreamEndCapture(w.local[j].stream, &g));
     CK_CUDA(cudaGraphInstantiate(&execs[j], g, 0));
     CK_CUDA(cudaGraphDestroy(g));
@@ -563,6 +575,132 @@ void graphs(World& w) {
     b1[j].out.free();
     b2[j].in.free();
     b2[j].out.free();
+  }
+}
+
+void graphs(World& w) { graphs_impl(w, true, cudaStreamCaptureModeThreadLocal); }
+void first_use_in_capture(World& w) {
+  graphs_impl(w, false, cudaStreamCaptureModeGlobal);
+}
+
+// Threads inside calls while another thread aborts (PyTorch's watchdog):
+// no crash, no illegal access (run under compute-sanitizer), calls after the
+// abort fail, nothing hangs.
+void abort_race(World& w) {
+  std::vector<float*> bufs;
+  for (Rank& r : w.local) {
+    CK_CUDA(cudaSetDevice(r.device));
+    float* b;
+    CK_CUDA(cudaMalloc(&b, 4 << 20));
+    CK_CUDA(cudaMemset(b, 0, 4 << 20));
+    bufs.push_back(b);
+  }
+  CK_CUDA(cudaDeviceSynchronize());
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0}, errors{0}, polls{0};
+  std::thread caller([&] {
+    while (!stop.load()) {
+      mkGroupStart();
+      for (size_t j = 0; j < w.local.size(); ++j) {
+        cudaSetDevice(w.local[j].device);
+        mkAllReduce(bufs[j], bufs[j], 1 << 20, mkFloat32, mkSum, w.local[j].comm, w.local[j].stream);
+      }
+      (mkGroupEnd() == mkSuccess ? calls : errors)++;
+    }
+  });
+  std::thread watchdog([&] {
+    while (!stop.load())
+      for (Rank& r : w.local) {
+        mkResult_t e = mkSuccess;
+        mkCommGetAsyncError(r.comm, &e);
+        ++polls;
+      }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto t0 = std::chrono::steady_clock::now();
+  for (Rank& r : w.local) CK_MK(mkCommAbort(r.comm), nullptr);
+  const double abort_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  stop = true;
+  caller.join();
+  watchdog.join();
+  for (Rank& r : w.local) r.comm = nullptr;
+  for (size_t j = 0; j < w.local.size(); ++j) {
+    CK_CUDA(cudaSetDevice(w.local[j].device));
+    CK_CUDA(cudaStreamSynchronize(w.local[j].stream));  // an illegal access would show here
+    CK_CUDA(cudaFree(bufs[j]));
+  }
+  std::printf("    %d groups before the abort, %d failed after it, %d async-error polls; aborting took %.3f s\n",
+              calls.load(), errors.load(), polls.load(), abort_s);
+  EXPECT(calls.load() > 0, "no call ran before the abort");
+  EXPECT(errors.load() > 0, "calls after the abort did not fail");
+  EXPECT(abort_s < 5, "abort took too long");
+}
+
+// Rank 1 aborts right after init; rank 0's next collective must fail fast
+// (the abort word reaches it), not after the watchdog's 60 s.
+void abort_tells_peer(World& w) {
+  Rank& r = w.local[0];
+  CK_CUDA(cudaSetDevice(r.device));
+  float* buf;
+  CK_CUDA(cudaMalloc(&buf, 4 << 20));
+  CK_CUDA(cudaMemset(buf, 0, 4 << 20));
+  CK_CUDA(cudaDeviceSynchronize());
+  if (r.rank == 1) {
+    CK_MK(mkCommAbort(r.comm), nullptr);
+    r.comm = nullptr;
+    CK_CUDA(cudaFree(buf));
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto t0 = std::chrono::steady_clock::now();
+  mkResult_t first = mkAllReduce(buf, buf, 1 << 20, mkFloat32, mkSum, r.comm, r.stream);
+  mkResult_t err = first;
+  while (err == mkSuccess) {
+    CK_MK(mkCommGetAsyncError(r.comm, &err), r.comm);
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) throw Failure("no error 30 s after the peer aborted");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("    rank 0 saw the peer's abort after %.3f s: %s\n", secs, mkGetLastError(r.comm));
+  EXPECT(err == mkRemoteError, mkGetErrorString(err));
+  EXPECT(secs < 5, "the peer's abort was not seen promptly");
+  EXPECT(mkAllReduce(buf, buf, 10, mkFloat32, mkSum, r.comm, r.stream) == mkRemoteError, "sticky error");
+  CK_CUDA(cudaStreamSynchronize(r.stream));
+  CK_CUDA(cudaFree(buf));
+  CK_MK(mkCommAbort(r.comm), nullptr);
+  r.comm = nullptr;
+}
+
+// Four ranks on one GPU, 4 MiB fp32 reduce-scatter and all-reduce (which
+// deadlocked when the kernels could not all be resident): correct results, or
+// a clear refusal before anything is launched; never a hang.
+void share_gpu_large(World& w) {
+  for (Collective c : {Collective::reducescatter, Collective::allreduce}) {
+    CallSpec s;
+    s.coll = c;
+    s.dtype = DType::fp32;
+    s.count = (4 << 20) / 4;
+    try {
+      run_checked(w, s);
+      std::printf("    %s 4 MiB fp32 on %d ranks sharing one GPU: correct\n", std::string(name(c)).c_str(), w.nranks);
+    } catch (const Failure& f) {
+      const std::string m = f.what();
+      if (m.find("share GPU") == std::string::npos) throw;
+      std::printf("    %s 4 MiB fp32 refused clearly: %s\n", std::string(name(c)).c_str(), m.c_str());
+    }
+  }
+}
+
+// One call per collective (odd counts, rooted at 1): for worlds whose ranks
+// share one GPU across processes (time-sliced, slow).
+void one_each(World& w) {
+  for (int i = 0; i < 6; ++i) {
+    CallSpec s;
+    s.coll = all_collectives()[size_t(i)];
+    s.count = 777 + i;
+    s.root = 1 % w.nranks;
+    run_checked(w, s);
   }
 }
 
@@ -829,6 +967,16 @@ void bad_input(World& w) {
                "overlapping buffers", "overlap");
   expect_error(mkAllReduce(buf, buf, 10, mkFloat32, mkSum, nullptr, r.stream), mkInvalidArgument, nullptr,
                "null comm", "NULL");
+  std::vector<float> host(64);
+  expect_error(mkAllReduce(host.data(), buf, 10, mkFloat32, mkSum, r.comm, r.stream), mkInvalidArgument, r.comm,
+               "host sendbuff", "not GPU memory");
+  float* pinned = nullptr;
+  CK_CUDA(cudaMallocHost(&pinned, 4096));
+  expect_error(mkAllReduce(buf, pinned, 10, mkFloat32, mkSum, r.comm, r.stream), mkInvalidArgument, r.comm,
+               "pinned host recvbuff", "host memory");
+  CK_CUDA(cudaFreeHost(pinned));
+  expect_error(mkAllReduce(buf, buf, (1 << 20) / 4 + 1, mkFloat32, mkSum, r.comm, r.stream), mkInvalidArgument,
+               r.comm, "count past the allocation", "allocation ends");
   // registered buffer: a count larger than the registration
   void* handle = nullptr;
   CK_MK(mkCommRegister(r.comm, buf, 4096, &handle), r.comm);
@@ -941,6 +1089,9 @@ void stalled_rank(World& w) {
   CK_MK(mkCommGetAsyncError(r.comm, &err), r.comm);
   EXPECT(err == mkRemoteError, std::string("rank ") + std::to_string(r.rank) + " saw " + mkGetErrorString(err));
   std::printf("    rank %d: %s\n", r.rank, mkGetLastError(r.comm));
+  // Sticky: every later call fails with the error, nobody computes garbage.
+  EXPECT(mkAllReduce(buf, buf, 1000, mkFloat32, mkSum, r.comm, r.stream) == mkRemoteError, "sticky error");
+  EXPECT(mkAllGather(buf, buf, 100, mkFloat32, r.comm, r.stream) == mkRemoteError, "sticky error");
   CK_MK(mkCommAbort(r.comm), nullptr);
   r.comm = nullptr;
 }
@@ -955,6 +1106,7 @@ struct Scenario {
   std::map<std::string, std::string> env;
   std::function<void(World&)> body;
   int devices_mode = 0;  // 0: rank r on GPU r % ngpu; 1: every rank on GPU 0
+  bool shareable = true;  // with fewer GPUs than min_gpus: run with every rank on GPU 0
 };
 
 std::vector<Scenario> scenarios() {
@@ -968,7 +1120,7 @@ std::vector<Scenario> scenarios() {
   v.push_back({"huge_2gpu_2proc", 2, true, 2, {}, [](World& w) {
                  if (g_quick) std::printf("    (skipped in quick mode: 1 GiB for every collective, dtype and op)\n");
                  else huge(w);
-               }});
+               }, 0, false});
   v.push_back({"back_to_back_2gpu_2proc", 2, true, 2, {}, back_to_back});
   v.push_back({"back_to_back_2gpu_1proc", 2, false, 2, {}, back_to_back});
   v.push_back({"graphs_2gpu_2proc", 2, true, 2, {}, graphs});
@@ -999,6 +1151,18 @@ std::vector<Scenario> scenarios() {
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});
   v.push_back({"stalled_rank_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, stalled_rank});
   v.push_back({"host_time_1rank", 1, false, 1, {}, host_time});
+  // The runtime-trust scenarios (abort, sticky errors, first use in capture),
+  // and worlds whose ranks share one GPU.
+  v.push_back({"first_use_capture_1rank", 1, false, 1, {}, first_use_in_capture});
+  v.push_back({"first_use_capture_2gpu_1proc", 2, false, 2, {}, first_use_in_capture});
+  v.push_back({"first_use_capture_2gpu_2proc", 2, true, 2, {}, first_use_in_capture});
+  v.push_back({"abort_race_2gpu_1proc", 2, false, 2, {}, abort_race});
+  v.push_back({"abort_tells_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "60000"}}, abort_tells_peer});
+  v.push_back({"share_gpu_2ranks_1proc", 2, false, 1, {}, matrix, 1});
+  v.push_back({"share_gpu_3ranks_1proc", 3, false, 1, {}, matrix, 1});
+  v.push_back({"share_gpu_2ranks_2proc", 2, true, 1, {}, one_each, 1});
+  v.push_back({"share_gpu_3ranks_3proc", 3, true, 1, {}, one_each, 1});
+  v.push_back({"share_gpu_4ranks_1proc_4mib", 4, false, 1, {}, share_gpu_large, 1});
   return v;
 }
 
@@ -1064,7 +1228,7 @@ int prewarm(int arch) {
             for (int64_t bytes : {int64_t(16), int64_t(1) << 30})
               wants.insert({rt::choose_schedule(c, n, bytes).schedule, c, n, t, o, zc});
   };
-  want({1, 2, 4}, all_dtypes(), all_redops(), false);
+  want({1, 2, 3, 4}, all_dtypes(), all_redops(), false);
   want({1, 2}, kRegisteredDtypes, kRegisteredOps, true);  // the registered-buffer scenarios
   std::vector<Want> list(wants.begin(), wants.end());
   std::atomic<size_t> next{0};
@@ -1144,10 +1308,14 @@ int main(int argc, char** argv) {
   for (auto& sc : all) {
     if (!only.empty() && sc.name.find(only) == std::string::npos) continue;
     if (!skip.empty() && sc.name.find(skip) != std::string::npos) continue;
-    if (sc.min_gpus > ngpu) {
+    if (sc.min_gpus > ngpu && !(sc.shareable && ngpu == 1)) {
       std::printf("SKIP %-32s needs %d GPUs\n", sc.name.c_str(), sc.min_gpus);
       ++skipped;
       continue;
+    }
+    if (sc.min_gpus > ngpu) {  // one GPU: every rank on it (correctness, not speed)
+      sc.devices_mode = 1;
+      sc.name += "@gpu0";
     }
     std::fflush(stdout);
     auto t0 = std::chrono::steady_clock::now();
@@ -1184,7 +1352,7 @@ int main(int argc, char** argv) {
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      const bool expected_kill = sc.name == "killed_peer_2proc" && r == 1;
+      const bool expected_kill = sc.name.rfind("killed_peer_2proc", 0) == 0 && r == 1;
       if (WIFSIGNALED(status) && !expected_kill) {
         ok = false;
         why = "rank " + std::to_string(r) + " died of signal " + std::to_string(WTERMSIG(status));
