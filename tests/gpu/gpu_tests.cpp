@@ -535,12 +535,17 @@ void graphs_impl(World& w, bool warm, cudaStreamCaptureMode mode) {
     }
     CK_MK(mkGroupEnd(), nullptr);
   }
+  // Every capture ends before any graph is instantiated (instantiation is not
+  // allowed while this thread still captures another stream).
+  std::vector<cudaGraph_t> graphs(w.local.size());
   for (size_t j = 0; j < w.local.size(); ++j) {
     CK_CUDA(cudaSetDevice(w.local[j].device));
-    cudaGraph_t g;
-    CK_CUDA(cudaStreamEndCapture(w.local[j].stream, &g));
-    CK_CUDA(cudaGraphInstantiate(&execs[j], g, 0));
-    CK_CUDA(cudaGraphDestroy(g));
+    CK_CUDA(cudaStreamEndCapture(w.local[j].stream, &graphs[j]));
+  }
+  for (size_t j = 0; j < w.local.size(); ++j) {
+    CK_CUDA(cudaSetDevice(w.local[j].device));
+    CK_CUDA(cudaGraphInstantiate(&execs[j], graphs[j], 0));
+    CK_CUDA(cudaGraphDestroy(graphs[j]));
   }
   for (int rep = 1; rep <= replays; ++rep) {
     for (size_t j = 0; j < w.local.size(); ++j) {
@@ -1075,7 +1080,7 @@ void stalled_rank(World& w) {
   Rank& r = w.local[0];
   CK_CUDA(cudaSetDevice(r.device));
   float* buf;
-  CK_CUDA(cudaMalloc(&buf, 1 << 20));
+  CK_CUDA(cudaMalloc(&buf, 2 << 20));  // the call below uses 1.2 MB (the pointer check caught a 1 MiB buffer)
   if (r.rank == 1) std::this_thread::sleep_for(std::chrono::seconds(8));
   auto t0 = std::chrono::steady_clock::now();
   CK_MK(mkAllReduce(buf, buf, 300000, mkFloat32, mkSum, r.comm, r.stream), r.comm);
@@ -1145,7 +1150,9 @@ std::vector<Scenario> scenarios() {
   v.push_back({"registered_1rank", 1, false, 1, {}, registered});
   v.push_back({"registered_2gpu_1proc", 2, false, 2, {}, registered});
   v.push_back({"registered_2gpu_2proc", 2, true, 2, {}, registered});
-  v.push_back({"registered_errors_2proc", 2, true, 2, {{"MK_TIMEOUT_MS", "5000"}}, registered_errors});
+  // Zero-copy from any size: the mismatched call below is small.
+  v.push_back({"registered_errors_2proc", 2, true, 2, {{"MK_TIMEOUT_MS", "5000"}, {"MK_ZERO_COPY_MIN_BYTES", "0"}},
+               registered_errors});
   v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
   v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});
