@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "runtime/env.hpp"
 #include "runtime/status.hpp"
 
 namespace mk::rt {
@@ -183,11 +184,7 @@ bool parse_addr(const std::string& text, sockaddr_in* sa) {
 
 }  // namespace
 
-int bootstrap_timeout_ms() {
-  const char* e = std::getenv("MK_BOOTSTRAP_TIMEOUT_MS");
-  int v = e ? std::atoi(e) : 0;
-  return v > 0 ? v : 120000;
-}
+int bootstrap_timeout_ms() { return env::bootstrap_timeout_ms(); }
 
 void bootstrap_create_id(mkUniqueId* id) {
   sockaddr_in sa{};
