@@ -270,9 +270,15 @@ void check_cubin(const std::vector<char>& cubin, int arch, const std::string& fi
 Plan from_json(const std::string& text, const std::string& where) {
   if (text.size() > kMaxPlanJson)
     bad(where, "$", fmt::format("{} bytes; a plan.json has at most {}", text.size(), kMaxPlanJson));
+  // A plan nests three levels; deeper input is refused while it is parsed.
+  constexpr int kMaxNesting = 16;
+  auto depth = [&](int d, json::parse_event_t, json&) {
+    if (d > kMaxNesting) bad(where, "$", fmt::format("nested more than {} levels deep", kMaxNesting));
+    return true;
+  };
   json j;
   try {
-    j = json::parse(text);
+    j = json::parse(text, depth);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond a double
     bad(where, "$", std::string("not JSON: ") + e.what());
   }

@@ -73,6 +73,12 @@ TEST_CASE("plan: every field of plan.json is type-checked, naming the field and 
   }
   for (const auto& [key, v] : good["kernels"][0].items())
     check_field("$.kernels[0]." + key, [key = key](json& j) -> json& { return j["kernels"][0][key]; }, v);
+  // deeply nested input is refused while it is parsed
+  put_json(d.path, good);
+  mkt::write_text(d / "plan.json", std::string(100000, '[') + std::string(100000, ']'));
+  auto deep = catch_error([&] { plan::read_dir(d.str()); });
+  CHECK(deep.id == "mk.plan.E001");
+  CHECK(contains(deep.message, "nested more than 16 levels deep"));
   // the optional field, present with a wrong type
   json j = good;
   j["zero_copy"] = "yes";
