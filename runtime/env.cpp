@@ -105,7 +105,9 @@ int64_t scratch_bytes() { return get_int("MK_SCRATCH_BYTES", int64_t(256) << 20,
 int64_t flag_bytes() { return get_int("MK_FLAG_BYTES", int64_t(1) << 20, 4096, int64_t(1) << 30); }
 int64_t timeout_ms() { return get_int("MK_TIMEOUT_MS", 600000, 0, int64_t(1) << 40); }
 int32_t max_registrations() { return int32_t(get_int("MK_MAX_REGISTRATIONS", 256, 1, 1 << 20)); }
-int32_t bootstrap_timeout_ms() { return int32_t(get_int("MK_BOOTSTRAP_TIMEOUT_MS", 120000, 1, (int64_t(1) << 31) - 1)); }
+int32_t bootstrap_timeout_ms() {
+  return int32_t(get_int("MK_BOOTSTRAP_TIMEOUT_MS", 120000, 1, (int64_t(1) << 31) - 1));
+}
 bool zero_copy() { return get_bool("MK_ZERO_COPY", true); }
 int64_t zero_copy_min_bytes() { return get_int("MK_ZERO_COPY_MIN_BYTES", int64_t(4) << 20, 0, int64_t(1) << 62); }
 
@@ -120,7 +122,8 @@ std::string tune_keys() {
 void apply_tune(const std::string& value, passes::ProtocolOptions* p) {
   for (const auto& [key, v] : parse_list("MK_TUNE", value)) {
     auto it = std::find_if(tune_table().begin(), tune_table().end(), [&](const TuneKey& t) { return key == t.key; });
-    if (it == tune_table().end()) invalid("MK_TUNE", value, fmt::format("unknown key '{}'; keys: {}", key, tune_keys()));
+    if (it == tune_table().end())
+      invalid("MK_TUNE", value, fmt::format("unknown key '{}'; keys: {}", key, tune_keys()));
     const std::string label = "MK_TUNE " + key;
     const int64_t x = parse_int(label.c_str(), v, it->lo, it->hi);
     if (x % it->multiple) invalid(label.c_str(), v, fmt::format("must be a multiple of {}", it->multiple));

@@ -68,7 +68,8 @@ PlanDir load_plan_dir(const std::string& dir) {
         fail(mkInvalidArgument, std::string("MK_PLAN_DIR: ") + e.what());
       }
       all += "\n//plan " + fs::relative(f, dir, ec).string() + "\n" + plan::to_json(*p);
-      for (const auto& k : p->kernels) all += "\n//cubin " + k.cubin_file + "\n" + std::string(k.cubin.begin(), k.cubin.end());
+      for (const auto& k : p->kernels)
+        all += "\n//cubin " + k.cubin_file + "\n" + std::string(k.cubin.begin(), k.cubin.end());
       d.plans.push_back(std::move(p));
     }
     d.digest = jit::hash_hex(all);

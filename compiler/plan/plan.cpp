@@ -120,7 +120,8 @@ Kernel kernel_from_json(const json& k, const Plan& p, size_t i, const std::strin
   x.cubin_file = str(k, "cubin", where, path);
   x.source_file = opt_str(k, "source", where, path, "");
   if (!safe_file_name(x.cubin_file)) bad(where, path + ".cubin", "must be a plain file name");
-  if (!x.source_file.empty() && !safe_file_name(x.source_file)) bad(where, path + ".source", "must be a plain file name");
+  if (!x.source_file.empty() && !safe_file_name(x.source_file))
+    bad(where, path + ".source", "must be a plain file name");
   // The regions the kernel addresses must fit what the runtime allocates.
   // Every factor is bounded above: flag words < 2^41, scratch < 2^91 would
   // overflow, so the scratch product is checked step by step.
@@ -348,7 +349,8 @@ Plan read_dir(const std::string& dir) {
     check_cubin(k.cubin, p.arch, cub.string());
     if (!k.source_file.empty()) {
       std::vector<char> src;
-      if (read_bounded(pj.parent_path() / k.source_file, kMaxCubin, &src, &why)) k.source.assign(src.begin(), src.end());
+      if (read_bounded(pj.parent_path() / k.source_file, kMaxCubin, &src, &why))
+        k.source.assign(src.begin(), src.end());
     }
   }
   return p;

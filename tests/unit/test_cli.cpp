@@ -580,10 +580,14 @@ TEST_CASE("mk.plan.E001: malformed plan.json, each naming the problem") {
       {"kernel grid a string", [](auto& j) { j["kernels"][0]["grid"] = "6"; }, "$.kernels[0].grid"},
       {"proto unknown", [](auto& j) { j["kernels"][1]["proto"] = "ll128"; }, "$.kernels[1].proto"},
       {"cubin outside the directory", [](auto& j) { j["kernels"][0]["cubin"] = "../x.cubin"; }, "plain file name"},
-      {"grid != tbs * instances", [](auto& j) { j["kernels"][0]["grid"] = 5; }, "$.kernels[0].grid: 5 != tbs x instances = 6"},
-      {"tile not a multiple of 16", [](auto& j) { j["kernels"][1]["max_tile_bytes"] = 4100; }, "$.kernels[1].max_tile_bytes: must be a multiple of 16"},
-      {"max below min", [](auto& j) { j["kernels"][1]["max_bytes"] = 3; }, "$.kernels[1].max_bytes: 3 is below min_bytes 65537"},
-      {"too many threads", [](auto& j) { j["kernels"][1]["threads"] = 2048; }, "$.kernels[1].threads: 2048 is outside 32..1024"},
+      {"grid != tbs * instances", [](auto& j) { j["kernels"][0]["grid"] = 5; },
+       "$.kernels[0].grid: 5 != tbs x instances = 6"},
+      {"tile not a multiple of 16", [](auto& j) { j["kernels"][1]["max_tile_bytes"] = 4100; },
+       "$.kernels[1].max_tile_bytes: must be a multiple of 16"},
+      {"max below min", [](auto& j) { j["kernels"][1]["max_bytes"] = 3; },
+       "$.kernels[1].max_bytes: 3 is below min_bytes 65537"},
+      {"too many threads", [](auto& j) { j["kernels"][1]["threads"] = 2048; },
+       "$.kernels[1].threads: 2048 is outside 32..1024"},
   };
   for (const auto& k : cases) {
     CAPTURE(k.what);
