@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <exception>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "compiler/codegen/codegen.hpp"
@@ -26,30 +27,43 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-// Everything a plan depends on, hashed without formatting text: the built IR,
-// the options, the templates, mKernel's and NVRTC's identity.
+std::string options_json(const CompileOptions& o) {
+  // A new field breaks one of these bindings: serialise it below.
+  const auto& [arch, dtype, op, lower, use_cache] = o;
+  const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, on_pass] = lower;
+  const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
+               simple_instances, ll_instances] = proto;
+  (void)use_cache;  // where the plan is kept, not what it is
+  (void)on_pass;    // observes the passes, changes nothing
+  const nlohmann::json j = {
+      {"arch", arch},
+      {"dtype", std::string(name(dtype))},
+      {"op", std::string(name(op))},
+      {"lower",
+       {{"instances", instances},
+        {"max_tbs", max_tbs},
+        {"min_bytes", min_bytes},
+        {"max_bytes", max_bytes},
+        {"topology", topology},
+        {"zero_copy", zero_copy},
+        {"proto",
+         {{"scratch_budget", scratch_budget},
+          {"ll_max_bytes", ll_max_bytes},
+          {"max_tile_bytes", max_tile_bytes},
+          {"forced_proto", forced_proto},
+          {"forced_tile", forced_tile},
+          {"forced_instances", forced_instances},
+          {"simple_instances", simple_instances},
+          {"ll_instances", ll_instances}}}}}};
+  return j.dump();
+}
+
 std::string plan_key(const ir::Schedule& s, const CompileOptions& o) {
-  std::string k;
-  k.reserve(s.ops.size() * 48 + 256);
-  auto put = [&](int64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
-  k += s.name + "|" + s.topology + "|" + MK_VERSION + "|" + jit::templates_hash() + "|" + jit::nvrtc_identity();
-  for (int64_t v : {int64_t(s.coll), int64_t(s.nranks), int64_t(s.root), int64_t(s.chunks), int64_t(s.instances),
-                    int64_t(s.scratch), int64_t(o.arch), int64_t(o.dtype), int64_t(o.op), int64_t(o.lower.instances),
-                    int64_t(o.lower.max_tbs), o.lower.min_bytes, o.lower.max_bytes, o.lower.proto.scratch_budget,
-                    o.lower.proto.ll_max_bytes, o.lower.proto.max_tile_bytes, int64_t(o.lower.proto.forced_proto),
-                    o.lower.proto.forced_tile, int64_t(o.lower.proto.forced_instances),
-                    int64_t(o.lower.proto.simple_instances), int64_t(o.lower.proto.ll_instances),
-                    int64_t(o.lower.zero_copy)})
-    put(v);
-  for (const auto& op : s.ops) {
-    put(int64_t(op.kind) | int64_t(op.rank) << 8 | int64_t(op.tb) << 40);
-    for (const auto* list : {&op.srcs, &op.dsts}) {
-      put(int64_t(list->size()));
-      for (const auto& r : *list) put(int64_t(r.rank) | int64_t(r.buf) << 20 | int64_t(r.index) << 24 | int64_t(r.count) << 48);
-    }
-    put(int64_t(op.loc.line));
-    k += op.loc.file;
-  }
+  std::string k = ir::to_json(s, -1);
+  k += "\n//options " + options_json(o);
+  k += "\n//templates " + jit::templates_hash();
+  k += "\n//mkernel " MK_VERSION;
+  k += "\n//nvrtc " + jit::nvrtc_identity();
   return jit::hash_hex(k);
 }
 
@@ -60,14 +74,16 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(built.coll)));
   namespace fs = std::filesystem;
   const std::string key = plan_key(built, o);
-  const fs::path cached = fs::path(jit::cache_dir()) / "plans" / key;
-  if (o.use_cache && fs::exists(cached / "plan.json")) {
+  const std::string cache = o.use_cache ? jit::private_cache_dir() : "";
+  const fs::path cached = cache.empty() ? fs::path() : fs::path(cache) / "plans" / key;
+  if (!cache.empty() && fs::exists(cached / "plan.json")) {
     try {
       plan::Plan p = plan::read_dir(cached.string());
       st.from_cache = true;
       return p;
     } catch (const Error&) {
-      // a damaged cache entry: drop it, compile again, store the new one
+      // a damaged cache entry (plan.json or a cubin fails read_dir's checks):
+      // drop it, compile again, store the new one
       std::error_code ec;
       fs::remove_all(cached, ec);
     }
@@ -101,7 +117,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   st.nvrtc_ms = ms_since(t0);
-  st.from_cache = std::all_of(results.begin(), results.end(), [](const auto& r) { return r.from_cache; });
+  st.cubins_cached = std::all_of(results.begin(), results.end(), [](const auto& r) { return r.from_cache; });
 
   plan::Plan p;
   p.schedule = s0.name;
@@ -143,7 +159,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     k.source = std::move(units[b].source);
     p.kernels.push_back(std::move(k));
   }
-  if (o.use_cache) {
+  if (!cache.empty()) {
     // Write beside, then rename: concurrent compilers never see half a plan.
     std::error_code ec;
     fs::path tmp = cached;

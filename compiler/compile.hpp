@@ -17,8 +17,21 @@ struct CompileOptions {
 
 struct CompileStats {
   double lower_ms = 0, codegen_ms = 0, nvrtc_ms = 0;
-  bool from_cache = false;
+  bool from_cache = false;    // the whole plan came from the plan cache
+  bool cubins_cached = false;  // compiled, but every cubin came from the cubin cache
 };
+
+// Every compile option that shapes a plan, serialised as JSON text: arch,
+// dtype, op and all of LowerOptions and ProtocolOptions. `use_cache` and
+// `LowerOptions::on_pass` do not shape the plan and are left out. The fields
+// are taken apart with structured bindings, so adding a field to one of these
+// structs fails to compile here until it is serialised (or named as excluded).
+std::string options_json(const CompileOptions& o);
+
+// The plan cache key (32 hex digits): a hash of the built schedule's IR JSON,
+// options_json(o), the embedded templates, mKernel's version and NVRTC's
+// identity. Equal keys mean equal plans.
+std::string plan_key(const ir::Schedule& built, const CompileOptions& o);
 
 plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStats* stats = nullptr);
 

@@ -109,7 +109,14 @@ std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
   const std::string cxx = cxx_env && *cxx_env ? cxx_env : "c++";
   const std::string abs = fs::absolute(cpp_file).string();
   const std::string key = jit::hash_hex(text + "\n" + abs + "\n" + inc + "\n" + lib + "\n" + cxx);
-  fs::path dir = fs::path(jit::cache_dir()) / "plugins";
+  // A plugin is loaded as it is found: only a private cache may hold it.
+  std::string why;
+  ErrId id{};
+  const std::string cache = jit::private_cache_dir(&why, &id);
+  if (cache.empty())
+    throw Error(id, "cannot compile " + cpp_file + " into a plugin: " + why, {},
+                "set MK_CACHE_DIR to a writable directory only you can write");
+  fs::path dir = fs::path(cache) / "plugins";
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)

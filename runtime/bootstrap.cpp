@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "runtime/crypto.hpp"
+#include "runtime/env.hpp"
 #include "runtime/status.hpp"
 
 namespace mk::rt {
@@ -332,11 +333,7 @@ bool parse_addr(const std::string& text, sockaddr_in* sa) {
 
 }  // namespace
 
-int bootstrap_timeout_ms() {
-  const char* e = std::getenv("MK_BOOTSTRAP_TIMEOUT_MS");
-  int v = e ? std::atoi(e) : 0;
-  return v > 0 ? v : 120000;
-}
+int bootstrap_timeout_ms() { return env::bootstrap_timeout_ms(); }
 
 void bootstrap_create_id(mkUniqueId* id) {
   IdContents c;  // the random parts first: nothing to clean up if there is no randomness

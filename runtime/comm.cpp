@@ -10,22 +10,13 @@
 #include <thread>
 
 #include "runtime/cuda_driver.hpp"
+#include "runtime/env.hpp"
 #include "runtime/status.hpp"
 #include "templates/layout.cuh"
 
 namespace mk::rt {
 
 namespace {
-
-int64_t env_i64(const char* name, int64_t dflt) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return dflt;
-  char* end = nullptr;
-  long long v = std::strtoll(e, &end, 10);
-  if (end == e || *end != '\0' || v < 0)
-    fail(mkInvalidArgument, std::string(name) + "='" + e + "' is not a non-negative integer");
-  return v;
-}
 
 std::string read_boot_id() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
@@ -130,14 +121,10 @@ void connect(Comm& c, const std::vector<RankInfo>& all) {
 
 CommConfig comm_config_from_env() {
   CommConfig c;
-  c.scratch_bytes = env_i64("MK_SCRATCH_BYTES", 256ll << 20);
-  c.flag_bytes = env_i64("MK_FLAG_BYTES", 1ll << 20);
-  c.timeout_ns = uint64_t(env_i64("MK_TIMEOUT_MS", 600000)) * 1000000ull;
-  c.max_windows = int32_t(env_i64("MK_MAX_REGISTRATIONS", 256));
-  if (c.max_windows < 1 || c.max_windows > (1 << 20))
-    fail(mkInvalidArgument, "MK_MAX_REGISTRATIONS must be in 1..1048576");
-  if (c.scratch_bytes < (1 << 20)) fail(mkInvalidArgument, "MK_SCRATCH_BYTES must be at least 1 MiB");
-  if (c.flag_bytes < 4096) fail(mkInvalidArgument, "MK_FLAG_BYTES must be at least 4096");
+  c.scratch_bytes = env::scratch_bytes();  // each strictly parsed and range-checked (env.hpp)
+  c.flag_bytes = env::flag_bytes();
+  c.timeout_ns = uint64_t(env::timeout_ms()) * 1000000ull;
+  c.max_windows = env::max_registrations();
   return c;
 }
 
@@ -466,12 +453,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
 Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
   // Everything that shapes the flag protocol and the scratch layout.
   // (The compiler version too: another one may place synchronisation elsewhere.)
-  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", p.mkernel_version,
-                                      p.schedule, p.zero_copy,
-                                      p.nranks, p.chunks,
-                                      k.proto, k.max_tile_bytes, k.instances, k.tbs, k.threads, k.grid, k.depth,
-                                      k.scratch_slots, k.flag_slots, k.classes, k.scratch_bytes, k.flag_bytes,
-                                      k.seq_words);
+  const std::string key = plan::resource_key(p, k);
   for (auto& r : plans.resources)
     if (r->key == key) return *r;
   const Driver& d = cu();

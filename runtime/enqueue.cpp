@@ -15,6 +15,7 @@
 
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "runtime/env.hpp"
 #include "runtime/handles.hpp"
 #include "runtime/status.hpp"
 
@@ -46,10 +47,7 @@ int check_registered(const Comm& c, const void* p, size_t bytes, const char* wha
 
 // MK_ZERO_COPY=0: registered buffers still go through scratch (for comparisons).
 bool zero_copy_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MK_ZERO_COPY");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = env::zero_copy();
   return on;
 }
 
@@ -58,10 +56,7 @@ bool zero_copy_enabled() {
 // faster from 16 MiB on (bench/results/2026-11-30-h200x2-bf16-registered.md). The size is
 // the larger buffer, as in the benchmark; every rank computes the same choice.
 int64_t zero_copy_min_bytes() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("MK_ZERO_COPY_MIN_BYTES");
-    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(4) << 20;
-  }();
+  static const int64_t v = env::zero_copy_min_bytes();
   return v;
 }
 

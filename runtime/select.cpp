@@ -1,36 +1,22 @@
 // Which schedule serves a call. A default table now; `mkc tune` will fill it
 // with measurements. MK_ALGO overrides per collective:
 //   MK_ALGO="allreduce=allreduce.ring,allgather=allgather.ring"
+// (every item a collective and a built-in schedule of it, runtime/env.hpp).
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <map>
-#include <mutex>
-#include <sstream>
 
-#include "mk/dsl.hpp"
 #include "runtime/comm.hpp"
-#include "runtime/status.hpp"
+#include "runtime/env.hpp"
 
 namespace mk::rt {
 
 namespace {
 
+// MK_ALGO, parsed and checked once (runtime/env.hpp). A malformed value
+// throws from every call: the static is only set once parsing succeeded.
 const std::map<Collective, std::string>& overrides() {
-  static std::map<Collective, std::string> m;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* e = std::getenv("MK_ALGO");
-    if (!e || !*e) return;
-    std::stringstream ss(e);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      auto eq = item.find('=');
-      if (eq == std::string::npos) continue;
-      auto coll = parse_collective(item.substr(0, eq));
-      if (coll) m[*coll] = item.substr(eq + 1);
-    }
-  });
+  static const std::map<Collective, std::string> m = env::algo();
   return m;
 }
 
@@ -39,11 +25,6 @@ const std::map<Collective, std::string>& overrides() {
 Choice choose_schedule(Collective coll, int nranks, int64_t bytes) {
   const auto& o = overrides();
   if (auto it = o.find(coll); it != o.end()) {
-    const dsl::ScheduleInfo* info = dsl::find_schedule(it->second);
-    if (!info) fail(mkInvalidArgument, "MK_ALGO names unknown schedule '" + it->second + "'");
-    if (info->coll != coll)
-      fail(mkInvalidArgument, fmt::format("MK_ALGO: schedule '{}' implements {}, not {}", it->second,
-                                          name(info->coll), name(coll)));
     return {it->second, 0, -1};
   }
   // Below `small`: one-shot (one hop, LL); above: a bandwidth schedule.

@@ -3,17 +3,26 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <nvrtc.h>
+#include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/common/cubin.hpp"
+#include "compiler/common/hash.hpp"
 #include "mk/error.hpp"
 
 namespace mk::jit {
@@ -107,23 +116,9 @@ Nvrtc& need_lib() {
   return n;
 }
 
-// Two independent 64-bit FNV-1a streams: collisions are not a concern here.
-std::pair<uint64_t, uint64_t> hash2(const std::string& data) {
-  uint64_t a = 0xcbf29ce484222325ull, b = 0x84222325cbf29ce4ull;
-  for (unsigned char c : data) {
-    a = (a ^ c) * 0x100000001b3ull;
-    b = (b ^ (c + 0x5bu)) * 0x100000001b3ull;
-    b ^= b >> 29;
-  }
-  return {a, b};
-}
-
 }  // namespace
 
-std::string hash_hex(const std::string& data) {
-  auto [a, b] = hash2(data);
-  return fmt::format("{:016x}{:016x}", a, b);
-}
+std::string hash_hex(const std::string& data) { return mk::hash_hex(data); }
 
 int parse_arch(const std::string& s) {
   std::string t = s;
@@ -203,19 +198,85 @@ std::string cache_dir() {
   if (const char* d = std::getenv("MK_CACHE_DIR"); d && *d) return d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/mkernel";
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/mkernel";
-  return "/tmp/mkernel-cache";
+  if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir && *pw->pw_dir)
+    return std::string(pw->pw_dir) + "/.cache/mkernel";
+  return "";
 }
 
 namespace {
 
+// mkdir -p with mode 0700 for every directory it creates.
+bool make_private_dirs(const fs::path& dir) {
+  fs::path cur;
+  for (const auto& part : dir) {
+    cur /= part;
+    if (::mkdir(cur.c_str(), 0700) != 0 && errno != EEXIST) return false;
+  }
+  return true;
+}
+
+std::string why_not_private(const std::string& dir, ErrId* id) {
+  *id = ErrId::jit_E004;
+  if (dir.empty()) return "no cache directory: set MK_CACHE_DIR, XDG_CACHE_HOME or HOME";
+  if (!make_private_dirs(dir)) return fmt::format("cannot create cache directory {}: {}", dir, std::strerror(errno));
+  *id = ErrId::jit_E006;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return fmt::format("cannot stat {}: {}", dir, std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+  if (st.st_uid != ::geteuid())
+    return fmt::format("{} is owned by uid {}, not by this user (uid {})", dir, st.st_uid, ::geteuid());
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return fmt::format("{} can be written by {} (mode {:04o})", dir, st.st_mode & S_IWOTH ? "everyone" : "its group",
+                       st.st_mode & 07777);
+  return "";
+}
+
+}  // namespace
+
+std::string private_cache_dir(std::string* why, ErrId* id) {
+  const std::string dir = cache_dir();
+  ErrId err{};
+  const std::string problem = why_not_private(dir, &err);
+  if (why) *why = problem;
+  if (id) *id = err;
+  if (problem.empty()) return dir;
+  static std::mutex m;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(m);
+  if (warned.insert(dir).second) {
+    const Error e(err, problem, {},
+                  "point MK_CACHE_DIR at a directory only you can write (chmod 700), or remove it so mKernel "
+                  "creates it");
+    std::fprintf(stderr, "mkernel: warning: %s (compiling without the cache)\n", e.what());
+  }
+  return "";
+}
+
+namespace {
+
+// Where a source NVRTC rejected is kept for the report: the private cache,
+// else a fresh file under the temp directory (never a predictable name there).
 std::string save_failed_source(const std::string& source, const std::string& key) {
-  std::error_code ec;
-  fs::path dir = fs::path(cache_dir()) / "failed";
-  fs::create_directories(dir, ec);
-  if (ec) dir = fs::temp_directory_path();
-  fs::path p = dir / (key + ".cu");
-  std::ofstream(p) << source;
-  return p.string();
+  std::string p;
+  if (const std::string dir = private_cache_dir(); !dir.empty() && make_private_dirs(fs::path(dir) / "failed"))
+    p = (fs::path(dir) / "failed" / (key + ".cu")).string();
+  int fd = -1;
+  if (!p.empty()) {
+    fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  }
+  if (fd < 0) {
+    std::string tmpl = (fs::temp_directory_path() / ("mk-failed-" + key + "-XXXXXX.cu")).string();
+    fd = ::mkstemps(tmpl.data(), 3);
+    p = tmpl;
+  }
+  if (fd < 0) return "(not saved: " + std::string(std::strerror(errno)) + ")";
+  for (size_t off = 0; off < source.size();) {
+    ssize_t w = ::write(fd, source.data() + off, source.size() - off);
+    if (w <= 0) break;
+    off += size_t(w);
+  }
+  ::close(fd);
+  return p;
 }
 
 bool read_file(const fs::path& p, std::vector<char>* out) {
@@ -231,8 +292,9 @@ void write_atomic(const fs::path& p, const std::vector<char>& data) {
   if (ec)
     throw Error(ErrId::jit_E004, "cannot create cache directory " + p.parent_path().string() + ": " + ec.message(),
                 {}, "set MK_CACHE_DIR to a writable directory");
+  static std::atomic<uint64_t> seq{0};
   fs::path tmp = p;
-  tmp += fmt::format(".tmp.{}", ::getpid());
+  tmp += fmt::format(".tmp.{}.{}", ::getpid(), seq++);  // threads of one process write beside each other
   {
     std::ofstream f(tmp, std::ios::binary);
     f.write(data.data(), std::streamsize(data.size()));
@@ -254,12 +316,19 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
   CompileResult res;
   const std::string base_key = hash_hex(keydata);
   fs::path file;
-  if (use_cache) {
-    file = fs::path(cache_dir()) / (base_key + "." + arch_name(arch) + ".cubin");
+  const std::string dir = use_cache ? private_cache_dir() : "";
+  if (!dir.empty()) {
+    file = fs::path(dir) / (base_key + "." + arch_name(arch) + ".cubin");
     if (read_file(file, &res.cubin)) {
-      res.from_cache = true;
-      res.cache_file = file.string();
-      return res;
+      if (cubin_problem(res.cubin.data(), res.cubin.size(), arch).empty()) {
+        res.from_cache = true;
+        res.cache_file = file.string();
+        return res;
+      }
+      // damaged (truncated, overwritten): drop it and compile again
+      std::error_code ec;
+      fs::remove(file, ec);
+      res.cubin.clear();
     }
   }
   Nvrtc& n = need_lib();
@@ -311,7 +380,7 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
   res.cubin.resize(size);
   n.cubin(prog, res.cubin.data());
   n.destroy(&prog);
-  if (use_cache) {
+  if (!dir.empty()) {
     // The cache is an optimisation: a read-only cache costs a recompile later,
     // not this compilation.
     try {

@@ -2,14 +2,18 @@
 // CUDA toolkit until they actually compile, and a disk cache of cubins.
 //
 // Cache key: a 128-bit hash of the generated source, every embedded template,
-// the architecture, the NVRTC version and the options. Location: $MK_CACHE_DIR,
-// default ~/.cache/mkernel. Writes are atomic (temp file + rename), so
-// concurrent processes may share a cache.
+// the architecture, the NVRTC version and the options. Location: cache_dir(),
+// used only while it is private (private_cache_dir()). Writes are atomic
+// (temp file + rename), so concurrent processes of one user may share a
+// cache. A cached cubin is checked like one from a plan directory
+// (compiler/common/cubin.hpp); one that fails is removed and recompiled.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "mk/error.hpp"
 
 namespace mk::jit {
 
@@ -42,7 +46,18 @@ struct CompileResult {
 CompileResult compile(const std::string& source, const std::string& name, int arch,
                       bool use_cache = true);
 
+// Where the caches live: $MK_CACHE_DIR, else $XDG_CACHE_HOME/mkernel, else
+// $HOME/.cache/mkernel (the passwd entry's home when HOME is unset); "" when
+// there is no home. Never a shared path such as /tmp.
 std::string cache_dir();
+// cache_dir(), ready for use: created (mode 0700, missing parents too) when
+// absent, and private: a directory owned by this user that neither group nor
+// others can write, since cached cubins and plugins are loaded as they are.
+// Otherwise "" with the reason in *why; the callers then compile without the
+// cache, and the first refusal of each directory is reported once on stderr.
+// *id: mk.jit.E004 when it cannot be created, E006 when it is not private.
+// Thread-safe.
+std::string private_cache_dir(std::string* why = nullptr, ErrId* id = nullptr);
 std::string hash_hex(const std::string& data);  // 32 hex digits
 
 }  // namespace mk::jit

@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "compiler/common/cubin.hpp"
+#include "compiler/common/hash.hpp"
 #include "compiler/common/json_int.hpp"
 #include "mk/error.hpp"
 #include "templates/abi.cuh"
@@ -21,12 +25,15 @@ namespace {
               "regenerate the plan with `mkc compile`; the format is in docs/plan.md");
 }
 
+// An integer field in [lo, hi]; every bound check below works on values this
+// has already bounded, so its products fit in 64 bits.
 template <typename T>
-T num(const json& j, const char* key, const std::string& where, const std::string& path) {
+T num(const json& j, const char* key, const std::string& where, const std::string& path, int64_t lo, int64_t hi) {
   auto it = j.find(key);
   if (it == j.end()) bad(where, path + "." + key, "missing");
   if (!it->is_number_integer()) bad(where, path + "." + key, "expected an integer");
-  if (!json_int_fits<T>(*it)) bad(where, path + "." + key, "integer out of range");
+  if (!json_int_fits<T>(*it) || it->get<int64_t>() < lo || it->get<int64_t>() > hi)
+    bad(where, path + "." + key, fmt::format("{} is outside {}..{}", it->dump(), lo, hi));
   return it->get<T>();
 }
 
@@ -34,16 +41,164 @@ std::string str(const json& j, const char* key, const std::string& where, const 
   auto it = j.find(key);
   if (it == j.end()) bad(where, path + "." + key, "missing");
   if (!it->is_string()) bad(where, path + "." + key, "expected a string");
-  return it->get<std::string>();
+  std::string v = it->get<std::string>();
+  if (v.size() > 4096) bad(where, path + "." + key, "longer than 4096 characters");
+  return v;
+}
+
+// An optional string field: `dflt` when absent.
+std::string opt_str(const json& j, const char* key, const std::string& where, const std::string& path,
+                    const std::string& dflt) {
+  return j.contains(key) ? str(j, key, where, path) : dflt;
 }
 
 bool safe_file_name(const std::string& f) {
-  return !f.empty() && f.find('/') == std::string::npos && f != "." && f != "..";
+  return !f.empty() && f.find('/') == std::string::npos && f.find('\0') == std::string::npos && f != "." &&
+         f != "..";
+}
+
+// Kernel names become symbol names (cuModuleGetFunction) and file names.
+bool identifier(const std::string& s) {
+  if (s.empty() || s.size() > 256 || (s[0] >= '0' && s[0] <= '9')) return false;
+  for (char c : s)
+    if (!(c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) return false;
+  return true;
+}
+
+// Limits of a plan's fields: far above anything the compiler emits, low
+// enough that the layout arithmetic below cannot overflow int64.
+constexpr int64_t kMaxRanks = 1024;
+constexpr int64_t kMaxKernels = 1024;
+constexpr int64_t kMaxInstances = 1024;
+constexpr int64_t kMaxTbs = 1024;
+constexpr int64_t kMaxGrid = 1 << 20;
+constexpr int64_t kMaxDepth = 1024;
+constexpr int64_t kMaxSlots = 1 << 20;
+constexpr int64_t kMaxTile = 1ll << 30;
+constexpr int64_t kMaxRegion = 1ll << 40;  // scratch or flag bytes per rank
+constexpr int64_t kMaxBytes = int64_t(1) << 62;
+constexpr size_t kMaxPlanJson = 16 << 20;  // bytes of plan.json text
+constexpr size_t kMaxCubin = 256 << 20;    // bytes of one cubin or source file
+
+int parse_sm(const std::string& arch, const std::string& where) {
+  const std::string d = arch.rfind("sm_", 0) == 0 ? arch.substr(3) : "";
+  if (d.size() < 2 || d.size() > 3 || !std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      d[0] == '0')
+    bad(where, "$.arch", "'" + arch + "' is not sm_NN or sm_NNN");
+  return std::stoi(d);
+}
+
+Kernel kernel_from_json(const json& k, const Plan& p, size_t i, const std::string& where) {
+  const std::string path = fmt::format("$.kernels[{}]", i);
+  if (!k.is_object()) bad(where, path, "expected an object");
+  Kernel x;
+  x.name = str(k, "name", where, path);
+  if (!identifier(x.name)) bad(where, path + ".name", "'" + x.name + "' is not a C identifier of up to 256 characters");
+  x.bucket = num<int32_t>(k, "bucket", where, path, int64_t(i), int64_t(i));
+  x.min_bytes = num<int64_t>(k, "min_bytes", where, path, 0, kMaxBytes);
+  x.max_bytes = num<int64_t>(k, "max_bytes", where, path, -1, kMaxBytes);
+  if (x.max_bytes >= 0 && x.max_bytes < x.min_bytes)
+    bad(where, path + ".max_bytes", fmt::format("{} is below min_bytes {}", x.max_bytes, x.min_bytes));
+  x.proto = str(k, "proto", where, path);
+  if (x.proto != "simple" && x.proto != "ll") bad(where, path + ".proto", "expected simple or ll");
+  x.max_tile_bytes = num<int64_t>(k, "max_tile_bytes", where, path, 16, kMaxTile);
+  if (x.max_tile_bytes % 16) bad(where, path + ".max_tile_bytes", "must be a multiple of 16");
+  x.instances = num<int32_t>(k, "instances", where, path, 1, kMaxInstances);
+  x.tbs = num<int32_t>(k, "tbs", where, path, 1, kMaxTbs);
+  x.threads = num<int32_t>(k, "threads", where, path, 32, 1024);
+  if (x.threads % 32) bad(where, path + ".threads", "must be a multiple of 32");
+  x.grid = num<int32_t>(k, "grid", where, path, 1, kMaxGrid);
+  if (int64_t(x.grid) != int64_t(x.tbs) * x.instances)
+    bad(where, path + ".grid", fmt::format("{} != tbs x instances = {}", x.grid, int64_t(x.tbs) * x.instances));
+  x.depth = num<int32_t>(k, "depth", where, path, 1, kMaxDepth);
+  x.scratch_slots = num<int32_t>(k, "scratch_slots", where, path, 1, kMaxSlots);
+  x.flag_slots = num<int32_t>(k, "flag_slots", where, path, 1, kMaxSlots);
+  x.classes = num<int32_t>(k, "classes", where, path, 1, p.nranks);
+  x.scratch_bytes = num<int64_t>(k, "scratch_bytes", where, path, 0, kMaxRegion);
+  x.flag_bytes = num<int64_t>(k, "flag_bytes", where, path, 8, kMaxRegion);
+  x.seq_words = num<int32_t>(k, "seq_words", where, path, x.grid, x.grid);
+  x.cubin_file = str(k, "cubin", where, path);
+  x.source_file = opt_str(k, "source", where, path, "");
+  if (!safe_file_name(x.cubin_file)) bad(where, path + ".cubin", "must be a plain file name");
+  if (!x.source_file.empty() && !safe_file_name(x.source_file))
+    bad(where, path + ".source", "must be a plain file name");
+  // The regions the kernel addresses must fit what the runtime allocates.
+  // Every factor is bounded above: flag words < 2^41, scratch < 2^91 would
+  // overflow, so the scratch product is checked step by step.
+  const int64_t flag_words = dev::flag_words(x.instances, x.flag_slots) + (p.zero_copy ? dev::zc_words(p.nranks) : 0);
+  if (x.flag_bytes < flag_words * 8)
+    bad(where, path + ".flag_bytes",
+        fmt::format("{} bytes cannot hold {} flag words ({} instances x {} slots, abort word{})", x.flag_bytes,
+                    flag_words, x.instances, x.flag_slots, p.zero_copy ? ", zero-copy mailboxes" : ""));
+  if (x.scratch_bytes != 0) {
+    int64_t need = x.max_tile_bytes * (x.proto == "ll" ? 2 : 1);  // < 2^32
+    for (int64_t f : {int64_t(x.scratch_slots), int64_t(x.depth), int64_t(x.instances)}) {
+      if (need > kMaxRegion / f)
+        bad(where, path + ".scratch_bytes", "the scratch layout (tile x slots x depth x instances) exceeds 1 TiB");
+      need *= f;
+    }
+    if (x.scratch_bytes < need)
+      bad(where, path + ".scratch_bytes",
+          fmt::format("{} bytes cannot hold the scratch layout ({} bytes)", x.scratch_bytes, need));
+  }
+  return x;
+}
+
+Plan parse(const json& j, const std::string& where) {
+  if (!j.is_object()) bad(where, "$", "expected an object");
+  int v = num<int>(j, "mk_plan_version", where, "$", std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+  if (v != Plan::kVersion)
+    throw Error(ErrId::plan_E002,
+                fmt::format("{}: plan version {} is not supported (this mKernel reads {})", where, v, Plan::kVersion),
+                {}, "recompile the plan with this mkc");
+  Plan p;
+  p.schedule = str(j, "schedule", where, "$");
+  if (p.schedule.empty()) bad(where, "$.schedule", "empty");
+  auto coll = parse_collective(str(j, "collective", where, "$"));
+  if (!coll) bad(where, "$.collective", "unknown collective");
+  p.coll = *coll;
+  p.nranks = num<int32_t>(j, "ranks", where, "$", 1, kMaxRanks);
+  p.chunks = num<int32_t>(j, "chunks", where, "$", 1, 1 << 20);
+  p.topology = opt_str(j, "topology", where, "$", "");
+  if (j.contains("zero_copy")) {
+    if (!j["zero_copy"].is_boolean()) bad(where, "$.zero_copy", "expected true or false");
+    p.zero_copy = j["zero_copy"].get<bool>();
+  }
+  auto dt = parse_dtype(str(j, "dtype", where, "$"));
+  if (!dt) bad(where, "$.dtype", "unknown dtype");
+  p.dtype = *dt;
+  auto op = parse_redop(str(j, "op", where, "$"));
+  if (!op) bad(where, "$.op", "unknown op");
+  p.op = *op;
+  p.arch = parse_sm(str(j, "arch", where, "$"), where);
+  p.nvrtc_version = j.contains("nvrtc_version")
+                        ? num<int32_t>(j, "nvrtc_version", where, "$", 0, std::numeric_limits<int32_t>::max())
+                        : 0;
+  p.mkernel_version = opt_str(j, "mkernel_version", where, "$", "");
+  auto ks = j.find("kernels");
+  if (ks == j.end() || !ks->is_array() || ks->empty()) bad(where, "$.kernels", "expected a non-empty array");
+  if (ks->size() > size_t(kMaxKernels)) bad(where, "$.kernels", fmt::format("more than {} kernels", kMaxKernels));
+  for (size_t i = 0; i < ks->size(); ++i) {
+    Kernel x = kernel_from_json((*ks)[i], p, i, where);
+    // Buckets in order, ranges disjoint: select() takes the first match.
+    if (i > 0) {
+      const Kernel& prev = p.kernels.back();
+      if (prev.max_bytes < 0 || x.min_bytes <= prev.max_bytes)
+        bad(where, fmt::format("$.kernels[{}].min_bytes", i),
+            fmt::format("size range {}..{} overlaps the previous bucket's ({}..{})", x.min_bytes, x.max_bytes,
+                        prev.min_bytes, prev.max_bytes));
+    }
+    p.kernels.push_back(std::move(x));
+  }
+  return p;
 }
 
 }  // namespace
 
-std::string to_json(const Plan& p) {
+namespace {
+
+// The plan-level fields, as plan.json has them (without "kernels").
+json header_json(const Plan& p) {
   json j;
   j["mk_plan_version"] = Plan::kVersion;
   j["schedule"] = p.schedule;
@@ -57,123 +212,78 @@ std::string to_json(const Plan& p) {
   j["arch"] = "sm_" + std::to_string(p.arch);
   j["nvrtc_version"] = p.nvrtc_version;
   j["mkernel_version"] = p.mkernel_version;
+  return j;
+}
+
+json kernel_json(const Kernel& k) {
+  return {{"name", k.name},
+          {"bucket", k.bucket},
+          {"min_bytes", k.min_bytes},
+          {"max_bytes", k.max_bytes},
+          {"proto", k.proto},
+          {"max_tile_bytes", k.max_tile_bytes},
+          {"instances", k.instances},
+          {"tbs", k.tbs},
+          {"threads", k.threads},
+          {"grid", k.grid},
+          {"depth", k.depth},
+          {"scratch_slots", k.scratch_slots},
+          {"flag_slots", k.flag_slots},
+          {"classes", k.classes},
+          {"scratch_bytes", k.scratch_bytes},
+          {"flag_bytes", k.flag_bytes},
+          {"seq_words", k.seq_words},
+          {"cubin", k.cubin_file},
+          {"source", k.source_file}};
+}
+
+}  // namespace
+
+std::string to_json(const Plan& p) {
+  json j = header_json(p);
   json ks = json::array();
-  for (const auto& k : p.kernels) {
-    ks.push_back({{"name", k.name},
-                  {"bucket", k.bucket},
-                  {"min_bytes", k.min_bytes},
-                  {"max_bytes", k.max_bytes},
-                  {"proto", k.proto},
-                  {"max_tile_bytes", k.max_tile_bytes},
-                  {"instances", k.instances},
-                  {"tbs", k.tbs},
-                  {"threads", k.threads},
-                  {"grid", k.grid},
-                  {"depth", k.depth},
-                  {"scratch_slots", k.scratch_slots},
-                  {"flag_slots", k.flag_slots},
-                  {"classes", k.classes},
-                  {"scratch_bytes", k.scratch_bytes},
-                  {"flag_bytes", k.flag_bytes},
-                  {"seq_words", k.seq_words},
-                  {"cubin", k.cubin_file},
-                  {"source", k.source_file}});
-  }
+  for (const auto& k : p.kernels) ks.push_back(kernel_json(k));
   j["kernels"] = std::move(ks);
   return j.dump(2) + "\n";
 }
 
+std::string resource_key(const Plan& p, const Kernel& k) {
+  // Derived from the serialised form, so a field added to plan.json joins
+  // the key without anyone listing it here; only what cannot change the
+  // layout is taken out.
+  json j = header_json(p);
+  j.erase("dtype");
+  j.erase("op");
+  json kj = kernel_json(k);
+  for (const char* f : {"name", "cubin", "source"}) kj.erase(f);
+  j["kernel"] = std::move(kj);
+  return hash_hex(j.dump());
+}
+
+void check_cubin(const std::vector<char>& cubin, int arch, const std::string& file) {
+  const std::string why = cubin_problem(cubin.data(), cubin.size(), arch);
+  if (!why.empty())
+    throw Error(ErrId::plan_E005, fmt::format("{} is not a complete cubin for sm_{}: {}", file, arch, why), {},
+                "regenerate the plan with `mkc compile --arch sm_" + std::to_string(arch) +
+                    "` and copy the whole directory");
+}
+
 Plan from_json(const std::string& text, const std::string& where) {
+  if (text.size() > kMaxPlanJson)
+    bad(where, "$", fmt::format("{} bytes; a plan.json has at most {}", text.size(), kMaxPlanJson));
+  // A plan nests three levels; deeper input is refused while it is parsed.
+  constexpr int kMaxNesting = 16;
+  auto depth = [&](int d, json::parse_event_t, json&) {
+    if (d > kMaxNesting) bad(where, "$", fmt::format("nested more than {} levels deep", kMaxNesting));
+    return true;
+  };
   json j;
   try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
+    j = json::parse(text, depth);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond a double
     bad(where, "$", std::string("not JSON: ") + e.what());
   }
-  if (!j.is_object()) bad(where, "$", "expected an object");
-  int v = num<int>(j, "mk_plan_version", where, "$");
-  if (v != Plan::kVersion)
-    throw Error(ErrId::plan_E002,
-                fmt::format("{}: plan version {} is not supported (this mKernel reads {})", where, v, Plan::kVersion),
-                {}, "recompile the plan with this mkc");
-  Plan p;
-  p.schedule = str(j, "schedule", where, "$");
-  auto coll = parse_collective(str(j, "collective", where, "$"));
-  if (!coll) bad(where, "$.collective", "unknown collective");
-  p.coll = *coll;
-  p.nranks = num<int32_t>(j, "ranks", where, "$");
-  if (p.nranks < 1 || p.nranks > 1024) bad(where, "$.ranks", "must be 1..1024");
-  p.chunks = num<int32_t>(j, "chunks", where, "$");
-  if (p.chunks < 1) bad(where, "$.chunks", "must be >= 1");
-  p.topology = j.value("topology", "");
-  if (j.contains("zero_copy")) {
-    if (!j["zero_copy"].is_boolean()) bad(where, "$.zero_copy", "expected true or false");
-    p.zero_copy = j["zero_copy"].get<bool>();
-  }
-  auto dt = parse_dtype(str(j, "dtype", where, "$"));
-  if (!dt) bad(where, "$.dtype", "unknown dtype");
-  p.dtype = *dt;
-  auto op = parse_redop(str(j, "op", where, "$"));
-  if (!op) bad(where, "$.op", "unknown op");
-  p.op = *op;
-  std::string arch = str(j, "arch", where, "$");
-  if (arch.rfind("sm_", 0) != 0) bad(where, "$.arch", "expected sm_NN");
-  try {
-    p.arch = std::stoi(arch.substr(3));
-  } catch (...) {
-    bad(where, "$.arch", "expected sm_NN");
-  }
-  p.nvrtc_version = j.value("nvrtc_version", 0);
-  p.mkernel_version = j.value("mkernel_version", "");
-  auto ks = j.find("kernels");
-  if (ks == j.end() || !ks->is_array() || ks->empty()) bad(where, "$.kernels", "expected a non-empty array");
-  for (size_t i = 0; i < ks->size(); ++i) {
-    const json& k = (*ks)[i];
-    std::string path = fmt::format("$.kernels[{}]", i);
-    if (!k.is_object()) bad(where, path, "expected an object");
-    Kernel x;
-    x.name = str(k, "name", where, path);
-    x.bucket = num<int32_t>(k, "bucket", where, path);
-    x.min_bytes = num<int64_t>(k, "min_bytes", where, path);
-    x.max_bytes = num<int64_t>(k, "max_bytes", where, path);
-    x.proto = str(k, "proto", where, path);
-    if (x.proto != "simple" && x.proto != "ll") bad(where, path + ".proto", "expected simple or ll");
-    x.max_tile_bytes = num<int64_t>(k, "max_tile_bytes", where, path);
-    x.instances = num<int32_t>(k, "instances", where, path);
-    x.tbs = num<int32_t>(k, "tbs", where, path);
-    x.threads = num<int32_t>(k, "threads", where, path);
-    x.grid = num<int32_t>(k, "grid", where, path);
-    x.depth = num<int32_t>(k, "depth", where, path);
-    x.scratch_slots = num<int32_t>(k, "scratch_slots", where, path);
-    x.flag_slots = num<int32_t>(k, "flag_slots", where, path);
-    x.classes = num<int32_t>(k, "classes", where, path);
-    x.scratch_bytes = num<int64_t>(k, "scratch_bytes", where, path);
-    x.flag_bytes = num<int64_t>(k, "flag_bytes", where, path);
-    x.seq_words = num<int32_t>(k, "seq_words", where, path);
-    x.cubin_file = str(k, "cubin", where, path);
-    x.source_file = k.value("source", "");
-    if (!safe_file_name(x.cubin_file)) bad(where, path + ".cubin", "must be a plain file name");
-    if (!x.source_file.empty() && !safe_file_name(x.source_file)) bad(where, path + ".source", "must be a plain file name");
-    if (x.max_tile_bytes < 16 || x.max_tile_bytes % 16 || x.instances < 1 || x.tbs < 1 || x.threads < 32 ||
-        x.threads > 1024 || x.grid != x.tbs * x.instances || x.depth < 1 || x.scratch_slots < 1 ||
-        x.flag_slots < 1 || x.min_bytes < 0 || (x.max_bytes >= 0 && x.max_bytes < x.min_bytes) ||
-        x.seq_words != x.grid || x.scratch_bytes < 0 || x.flag_bytes < 8)
-      bad(where, path, "inconsistent kernel description");
-    // The regions the kernel addresses must fit what the runtime allocates.
-    const int64_t flag_words =
-        dev::flag_words(x.instances, x.flag_slots) + (p.zero_copy ? dev::zc_words(p.nranks) : 0);
-    if (x.flag_bytes < flag_words * 8)
-      bad(where, path + ".flag_bytes",
-          fmt::format("{} bytes cannot hold {} flag words ({} instances x {} slots, abort word{})", x.flag_bytes,
-                      flag_words, x.instances, x.flag_slots, p.zero_copy ? ", zero-copy mailboxes" : ""));
-    const int64_t scratch_need =
-        x.max_tile_bytes * (x.proto == "ll" ? 2 : 1) * x.scratch_slots * x.depth * x.instances;
-    if (x.scratch_bytes != 0 && x.scratch_bytes < scratch_need)
-      bad(where, path + ".scratch_bytes",
-          fmt::format("{} bytes cannot hold the scratch layout ({} bytes)", x.scratch_bytes, scratch_need));
-    p.kernels.push_back(std::move(x));
-  }
-  return p;
+  return parse(j, where);
 }
 
 void write_dir(const Plan& p, const std::string& dir) {
@@ -194,23 +304,53 @@ void write_dir(const Plan& p, const std::string& dir) {
   write("plan.json", j.data(), j.size());
 }
 
+namespace {
+
+// The whole of a regular file of at most `limit` bytes.
+bool read_bounded(const fs::path& f, size_t limit, std::vector<char>* out, std::string* why) {
+  std::error_code ec;
+  if (!fs::is_regular_file(f, ec)) {
+    *why = "not a regular file";
+    return false;
+  }
+  const auto size = fs::file_size(f, ec);
+  if (ec || size > limit) {
+    *why = ec ? ec.message() : fmt::format("{} bytes, more than the limit of {}", size, limit);
+    return false;
+  }
+  std::ifstream in(f, std::ios::binary);
+  out->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (!in.eof() && in.fail()) {
+    *why = "read error";
+    return false;
+  }
+  if (out->size() > limit) {  // grew while being read
+    *why = "changed while being read";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Plan read_dir(const std::string& dir) {
   fs::path pj = fs::path(dir) / "plan.json";
   if (fs::is_regular_file(dir)) pj = dir;
-  std::ifstream f(pj);
-  if (!f) throw Error(ErrId::plan_E003, "cannot read " + pj.string(), {}, "run `mkc compile ... -o DIR` first");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  Plan p = from_json(text, pj.string());
+  std::vector<char> bytes;
+  std::string why;
+  if (!read_bounded(pj, kMaxPlanJson, &bytes, &why))
+    throw Error(ErrId::plan_E003, "cannot read " + pj.string() + ": " + why, {}, "run `mkc compile ... -o DIR` first");
+  Plan p = from_json(std::string(bytes.begin(), bytes.end()), pj.string());
   for (auto& k : p.kernels) {
     fs::path cub = pj.parent_path() / k.cubin_file;
-    std::ifstream c(cub, std::ios::binary);
-    if (!c) throw Error(ErrId::plan_E003, "plan " + pj.string() + " names " + k.cubin_file + ", which cannot be read");
-    k.cubin.assign(std::istreambuf_iterator<char>(c), std::istreambuf_iterator<char>());
-    if (k.cubin.size() < 64 || std::string(k.cubin.data() + 1, 3) != "ELF")
-      throw Error(ErrId::plan_E001, cub.string() + " is not a cubin (ELF) file");
+    if (!read_bounded(cub, kMaxCubin, &k.cubin, &why))
+      throw Error(ErrId::plan_E003,
+                  "plan " + pj.string() + " names " + k.cubin_file + ", which cannot be read: " + why);
+    check_cubin(k.cubin, p.arch, cub.string());
     if (!k.source_file.empty()) {
-      std::ifstream s(pj.parent_path() / k.source_file);
-      if (s) k.source.assign(std::istreambuf_iterator<char>(s), std::istreambuf_iterator<char>());
+      std::vector<char> src;
+      if (read_bounded(pj.parent_path() / k.source_file, kMaxCubin, &src, &why))
+        k.source.assign(src.begin(), src.end());
     }
   }
   return p;

@@ -54,11 +54,27 @@ struct Plan {
 };
 
 std::string to_json(const Plan& p);
-// Parses and validates plan.json text; `where` names the file in errors.
+// Parses and validates plan.json text (hostile input: any bytes); `where`
+// names the file in errors. Throws only mk::Error: mk.plan.E001 naming the
+// file and the JSON path of a field that is missing, of the wrong type or out
+// of range (limits in docs/plan.md), E002 for another version.
 Plan from_json(const std::string& text, const std::string& where);
 
 void write_dir(const Plan& p, const std::string& dir);  // throws mk.cli.E012
-Plan read_dir(const std::string& dir);                   // throws mk.plan.E001..E003
+// Reads plan.json and its cubins, each checked as a complete CUDA ELF for
+// the plan's arch (compiler/common/cubin.hpp) before anyone loads it.
+// Throws mk.plan.E001..E003, E005 (a bad cubin).
+Plan read_dir(const std::string& dir);
+
+// Throws mk.plan.E005 naming `file` unless `cubin` is a complete CUDA ELF
+// file for sm_`arch`.
+void check_cubin(const std::vector<char>& cubin, int arch, const std::string& file);
+
+// A hash of a kernel's resource layout (32 hex digits): every field of the
+// plan and the kernel as to_json writes them, except dtype, op, the names
+// (kernel, cubin and source files) and the cubin bytes. Kernels with equal
+// keys can share scratch, flags and step counters (runtime Comm::resources_for).
+std::string resource_key(const Plan& p, const Kernel& k);
 
 // The kernel whose size range holds `bytes`, or nullptr.
 const Kernel* select(const Plan& p, int64_t bytes);

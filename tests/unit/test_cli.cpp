@@ -6,8 +6,10 @@
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
+#include "compiler/compile.hpp"
 #include "compiler/ir/ir.hpp"
 #include "compiler/jit/jit.hpp"
 #include "compiler/pipeline.hpp"
@@ -15,6 +17,7 @@
 #include "compiler/plugin.hpp"
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
+#include "plan_util.hpp"
 #include "support.hpp"
 
 using namespace mk;
@@ -35,6 +38,10 @@ int marked_line(const std::string& name) {
 }
 
 bool have_nvrtc() { return jit::nvrtc_version() > 0; }
+
+nlohmann::json plan_json(const std::string& dir) { return nlohmann::json::parse(mkt::read_text(fs::path(dir) / "plan.json")); }
+
+void put_json(const std::string& dir, const nlohmann::json& j) { mkt::write_text(fs::path(dir) / "plan.json", j.dump(2)); }
 
 #define CHECK_OK(result)             \
   do {                               \
@@ -199,6 +206,62 @@ TEST_CASE("mkc compile: writes a plan that plan::read_dir loads" * doctest::skip
   auto again = mkc({"compile", "-s", "allreduce.ring", "-n", "4", "--dtype", "bf16", "--op", "max", "-o", out});
   CHECK_OK(again);
   CHECK(contains(again.out, ", from cache)"));
+}
+
+TEST_CASE("mkc compile: the plan cache key covers every option (the topology too)" * doctest::skip(!have_nvrtc())) {
+  mkt::TempDir d;
+  mkt::ScopedEnv cache("MK_CACHE_DIR", (d / "cache").string());
+  const std::string a = (d / "a").string(), b = (d / "b").string();
+  auto r = mkc({"compile", "-s", "allgather.direct", "-n", "2", "--topology", "nvlink:2", "-o", a});
+  CHECK_OK(r);
+  CHECK_FALSE(contains(r.out, "from cache"));
+  r = mkc({"compile", "-s", "allgather.direct", "-n", "2", "--topology", "pcie:2", "-o", b});
+  CHECK_OK(r);
+  CHECK_FALSE(contains(r.out, "from cache"));
+  CHECK(plan_json(a)["topology"] == "nvlink:2");
+  CHECK(plan_json(b)["topology"] == "pcie:2");
+  // the same command again is served by the cache
+  r = mkc({"compile", "-s", "allgather.direct", "-n", "2", "--topology", "pcie:2", "-o", b});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "from cache"));
+  CHECK(plan_json(b)["topology"] == "pcie:2");
+}
+
+TEST_CASE("compile: options_json serialises every option that shapes a plan") {
+  const compiler::CompileOptions base;
+  const std::string j0 = compiler::options_json(base);
+  // each field changed alone changes the serialisation (and so the key)
+  const std::vector<std::function<void(compiler::CompileOptions&)>> edits = {
+      [](auto& o) { o.arch = 80; },
+      [](auto& o) { o.dtype = DType::bf16; },
+      [](auto& o) { o.op = RedOp::max; },
+      [](auto& o) { o.lower.instances = 3; },
+      [](auto& o) { o.lower.max_tbs = 7; },
+      [](auto& o) { o.lower.min_bytes = 5; },
+      [](auto& o) { o.lower.max_bytes = 9; },
+      [](auto& o) { o.lower.topology = "pcie:2"; },
+      [](auto& o) { o.lower.zero_copy = true; },
+      [](auto& o) { o.lower.proto.scratch_budget = 1; },
+      [](auto& o) { o.lower.proto.ll_max_bytes = 1; },
+      [](auto& o) { o.lower.proto.max_tile_bytes = 16; },
+      [](auto& o) { o.lower.proto.forced_proto = 1; },
+      [](auto& o) { o.lower.proto.forced_tile = 32; },
+      [](auto& o) { o.lower.proto.forced_instances = 2; },
+      [](auto& o) { o.lower.proto.simple_instances = 1; },
+      [](auto& o) { o.lower.proto.ll_instances = 1; },
+  };
+  std::set<std::string> seen{j0};
+  for (size_t i = 0; i < edits.size(); ++i) {
+    CAPTURE(i);
+    compiler::CompileOptions o;
+    edits[i](o);
+    CHECK(seen.insert(compiler::options_json(o)).second);
+  }
+  // what does not shape a plan does not change it
+  compiler::CompileOptions o;
+  o.use_cache = false;
+  o.lower.on_pass = [](std::string_view, const ir::Schedule&) {};
+  CHECK(compiler::options_json(o) == j0);
 }
 
 TEST_CASE("mkc simulate: prints the result and ok") {
@@ -471,47 +534,9 @@ TEST_CASE("mkc: a bad command line exits with 2") {
 
 namespace {
 
-// A plan written without NVRTC: the reader only checks that cubins are ELF.
-plan::Plan fake_plan() {
-  plan::Plan p;
-  p.schedule = "allreduce.ring";
-  p.coll = Collective::allreduce;
-  p.nranks = 2;
-  p.chunks = 2;
-  p.dtype = DType::fp16;
-  p.op = RedOp::avg;
-  p.arch = 90;
-  for (int b = 0; b < 2; ++b) {
-    plan::Kernel k;
-    k.name = "mk_test_b" + std::to_string(b);
-    k.bucket = b;
-    k.min_bytes = b == 0 ? 0 : 65537;
-    k.max_bytes = b == 0 ? 65536 : -1;
-    k.proto = b == 0 ? "ll" : "simple";
-    k.max_tile_bytes = 4096;
-    k.instances = 2;
-    k.tbs = 3;
-    k.grid = 6;
-    k.seq_words = 6;
-    k.threads = 256;
-    k.depth = 2;
-    k.scratch_slots = 4;
-    k.flag_slots = 3;
-    k.scratch_bytes = 4096 * (b == 0 ? 2 : 1) * 4 * 2 * 2;
-    k.flag_bytes = 64;
-    k.cubin_file = k.name + ".sm_90.cubin";
-    k.source_file = k.name + ".cu";
-    k.cubin.assign(100, 'x');
-    std::copy_n("\x7f" "ELF", 4, k.cubin.begin());
-    k.source = "// source " + k.name;
-    p.kernels.push_back(k);
-  }
-  return p;
-}
+using mkt::fake_plan;
 
-nlohmann::json plan_json(const std::string& dir) { return nlohmann::json::parse(mkt::read_text(fs::path(dir) / "plan.json")); }
 
-void put_json(const std::string& dir, const nlohmann::json& j) { mkt::write_text(fs::path(dir) / "plan.json", j.dump(2)); }
 
 }  // namespace
 
@@ -543,7 +568,7 @@ TEST_CASE("mk.plan.E001: malformed plan.json, each naming the problem") {
   const std::vector<Case> cases = {
       {"version a string", [](auto& j) { j["mk_plan_version"] = "1"; }, "$.mk_plan_version: expected an integer"},
       {"ranks a string", [](auto& j) { j["ranks"] = "2"; }, "$.ranks: expected an integer"},
-      {"ranks zero", [](auto& j) { j["ranks"] = 0; }, "$.ranks: must be 1..1024"},
+      {"ranks zero", [](auto& j) { j["ranks"] = 0; }, "$.ranks: 0 is outside 1..1024"},
       {"collective unknown", [](auto& j) { j["collective"] = "allsum"; }, "$.collective"},
       {"dtype unknown", [](auto& j) { j["dtype"] = "fp7"; }, "$.dtype"},
       {"op unknown", [](auto& j) { j["op"] = "xor"; }, "$.op"},
@@ -555,10 +580,14 @@ TEST_CASE("mk.plan.E001: malformed plan.json, each naming the problem") {
       {"kernel grid a string", [](auto& j) { j["kernels"][0]["grid"] = "6"; }, "$.kernels[0].grid"},
       {"proto unknown", [](auto& j) { j["kernels"][1]["proto"] = "ll128"; }, "$.kernels[1].proto"},
       {"cubin outside the directory", [](auto& j) { j["kernels"][0]["cubin"] = "../x.cubin"; }, "plain file name"},
-      {"grid != tbs * instances", [](auto& j) { j["kernels"][0]["grid"] = 5; }, "inconsistent kernel description"},
-      {"tile not a multiple of 16", [](auto& j) { j["kernels"][1]["max_tile_bytes"] = 4100; }, "inconsistent"},
-      {"max below min", [](auto& j) { j["kernels"][1]["max_bytes"] = 3; }, "inconsistent"},
-      {"too many threads", [](auto& j) { j["kernels"][1]["threads"] = 2048; }, "inconsistent"},
+      {"grid != tbs * instances", [](auto& j) { j["kernels"][0]["grid"] = 5; },
+       "$.kernels[0].grid: 5 != tbs x instances = 6"},
+      {"tile not a multiple of 16", [](auto& j) { j["kernels"][1]["max_tile_bytes"] = 4100; },
+       "$.kernels[1].max_tile_bytes: must be a multiple of 16"},
+      {"max below min", [](auto& j) { j["kernels"][1]["max_bytes"] = 3; },
+       "$.kernels[1].max_bytes: 3 is below min_bytes 65537"},
+      {"too many threads", [](auto& j) { j["kernels"][1]["threads"] = 2048; },
+       "$.kernels[1].threads: 2048 is outside 32..1024"},
   };
   for (const auto& k : cases) {
     CAPTURE(k.what);
@@ -581,8 +610,8 @@ TEST_CASE("mk.plan.E001: malformed plan.json, each naming the problem") {
   put_json(d.str(), good);
   mkt::write_text(d / "mk_test_b1.sm_90.cubin", std::string(100, 'x'));
   c = catch_error([&] { plan::read_dir(d.str()); });
-  CHECK(c.id == "mk.plan.E001");
-  CHECK(contains(c.message, "mk_test_b1.sm_90.cubin is not a cubin"));
+  CHECK(c.id == "mk.plan.E005");
+  CHECK(contains(c.message, "mk_test_b1.sm_90.cubin is not a complete cubin for sm_90: not an ELF file"));
 }
 
 TEST_CASE("mk.plan.E002: a plan version this mKernel does not read") {

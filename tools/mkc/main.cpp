@@ -299,8 +299,9 @@ int cmd_compile(Common o, const std::string& dtype, const std::string& op, const
   plan::write_dir(p, out);
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::cout << plan::summary(p);
+  const char* cached = st.from_cache ? ", from cache" : st.cubins_cached ? ", cubins cached" : "";
   fmt::print("wrote {}/plan.json and {} cubin(s); {:.0f} ms (lower {:.0f}, codegen {:.0f}, NVRTC {:.0f}{})\n", out,
-             p.kernels.size(), ms, st.lower_ms, st.codegen_ms, st.nvrtc_ms, st.from_cache ? ", from cache" : "");
+             p.kernels.size(), ms, st.lower_ms, st.codegen_ms, st.nvrtc_ms, cached);
   return 0;
 }
 

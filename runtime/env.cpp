@@ -1,0 +1,182 @@
+#include "runtime/env.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <set>
+
+#include "compiler/jit/jit.hpp"
+#include "mk/dsl.hpp"
+#include "runtime/plans.hpp"
+#include "runtime/status.hpp"
+
+#ifndef MK_VERSION
+#define MK_VERSION "dev"
+#endif
+
+namespace mk::rt::env {
+
+namespace {
+
+[[noreturn]] void invalid(const char* name, const std::string& value, const std::string& what) {
+  fail(mkInvalidArgument, fmt::format("{}='{}': {}", name, value, what));
+}
+
+// One integer knob of MK_TUNE: where it goes and what it accepts.
+struct TuneKey {
+  const char* key;
+  int64_t lo, hi;
+  int64_t multiple;  // the value must be a multiple of this
+  int64_t passes::ProtocolOptions::*i64;
+  int32_t passes::ProtocolOptions::*i32;
+};
+
+const std::vector<TuneKey>& tune_table() {
+  using P = passes::ProtocolOptions;
+  static const std::vector<TuneKey> t = {
+      {"simple_instances", 1, 1024, 1, nullptr, &P::simple_instances},
+      {"ll_instances", 1, 1024, 1, nullptr, &P::ll_instances},
+      {"max_tile", 16, int64_t(1) << 30, 16, &P::max_tile_bytes, nullptr},
+      {"ll_max", 0, int64_t(1) << 62, 1, &P::ll_max_bytes, nullptr},
+      {"scratch_budget", 0, int64_t(1) << 40, 1, &P::scratch_budget, nullptr},
+  };
+  return t;
+}
+
+}  // namespace
+
+std::optional<std::string> raw(const char* name) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return std::nullopt;
+  return std::string(e);
+}
+
+int64_t parse_int(const char* name, const std::string& value, int64_t lo, int64_t hi) {
+  const std::string range = fmt::format("expected an integer in {}..{}", lo, hi);
+  // strtoll alone accepts leading spaces and '+': the value must be digits.
+  const size_t digits = value.size() - (value.rfind('-', 0) == 0 ? 1 : 0);
+  if (digits == 0 || digits > 19 ||
+      !std::all_of(value.end() - std::ptrdiff_t(digits), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    invalid(name, value, range);
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  if (errno == ERANGE || *end != '\0' || v < lo || v > hi) invalid(name, value, range);
+  return v;
+}
+
+bool parse_bool(const char* name, const std::string& value) {
+  if (value == "0") return false;
+  if (value == "1") return true;
+  invalid(name, value, "expected 0 or 1");
+}
+
+std::vector<std::pair<std::string, std::string>> parse_list(const char* name, const std::string& value) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::string> seen;
+  size_t start = 0;
+  while (start <= value.size()) {
+    const size_t comma = std::min(value.find(',', start), value.size());
+    const std::string item = value.substr(start, comma - start);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+      invalid(name, value, fmt::format("item '{}' is not key=value (expected key=value,key=value)", item));
+    std::string key = item.substr(0, eq);
+    if (!seen.insert(key).second) invalid(name, value, fmt::format("'{}' is given twice", key));
+    out.emplace_back(std::move(key), item.substr(eq + 1));
+    start = comma + 1;
+  }
+  return out;
+}
+
+int64_t get_int(const char* name, int64_t dflt, int64_t lo, int64_t hi) {
+  const auto v = raw(name);
+  return v ? parse_int(name, *v, lo, hi) : dflt;
+}
+
+bool get_bool(const char* name, bool dflt) {
+  const auto v = raw(name);
+  return v ? parse_bool(name, *v) : dflt;
+}
+
+int64_t scratch_bytes() { return get_int("MK_SCRATCH_BYTES", int64_t(256) << 20, int64_t(1) << 20, int64_t(1) << 40); }
+int64_t flag_bytes() { return get_int("MK_FLAG_BYTES", int64_t(1) << 20, 4096, int64_t(1) << 30); }
+int64_t timeout_ms() { return get_int("MK_TIMEOUT_MS", 600000, 0, int64_t(1) << 40); }
+int32_t max_registrations() { return int32_t(get_int("MK_MAX_REGISTRATIONS", 256, 1, 1 << 20)); }
+int32_t bootstrap_timeout_ms() {
+  return int32_t(get_int("MK_BOOTSTRAP_TIMEOUT_MS", 120000, 1, (int64_t(1) << 31) - 1));
+}
+bool zero_copy() { return get_bool("MK_ZERO_COPY", true); }
+int64_t zero_copy_min_bytes() { return get_int("MK_ZERO_COPY_MIN_BYTES", int64_t(4) << 20, 0, int64_t(1) << 62); }
+
+std::string tune_keys() {
+  std::string s;
+  for (const auto& k : tune_table())
+    s += fmt::format("{}{} ({}..{}{})", s.empty() ? "" : ", ", k.key, k.lo, k.hi,
+                     k.multiple > 1 ? fmt::format(", a multiple of {}", k.multiple) : "");
+  return s;
+}
+
+void apply_tune(const std::string& value, passes::ProtocolOptions* p) {
+  for (const auto& [key, v] : parse_list("MK_TUNE", value)) {
+    auto it = std::find_if(tune_table().begin(), tune_table().end(), [&](const TuneKey& t) { return key == t.key; });
+    if (it == tune_table().end())
+      invalid("MK_TUNE", value, fmt::format("unknown key '{}'; keys: {}", key, tune_keys()));
+    const std::string label = "MK_TUNE " + key;
+    const int64_t x = parse_int(label.c_str(), v, it->lo, it->hi);
+    if (x % it->multiple) invalid(label.c_str(), v, fmt::format("must be a multiple of {}", it->multiple));
+    if (it->i64)
+      p->*(it->i64) = x;
+    else
+      p->*(it->i32) = int32_t(x);
+  }
+}
+
+void apply_tune(passes::ProtocolOptions* p) {
+  if (const auto v = raw("MK_TUNE")) apply_tune(*v, p);
+}
+
+std::map<Collective, std::string> parse_algo(const std::string& value) {
+  std::map<Collective, std::string> m;
+  for (const auto& [c, schedule] : parse_list("MK_ALGO", value)) {
+    const auto coll = parse_collective(c);
+    if (!coll) invalid("MK_ALGO", value, fmt::format("'{}' is not a collective (allreduce, allgather, ...)", c));
+    const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
+    if (!info) invalid("MK_ALGO", value, fmt::format("no schedule named '{}' (`mkc list` lists them)", schedule));
+    if (info->coll != *coll)
+      invalid("MK_ALGO", value, fmt::format("schedule '{}' implements {}, not {}", schedule, name(info->coll), c));
+    m[*coll] = schedule;
+  }
+  return m;
+}
+
+std::map<Collective, std::string> algo() {
+  const auto v = raw("MK_ALGO");
+  return v ? parse_algo(*v) : std::map<Collective, std::string>{};
+}
+
+std::vector<std::pair<std::string, std::string>> plan_shaping_settings() {
+  std::vector<std::pair<std::string, std::string>> s;
+  std::string a;
+  for (const auto& [coll, schedule] : algo()) a += fmt::format("{}{}={}", a.empty() ? "" : ",", name(coll), schedule);
+  s.emplace_back("MK_ALGO", a);
+  passes::ProtocolOptions tuned;
+  apply_tune(&tuned);
+  std::string t;
+  for (const auto& k : tune_table())
+    t += fmt::format("{}{}={}", t.empty() ? "" : ",", k.key, k.i64 ? tuned.*(k.i64) : int64_t(tuned.*(k.i32)));
+  s.emplace_back("MK_TUNE", t);
+  s.emplace_back("MK_ZERO_COPY", zero_copy() ? "1" : "0");
+  s.emplace_back("MK_ZERO_COPY_MIN_BYTES", std::to_string(zero_copy_min_bytes()));
+  s.emplace_back("MK_SCRATCH_BYTES", std::to_string(scratch_bytes()));
+  s.emplace_back("MK_FLAG_BYTES", std::to_string(flag_bytes()));
+  s.emplace_back("MK_MAX_REGISTRATIONS", std::to_string(max_registrations()));
+  s.emplace_back("MK_PLAN_DIR", plan_dir_digest());
+  s.emplace_back("mkernel version", MK_VERSION);
+  s.emplace_back("compiler", jit::nvrtc_identity() + " templates " + jit::templates_hash());
+  return s;
+}
+
+}  // namespace mk::rt::env

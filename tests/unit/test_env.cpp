@@ -1,0 +1,188 @@
+// Environment settings (runtime/env.hpp): whole-string parsing, ranges, and
+// errors that name the variable, its value and what it accepts.
+#include <doctest/doctest.h>
+
+#include "compiler/passes/passes.hpp"
+#include "runtime/bootstrap.hpp"
+#include "runtime/comm.hpp"
+#include "runtime/env.hpp"
+#include "runtime/status.hpp"
+#include "support.hpp"
+
+using namespace mk;
+using mkt::contains;
+
+namespace {
+
+// The RtError message of `f`, checked to be mkInvalidArgument ("" if none).
+std::string invalid(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const rt::RtError& e) {
+    CHECK(e.code() == mkInvalidArgument);
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("env: integers parse whole, inside their range") {
+  CHECK(rt::env::parse_int("X", "12", 0, 100) == 12);
+  CHECK(rt::env::parse_int("X", "-3", -5, 5) == -3);
+  CHECK(rt::env::parse_int("X", "9223372036854775807", 0, INT64_MAX) == INT64_MAX);
+  for (const char* bad : {"12abc", "abc", "", " 12", "12 ", "+12", "1e3", "0x10", "-", "--1", "1.0",
+                          "99999999999999999999", "9223372036854775808"}) {
+    CAPTURE(bad);
+    const std::string m = invalid([&] { rt::env::parse_int("MK_X", bad, 0, 100); });
+    CHECK(contains(m, std::string("MK_X='") + bad + "'"));
+    CHECK(contains(m, "expected an integer in 0..100"));
+  }
+  CHECK(contains(invalid([] { rt::env::parse_int("MK_X", "101", 0, 100); }), "MK_X='101': expected an integer in 0..100"));
+  CHECK(contains(invalid([] { rt::env::parse_int("MK_X", "-1", 0, 100); }), "0..100"));
+}
+
+TEST_CASE("env: booleans are 0 or 1") {
+  CHECK_FALSE(rt::env::parse_bool("B", "0"));
+  CHECK(rt::env::parse_bool("B", "1"));
+  for (const char* bad : {"2", "true", "yes", "01", "1 ", "off"}) {
+    CAPTURE(bad);
+    CHECK(contains(invalid([&] { rt::env::parse_bool("MK_ZERO_COPY", bad); }),
+                   std::string("MK_ZERO_COPY='") + bad + "': expected 0 or 1"));
+  }
+}
+
+TEST_CASE("env: key=value lists") {
+  auto l = rt::env::parse_list("L", "a=1,b=x=y");
+  REQUIRE(l.size() == 2);
+  CHECK(l[0] == std::pair<std::string, std::string>{"a", "1"});
+  CHECK(l[1] == std::pair<std::string, std::string>{"b", "x=y"});
+  for (const char* bad : {"a", "=1", "a=", "a=1,", ",a=1", "a=1,,b=2", ""}) {
+    CAPTURE(bad);
+    CHECK(contains(invalid([&] { rt::env::parse_list("MK_L", bad); }), "is not key=value"));
+  }
+  CHECK(contains(invalid([] { rt::env::parse_list("MK_L", "a=1,a=2"); }), "'a' is given twice"));
+}
+
+TEST_CASE("env: the runtime's integer settings, each with its range") {
+  struct Case {
+    const char* var;
+    std::function<int64_t()> get;
+    int64_t dflt;
+    const char* bad_range;  // a well-formed value outside the range
+  };
+  const std::vector<Case> cases = {
+      {"MK_SCRATCH_BYTES", rt::env::scratch_bytes, 256 << 20, "1024"},
+      {"MK_FLAG_BYTES", rt::env::flag_bytes, 1 << 20, "100"},
+      {"MK_TIMEOUT_MS", rt::env::timeout_ms, 600000, "-1"},
+      {"MK_MAX_REGISTRATIONS", [] { return int64_t(rt::env::max_registrations()); }, 256, "0"},
+      {"MK_BOOTSTRAP_TIMEOUT_MS", [] { return int64_t(rt::bootstrap_timeout_ms()); }, 120000, "0"},
+      {"MK_ZERO_COPY_MIN_BYTES", rt::env::zero_copy_min_bytes, 4 << 20, "-5"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.var);
+    {
+      mkt::ScopedEnv e(c.var, "");
+      CHECK(c.get() == c.dflt);
+    }
+    {
+      mkt::ScopedEnv e(c.var, "1048576");  // inside every range
+      CHECK(c.get() == 1048576);
+    }
+    for (const char* bad : {"12abc", "lots", c.bad_range, "99999999999999999999"}) {
+      CAPTURE(bad);
+      mkt::ScopedEnv e(c.var, bad);
+      const std::string m = invalid([&] { c.get(); });
+      CHECK(contains(m, std::string(c.var) + "='" + bad + "': expected an integer in "));
+    }
+  }
+  mkt::ScopedEnv e("MK_TIMEOUT_MS", "5x");
+  CHECK(contains(invalid([] { rt::comm_config_from_env(); }), "MK_TIMEOUT_MS='5x'"));
+}
+
+TEST_CASE("env: MK_ZERO_COPY") {
+  {
+    mkt::ScopedEnv e("MK_ZERO_COPY", "");
+    CHECK(rt::env::zero_copy());
+  }
+  {
+    mkt::ScopedEnv e("MK_ZERO_COPY", "0");
+    CHECK_FALSE(rt::env::zero_copy());
+  }
+  mkt::ScopedEnv e("MK_ZERO_COPY", "no");
+  CHECK(contains(invalid([] { rt::env::zero_copy(); }), "MK_ZERO_COPY='no': expected 0 or 1"));
+}
+
+TEST_CASE("env: MK_TUNE values are parsed strictly; unknown keys are errors") {
+  passes::ProtocolOptions p;
+  rt::env::apply_tune("simple_instances=8,ll_instances=2,max_tile=65536,ll_max=4096,scratch_budget=1048576", &p);
+  CHECK(p.simple_instances == 8);
+  CHECK(p.ll_instances == 2);
+  CHECK(p.max_tile_bytes == 65536);
+  CHECK(p.ll_max_bytes == 4096);
+  CHECK(p.scratch_budget == 1048576);
+  struct Case {
+    const char* value;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"max_tile=12abc", "MK_TUNE max_tile='12abc': expected an integer in 16..1073741824"},
+           {"simple_instances=0", "MK_TUNE simple_instances='0': expected an integer in 1..1024"},
+           {"ll_instances=4096", "1..1024"},
+           {"max_tile=100", "MK_TUNE max_tile='100': must be a multiple of 16"},
+           {"ll_max=-1", "MK_TUNE ll_max='-1'"},
+           {"tile=16", "MK_TUNE='tile=16': unknown key 'tile'; keys: simple_instances (1..1024)"},
+           {"max_tile", "is not key=value"},
+           {"max_tile=16,max_tile=32", "given twice"},
+       }) {
+    CAPTURE(c.value);
+    passes::ProtocolOptions q;
+    CHECK(contains(invalid([&] { rt::env::apply_tune(c.value, &q); }), c.says));
+  }
+}
+
+TEST_CASE("env: MK_ALGO items must name a collective and one of its schedules") {
+  auto m = rt::env::parse_algo("allreduce=allreduce.ring,allgather=allgather.ring");
+  CHECK(m.size() == 2);
+  CHECK(m[Collective::allreduce] == "allreduce.ring");
+  struct Case {
+    const char* value;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"allreduce", "item 'allreduce' is not key=value"},
+           {"allreduce=allreduce.ring,", "item '' is not key=value"},
+           {"allsum=allreduce.ring", "'allsum' is not a collective"},
+           {"allreduce=allreduce.nope", "no schedule named 'allreduce.nope'"},
+           {"allreduce=allgather.ring", "schedule 'allgather.ring' implements allgather, not allreduce"},
+           {"allreduce=allreduce.ring,allreduce=allreduce.one_shot", "'allreduce' is given twice"},
+       }) {
+    CAPTURE(c.value);
+    const std::string msg = invalid([&] { rt::env::parse_algo(c.value); });
+    CHECK(contains(msg, std::string("MK_ALGO='") + c.value + "'"));
+    CHECK(contains(msg, c.says));
+  }
+}
+
+TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
+  mkt::ScopedEnv a("MK_ALGO", "allgather=allgather.ring,allreduce=allreduce.ring");
+  mkt::ScopedEnv t("MK_TUNE", "ll_max=4096");
+  mkt::ScopedEnv z("MK_ZERO_COPY", "");
+  mkt::ScopedEnv s("MK_SCRATCH_BYTES", "00000002097152");
+  mkt::ScopedEnv p("MK_PLAN_DIR", "");
+  const auto v = rt::env::plan_shaping_settings();
+  std::vector<std::string> names;
+  for (const auto& [n, x] : v) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"MK_ALGO", "MK_TUNE", "MK_ZERO_COPY", "MK_ZERO_COPY_MIN_BYTES",
+                                          "MK_SCRATCH_BYTES", "MK_FLAG_BYTES", "MK_MAX_REGISTRATIONS", "MK_PLAN_DIR",
+                                          "mkernel version", "compiler"});
+  CHECK(v[0].second == "allreduce=allreduce.ring,allgather=allgather.ring");  // collective order, not the user's
+  CHECK(v[1].second == "simple_instances=16,ll_instances=4,max_tile=262144,ll_max=4096,scratch_budget=33554432");
+  CHECK(v[2].second == "1");
+  CHECK(v[3].second == "4194304");
+  CHECK(v[4].second == "2097152");
+  CHECK(v[7].second == "none");
+  CHECK(!v[9].second.empty());
+  mkt::ScopedEnv bad("MK_FLAG_BYTES", "1M");
+  CHECK(contains(invalid([] { rt::env::plan_shaping_settings(); }), "MK_FLAG_BYTES='1M'"));
+}
