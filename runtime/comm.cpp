@@ -98,6 +98,46 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
   }
 }
 
+// Settings that shape plans or memory layout must be the same on every rank
+// (env::plan_shaping_settings): every rank sees every rank's values, so every
+// rank fails alike, naming the setting and the ranks.
+void agree_on_settings(Comm& c) {
+  // A rank whose settings do not parse says so in the exchange (every rank
+  // then fails with its message instead of waiting for it).
+  std::vector<std::pair<std::string, std::string>> mine;
+  std::string blob;
+  try {
+    mine = env::plan_shaping_settings();
+    for (const auto& [k, v] : mine) blob += k + '\n' + v + '\n';
+  } catch (const std::exception& e) {
+    blob = std::string("!") + e.what();
+  }
+  const auto all = c.boot->allgather(blob);
+  for (int r = 0; r < c.nranks; ++r)
+    if (!all[size_t(r)].empty() && all[size_t(r)][0] == '!')
+      fail(r == c.rank ? mkInvalidArgument : mkInvalidUsage,
+           fmt::format("rank {}: {}", r, all[size_t(r)].substr(1)));
+  for (int r = 0; r < c.nranks; ++r) {
+    if (all[size_t(r)] == blob) continue;
+    // Name the first setting that differs.
+    std::vector<std::string> lines;
+    size_t at = 0;
+    for (size_t nl; (nl = all[size_t(r)].find('\n', at)) != std::string::npos; at = nl + 1)
+      lines.push_back(all[size_t(r)].substr(at, nl - at));
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const std::string theirs = 2 * i + 1 < lines.size() ? lines[2 * i + 1] : "?";
+      if (2 * i < lines.size() && lines[2 * i] == mine[i].first && theirs == mine[i].second) continue;
+      const std::string shown_mine = mine[i].second.empty() ? "(unset)" : "'" + mine[i].second + "'";
+      const std::string shown_theirs = theirs.empty() ? "(unset)" : "'" + theirs + "'";
+      fail(mkInvalidUsage, fmt::format("ranks disagree on {}: rank {} has {}, rank {} has {}; settings that shape "
+                                       "plans or memory must be the same on every rank",
+                                       mine[i].first, std::min(c.rank, r), c.rank < r ? shown_mine : shown_theirs,
+                                       std::max(c.rank, r), c.rank < r ? shown_theirs : shown_mine));
+    }
+    fail(mkInvalidUsage, fmt::format("rank {} runs a different mKernel version (its settings cannot be compared)", r));
+  }
+}
+
 void connect(Comm& c, const std::vector<RankInfo>& all) {
   check_peers(c, all);
   if (!c.config.net_name.empty() && c.config.net_name != "p2p")
@@ -198,6 +238,7 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
       std::memcpy(&all[size_t(r)], blobs[size_t(r)].data(), sizeof(RankInfo));
     }
   }
+  if (c.boot) agree_on_settings(c);
   connect(c, all);
   if (c.boot) c.boot->barrier();  // every grant and mapping done before any kernel runs
   debug_log(fmt::format("rank {}/{} on GPU {} (sm_{}), {} peer(s) in other processes, {} rank(s) on this GPU", rank,

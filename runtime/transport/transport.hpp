@@ -33,7 +33,6 @@ struct RankInfo {
   uint8_t uuid[16];
   uint64_t arena_base;
   uint64_t arena_size;
-  uint8_t settings[32];  // hash of the settings that shape plans and memory (env.hpp)
 };
 
 // Everything a transport needs to connect one rank.

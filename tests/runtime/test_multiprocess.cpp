@@ -122,32 +122,42 @@ int run_rank(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
-}  // namespace
-
-// argv: --mkt-child RANK NRANKS ID_HEX
-int mkt_child_main(int argc, char** argv) {
-  mkUniqueId id;
-  if (argc != 5 || !from_hex(argv[4], &id, sizeof id)) {
-    std::fprintf(stderr, "usage: --mkt-child RANK NRANKS ID_HEX\n");
-    return 2;
-  }
-  return run_rank(std::atoi(argv[2]), std::atoi(argv[3]), id);
+// Init must fail on every rank, with a message that has every piece of `want`.
+int expect_init_failure(int rank, int nranks, const mkUniqueId& id, mkResult_t code,
+                        const std::vector<std::string>& want) {
+  g_rank = rank;
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  const mkResult_t r = mkCommInitRank(&comm, nranks, id, rank);
+  const std::string msg = mkGetLastError(nullptr);
+  std::fprintf(stderr, "rank %d: %s\n", rank, msg.c_str());
+  CHILD_CHECK(r == code);
+  CHILD_CHECK(comm == nullptr);
+  for (const auto& w : want) CHILD_CHECK(msg.find(w) != std::string::npos);
+  return 0;
 }
 
-TEST_CASE("two processes: ranks share arenas and registered buffers, launch, and destroy cleanly") {
-  MKT_REQUIRE_FAKE();
+// Ranks started again as fresh processes, each with its own extra
+// environment; every one must exit 0 within 120 s.
+void run_ranks(int nranks, const std::string& scenario, const std::vector<std::vector<std::string>>& env) {
   mkUniqueId id;
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
   const std::string hex = to_hex(&id, sizeof id);
+  const std::string n = std::to_string(nranks);
   std::vector<pid_t> pids;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < nranks; ++r) {
     const std::string rank = std::to_string(r);
     pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
       // A rank whose peer failed gives up at the next all-gather, well before our deadline.
       setenv("MK_BOOTSTRAP_TIMEOUT_MS", "30000", 0);
-      const char* args[] = {"mk_runtime_tests", "--mkt-child", rank.c_str(), "2", hex.c_str(), nullptr};
+      if (size_t(r) < env.size())
+        for (const auto& kv : env[size_t(r)]) putenv(const_cast<char*>(kv.c_str()));
+      const char* args[] = {"mk_runtime_tests", "--mkt-child", rank.c_str(), n.c_str(), hex.c_str(),
+                            scenario.c_str(), nullptr};
       ::execv("/proc/self/exe", const_cast<char* const*>(args));
       _exit(127);
     }
@@ -180,4 +190,41 @@ TEST_CASE("two processes: ranks share arenas and registered buffers, launch, and
     CHECK(WIFEXITED(status[i]));
     CHECK(WEXITSTATUS(status[i]) == 0);
   }
+}
+
+}  // namespace
+
+// argv: --mkt-child RANK NRANKS ID_HEX [SCENARIO]
+int mkt_child_main(int argc, char** argv) {
+  mkUniqueId id;
+  if ((argc != 5 && argc != 6) || !from_hex(argv[4], &id, sizeof id)) {
+    std::fprintf(stderr, "usage: --mkt-child RANK NRANKS ID_HEX [SCENARIO]\n");
+    return 2;
+  }
+  const int rank = std::atoi(argv[2]), nranks = std::atoi(argv[3]);
+  const std::string scenario = argc == 6 ? argv[5] : "share";
+  if (scenario == "share") return run_rank(rank, nranks, id);
+  if (scenario == "settings")
+    return expect_init_failure(rank, nranks, id, mkInvalidUsage,
+                               {"ranks disagree on MK_ALGO", "rank 0 has (unset)", "rank 1 has 'allreduce=allreduce.ring'"});
+  if (scenario == "bad_env")
+    return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
+                               {"rank 1:", "MK_TUNE"});
+  std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+  return 2;
+}
+
+TEST_CASE("two processes: ranks share arenas and registered buffers, launch, and destroy cleanly") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "share", {});
+}
+
+TEST_CASE("two processes: a setting that shapes plans differs between ranks: init fails on both, naming it") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "settings", {{}, {"MK_ALGO=allreduce=allreduce.ring"}});
+}
+
+TEST_CASE("two processes: a malformed setting on one rank fails init on both, with that rank's message") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "bad_env", {{}, {"MK_TUNE=simple_instances=2abc"}});
 }
