@@ -279,6 +279,7 @@ void run_checked(World& w, const CallSpec& s, int launch = 0) {
     CK_CUDA(cudaSetDevice(w.local[i].device));
     prepare(w, w.local[i], s, bufs[i], launch);
   }
+  const auto t0 = std::chrono::steady_clock::now();
   CK_MK(mkGroupStart(), nullptr);
   for (size_t i = 0; i < w.local.size(); ++i) {
     CK_CUDA(cudaSetDevice(w.local[i].device));
@@ -288,6 +289,11 @@ void run_checked(World& w, const CallSpec& s, int launch = 0) {
   }
   CK_MK(mkGroupEnd(), nullptr);
   sync_all(w);
+  // A call that takes far longer than its size explains (a first use that
+  // compiles, or kernels that cannot all run at once) is worth a line.
+  static const double slow_ms = std::getenv("MK_TEST_SLOW_MS") ? std::atof(std::getenv("MK_TEST_SLOW_MS")) : 0;
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (slow_ms > 0 && ms > slow_ms) std::printf("    slow: %s took %.1f ms\n", describe(s, w.nranks).c_str(), ms);
   check_async(w);
   for (size_t i = 0; i < w.local.size(); ++i) {
     CK_CUDA(cudaSetDevice(w.local[i].device));
@@ -322,6 +328,7 @@ void destroy(World& w) {
     if (r.comm) CK_MK(mkCommDestroy(r.comm), nullptr);
     if (r.stream) cudaStreamDestroy(r.stream);
     r.comm = nullptr;
+    r.stream = nullptr;  // bad_input destroys its world early; the second destroy must not touch it
   }
 }
 
