@@ -154,6 +154,24 @@ class Communicator {
     check(mkCommInitRank(&c, nranks, id.raw(), rank));
     return Communicator(c);
   }
+  // With a configuration; nonblocking (config.blocking = 0) returns at once:
+  // wait until async_error() is no longer mkInProgress.
+  static Communicator init_rank(int nranks, const UniqueId& id, int rank, const mkConfig_t& config) {
+    mkComm_t c = nullptr;
+    const mkResult_t r = mkCommInitRankConfig(&c, nranks, id.raw(), rank, &config);
+    if (r != mkInProgress) check(r);
+    return Communicator(c);
+  }
+  // Collective: ranks with the same color form a communicator ordered by key.
+  // MK_SPLIT_NOCOLOR: an empty Communicator (get() == nullptr).
+  Communicator split(int color, int key, const mkConfig_t* config = nullptr) const {
+    mkComm_t c = nullptr;
+    check(mkCommSplit(c_, color, key, &c, config), c_);
+    return Communicator(c);
+  }
+  // Waits for every collective issued on this communicator; then only
+  // destruction is allowed.
+  void finalize() { check(mkCommFinalize(c_), c_); }
   static std::vector<Communicator> init_all(const std::vector<int>& devices) {
     std::vector<mkComm_t> raw(devices.size());
     check(mkCommInitAll(raw.data(), int(devices.size()), devices.data()));
@@ -178,7 +196,8 @@ class Communicator {
     check(mkCommCuDevice(c_, &d), c_);
     return d;
   }
-  // mkSuccess, or the error a collective hit asynchronously (watchdog).
+  // mkSuccess, mkInProgress (nonblocking init), or the sticky error a
+  // collective hit (watchdog, a peer's abort). Cheap; any thread.
   mkResult_t async_error() const {
     mkResult_t e = mkSuccess;
     check(mkCommGetAsyncError(c_, &e), c_);

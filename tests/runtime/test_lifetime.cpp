@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "mk/mk.hpp"
 #include "tests/runtime/fake.hpp"
 
 using mkt::cu;
@@ -499,4 +500,24 @@ TEST_CASE("mkCommFinalize waits for the communicator's work; afterwards only des
   CHECK(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, dev.stream) == mkInvalidUsage);
   CHECK(std::string(mkGetLastError(comm)).find("finalized") != std::string::npos);
   CHECK(mkCommDestroy(comm) == mkSuccess);
+}
+
+TEST_CASE("C++ API: nonblocking init, split and finalize") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  auto comm = mk::Communicator::init_rank(1, mk::UniqueId::create(), 0, cfg);
+  REQUIRE(comm.get() != nullptr);
+  const auto t0 = Clock::now();
+  while (comm.async_error() == mkInProgress && ms_since(t0) < 10000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(comm.async_error() == mkSuccess);
+  mk::Communicator child = comm.split(0, 0);
+  CHECK(child.size() == 1);
+  mk::Communicator none = comm.split(MK_SPLIT_NOCOLOR, 0);
+  CHECK(none.get() == nullptr);
+  child.finalize();
+  comm.finalize();
+  CHECK_THROWS_AS(comm.split(0, 0), mk::RuntimeError);  // finalized: only destruction is allowed
 }
