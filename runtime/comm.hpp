@@ -118,7 +118,7 @@ struct PlanCache {
     int64_t lo, hi;  // inclusive, hi -1 unbounded
     PlanInstance* inst;
   };
-  static constexpr size_t kSlots = size_t(6) * kNumDTypes * kNumRedOps;
+  static constexpr size_t kSlots = size_t(kNumCollectives) * kNumDTypes * kNumRedOps;
   std::vector<Range> fast[2][kSlots];  // [zero-copy][collective, dtype, op]
   std::vector<std::unique_ptr<PlanInstance>> owned;
   std::mutex res_mu;
