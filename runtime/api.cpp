@@ -176,10 +176,7 @@ mkResult_t mkCommGetAsyncError(mkComm_t comm, mkResult_t* asyncError) {
     if (!asyncError) fail(mkInvalidArgument, "mkCommGetAsyncError: asyncError is NULL");
     std::string msg;
     *asyncError = lifecycle_async_error(comm, &msg);
-    if (!msg.empty()) {
-      t_last_error = msg;
-      acquire(comm)->set_last_error(msg);
-    }
+    if (!msg.empty()) t_last_error = msg;
   });
 }
 

@@ -46,7 +46,8 @@ void setup_device(Comm& c, int device) {
 void setup_memory(Comm& c) {
   const Driver& d = cu();
   CtxGuard g(c.ctx);
-  c.arena.allocate(c.cudev, size_t(c.config.flag_bytes + c.config.scratch_bytes));
+  c.arena->allocate(c.cudev, size_t(c.config.flag_bytes + c.config.scratch_bytes));
+  publish_arena(c.arena);
   MK_CU(d.cuEventCreate(&c.done_event, CU_EVENT_DISABLE_TIMING), "creating an event");
   void* host = nullptr;
   MK_CU(d.cuMemHostAlloc(&host, sizeof(HostFlags), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
@@ -75,8 +76,8 @@ RankInfo local_info(const Comm& c) {
   CUuuid uuid{};
   cu().cuDeviceGetUuid(&uuid, c.cudev);
   std::memcpy(me.uuid, uuid.bytes, 16);
-  me.arena_base = c.arena.base();
-  me.arena_size = c.arena.size();
+  me.arena_base = c.arena->base();
+  me.arena_size = c.arena->size();
   return me;
 }
 
@@ -148,7 +149,7 @@ void connect(Comm& c, const std::vector<RankInfo>& all) {
   s.nranks = c.nranks;
   s.cudev = c.cudev;
   s.ctx = c.ctx;
-  s.arena = &c.arena;
+  s.arena = c.arena;
   s.all = &all;
   s.boot = c.boot.get();
   s.timeout_ms = bootstrap_timeout_ms();
@@ -619,7 +620,7 @@ void Comm::release() {
   host = nullptr;
   done_event = nullptr;
   transport.reset();
-  arena.release();
+  arena.reset();
 }
 
 void Comm::abandon() {
@@ -634,7 +635,7 @@ void Comm::abandon() {
     for (auto& r : plans.resources) (void)r.release();
   }
   (void)transport.release();
-  arena.abandon();
+  arena->abandon();
 }
 
 Comm::~Comm() {

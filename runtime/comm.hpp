@@ -155,7 +155,10 @@ class Comm {
   // ---- memory and peers ----
   std::unique_ptr<Bootstrap> boot;  // null for mkCommInitAll and single-rank comms
   std::atomic<Bootstrap*> boot_live{nullptr};  // `boot` once set, for abort from another thread
-  Arena arena;
+  // Shared with the ranks of this process that address it (p2p), so that a
+  // peer's abort word write or a running kernel never lands in memory freed
+  // by this rank's destroy: the arena goes with its last user.
+  std::shared_ptr<Arena> arena = std::make_shared<Arena>();
   std::unique_ptr<Transport> transport;
   std::vector<CUdeviceptr> peer_base;  // arena base of every rank, as this GPU sees it
   HostFlags* host = nullptr;           // host-mapped

@@ -60,8 +60,9 @@ int64_t zero_copy_min_bytes() {
   return v;
 }
 
-// A validated call, ready to launch (groups queue these; the reference keeps
-// the communicator alive until the group ends).
+// A validated call, ready to launch. Queued in a group it keeps only a weak
+// reference: a destroy or abort from any thread is not held up by a group
+// that is still open (mkGroupEnd then fails).
 struct Pending {
   Call k;
   std::shared_ptr<Comm> c;
@@ -75,6 +76,7 @@ struct Pending {
   bool need_recv;        // reduce: only the root's receive buffer is written
   bool zc = false;       // every buffer of the call is registered: zero-copy plan
   Comm::ZcCall zcc;
+  std::weak_ptr<Comm> weak;  // instead of `c` while queued in a group
 };
 
 struct GroupState {
@@ -246,10 +248,11 @@ void launch_locked(Pending& p, PlanInstance& inst) {
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   MK_CU(cu().cuStreamIsCapturing(p.stream, &capture), std::string(api) + ": querying the stream's capture status");
   const bool eager = capture == CU_STREAM_CAPTURE_STATUS_NONE;
-  // One communicator's kernels must not overlap: a new stream waits for the
-  // previous launch (done_event is valid even if that stream is gone).
-  if (eager && c.used && p.stream != c.last_stream)
-    MK_CU(cu().cuStreamWaitEvent(p.stream, c.done_event, 0), "ordering streams");
+  // One communicator's kernels must not overlap: every launch waits for the
+  // previous one (done_event is valid even if that stream is gone). Always,
+  // not only when the handle changes: cudaStreamPerThread names another
+  // stream on every thread, and a destroyed stream's handle may come back.
+  if (eager && c.used) MK_CU(cu().cuStreamWaitEvent(p.stream, c.done_event, 0), "ordering streams");
   const plan::Kernel& kern = *inst.kernel;
   dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
   void* params[] = {&a};
@@ -275,6 +278,8 @@ void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(c->mu);  // the one lock of the hot path
   check_locked(p);
   if (t_group.depth > 0) {
+    p.weak = p.c;
+    p.c.reset();
     t_group.pending.push_back(std::move(p));
     return;
   }
@@ -305,15 +310,38 @@ void group_end() {
   // First every plan instance (code loads and allocations may wait for
   // running kernels), then every launch: kernels of one group wait for
   // each other, so none may be launched before all can be.
+  for (auto& p : calls) {
+    p.c = p.weak.lock();
+    if (!p.c || p.c->closing.load())
+      fail(mkInvalidUsage, fmt::format("mkGroupEnd: a communicator of the group was destroyed or aborted before "
+                                       "mkGroupEnd; none of the group's {} call(s) was launched",
+                                       calls.size()));
+  }
   std::vector<PlanInstance*> inst;
   for (auto& p : calls) {
     p.c->check_usable(api_name_of(p.k.coll));
     std::lock_guard<std::mutex> lock(p.c->mu);
     inst.push_back(&resolve_locked(p));
   }
-  for (size_t i = 0; i < calls.size(); ++i) {
-    std::lock_guard<std::mutex> lock(calls[i].c->mu);
-    launch_locked(calls[i], *inst[i]);
+  for (auto& p : calls) p.c->check_usable(api_name_of(p.k.coll));
+  size_t launched = 0;
+  try {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      std::lock_guard<std::mutex> lock(calls[i].c->mu);
+      launch_locked(calls[i], *inst[i]);
+      ++launched;
+    }
+  } catch (const RtError& e) {
+    // Part of the group runs and waits for the rest, which never comes: stop
+    // it now, on every communicator of the group, and make that sticky.
+    if (launched > 0)
+      for (auto& p : calls) {
+        p.c->set_error(e.code(), fmt::format("mkGroupEnd launched {} of the group's {} calls, then failed: {}; the "
+                                             "communicator is unusable, call mkCommAbort",
+                                             launched, calls.size(), e.what()));
+        p.c->raise_abort();
+      }
+    throw;
   }
 }
 

@@ -1,5 +1,6 @@
 #include "runtime/handles.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -54,6 +55,9 @@ bool wait_sole_owner(const std::shared_ptr<Comm>& c, int64_t bound_ms) {
     if (bound_ms >= 0 && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(bound_ms)) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  // What the other threads wrote before dropping their references happens
+  // before the caller frees.
+  std::atomic_thread_fence(std::memory_order_acquire);
   return true;
 }
 

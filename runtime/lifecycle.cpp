@@ -27,6 +27,10 @@ void init_body(const std::shared_ptr<Comm>& c, int nranks, const mkUniqueId& id,
   try {
     comm_init_rank(*c, nranks, id, rank, device);
     c->state.store(int(CommState::ready));
+    // An abort that came after init's last check of `closing` but before
+    // `ready` skipped raising the abort words (raise_abort leaves an
+    // initialising communicator alone): raise them now.
+    if (c->closing.load()) c->raise_abort();
   } catch (const RtError& e) {
     c->set_error(e.code(), e.what());
     c->state.store(int(CommState::failed));
@@ -82,7 +86,7 @@ void lifecycle_close(mkComm_t h, bool abort) {
   }
   // Calls still inside on other threads fail at their next check; let them
   // leave. If one takes longer, it frees the communicator when it returns.
-  wait_sole_owner(c, abort ? kCallDrainMs : -1);
+  wait_sole_owner(c, kCallDrainMs);
   // ~Comm waits (bounded) for this communicator's kernels, then frees.
 }
 
@@ -99,7 +103,10 @@ void lifecycle_finalize(mkComm_t h) {
 mkResult_t lifecycle_async_error(mkComm_t h, std::string* message) {
   std::shared_ptr<Comm> c = acquire(h);
   const mkResult_t r = c->poll_async_error();
-  if (r != mkSuccess && r != mkInProgress) *message = c->error_message();
+  if (r != mkSuccess && r != mkInProgress) {
+    *message = c->error_message();
+    c->set_last_error(*message);
+  }
   return r;
 }
 
@@ -122,14 +129,20 @@ std::vector<SplitEntry> members_of(std::vector<SplitEntry> all, int color) {
 }
 
 // Ranks of one process (mkCommInitAll) meet here: each thread posts its
-// (color, key); the last to arrive builds every child communicator.
+// (color, key); the last to arrive builds every child communicator. Each
+// round keeps its own results until every rank has taken its own, so a rank
+// that splits again at once cannot disturb the round before.
+struct SplitRound {
+  std::vector<std::shared_ptr<Comm>> results;  // by parent rank
+  std::string error;
+  int untaken = 0;
+};
 struct CliqueSplit {
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t round = 0;
+  uint64_t round = 0;  // the round being posted to
   std::vector<SplitEntry> posted;
-  std::vector<std::shared_ptr<Comm>> results;  // by parent rank
-  std::string error;
+  std::map<uint64_t, SplitRound> done;
 };
 
 std::mutex& clique_split_mutex() {
@@ -141,6 +154,38 @@ std::map<const Clique*, std::shared_ptr<CliqueSplit>>& clique_splits() {
   return m;
 }
 
+// Builds the children of one round; on failure none survives.
+SplitRound build_round(const Comm& parent, const std::vector<SplitEntry>& all) {
+  SplitRound out;
+  out.results.assign(size_t(parent.nranks), nullptr);
+  out.untaken = parent.nranks;
+  try {
+    std::vector<int> colors;
+    for (const auto& e : all)
+      if (e.color != MK_SPLIT_NOCOLOR && std::find(colors.begin(), colors.end(), e.color) == colors.end())
+        colors.push_back(e.color);
+    std::vector<Comm*> members;
+    {
+      std::lock_guard<std::mutex> cl(parent.clique->mu);
+      members = parent.clique->members;
+    }
+    for (int col : colors) {
+      auto m = members_of(all, col);
+      std::vector<int> devs;
+      for (const auto& e : m) {
+        if (!members[size_t(e.rank)]) fail(mkInvalidUsage, "mkCommSplit: a rank of the parent was destroyed");
+        devs.push_back(members[size_t(e.rank)]->device);
+      }
+      auto children = comm_init_all(int(devs.size()), devs.data(), parent.config);
+      for (size_t i = 0; i < m.size(); ++i) out.results[size_t(m[i].rank)] = children[i];
+    }
+  } catch (const std::exception& e) {
+    out.error = e.what();
+    out.results.assign(size_t(parent.nranks), nullptr);  // the children built so far go
+  }
+  return out;
+}
+
 std::shared_ptr<Comm> split_in_process(Comm& parent, int color, int key) {
   std::shared_ptr<CliqueSplit> s;
   {
@@ -150,44 +195,17 @@ std::shared_ptr<Comm> split_in_process(Comm& parent, int color, int key) {
     s = slot;
   }
   std::unique_lock<std::mutex> lock(s->mu);
-  if (s->posted.empty()) {
-    s->results.assign(size_t(parent.nranks), nullptr);
-    s->error.clear();
-  }
   const uint64_t my_round = s->round;
   s->posted.push_back({color, key, parent.rank});
   if (int(s->posted.size()) == parent.nranks) {
     // The last rank builds every child (one process: devices by address).
-    std::vector<SplitEntry> all = s->posted;
-    try {
-      std::vector<int> colors;
-      for (const auto& e : all)
-        if (e.color != MK_SPLIT_NOCOLOR && std::find(colors.begin(), colors.end(), e.color) == colors.end())
-          colors.push_back(e.color);
-      std::vector<Comm*> members;
-      {
-        std::lock_guard<std::mutex> cl(parent.clique->mu);
-        members = parent.clique->members;
-      }
-      for (int col : colors) {
-        auto m = members_of(all, col);
-        std::vector<int> devs;
-        for (const auto& e : m) {
-          if (!members[size_t(e.rank)]) fail(mkInvalidUsage, "mkCommSplit: a rank of the parent was destroyed");
-          devs.push_back(members[size_t(e.rank)]->device);
-        }
-        auto children = comm_init_all(int(devs.size()), devs.data(), parent.config);
-        for (size_t i = 0; i < m.size(); ++i) s->results[size_t(m[i].rank)] = children[i];
-      }
-    } catch (const std::exception& e) {
-      s->error = e.what();
-    }
+    s->done[my_round] = build_round(parent, s->posted);
     s->posted.clear();
     ++s->round;
     s->cv.notify_all();
   } else {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(bootstrap_timeout_ms());
-    if (!s->cv.wait_until(lock, deadline, [&] { return s->round != my_round; })) {
+    if (!s->cv.wait_until(lock, deadline, [&] { return s->done.count(my_round) != 0; })) {
       s->posted.erase(std::remove_if(s->posted.begin(), s->posted.end(),
                                      [&](const SplitEntry& e) { return e.rank == parent.rank; }),
                       s->posted.end());
@@ -197,8 +215,12 @@ std::shared_ptr<Comm> split_in_process(Comm& parent, int color, int key) {
                                        parent.rank, bootstrap_timeout_ms()));
     }
   }
-  if (!s->error.empty()) fail(mkInvalidUsage, "mkCommSplit: " + s->error);
-  return std::exchange(s->results[size_t(parent.rank)], nullptr);
+  SplitRound& r = s->done[my_round];
+  std::shared_ptr<Comm> mine = std::exchange(r.results[size_t(parent.rank)], nullptr);
+  const std::string error = r.error;
+  if (--r.untaken == 0) s->done.erase(my_round);
+  if (!error.empty()) fail(mkInvalidUsage, "mkCommSplit: " + error);
+  return mine;
 }
 
 std::shared_ptr<Comm> split_across(Comm& parent, int color, int key, const mkConfig_t* config) {

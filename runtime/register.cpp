@@ -281,10 +281,20 @@ void comm_register(Comm& c, void* buff, size_t size, void** handle) {
 }
 
 void comm_deregister(Comm& c, void* handle) {
-  std::lock_guard<std::mutex> lock(c.mu);
+  std::unique_lock<std::mutex> lock(c.mu);
   auto it = c.regs.by_base.find(reinterpret_cast<uintptr_t>(handle));
   const bool known = it != c.regs.by_base.end();
   const int w = known ? it->second.window : -1;
+  // The calls that use the buffer must have completed: this communicator's
+  // kernels (not the whole device), waited for without holding the lock.
+  auto drain = [&] {
+    lock.unlock();
+    const bool idle = c.wait_idle(c.config.timeout_ns == 0 ? -1 : int64_t(c.config.timeout_ns / 1000000) + 5000);
+    lock.lock();
+    if (!idle) fail(mkRemoteError, "mkCommDeregister: kernels that may use the buffer did not finish");
+    it = c.regs.by_base.find(reinterpret_cast<uintptr_t>(handle));  // another thread may have changed the table
+    if (it == c.regs.by_base.end()) fail(mkInvalidUsage, "mkCommDeregister: the handle was deregistered meanwhile");
+  };
   if (c.boot && c.nranks > 1) {
     // Collective: every peer drops its mapping of this rank's window.
     auto blobs = c.boot->allgather(std::string(reinterpret_cast<const char*>(&w), sizeof w));
@@ -298,12 +308,7 @@ void comm_deregister(Comm& c, void* handle) {
                                          p));
       }
     }
-    // The calls that use the buffer must have completed (this
-    // communicator's kernels: not the whole device).
-    c.mu.unlock();
-    const bool idle = c.wait_idle(c.config.timeout_ns == 0 ? -1 : int64_t(c.config.timeout_ns / 1000000) + 5000);
-    c.mu.lock();
-    if (!idle) fail(mkRemoteError, "mkCommDeregister: kernels that may use the buffer did not finish");
+    drain();
     for (int p = 0; p < c.nranks; ++p) {
       int32_t pw = -1;
       std::memcpy(&pw, blobs[size_t(p)].data(), sizeof pw);
@@ -313,6 +318,7 @@ void comm_deregister(Comm& c, void* handle) {
       if (it->second.imports[size_t(p)]) close_import(it->second.imports[size_t(p)], c.ctx);
   } else {
     if (!known) fail(mkInvalidArgument, "mkCommDeregister: handle was not registered");
+    drain();
     publish_in_process(c, w, 0, 0);
   }
   c.regs.by_base.erase(it);

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <map>
+#include <memory>
 #include <mutex>
 
 #include "runtime/bootstrap.hpp"
@@ -24,6 +26,30 @@ void check_peer_access(CUdevice a, CUdevice b) {
     fail(mkSystemError, fmt::format("GPUs {} and {} cannot access each other's memory (no NVLink or PCIe peer "
                                     "access); mKernel's intra-node transport needs peer access",
                                     a, b));
+}
+
+namespace {
+std::mutex& arenas_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<CUdeviceptr, std::weak_ptr<Arena>>& arenas() {
+  static auto* m = new std::map<CUdeviceptr, std::weak_ptr<Arena>>;
+  return *m;
+}
+// A live arena of this process by base address, or null.
+std::shared_ptr<Arena> find_arena(CUdeviceptr base) {
+  std::lock_guard<std::mutex> lock(arenas_mutex());
+  auto it = arenas().find(base);
+  return it == arenas().end() ? nullptr : it->second.lock();
+}
+}  // namespace
+
+void publish_arena(const std::shared_ptr<Arena>& a) {
+  std::lock_guard<std::mutex> lock(arenas_mutex());
+  for (auto it = arenas().begin(); it != arenas().end();)  // forget the dead ones
+    it = it->second.expired() ? arenas().erase(it) : std::next(it);
+  arenas()[a->base()] = a;
 }
 
 uint64_t process_token() {
@@ -55,6 +81,13 @@ class P2pTransport final : public Transport {
       const RankInfo& p = all[size_t(r)];
       if (p.token == me.token) {
         base_[size_t(r)] = p.arena_base;
+        if (r != s.rank) {
+          // Held for as long as this rank addresses it (see publish_arena).
+          std::shared_ptr<Arena> a = find_arena(CUdeviceptr(p.arena_base));
+          if (!a || a->base() != CUdeviceptr(p.arena_base))
+            fail(mkInvalidUsage, fmt::format("rank {}'s symmetric memory is gone (was it destroyed during init?)", r));
+          local_.push_back(std::move(a));
+        }
         if (p.device != me.device) {
           check_peer_access(s.cudev, CUdevice(p.device));
           local_devices.push_back(CUdevice(p.device));
@@ -94,6 +127,7 @@ class P2pTransport final : public Transport {
  private:
   std::vector<CUdeviceptr> base_;
   std::vector<std::unique_ptr<PeerMapping>> mappings_;  // peers in other processes
+  std::vector<std::shared_ptr<Arena>> local_;           // peers in this process
   int remote_ = 0;
 };
 

@@ -41,7 +41,7 @@ struct TransportSetup {
   int nranks = 0;
   CUdevice cudev = 0;
   CUcontext ctx = nullptr;
-  Arena* arena = nullptr;                // this rank's symmetric memory
+  std::shared_ptr<Arena> arena;          // this rank's symmetric memory
   const std::vector<RankInfo>* all = nullptr;  // every rank's info, by rank
   Bootstrap* boot = nullptr;             // null when every rank is in this process
   int timeout_ms = 0;
@@ -62,6 +62,10 @@ class Transport {
 
 // Peer memory inside a node: CUDA P2P within the process, VMM fds across.
 std::unique_ptr<Transport> make_p2p_transport();
+
+// Makes `a` findable by its base address for the other ranks of this process
+// (p2p keeps a reference to each peer's arena it addresses).
+void publish_arena(const std::shared_ptr<Arena>& a);
 
 // Identifies this process among the ranks (a pid alone repeats across
 // containers on one host); a forked child gets its own.

@@ -521,3 +521,155 @@ TEST_CASE("C++ API: nonblocking init, split and finalize") {
   comm.finalize();
   CHECK_THROWS_AS(comm.split(0, 0), mk::RuntimeError);  // finalized: only destruction is allowed
 }
+
+TEST_CASE("destroy is not held up by a group still open on this thread; mkGroupEnd then fails cleanly") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  mkt::Buffer buf(dev, 1 << 16);
+  mkComm_t comm = one_rank();
+  const int64_t launches = mkt::counts().launches;
+  REQUIRE(mkGroupStart() == mkSuccess);
+  REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+  const auto t0 = Clock::now();
+  CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHECK(ms_since(t0) < 2000);
+  CHECK(mkGroupEnd() == mkInvalidUsage);
+  CHECK(std::string(mkGetLastError(nullptr)).find("destroyed or aborted before mkGroupEnd") != std::string::npos);
+  CHECK(mkt::counts().launches == launches);
+}
+
+TEST_CASE("a peer's arena in this process outlives the peer's destroy while this rank addresses it") {
+  MKT_REQUIRE_FAKE();
+  Pair p;
+  REQUIRE(p.allreduce() == mkSuccess);
+  const int64_t mapped = mkt::counts().vmm_mappings;
+  CHECK(mkCommDestroy(p.c[1]) == mkSuccess);
+  p.c[1] = nullptr;
+  // Rank 0 still addresses rank 1's arena (its kernels and its abort write
+  // into it): it stays mapped until rank 0 goes.
+  CHECK(mkt::counts().vmm_mappings == mapped);
+  // A new communicator may get the freed address range of anything that was
+  // freed; rank 0's abort must not land in it.
+  REQUIRE(cu().cuCtxSetCurrent(p.d0.ctx) == CUDA_SUCCESS);
+  mkComm_t fresh = one_rank();
+  CHECK_MESSAGE(mkAllReduce(p.b0.ptr(), p.b0.ptr(), 64, mkFloat32, mkSum, fresh, p.d0.stream) == mkSuccess,
+                std::string(mkGetLastError(fresh)));
+  const int64_t with_fresh = mkt::counts().vmm_mappings;
+  CHECK(mkCommAbort(p.c[0]) == mkSuccess);
+  p.c[0] = nullptr;
+  CHECK(mkt::counts().vmm_mappings == with_fresh - 2);  // rank 0's arena and rank 1's, together
+  for (int i = 0; i < 2; ++i)
+    CHECK_MESSAGE(mkAllReduce(p.b0.ptr(), p.b0.ptr(), 64, mkFloat32, mkSum, fresh, p.d0.stream) == mkSuccess,
+                  std::string(mkGetLastError(fresh)));
+  CHECK(mkCommDestroy(fresh) == mkSuccess);
+}
+
+TEST_CASE("mkCommSplit back to back from the ranks' threads: every round gives every rank its child") {
+  MKT_REQUIRE_FAKE();
+  const int devs[2] = {0, 1};
+  mkComm_t parent[2] = {};
+  REQUIRE(mkCommInitAll(parent, 2, devs) == mkSuccess);
+  std::atomic<int> lost{0};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      mkt::Device d(r);
+      for (int round = 0; round < 20; ++round) {
+        mkComm_t child = nullptr;
+        if (mkCommSplit(parent[r], 0, r, &child, nullptr) != mkSuccess || !child) {
+          ++lost;
+          continue;
+        }
+        int n = 0;
+        if (mkCommCount(child, &n) != mkSuccess || n != 2) ++lost;
+        mkCommDestroy(child);
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(lost.load() == 0);
+  for (auto c : parent) CHECK(mkCommDestroy(c) == mkSuccess);
+}
+
+TEST_CASE("a group whose launch fails part-way stops what it launched and makes every communicator's error sticky") {
+  MKT_REQUIRE_FAKE();
+  auto fail_at = mkt::require_fn<decltype(mkfake_fail)>("mkfake_fail");
+  Pair p;
+  REQUIRE(p.allreduce() == mkSuccess);
+  REQUIRE(fail_at("cuLaunchKernel", 2, int(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)) == 0);
+  CHECK(p.allreduce() == mkUnhandledCudaError);
+  fail_at(nullptr, 0, 0);
+  // Rank 0's kernel was launched and would wait for rank 1's forever: both
+  // communicators are stopped (abort words raised) and report the failure.
+  const mk::dev::Args a0 = mkt::last_launch().args;
+  CHECK(a0.rank == 0);
+  CHECK(a0.host_abort[0] == 1);
+  for (mkComm_t c : p.c) {
+    mkResult_t e = mkSuccess;
+    CHECK(mkCommGetAsyncError(c, &e) == mkSuccess);
+    CHECK(e == mkUnhandledCudaError);
+    CHECK(std::string(mkGetLastError(c)).find("launched 1 of the group's 2 calls") != std::string::npos);
+  }
+  CHECK(p.allreduce() == mkUnhandledCudaError);
+  for (auto& c : p.c) CHECK(mkCommAbort(std::exchange(c, nullptr)) == mkSuccess);
+}
+
+TEST_CASE("mkCommFinalize blocks until the communicator's kernels are done") {
+  MKT_REQUIRE_FAKE();
+  auto hang = mkt::require_fn<decltype(mkfake_hang)>("mkfake_hang");
+  auto release = mkt::require_fn<decltype(mkfake_release)>("mkfake_release");
+  mkt::Device dev(0);
+  mkt::Buffer buf(dev, 1 << 16);
+  mkComm_t comm = one_rank();
+  hang(1);
+  REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+  hang(0);
+  std::atomic<int> result{-1};
+  std::thread t([&] { result = mkCommFinalize(comm); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(result.load() == -1);  // still waiting for the kernel
+  release();
+  t.join();
+  CHECK(result.load() == mkSuccess);
+  CHECK(mkCommDestroy(comm) == mkSuccess);
+}
+
+TEST_CASE("abort from another thread while a thread waits inside mkCommFinalize: both return, nothing freed early") {
+  MKT_REQUIRE_FAKE();
+  auto hang = mkt::require_fn<decltype(mkfake_hang)>("mkfake_hang");
+  mkt::Device dev(0);
+  mkt::Buffer buf(dev, 1 << 16);
+  mkComm_t comm = one_rank();
+  hang(1);
+  REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+  hang(0);
+  std::atomic<int> result{-1};
+  std::thread inside([&] { result = mkCommFinalize(comm); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(result.load() == -1);
+  const auto t0 = Clock::now();
+  CHECK(mkCommAbort(comm) == mkSuccess);  // its kernel stops on the abort word; the finalize returns
+  inside.join();
+  CHECK(ms_since(t0) < 3000);
+  CHECK(result.load() != mkSuccess);
+  CHECK(result.load() != -1);
+}
+
+TEST_CASE("abort during a nonblocking init whose peer never comes returns promptly") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  mkComm_t comm = nullptr;
+  REQUIRE(mkCommInitRankConfig(&comm, 2, id, 0, &cfg) == mkInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  mkResult_t e = mkSuccess;
+  REQUIRE(mkCommGetAsyncError(comm, &e) == mkSuccess);
+  CHECK(e == mkInProgress);
+  const auto t0 = Clock::now();
+  CHECK(mkCommAbort(comm) == mkSuccess);
+  CHECK(ms_since(t0) < 11000);  // bounded even if the init thread is not interruptible (drain bound)
+  int n = 0;
+  CHECK(mkCommCount(comm, &n) == mkInvalidArgument);
+}

@@ -71,9 +71,9 @@ int run_rank(int rank, int nranks, const mkUniqueId& id) {
   // Arenas: the last KiB of each rank's scratch (no plan uses it) gets a
   // pattern; the peer reads it through its imported mapping.
   const size_t tail = 1024;
-  const size_t at = c->arena.size() - tail;
-  CHILD_CHECK(c->peer_base[size_t(peer)] != 0 && c->peer_base[size_t(peer)] != c->arena.base());
-  CHILD_CHECK(cu().cuMemsetD8(c->arena.base() + at, (unsigned char)(0x50 + rank), tail) == CUDA_SUCCESS);
+  const size_t at = c->arena->size() - tail;
+  CHILD_CHECK(c->peer_base[size_t(peer)] != 0 && c->peer_base[size_t(peer)] != c->arena->base());
+  CHILD_CHECK(cu().cuMemsetD8(c->arena->base() + at, (unsigned char)(0x50 + rank), tail) == CUDA_SUCCESS);
   c->boot->barrier();
   CHILD_CHECK(all_bytes(c->peer_base[size_t(peer)] + at, tail, (unsigned char)(0x50 + peer)));
   c->boot->barrier();
