@@ -430,7 +430,32 @@ std::string refusal_text(int32_t status, int rank, int nranks) {
 
 }  // namespace
 
-Bootstrap::Bootstrap(const mkUniqueId& id, int nranks, int rank) : id_(bootstrap_decode(id)), nranks_(nranks), rank_(rank) {
+void BootstrapCancel::cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // a blocked read or write returns now
+}
+
+bool BootstrapCancel::cancelled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+bool BootstrapCancel::watch(int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fd_ = fd;
+  if (cancelled_ && fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  return !cancelled_;
+}
+
+void Bootstrap::close_fd() {
+  if (cancel_) cancel_->watch(-1);  // before the number can be reused
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+Bootstrap::Bootstrap(const mkUniqueId& id, int nranks, int rank, BootstrapCancel* cancel)
+    : id_(bootstrap_decode(id)), nranks_(nranks), rank_(rank), cancel_(cancel) {
   if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks)
     fail(mkInvalidArgument, "bootstrap: rank " + std::to_string(rank) + " of nranks " + std::to_string(nranks) +
                                 " is out of range (nranks 1.." + std::to_string(kMaxRanks) + ", rank 0..nranks-1)");
@@ -440,11 +465,15 @@ Bootstrap::Bootstrap(const mkUniqueId& id, int nranks, int rank) : id_(bootstrap
   sa.sin_port = id_.port;
   const auto deadline = Clock::now() + std::chrono::milliseconds(bootstrap_timeout_ms());
   fd_ = connect_root(sa, rank, deadline);
+  if (cancel_ && !cancel_->watch(fd_)) {
+    close_fd();
+    fail(mkInvalidUsage, "rank " + std::to_string(rank) + ": the communicator was aborted during init");
+  }
   const std::string where = std::string(inet_ntoa(sa.sin_addr)) + ":" + std::to_string(ntohs(sa.sin_port));
   std::string why;
   ClientAuth auth = client_handshake(fd_, id_.secret, Channel::kBootstrap, deadline, &why);
   if (auth == ClientAuth::kServerUnproven) {
-    ::close(fd_);
+    close_fd();
     fail(mkRemoteError, "rank " + std::to_string(rank) + ": the rendezvous at " + where +
                             " could not prove it knows this unique id's secret: another process owns that port, or "
                             "the id is stale or from another job; get a fresh id from mkGetUniqueId");
@@ -454,23 +483,17 @@ Bootstrap::Bootstrap(const mkUniqueId& id, int nranks, int rank) : id_(bootstrap
   int32_t status = 0;
   if (auth != ClientAuth::kOk || !write_full(fd_, &h, sizeof h, deadline, &why) ||
       !read_full(fd_, &status, sizeof status, deadline, &why)) {
-    ::close(fd_);
+    close_fd();
     fail(mkSystemError, "rank " + std::to_string(rank) + ": bootstrap rendezvous at " + where + " failed: " + why +
                             " (did every rank of " + std::to_string(nranks) + " call mkCommInitRank with this id?)");
   }
   if (status != kJoined) {
-    ::close(fd_);
+    close_fd();
     fail(status == kOutOfRange ? mkInvalidArgument : mkInvalidUsage, refusal_text(status, rank, nranks));
   }
 }
 
-void Bootstrap::interrupt() {
-  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
-}
-
-Bootstrap::~Bootstrap() {
-  if (fd_ >= 0) ::close(fd_);
-}
+Bootstrap::~Bootstrap() { close_fd(); }
 
 std::vector<std::string> Bootstrap::allgather(const std::string& mine) {
   if (mine.size() > kMaxBlobBytes)

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -57,12 +58,30 @@ std::string nonce_hex(const IdContents& c);
 // Rendezvous server threads still running in this process (for tests).
 int bootstrap_live_servers();
 
+// Lets another thread end a bootstrap's waits (mkCommAbort), also while the
+// Bootstrap is still joining the rendezvous. Outlives the Bootstrap that uses
+// it; the socket is shut down under the lock, never after it was closed.
+class BootstrapCancel {
+ public:
+  void cancel();
+  bool cancelled();
+  // For Bootstrap: the socket to shut down from now on (-1: none); false if
+  // cancel() came first.
+  bool watch(int fd);
+
+ private:
+  std::mutex mu_;
+  int fd_ = -1;
+  bool cancelled_ = false;
+};
+
 class Bootstrap {
  public:
   // Joins the rendezvous as `rank` of `nranks` (1..kMaxRanks); throws RtError
   // with the reason when the id is foreign, the server cannot prove the
-  // secret, the ranks disagree on nranks, or the rendezvous times out.
-  Bootstrap(const mkUniqueId& id, int nranks, int rank);
+  // secret, the ranks disagree on nranks, or the rendezvous times out, or
+  // when `cancel` (may be null) is cancelled.
+  Bootstrap(const mkUniqueId& id, int nranks, int rank, BootstrapCancel* cancel = nullptr);
   ~Bootstrap();
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;
@@ -71,8 +90,6 @@ class Bootstrap {
   // contributions in rank order.
   std::vector<std::string> allgather(const std::string& mine);
   void barrier() { allgather(std::string()); }
-  // Makes a wait in allgather() on another thread fail now (abort).
-  void interrupt();
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   const IdContents& id() const { return id_; }
@@ -81,6 +98,8 @@ class Bootstrap {
   IdContents id_;
   int nranks_, rank_;
   int fd_ = -1;
+  BootstrapCancel* cancel_ = nullptr;
+  void close_fd();
 };
 
 int bootstrap_timeout_ms();

@@ -221,8 +221,7 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
   c.rank = rank;
   setup_device(c, device);
   if (nranks > 1) {
-    c.boot = std::make_unique<Bootstrap>(id, nranks, rank);
-    c.boot_live.store(c.boot.get());
+    c.boot = std::make_unique<Bootstrap>(id, nranks, rank, &c.boot_cancel);
   }
   if (c.closing.load()) fail(mkInvalidUsage, "the communicator was aborted during init");
   setup_memory(c);
@@ -377,7 +376,7 @@ mkResult_t Comm::poll_async_error() {
 }
 
 void Comm::raise_abort() {
-  if (Bootstrap* b = boot_live.load()) b->interrupt();  // a call or init blocked in the bootstrap returns now
+  boot_cancel.cancel();  // a call or init blocked in the bootstrap returns now
   // While a nonblocking init runs, its thread owns the fields below (it
   // stops at its next check of `closing`).
   if (state.load() == int(CommState::initializing)) return;

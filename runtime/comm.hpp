@@ -153,8 +153,8 @@ class Comm {
   CommConfig config{};
 
   // ---- memory and peers ----
+  BootstrapCancel boot_cancel;      // abort ends bootstrap waits, also during init (outlives `boot`)
   std::unique_ptr<Bootstrap> boot;  // null for mkCommInitAll and single-rank comms
-  std::atomic<Bootstrap*> boot_live{nullptr};  // `boot` once set, for abort from another thread
   // Shared with the ranks of this process that address it (p2p), so that a
   // peer's abort word write or a running kernel never lands in memory freed
   // by this rank's destroy: the arena goes with its last user.

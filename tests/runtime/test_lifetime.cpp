@@ -22,6 +22,10 @@ namespace {
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
+// A bound on how long a call may take: generous, and much more so under
+// valgrind (MKT_SLOW, set by the memcheck run), where threads crawl.
+double bound_ms(double ms) { return std::getenv("MKT_SLOW") ? ms * 30 : ms; }
+
 mkComm_t one_rank() {
   mkUniqueId id;
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
@@ -73,6 +77,7 @@ TEST_CASE("abort from another thread while threads are inside calls: no freed me
           mkCommCount(comm, &n);
           mkGetLastError(comm);
           if (r != mkSuccess && r != mkInvalidArgument && r != mkInvalidUsage) FAIL("unexpected code " << int(r));
+          std::this_thread::yield();  // under valgrind's one-thread-at-a-time scheduler, let the aborter in
         }
       });
     std::thread watchdog([&] {  // what PyTorch's watchdog does: poll, every few microseconds here
@@ -80,12 +85,13 @@ TEST_CASE("abort from another thread while threads are inside calls: no freed me
         mkResult_t e = mkSuccess;
         mkCommGetAsyncError(comm, &e);
         ++polls;
+        std::this_thread::yield();
       }
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const auto t0 = Clock::now();
     CHECK_MESSAGE(mkCommAbort(comm) == mkSuccess, mkGetLastError(nullptr));
-    CHECK(ms_since(t0) < 5000);
+    CHECK(ms_since(t0) < bound_ms(5000));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     go = false;
     for (auto& t : callers) t.join();
@@ -130,7 +136,7 @@ TEST_CASE("abort ends a call blocked in the bootstrap (a registration whose peer
   const auto t0 = Clock::now();
   CHECK(mkCommAbort(comms[0]) == mkSuccess);
   blocked.join();
-  CHECK(ms_since(t0) < 1500);
+  CHECK(ms_since(t0) < bound_ms(1500));
   CHECK(result.load() != mkSuccess);
   CHECK(result.load() != -1);
   CHECK(mkCommAbort(comms[1]) == mkSuccess);
@@ -151,7 +157,7 @@ TEST_CASE("abort does not wait for unrelated work on the device (no context-wide
   hang(0);
   const auto t0 = Clock::now();
   CHECK(mkCommAbort(mine) == mkSuccess);
-  CHECK(ms_since(t0) < 1000);
+  CHECK(ms_since(t0) < bound_ms(1000));
   release();
   CHECK(mkCommDestroy(busy) == mkSuccess);
   cu().cuStreamDestroy(other);
@@ -193,7 +199,7 @@ TEST_CASE("abort tells the peers: their next kernel stops at entry and their cal
   CHECK(mkAllReduce(p.b1.ptr(), p.b1.ptr(), 64, mkFloat32, mkSum, p.c[1], p.d1.stream) == mkRemoteError);
   const std::string msg = mkGetLastError(p.c[1]);
   CHECK_MESSAGE(msg.find("did not start") != std::string::npos, msg);
-  CHECK(ms_since(t0) < 2000);
+  CHECK(ms_since(t0) < bound_ms(2000));
   p.destroy();
 }
 
@@ -363,7 +369,7 @@ TEST_CASE("nonblocking init returns mkInProgress and completes in the background
   for (mkComm_t c : comms) {
     mkResult_t e = mkInProgress;
     const auto t0 = Clock::now();
-    while (e == mkInProgress && ms_since(t0) < 20000) {
+    while (e == mkInProgress && ms_since(t0) < bound_ms(20000)) {
       REQUIRE(mkCommGetAsyncError(c, &e) == mkSuccess);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -391,7 +397,7 @@ TEST_CASE("nonblocking init: a failure is reported by mkCommGetAsyncError; calls
   CHECK((first == mkInvalidUsage || first == mkSystemError || first == mkRemoteError));
   mkResult_t e = mkInProgress;
   const auto t0 = Clock::now();
-  while (e == mkInProgress && ms_since(t0) < 10000) {
+  while (e == mkInProgress && ms_since(t0) < bound_ms(10000)) {
     REQUIRE(mkCommGetAsyncError(comm, &e) == mkSuccess);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -510,7 +516,7 @@ TEST_CASE("C++ API: nonblocking init, split and finalize") {
   auto comm = mk::Communicator::init_rank(1, mk::UniqueId::create(), 0, cfg);
   REQUIRE(comm.get() != nullptr);
   const auto t0 = Clock::now();
-  while (comm.async_error() == mkInProgress && ms_since(t0) < 10000)
+  while (comm.async_error() == mkInProgress && ms_since(t0) < bound_ms(10000))
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   CHECK(comm.async_error() == mkSuccess);
   mk::Communicator child = comm.split(0, 0);
@@ -532,7 +538,7 @@ TEST_CASE("destroy is not held up by a group still open on this thread; mkGroupE
   REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
   const auto t0 = Clock::now();
   CHECK(mkCommDestroy(comm) == mkSuccess);
-  CHECK(ms_since(t0) < 2000);
+  CHECK(ms_since(t0) < bound_ms(2000));
   CHECK(mkGroupEnd() == mkInvalidUsage);
   CHECK(std::string(mkGetLastError(nullptr)).find("destroyed or aborted before mkGroupEnd") != std::string::npos);
   CHECK(mkt::counts().launches == launches);
@@ -649,7 +655,7 @@ TEST_CASE("abort from another thread while a thread waits inside mkCommFinalize:
   const auto t0 = Clock::now();
   CHECK(mkCommAbort(comm) == mkSuccess);  // its kernel stops on the abort word; the finalize returns
   inside.join();
-  CHECK(ms_since(t0) < 3000);
+  CHECK(ms_since(t0) < bound_ms(3000));
   CHECK(result.load() != mkSuccess);
   CHECK(result.load() != -1);
 }
@@ -669,7 +675,7 @@ TEST_CASE("abort during a nonblocking init whose peer never comes returns prompt
   CHECK(e == mkInProgress);
   const auto t0 = Clock::now();
   CHECK(mkCommAbort(comm) == mkSuccess);
-  CHECK(ms_since(t0) < 11000);  // bounded even if the init thread is not interruptible (drain bound)
+  CHECK(ms_since(t0) < bound_ms(2000));  // the abort ends the init thread's rendezvous wait
   int n = 0;
   CHECK(mkCommCount(comm, &n) == mkInvalidArgument);
 }
