@@ -167,6 +167,7 @@ class Comm {
 
   // ---- ordering of this communicator's kernels (under mu) ----
   CUstream last_stream = nullptr;
+  unsigned long long last_stream_id = 0;  // cuStreamGetId of the last eager launch's stream
   CUstream checked_stream = nullptr;  // last stream seen to belong to this GPU
   bool used = false;     // a kernel was launched eagerly (done_event is recorded)
   CUevent done_event = nullptr;  // recorded after every eager launch

@@ -30,6 +30,7 @@ namespace mk::rt {
   X(cuStreamGetCtx)                    \
   X(cuStreamSynchronize)               \
   X(cuStreamQuery)                     \
+  X(cuStreamGetId)                     \
   X(cuStreamIsCapturing)               \
   X(cuThreadExchangeStreamCaptureMode) \
   X(cuMemAlloc)                        \

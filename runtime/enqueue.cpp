@@ -248,11 +248,15 @@ void launch_locked(Pending& p, PlanInstance& inst) {
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   MK_CU(cu().cuStreamIsCapturing(p.stream, &capture), std::string(api) + ": querying the stream's capture status");
   const bool eager = capture == CU_STREAM_CAPTURE_STATUS_NONE;
-  // One communicator's kernels must not overlap: every launch waits for the
-  // previous one (done_event is valid even if that stream is gone). Always,
-  // not only when the handle changes: cudaStreamPerThread names another
-  // stream on every thread, and a destroyed stream's handle may come back.
-  if (eager && c.used) MK_CU(cu().cuStreamWaitEvent(p.stream, c.done_event, 0), "ordering streams");
+  // One communicator's kernels must not overlap: a launch on another stream
+  // waits for the previous one (done_event is valid even if that stream is
+  // gone). Streams are told apart by their id, not their handle:
+  // cudaStreamPerThread names another stream on every thread, and a
+  // destroyed stream's handle may come back for a new stream.
+  unsigned long long sid = 0;
+  if (eager) MK_CU(cu().cuStreamGetId(p.stream, &sid), std::string(api) + ": querying the stream");
+  if (eager && c.used && sid != c.last_stream_id)
+    MK_CU(cu().cuStreamWaitEvent(p.stream, c.done_event, 0), "ordering streams");
   const plan::Kernel& kern = *inst.kernel;
   dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
   void* params[] = {&a};
@@ -265,6 +269,7 @@ void launch_locked(Pending& p, PlanInstance& inst) {
     // whole device.
     MK_CU(cu().cuEventRecord(c.done_event, p.stream), std::string(api) + ": recording completion");
     c.last_stream = p.stream;
+    c.last_stream_id = sid;
     c.used = true;
   }
 }

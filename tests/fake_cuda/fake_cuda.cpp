@@ -69,6 +69,7 @@ struct Capture {
 
 struct Stream {
   Ctx* ctx = nullptr;
+  unsigned long long id = 0;  // cuStreamGetId: unique for the process's life (given on first ask)
   unsigned flags = 0;
   int priority = 0;
   std::shared_ptr<Capture> cap;
@@ -158,6 +159,7 @@ struct State {
   std::map<std::string, FailRule> fail;
   std::map<std::string, int> calls;
   int64_t launches = 0;
+  int64_t stream_waits = 0;
   mkfake_launch last{};
   bool have_last = false;
   int inject_left = 0;
@@ -462,6 +464,7 @@ void mkfake_get_counts(mkfake_counts* out) {
   c.graphs = int64_t(s.graphs.size() + s.execs.size());
   for (auto& x : s.ctxs) c.ctx_retains += x->retains;
   c.launches = s.launches;
+  c.stream_waits = s.stream_waits;
   *out = c;
 }
 
@@ -844,6 +847,17 @@ CUresult cuStreamGetCtx(CUstream h, CUcontext* pctx) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuStreamGetId(CUstream h, unsigned long long* id) {
+  FAKE_ENTER("cuStreamGetId");
+  if (!id) return CUDA_ERROR_INVALID_VALUE;
+  Stream* st = find_stream(h);
+  if (!st) return special(h) ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  static unsigned long long next = 0;
+  if (!st->id) st->id = ++next;
+  *id = st->id;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuStreamQuery(CUstream h) {
   FAKE_ENTER("cuStreamQuery");
   Stream* st = find_stream(h);
@@ -919,6 +933,7 @@ CUresult cuEventSynchronize(CUevent h) {
 
 CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned int flags) {
   FAKE_ENTER("cuStreamWaitEvent");
+  ++s.stream_waits;
   Stream* st = find_stream(hs);
   if (!st) return CUDA_ERROR_INVALID_HANDLE;
   Event* e = reinterpret_cast<Event*>(h);

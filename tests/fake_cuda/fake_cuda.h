@@ -72,6 +72,7 @@ struct mkfake_counts {
   int64_t graphs;       // graphs and executable graphs
   int64_t ctx_retains;  // primary context retains minus releases, all devices
   int64_t launches;     // total kernel launches executed (graph replays too)
+  int64_t stream_waits;  // total cuStreamWaitEvent calls
 };
 
 // What the last executed launch looked like.

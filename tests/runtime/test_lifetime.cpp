@@ -679,3 +679,28 @@ TEST_CASE("abort during a nonblocking init whose peer never comes returns prompt
   int n = 0;
   CHECK(mkCommCount(comm, &n) == mkInvalidArgument);
 }
+
+TEST_CASE("a communicator's launches on another stream wait for its previous launch; on the same stream they do not") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  mkt::Buffer buf(dev, 1 << 16);
+  mkComm_t comm = one_rank();
+  CUstream a = nullptr, b = nullptr;
+  REQUIRE(cu().cuStreamCreate(&a, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(cu().cuStreamCreate(&b, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  auto call = [&](CUstream s) {
+    REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, s) == mkSuccess);
+    return mkt::counts().stream_waits;
+  };
+  const int64_t w0 = call(a);
+  CHECK(call(a) == w0);      // same stream: ordered already
+  CHECK(call(b) == w0 + 1);  // another stream waits
+  // A new stream, even one that gets the old handle back, is another stream.
+  REQUIRE(cu().cuStreamDestroy(b) == CUDA_SUCCESS);
+  CUstream c = nullptr;
+  REQUIRE(cu().cuStreamCreate(&c, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHECK(call(c) == w0 + 2);
+  CHECK(mkCommDestroy(comm) == mkSuccess);
+  cu().cuStreamDestroy(a);
+  cu().cuStreamDestroy(c);
+}
