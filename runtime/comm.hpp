@@ -166,7 +166,6 @@ class Comm {
   CUstream side_stream = nullptr;  // table updates and abort words, never behind user work
 
   // ---- ordering of this communicator's kernels (under mu) ----
-  CUstream last_stream = nullptr;
   unsigned long long last_stream_id = 0;  // cuStreamGetId of the last eager launch's stream
   CUstream checked_stream = nullptr;  // last stream seen to belong to this GPU
   bool used = false;     // a kernel was launched eagerly (done_event is recorded)

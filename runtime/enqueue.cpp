@@ -268,7 +268,6 @@ void launch_locked(Pending& p, PlanInstance& inst) {
     // Destroy, finalize and deregistration wait for this event, not for the
     // whole device.
     MK_CU(cu().cuEventRecord(c.done_event, p.stream), std::string(api) + ": recording completion");
-    c.last_stream = p.stream;
     c.last_stream_id = sid;
     c.used = true;
   }
