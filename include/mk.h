@@ -49,7 +49,7 @@ typedef struct mkComm* mkComm_t;
  *               for range and kept; grids are fixed by each compiled plan.
  *   netName     NULL or a transport name ("p2p"); unknown names fail init.
  *   splitShare  accepted (children of mkCommSplit allocate their own scratch).
- *   commName    a label used in error messages (copied). */
+ *   commName    copied and kept (at most 128 characters). */
 #define MK_CONFIG_UNDEF_INT (-2147483647 - 1)
 #define MK_CONFIG_UNDEF_PTR NULL
 #define MK_SPLIT_NOCOLOR -1

@@ -22,7 +22,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -182,7 +181,6 @@ class Comm {
   std::atomic<int> async_error{mkSuccess};  // sticky: set once, never cleared
   std::atomic<bool> aborted{false};
   std::atomic<bool> closing{false};  // destroy or abort started
-  std::thread::id init_thread;       // nonblocking init runs there
 
   Comm() = default;
   ~Comm();  // waits (bounded) for this communicator's kernels, then frees

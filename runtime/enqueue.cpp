@@ -123,6 +123,7 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
             has_input(k.coll, c->rank, k.root),
             has_output(k.coll, c->rank, k.root),
             false,
+            {},
             {}};
   if (k.count == 0) return p;
   const size_t in_bytes = p.in_bytes, out_bytes = p.out_bytes;
@@ -292,7 +293,6 @@ void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream) {
 }
 
 void group_start() { ++t_group.depth; }
-int group_depth() { return t_group.depth; }
 
 void group_fail(mkResult_t code, const std::string& why) {
   if (t_group.depth > 0 && t_group.failed == mkSuccess) {

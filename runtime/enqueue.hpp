@@ -26,7 +26,6 @@ void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream);
 void group_start();
 // Launches the group's calls, all or nothing; throws RtError.
 void group_end();
-int group_depth();
 // Records a failure inside an open group (the group then launches nothing).
 void group_fail(mkResult_t code, const std::string& why);
 

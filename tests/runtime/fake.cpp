@@ -83,4 +83,12 @@ Buffer::~Buffer() {
   cu().cuMemFree(p);
 }
 
+void launch_hung(mkComm_t comm, CUstream stream, void* buf) {
+  auto hang = require_fn<decltype(mkfake_hang)>("mkfake_hang");
+  hang(1);
+  const mkResult_t r = mkAllReduce(buf, buf, 64, mkFloat32, mkSum, comm, stream);
+  hang(0);
+  REQUIRE_MESSAGE(r == mkSuccess, mkGetLastError(comm));
+}
+
 }  // namespace mkt

@@ -40,6 +40,10 @@ mkfake_launch last_launch();
 // Every live count of `a` equals `b` (launches aside); names the differences.
 std::string leaks(const mkfake_counts& before, const mkfake_counts& after);
 
+// A 64-float all-reduce on `buf` whose kernel stays "running" (mkfake_hang)
+// until the communicator's abort word is raised or mkfake_release().
+void launch_hung(mkComm_t comm, CUstream stream, void* buf);
+
 // The runtime's driver table (the fake, loaded by the runtime).
 inline const mk::rt::Driver& cu() { return mk::rt::cu(); }
 

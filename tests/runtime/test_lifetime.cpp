@@ -144,7 +144,6 @@ TEST_CASE("abort ends a call blocked in the bootstrap (a registration whose peer
 
 TEST_CASE("abort does not wait for unrelated work on the device (no context-wide synchronisation)") {
   MKT_REQUIRE_FAKE();
-  auto hang = mkt::require_fn<decltype(mkfake_hang)>("mkfake_hang");
   auto release = mkt::require_fn<decltype(mkfake_release)>("mkfake_release");
   mkt::Device dev(0);
   mkt::Buffer buf(dev, 1 << 16);
@@ -152,9 +151,7 @@ TEST_CASE("abort does not wait for unrelated work on the device (no context-wide
   REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, mine, dev.stream) == mkSuccess);
   CUstream other = nullptr;
   REQUIRE(cu().cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  hang(1);  // another communicator's kernel that does not end
-  REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, busy, other) == mkSuccess);
-  hang(0);
+  mkt::launch_hung(busy, other, buf.ptr());  // another communicator's kernel that does not end
   const auto t0 = Clock::now();
   CHECK(mkCommAbort(mine) == mkSuccess);
   CHECK(ms_since(t0) < bound_ms(1000));
@@ -621,14 +618,11 @@ TEST_CASE("a group whose launch fails part-way stops what it launched and makes 
 
 TEST_CASE("mkCommFinalize blocks until the communicator's kernels are done") {
   MKT_REQUIRE_FAKE();
-  auto hang = mkt::require_fn<decltype(mkfake_hang)>("mkfake_hang");
   auto release = mkt::require_fn<decltype(mkfake_release)>("mkfake_release");
   mkt::Device dev(0);
   mkt::Buffer buf(dev, 1 << 16);
   mkComm_t comm = one_rank();
-  hang(1);
-  REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
-  hang(0);
+  mkt::launch_hung(comm, dev.stream, buf.ptr());
   std::atomic<int> result{-1};
   std::thread t([&] { result = mkCommFinalize(comm); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -641,13 +635,10 @@ TEST_CASE("mkCommFinalize blocks until the communicator's kernels are done") {
 
 TEST_CASE("abort from another thread while a thread waits inside mkCommFinalize: both return, nothing freed early") {
   MKT_REQUIRE_FAKE();
-  auto hang = mkt::require_fn<decltype(mkfake_hang)>("mkfake_hang");
   mkt::Device dev(0);
   mkt::Buffer buf(dev, 1 << 16);
   mkComm_t comm = one_rank();
-  hang(1);
-  REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
-  hang(0);
+  mkt::launch_hung(comm, dev.stream, buf.ptr());
   std::atomic<int> result{-1};
   std::thread inside([&] { result = mkCommFinalize(comm); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -151,7 +151,6 @@ TEST_CASE("a kernel's error record makes mkCommGetAsyncError report the rank, bl
 
 TEST_CASE("a hung kernel ends when mkCommAbort raises the abort word") {
   MKT_REQUIRE_FAKE();
-  auto hang = mkt::require_fn<decltype(mkfake_hang)>("mkfake_hang");
   auto running = mkt::require_fn<decltype(mkfake_running)>("mkfake_running");
   mkt::Device dev(0);
   mkt::Buffer buf(dev, 4096);
@@ -159,9 +158,7 @@ TEST_CASE("a hung kernel ends when mkCommAbort raises the abort word") {
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
   mkComm_t comm = nullptr;
   REQUIRE(mkCommInitRank(&comm, 1, id, 0) == mkSuccess);
-  hang(1);
-  REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
-  hang(0);
+  mkt::launch_hung(comm, dev.stream, buf.ptr());
   CHECK(running() == 1);
   CHECK(cu().cuStreamQuery(dev.stream) == CUDA_ERROR_NOT_READY);
   CHECK(mkCommAbort(comm) == mkSuccess);  // returns only once the kernel ended
