@@ -32,7 +32,7 @@ std::string options_json(const CompileOptions& o) {
   const auto& [arch, dtype, op, lower, use_cache] = o;
   const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
-               simple_instances, ll_instances] = proto;
+               simple_instances, ll_instances, max_grid] = proto;
   (void)use_cache;  // where the plan is kept, not what it is
   (void)on_pass;    // observes the passes, changes nothing
   const nlohmann::json j = {
@@ -54,7 +54,8 @@ std::string options_json(const CompileOptions& o) {
           {"forced_tile", forced_tile},
           {"forced_instances", forced_instances},
           {"simple_instances", simple_instances},
-          {"ll_instances", ll_instances}}}}}};
+          {"ll_instances", ll_instances},
+          {"max_grid", max_grid}}}}}};
   return j.dump();
 }
 

@@ -44,11 +44,17 @@ typedef struct mkComm* mkComm_t;
  *   blocking    1 (default): init and calls return when done; 0: init returns
  *               mkInProgress at once and completes in the background (poll
  *               mkCommGetAsyncError until it stops returning mkInProgress).
- *   cgaClusterSize, minCTAs, maxCTAs, trafficClass, collnetEnable, CTAPolicy,
+ *   maxCTAs     thread blocks per kernel at most: plans are compiled with
+ *               fewer parallel instances to fit; a call whose plan cannot
+ *               fit (one instance needs more) fails with mkInvalidUsage.
+ *   cgaClusterSize, minCTAs, trafficClass, collnetEnable, CTAPolicy,
  *   shrinkShare, nvlsCTAs, nChannelsPerNetPeer, nvlinkCentricSched: checked
- *               for range and kept; grids are fixed by each compiled plan.
+ *               for range and kept (minCTAs is a hint plans do not need).
  *   netName     NULL or a transport name ("p2p"); unknown names fail init.
- *   splitShare  accepted (children of mkCommSplit allocate their own scratch).
+ *   splitShare  1: children of mkCommSplit use part of this communicator's
+ *               symmetric memory (the upper half of what is free at the
+ *               split) instead of allocating their own; parent and children
+ *               still run concurrently (their regions are disjoint).
  *   commName    copied and kept (at most 128 characters). */
 #define MK_CONFIG_UNDEF_INT (-2147483647 - 1)
 #define MK_CONFIG_UNDEF_PTR NULL
@@ -140,8 +146,13 @@ mkResult_t mkCommInitRankConfig(mkComm_t* comm, int nranks, mkUniqueId commId, i
                                 const mkConfig_t* config);
 /* Collective over `comm`: ranks passing the same color form a new
  * communicator, ranked by (key, rank in comm); MK_SPLIT_NOCOLOR gives NULL.
- * config NULL: the parent's configuration. Ranks of one process created by
- * mkCommInitAll call it from their own threads (or inside mkGroupStart/End). */
+ * The child inherits comm's configuration; `config` (may be NULL) overrides
+ * it. Nonblocking (blocking = 0): returns mkInProgress and *newcomm at once;
+ * comm takes no calls and reports mkInProgress until the split is done; the
+ * child reports its progress and errors through mkCommGetAsyncError. Ranks
+ * of one process created by mkCommInitAll call it from their own threads, or
+ * from one thread inside mkGroupStart/End (mkGroupEnd waits and returns the
+ * split's error). Aborting comm ends a split in progress. */
 mkResult_t mkCommSplit(mkComm_t comm, int color, int key, mkComm_t* newcomm, const mkConfig_t* config);
 /* Waits (bounded) for every collective issued on comm to complete; afterwards
  * only mkCommDestroy is allowed. */

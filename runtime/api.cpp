@@ -152,11 +152,13 @@ mkResult_t mkCommInitAll(mkComm_t* comms, int ndev, const int* devlist) {
 }
 
 mkResult_t mkCommSplit(mkComm_t comm, int color, int key, mkComm_t* newcomm, const mkConfig_t* config) {
-  return guard(comm, [&] {
+  bool in_progress = false;
+  const mkResult_t r = guard(comm, [&] {
     if (!newcomm) fail(mkInvalidArgument, "mkCommSplit: newcomm is NULL");
     *newcomm = nullptr;
-    *newcomm = lifecycle_split(comm, color, key, config);
+    *newcomm = lifecycle_split(comm, color, key, config, &in_progress);
   });
+  return r == mkSuccess && in_progress ? mkInProgress : r;
 }
 
 mkResult_t mkCommFinalize(mkComm_t comm) {

@@ -43,11 +43,25 @@ void setup_device(Comm& c, int device) {
     fail(mkSystemError, fmt::format("GPU {} has compute capability {}.{}; mKernel needs 7.0 or newer", device, major, minor));
 }
 
-void setup_memory(Comm& c) {
+// This rank's symmetric memory (a new arena, or the part of the parent's a
+// splitShare child uses) and its host-side objects.
+void setup_memory(Comm& c, const ParentMemory* shared) {
   const Driver& d = cu();
   CtxGuard g(c.ctx);
-  c.arena->allocate(c.cudev, size_t(c.config.flag_bytes + c.config.scratch_bytes));
-  publish_arena(c.arena);
+  if (shared) {
+    c.arena = shared->arena;
+    c.plans.flag_base = shared->region.flag_lo;
+    c.plans.flag_end = shared->region.flag_hi;
+    c.plans.scratch_base = shared->region.scratch_lo;
+    c.plans.scratch_end = shared->region.scratch_hi;
+  } else {
+    c.arena->allocate(c.cudev, size_t(c.config.flag_bytes + c.config.scratch_bytes));
+    publish_arena(c.arena);
+    c.plans.flag_base = 0;
+    c.plans.flag_end = c.config.flag_bytes;
+    c.plans.scratch_base = c.config.flag_bytes;
+    c.plans.scratch_end = c.config.flag_bytes + c.config.scratch_bytes;
+  }
   MK_CU(d.cuEventCreate(&c.done_event, CU_EVENT_DISABLE_TIMING), "creating an event");
   void* host = nullptr;
   MK_CU(d.cuMemHostAlloc(&host, sizeof(HostFlags), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
@@ -139,10 +153,16 @@ void agree_on_settings(Comm& c) {
   }
 }
 
-void connect(Comm& c, const std::vector<RankInfo>& all) {
+void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shared) {
   check_peers(c, all);
   if (!c.config.net_name.empty() && c.config.net_name != "p2p")
     fail(mkInvalidArgument, fmt::format("config netName '{}' is not a transport of this build (p2p)", c.config.net_name));
+  if (shared) {  // the parent's transport already reaches every peer
+    if (shared->peer_base.size() != size_t(c.nranks)) fail(mkInternalError, "splitShare: peer table of the wrong size");
+    c.transport = shared->transport;
+    c.peer_base = shared->peer_base;
+    return;
+  }
   c.transport = make_p2p_transport();
   TransportSetup s;
   s.rank = c.rank;
@@ -214,7 +234,7 @@ int current_device() {
   return 0;
 }
 
-void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int device) {
+void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int device, const ParentMemory* shared) {
   if (nranks < 1) fail(mkInvalidArgument, fmt::format("nranks must be >= 1, got {}", nranks));
   if (rank < 0 || rank >= nranks) fail(mkInvalidArgument, fmt::format("rank {} is outside 0..{}", rank, nranks - 1));
   c.nranks = nranks;
@@ -224,7 +244,7 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
     c.boot = std::make_unique<Bootstrap>(id, nranks, rank, &c.boot_cancel);
   }
   if (c.closing.load()) fail(mkInvalidUsage, "the communicator was aborted during init");
-  setup_memory(c);
+  setup_memory(c, shared);
 
   RankInfo me = local_info(c);
   std::vector<RankInfo> all(static_cast<size_t>(nranks));
@@ -239,33 +259,43 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
     }
   }
   if (c.boot) agree_on_settings(c);
-  connect(c, all);
+  connect(c, all, shared);
   if (c.boot) c.boot->barrier();  // every grant and mapping done before any kernel runs
   debug_log(fmt::format("rank {}/{} on GPU {} (sm_{}), {} peer(s) in other processes, {} rank(s) on this GPU", rank,
                         nranks, c.device, c.arch, c.transport->remote_peers(), c.colocated));
 }
 
-std::vector<std::shared_ptr<Comm>> comm_init_all(int ndev, const int* devlist, const CommConfig& cfg) {
-  if (ndev < 1) fail(mkInvalidArgument, fmt::format("ndev must be >= 1, got {}", ndev));
-  std::vector<std::shared_ptr<Comm>> comms;
-  for (int r = 0; r < ndev; ++r) {
-    auto c = std::make_shared<Comm>();
-    c->nranks = ndev;
-    c->rank = r;
-    c->config = cfg;
-    setup_device(*c, devlist ? devlist[r] : r);
-    setup_memory(*c);
-    comms.push_back(std::move(c));
+void comm_init_all(const std::vector<std::shared_ptr<Comm>>& comms, const std::vector<int>& devices,
+                   const std::vector<ParentMemory>* shared) {
+  const int n = int(comms.size());
+  for (int r = 0; r < n; ++r) {
+    Comm& c = *comms[size_t(r)];
+    c.nranks = n;
+    c.rank = r;
+    setup_device(c, devices[size_t(r)]);
+    setup_memory(c, shared ? &(*shared)[size_t(r)] : nullptr);
   }
   std::vector<RankInfo> all;
   for (auto& c : comms) all.push_back(local_info(*c));
-  for (auto& c : comms) connect(*c, all);
+  for (int r = 0; r < n; ++r) connect(*comms[size_t(r)], all, shared ? &(*shared)[size_t(r)] : nullptr);
   auto clique = std::make_shared<Clique>();
   for (auto& c : comms) clique->members.push_back(c.get());
   for (auto& c : comms) {
     c->clique = clique;
     c->state.store(int(CommState::ready));
   }
+}
+
+std::vector<std::shared_ptr<Comm>> comm_init_all(int ndev, const int* devlist, const CommConfig& cfg) {
+  if (ndev < 1) fail(mkInvalidArgument, fmt::format("ndev must be >= 1, got {}", ndev));
+  std::vector<std::shared_ptr<Comm>> comms;
+  std::vector<int> devices;
+  for (int r = 0; r < ndev; ++r) {
+    comms.push_back(std::make_shared<Comm>());
+    comms.back()->config = cfg;
+    devices.push_back(devlist ? devlist[r] : r);
+  }
+  comm_init_all(comms, devices, nullptr);
   return comms;
 }
 
@@ -305,11 +335,16 @@ void Comm::check_usable(const char* api) {
   if (const int e = async_error.load(); e != mkSuccess) fail(mkResult_t(e), std::string(api) + ": " + error_message());
   if (s == int(CommState::finalized))
     fail(mkInvalidUsage, std::string(api) + ": the communicator was finalized; only mkCommDestroy is allowed");
+  if (splits_running.load() != 0)
+    fail(mkInvalidUsage, fmt::format("{}: a nonblocking mkCommSplit of this communicator is still running: wait until "
+                                     "mkCommGetAsyncError of this communicator returns mkSuccess",
+                                     api));
 }
 
 mkResult_t Comm::poll_async_error() {
   if (const int e = async_error.load(); e != mkSuccess) return mkResult_t(e);
   if (state.load() == int(CommState::initializing)) return mkInProgress;
+  if (splits_running.load() != 0) return mkInProgress;
   dev::ErrorRecord found{};
   const PlanInstance* where = nullptr;
   {
@@ -388,7 +423,7 @@ void Comm::raise_abort() {
   try {
     CtxGuard g(ctx);
     for (CUdeviceptr b : peer_base)
-      if (b) cu().cuMemcpyHtoDAsync(b, &host->one, sizeof(uint64_t), side_stream);
+      if (b) cu().cuMemcpyHtoDAsync(b + CUdeviceptr(plans.flag_base), &host->one, sizeof(uint64_t), side_stream);
     const auto t0 = std::chrono::steady_clock::now();
     while (cu().cuStreamQuery(side_stream) == CUDA_ERROR_NOT_READY &&
            std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2))
@@ -408,6 +443,34 @@ bool Comm::wait_idle(int64_t bound_ms) {
     if (bound_ms >= 0 && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(bound_ms)) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+}
+
+bool Comm::arena_shared() const { return plans.flag_base != 0; }
+
+SharedRegion Comm::propose_shared_region() {
+  std::lock_guard<std::mutex> lock(mu);
+  // The upper half of what is free in each part, 256-byte aligned; the
+  // parent keeps the lower half (and what it already uses).
+  auto upper_half = [](int64_t used_end, int64_t end) {
+    const int64_t lo = (used_end + (end - used_end) / 2 + 255) / 256 * 256;
+    return std::min(lo, end);
+  };
+  SharedRegion r;
+  r.flag_hi = plans.flag_end;
+  r.flag_lo = upper_half(plans.flag_base + plans.flags_used, plans.flag_end);
+  r.scratch_hi = plans.scratch_end;
+  r.scratch_lo = upper_half(plans.scratch_base + plans.scratch_used, plans.scratch_end);
+  return r;
+}
+
+void Comm::cede(const SharedRegion& r) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (r.flag_hi != plans.flag_end || r.scratch_hi != plans.scratch_end ||
+      r.flag_lo < plans.flag_base + plans.flags_used || r.scratch_lo < plans.scratch_base + plans.scratch_used)
+    fail(mkInvalidUsage, "mkCommSplit (splitShare): the parent communicator allocated memory during the split; do "
+                         "not use a communicator while it is being split");
+  plans.flag_end = r.flag_lo;
+  plans.scratch_end = r.scratch_lo;
 }
 
 // ---- plan instances ---------------------------------------------------------
@@ -449,9 +512,17 @@ PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t byt
 PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
                                     int64_t* hi) {
   const Choice choice = choose_schedule(coll, nranks, bytes);
-  auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc);
+  // maxCTAs caps every kernel's grid (the default, 65536, caps nothing).
+  const int32_t max_grid = config.max_ctas > 0 && config.max_ctas < 65536 ? config.max_ctas : 0;
+  auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid);
   const plan::Kernel* k = plan::select(*plan, bytes);
   if (!k) fail(mkInternalError, fmt::format("plan {} has no kernel for {} bytes", plan->schedule, bytes));
+  if (max_grid > 0 && k->grid > max_grid)
+    fail(mkInvalidUsage, fmt::format("kernel {} of plan {} uses {} thread blocks ({} per instance), more than the "
+                                     "config's maxCTAs {}; raise maxCTAs to at least {}{}",
+                                     k->name, plan->schedule, k->grid, k->tbs, max_grid, k->tbs,
+                                     k->instances > 1 ? " (a plan from MK_PLAN_DIR: recompile it with fewer instances)"
+                                                      : ""));
   *lo = std::max(choice.lo, k->min_bytes);
   *hi = choice.hi < 0 ? k->max_bytes : (k->max_bytes < 0 ? choice.hi : std::min(choice.hi, k->max_bytes));
   // One instance per (plan, kernel).
@@ -479,7 +550,8 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
     fail(mkInvalidUsage,
          fmt::format("kernel {} needs {} co-resident blocks of {} threads per rank and {} rank(s) of this "
                      "communicator share GPU {}, which holds {} such blocks: the kernels would wait for each other "
-                     "forever. Use fewer ranks per GPU, or smaller plans (MK_TUNE=simple_instances=N,ll_instances=N)",
+                     "forever. Use fewer ranks per GPU, or smaller grids (config maxCTAs, or "
+                     "MK_TUNE=simple_instances=N,ll_instances=N)",
                      k->name, k->grid, k->threads, colocated, device, capacity));
   inst->res = &resources_for(*plan, *k);
   debug_log(fmt::format("rank {}: plan {} kernel {} ready (grid {}x{}, scratch {} B at +{}, flags at +{})", rank,
@@ -506,19 +578,27 @@ Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
   res->grid = k.grid;
   // Regions, allocated in call order: identical on every rank because every
   // rank makes the same calls in the same order (as NCCL requires).
+  // Flag offsets count from the abort word (the flag part's base), scratch
+  // offsets from the scratch part's base.
   const int64_t align = 256;
   res->flag_offset = (plans.flags_used + align - 1) / align * align;
   res->scratch_offset = (plans.scratch_used + align - 1) / align * align;
-  if (res->flag_offset + k.flag_bytes > config.flag_bytes)
-    fail(mkSystemError, fmt::format("flag memory exhausted ({} bytes); raise MK_FLAG_BYTES", config.flag_bytes));
-  if (res->scratch_offset + k.scratch_bytes > config.scratch_bytes)
+  const int64_t flag_size = plans.flag_end - plans.flag_base, scratch_size = plans.scratch_end - plans.scratch_base;
+  const bool shares = arena_shared();
+  const char* share_hint = shares ? " (this communicator shares its parent's memory: splitShare gave it part of "
+                                    "the parent's free scratch; raise it there or split without splitShare)"
+                                  : "";
+  if (res->flag_offset + k.flag_bytes > flag_size)
+    fail(mkSystemError, fmt::format("flag memory exhausted ({} bytes); raise MK_FLAG_BYTES (on every rank){}",
+                                    flag_size, share_hint));
+  if (res->scratch_offset + k.scratch_bytes > scratch_size)
     fail(mkSystemError, fmt::format("symmetric scratch exhausted: plan {} needs {} more bytes, {} of {} are in use; "
-                                    "raise MK_SCRATCH_BYTES (on every rank)",
-                                    k.name, k.scratch_bytes, plans.scratch_used, config.scratch_bytes));
+                                    "raise MK_SCRATCH_BYTES (on every rank){}",
+                                    k.name, k.scratch_bytes, plans.scratch_used, scratch_size, share_hint));
   std::vector<CUdeviceptr> sp(static_cast<size_t>(nranks)), fp(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) {
-    fp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(res->flag_offset);
-    sp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(config.flag_bytes + res->scratch_offset);
+    fp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(plans.flag_base + res->flag_offset);
+    sp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(plans.scratch_base + res->scratch_offset);
   }
   const std::vector<uint64_t> zeros(size_t(k.grid), 0);
   MK_CU(d.cuMemAlloc(&res->scratch_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");
@@ -633,8 +713,10 @@ void Comm::abandon() {
     std::lock_guard<std::mutex> lock(plans.res_mu);
     for (auto& r : plans.resources) (void)r.release();
   }
-  (void)transport.release();
-  arena->abandon();
+  // Leaked on purpose (a kernel may still use what they map); children that
+  // share this memory keep their own references.
+  new std::shared_ptr<Transport>(std::move(transport));
+  new std::shared_ptr<Arena>(std::move(arena));
 }
 
 Comm::~Comm() {

@@ -122,10 +122,32 @@ struct PlanCache {
   std::vector<std::unique_ptr<PlanInstance>> owned;
   std::mutex res_mu;
   std::vector<std::unique_ptr<Resources>> resources;
-  // Bump allocation in the arena's flag and scratch parts; the first
-  // kFlagReserve bytes of the flags hold the comm-wide abort word.
+  // This communicator's part of the arena (offsets from its base): all of it,
+  // or for a child that shares its parent's memory (splitShare) the region
+  // the parent ceded. The first kFlagReserve bytes of the flag part hold the
+  // communicator-wide abort word.
   static constexpr int64_t kFlagReserve = 256;
+  int64_t flag_base = 0, flag_end = 0, scratch_base = 0, scratch_end = 0;
+  // Bump allocation in the flag and scratch parts, from their bases.
   int64_t scratch_used = 0, flags_used = kFlagReserve;
+};
+
+// A part of a communicator's arena ceded to the children of a split that
+// share it (offsets from the arena base; the same on every rank).
+struct SharedRegion {
+  int64_t flag_lo = 0, flag_hi = 0, scratch_lo = 0, scratch_hi = 0;
+  bool operator==(const SharedRegion&) const = default;
+};
+
+// What a child of mkCommSplit with splitShare takes from its parent on this
+// rank: the arena and the transport that maps the peers' arenas (held, so
+// that they outlive the parent if need be), the peers' arena bases by the
+// child's ranks, and the region ceded to it.
+struct ParentMemory {
+  std::shared_ptr<Arena> arena;
+  std::shared_ptr<Transport> transport;
+  std::vector<CUdeviceptr> peer_base;  // by child rank
+  SharedRegion region;
 };
 
 // Zero-copy registrations. Guarded by Comm::mu.
@@ -158,7 +180,7 @@ class Comm {
   // peer's abort word write or a running kernel never lands in memory freed
   // by this rank's destroy: the arena goes with its last user.
   std::shared_ptr<Arena> arena = std::make_shared<Arena>();
-  std::unique_ptr<Transport> transport;
+  std::shared_ptr<Transport> transport;  // shared with children that share this memory (splitShare)
   std::vector<CUdeviceptr> peer_base;  // arena base of every rank, as this GPU sees it
   HostFlags* host = nullptr;           // host-mapped
   CUdeviceptr host_dev = 0;
@@ -181,6 +203,7 @@ class Comm {
   std::atomic<int> async_error{mkSuccess};  // sticky: set once, never cleared
   std::atomic<bool> aborted{false};
   std::atomic<bool> closing{false};  // destroy or abort started
+  std::atomic<int> splits_running{0};  // nonblocking mkCommSplit of this communicator still running
 
   Comm() = default;
   ~Comm();  // waits (bounded) for this communicator's kernels, then frees
@@ -208,6 +231,15 @@ class Comm {
   // Waits until this communicator's kernels are done, at most `bound_ms`
   // (<0: no bound). False if the bound passed.
   bool wait_idle(int64_t bound_ms);
+
+  // splitShare: the region a child sharing this communicator's memory would
+  // get (the upper half of what is still free), and giving it up for good
+  // (later plans of this communicator allocate below it). Every rank of the
+  // parent cedes the same region at the same split, so offsets stay
+  // symmetric. cede throws if the region is no longer free.
+  SharedRegion propose_shared_region();
+  void cede(const SharedRegion& r);
+  bool arena_shared() const;  // a splitShare child: its memory is part of its parent's
 
   // The instance already serving this call, or null. `zc`: the call's
   // buffers are registered (a zero-copy plan if the schedule has one).
@@ -247,9 +279,16 @@ void comm_register(Comm& c, void* buff, size_t size, void** handle);
 void comm_deregister(Comm& c, void* handle);
 void release_registrations(Comm& c);
 
-// Creation (runtime/comm.cpp). init_rank fills a Comm that handles.cpp has
-// already published (so that abort can reach a nonblocking init).
-void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int device);
+// Creation (runtime/comm.cpp). init_rank fills a Comm that handles.cpp may
+// already have published (so that abort can reach a nonblocking init), with
+// its config set. `shared`: the child of a split uses this part of its
+// parent's memory instead of an arena of its own.
+void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int device,
+                    const ParentMemory* shared = nullptr);
+// Fills `comms` (made by the caller, configs set) as the ranks of one
+// process on `devices`, by rank; `shared` (null, or one per rank) as above.
+void comm_init_all(const std::vector<std::shared_ptr<Comm>>& comms, const std::vector<int>& devices,
+                   const std::vector<ParentMemory>* shared = nullptr);
 std::vector<std::shared_ptr<Comm>> comm_init_all(int ndev, const int* devlist, const CommConfig& cfg);
 // The CUDA device current on the calling thread (cudaSetDevice), 0 if none.
 int current_device();
@@ -264,7 +303,8 @@ struct Choice {
 Choice choose_schedule(Collective coll, int nranks, int64_t bytes);
 
 // Plans shared by all communicators of the process (runtime/plans.cpp).
+// `max_grid`: thread blocks per kernel at most (mkConfig_t.maxCTAs; 0: no cap).
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch, bool zero_copy);
+                                           RedOp op, int arch, bool zero_copy, int32_t max_grid = 0);
 
 }  // namespace mk::rt

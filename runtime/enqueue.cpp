@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -82,6 +84,7 @@ struct Pending {
 struct GroupState {
   int depth = 0;
   std::vector<Pending> pending;
+  std::vector<std::function<void()>> deferred;  // splits started inside the group
   mkResult_t failed = mkSuccess;
   std::string why;
 };
@@ -294,6 +297,10 @@ void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream) {
 
 void group_start() { ++t_group.depth; }
 
+bool group_open() { return t_group.depth > 0; }
+
+void group_defer(std::function<void()> wait) { t_group.deferred.push_back(std::move(wait)); }
+
 void group_fail(mkResult_t code, const std::string& why) {
   if (t_group.depth > 0 && t_group.failed == mkSuccess) {
     t_group.failed = code;
@@ -306,8 +313,22 @@ void group_end() {
   if (--t_group.depth > 0) return;
   std::vector<Pending> calls;
   calls.swap(t_group.pending);
-  const mkResult_t failed = std::exchange(t_group.failed, mkSuccess);
-  const std::string why = std::move(t_group.why);
+  std::vector<std::function<void()>> deferred;
+  deferred.swap(t_group.deferred);
+  mkResult_t failed = std::exchange(t_group.failed, mkSuccess);
+  std::string why = std::move(t_group.why);
+  // Splits of the group first (every one, even after a failure: they run on
+  // other threads and must end before the group does).
+  for (auto& wait : deferred) {
+    try {
+      wait();
+    } catch (const RtError& e) {
+      if (failed == mkSuccess) {
+        failed = e.code();
+        why = e.what();
+      }
+    }
+  }
   if (failed != mkSuccess)
     fail(failed, fmt::format("mkGroupEnd: a call of the group failed, so none of its {} other call(s) was launched: {}",
                              calls.size(), why));

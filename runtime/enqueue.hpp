@@ -2,6 +2,8 @@
 // lookup, launch, and groups (mkGroupStart/End).
 #pragma once
 
+#include <functional>
+
 #include <cstddef>
 
 #include "mk.h"
@@ -28,6 +30,12 @@ void group_start();
 void group_end();
 // Records a failure inside an open group (the group then launches nothing).
 void group_fail(mkResult_t code, const std::string& why);
+// Whether this thread is inside mkGroupStart/End.
+bool group_open();
+// Work started inside the open group (a split) that mkGroupEnd must wait for
+// before it launches anything: `wait` blocks until it is done and throws
+// RtError if it failed.
+void group_defer(std::function<void()> wait);
 
 const char* api_name_of(Collective c);
 

@@ -7,11 +7,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "runtime/enqueue.hpp"
 #include "runtime/handles.hpp"
 #include "runtime/status.hpp"
 
@@ -114,12 +116,15 @@ mkResult_t lifecycle_async_error(mkComm_t h, std::string* message) {
 
 namespace {
 
+// What each rank of the parent contributes to a split (fixed layout: it
+// travels as bytes between processes of one mKernel version).
 struct SplitEntry {
-  int32_t color, key, rank;
+  int32_t color, key, rank, share;
+  SharedRegion region;  // what this rank's parent would cede (share only)
 };
 
 // Ranks of the new communicator of `color`, ordered by (key, parent rank).
-std::vector<SplitEntry> members_of(std::vector<SplitEntry> all, int color) {
+std::vector<SplitEntry> members_of(const std::vector<SplitEntry>& all, int color) {
   std::vector<SplitEntry> m;
   for (const auto& e : all)
     if (e.color == color) m.push_back(e);
@@ -128,12 +133,49 @@ std::vector<SplitEntry> members_of(std::vector<SplitEntry> all, int color) {
   return m;
 }
 
+// The smallest regions worth sharing; below them a child gets its own arena.
+constexpr int64_t kMinSharedFlags = 16 << 10, kMinSharedScratch = 1 << 20;
+
+// Whether the children share their parents' memory, and which region: the
+// same answer on every rank (it depends only on what every rank sent).
+std::optional<SharedRegion> decide_share(const std::vector<SplitEntry>& all) {
+  int asked = 0;
+  for (const auto& e : all) asked += e.share != 0;
+  if (asked == 0) return std::nullopt;
+  if (asked != int(all.size())) {
+    int yes = 0, no = 0;
+    for (const auto& e : all) (e.share ? yes : no) = e.rank;
+    fail(mkInvalidUsage, fmt::format("mkCommSplit: ranks disagree on splitShare (rank {} asks to share the parent's "
+                                     "memory, rank {} does not); pass the same config on every rank",
+                                     yes, no));
+  }
+  const SharedRegion r = all[0].region;
+  for (const auto& e : all)
+    if (!(e.region == r)) {
+      debug_log(fmt::format("mkCommSplit: splitShare ignored: the parent's free memory differs between ranks 0 and "
+                            "{} (they did not make the same calls); the children allocate their own",
+                            e.rank));
+      return std::nullopt;
+    }
+  if (r.flag_hi - r.flag_lo < kMinSharedFlags || r.scratch_hi - r.scratch_lo < kMinSharedScratch) {
+    debug_log(fmt::format("mkCommSplit: splitShare ignored: only {} bytes of scratch and {} of flags are left to "
+                          "share; the children allocate their own",
+                          r.scratch_hi - r.scratch_lo, r.flag_hi - r.flag_lo));
+    return std::nullopt;
+  }
+  return r;
+}
+
 // Ranks of one process (mkCommInitAll) meet here: each thread posts its
-// (color, key); the last to arrive builds every child communicator. Each
-// round keeps its own results until every rank has taken its own, so a rank
-// that splits again at once cannot disturb the round before.
+// (color, key) and the communicator it will fill; the last to arrive builds
+// every child. Each round keeps its own results until every rank has taken
+// its own, so a rank that splits again at once cannot disturb the round
+// before.
+struct Posted {
+  SplitEntry entry;
+  std::shared_ptr<Comm> child;  // null for MK_SPLIT_NOCOLOR
+};
 struct SplitRound {
-  std::vector<std::shared_ptr<Comm>> results;  // by parent rank
   std::string error;
   int untaken = 0;
 };
@@ -141,7 +183,7 @@ struct CliqueSplit {
   std::mutex mu;
   std::condition_variable cv;
   uint64_t round = 0;  // the round being posted to
-  std::vector<SplitEntry> posted;
+  std::vector<Posted> posted;
   std::map<uint64_t, SplitRound> done;
 };
 
@@ -154,39 +196,62 @@ std::map<const Clique*, std::shared_ptr<CliqueSplit>>& clique_splits() {
   return m;
 }
 
-// Builds the children of one round; on failure none survives.
-SplitRound build_round(const Comm& parent, const std::vector<SplitEntry>& all) {
-  SplitRound out;
-  out.results.assign(size_t(parent.nranks), nullptr);
-  out.untaken = parent.nranks;
+// What the child of parent rank m[i].rank takes from it when sharing.
+ParentMemory parent_memory(const Comm& parent, const std::vector<SplitEntry>& m, const SharedRegion& r) {
+  ParentMemory pm;
+  pm.arena = parent.arena;
+  pm.transport = parent.transport;
+  for (const auto& e : m) pm.peer_base.push_back(parent.peer_base.at(size_t(e.rank)));
+  pm.region = r;
+  return pm;
+}
+
+// Builds the children of one round.
+std::string build_round(const Comm& parent, const std::vector<Posted>& posted) {
   try {
-    std::vector<int> colors;
-    for (const auto& e : all)
-      if (e.color != MK_SPLIT_NOCOLOR && std::find(colors.begin(), colors.end(), e.color) == colors.end())
-        colors.push_back(e.color);
+    std::vector<SplitEntry> all;
+    for (const auto& p : posted) all.push_back(p.entry);
     std::vector<Comm*> members;
     {
       std::lock_guard<std::mutex> cl(parent.clique->mu);
       members = parent.clique->members;
     }
+    for (const auto& e : all)
+      if (!members[size_t(e.rank)]) fail(mkInvalidUsage, "mkCommSplit: a rank of the parent was destroyed");
+    const std::optional<SharedRegion> share = decide_share(all);
+    if (share)
+      for (const auto& e : all) members[size_t(e.rank)]->cede(*share);
+    std::vector<int> colors;
+    for (const auto& e : all)
+      if (e.color != MK_SPLIT_NOCOLOR && std::find(colors.begin(), colors.end(), e.color) == colors.end())
+        colors.push_back(e.color);
     for (int col : colors) {
-      auto m = members_of(all, col);
+      const auto m = members_of(all, col);
+      std::vector<std::shared_ptr<Comm>> children;
       std::vector<int> devs;
+      std::vector<ParentMemory> shared;
       for (const auto& e : m) {
-        if (!members[size_t(e.rank)]) fail(mkInvalidUsage, "mkCommSplit: a rank of the parent was destroyed");
-        devs.push_back(members[size_t(e.rank)]->device);
+        for (const auto& p : posted)
+          if (p.entry.rank == e.rank) children.push_back(p.child);
+        const Comm& pr = *members[size_t(e.rank)];
+        devs.push_back(pr.device);
+        if (share) shared.push_back(parent_memory(pr, m, *share));
       }
-      auto children = comm_init_all(int(devs.size()), devs.data(), parent.config);
-      for (size_t i = 0; i < m.size(); ++i) out.results[size_t(m[i].rank)] = children[i];
+      comm_init_all(children, devs, share ? &shared : nullptr);
     }
   } catch (const std::exception& e) {
-    out.error = e.what();
-    out.results.assign(size_t(parent.nranks), nullptr);  // the children built so far go
+    return e.what();
   }
-  return out;
+  return {};
 }
 
-std::shared_ptr<Comm> split_in_process(Comm& parent, int color, int key) {
+// Waits in slices so that an abort of the parent or of the new communicator
+// ends the wait at once.
+bool stopped(const Comm& parent, const std::shared_ptr<Comm>& child) {
+  return parent.closing.load() || (child && child->closing.load());
+}
+
+void split_in_process(Comm& parent, const SplitEntry& mine, const std::shared_ptr<Comm>& child) {
   std::shared_ptr<CliqueSplit> s;
   {
     std::lock_guard<std::mutex> lock(clique_split_mutex());
@@ -196,37 +261,41 @@ std::shared_ptr<Comm> split_in_process(Comm& parent, int color, int key) {
   }
   std::unique_lock<std::mutex> lock(s->mu);
   const uint64_t my_round = s->round;
-  s->posted.push_back({color, key, parent.rank});
+  s->posted.push_back({mine, child});
   if (int(s->posted.size()) == parent.nranks) {
     // The last rank builds every child (one process: devices by address).
-    s->done[my_round] = build_round(parent, s->posted);
+    SplitRound& r = s->done[my_round];
+    r.error = build_round(parent, s->posted);
+    r.untaken = parent.nranks;
     s->posted.clear();
     ++s->round;
     s->cv.notify_all();
   } else {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(bootstrap_timeout_ms());
-    if (!s->cv.wait_until(lock, deadline, [&] { return s->done.count(my_round) != 0; })) {
-      s->posted.erase(std::remove_if(s->posted.begin(), s->posted.end(),
-                                     [&](const SplitEntry& e) { return e.rank == parent.rank; }),
-                      s->posted.end());
-      fail(mkInvalidUsage, fmt::format("mkCommSplit: rank {} waited {} ms for the other ranks of its mkCommInitAll "
-                                       "group; call mkCommSplit from one thread per rank (they meet), every rank "
-                                       "of the group",
-                                       parent.rank, bootstrap_timeout_ms()));
+    while (s->done.count(my_round) == 0) {
+      const bool late = std::chrono::steady_clock::now() > deadline;
+      if (late || stopped(parent, child)) {
+        s->posted.erase(std::remove_if(s->posted.begin(), s->posted.end(),
+                                       [&](const Posted& p) { return p.entry.rank == parent.rank; }),
+                        s->posted.end());
+        if (!late) fail(mkInvalidUsage, "mkCommSplit: aborted while waiting for the other ranks");
+        fail(mkInvalidUsage, fmt::format("mkCommSplit: rank {} waited {} ms for the other ranks of its "
+                                         "mkCommInitAll group; call mkCommSplit from one thread per rank (they "
+                                         "meet), every rank of the group",
+                                         parent.rank, bootstrap_timeout_ms()));
+      }
+      s->cv.wait_for(lock, std::chrono::milliseconds(20));
     }
   }
   SplitRound& r = s->done[my_round];
-  std::shared_ptr<Comm> mine = std::exchange(r.results[size_t(parent.rank)], nullptr);
   const std::string error = r.error;
   if (--r.untaken == 0) s->done.erase(my_round);
   if (!error.empty()) fail(mkInvalidUsage, "mkCommSplit: " + error);
-  return mine;
 }
 
-std::shared_ptr<Comm> split_across(Comm& parent, int color, int key, const mkConfig_t* config) {
-  // Round 1: everyone's (color, key). Round 2: each new communicator's first
-  // member publishes a fresh unique id for it.
-  SplitEntry mine{color, key, parent.rank};
+void split_across(Comm& parent, const SplitEntry& mine, const std::shared_ptr<Comm>& child) {
+  // Round 1: everyone's (color, key, share). Round 2: each new communicator's
+  // first member publishes a fresh unique id for it.
   auto blobs = parent.boot->allgather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
   std::vector<SplitEntry> all;
   for (const auto& b : blobs) {
@@ -235,7 +304,10 @@ std::shared_ptr<Comm> split_across(Comm& parent, int color, int key, const mkCon
     std::memcpy(&e, b.data(), sizeof e);
     all.push_back(e);
   }
-  std::vector<SplitEntry> m = color == MK_SPLIT_NOCOLOR ? std::vector<SplitEntry>{} : members_of(all, color);
+  const std::optional<SharedRegion> share = decide_share(all);
+  if (share) parent.cede(*share);  // every rank of the parent, NOCOLOR too: offsets stay symmetric
+  const std::vector<SplitEntry> m =
+      mine.color == MK_SPLIT_NOCOLOR ? std::vector<SplitEntry>{} : members_of(all, mine.color);
   std::string id_blob;
   if (!m.empty() && m[0].rank == parent.rank) {
     mkUniqueId id;
@@ -243,49 +315,121 @@ std::shared_ptr<Comm> split_across(Comm& parent, int color, int key, const mkCon
     id_blob.assign(id.internal, sizeof id.internal);
   }
   auto ids = parent.boot->allgather(id_blob);
-  if (m.empty()) return nullptr;
+  if (m.empty()) return;
   const std::string& leader = ids[size_t(m[0].rank)];
   if (leader.size() != sizeof(mkUniqueId)) fail(mkInternalError, "mkCommSplit: the new communicator's id is missing");
   mkUniqueId id;
   std::memcpy(id.internal, leader.data(), sizeof id.internal);
   int newrank = 0;
   while (m[size_t(newrank)].rank != parent.rank) ++newrank;
-  auto c = std::make_shared<Comm>();
-  c->config = parent.config;
-  apply_user_config(&c->config, config);
-  c->config.blocking = true;  // split itself is blocking here (the new communicator's init runs now)
-  comm_init_rank(*c, int(m.size()), id, newrank, parent.device);
-  c->state.store(int(CommState::ready));
-  return c;
+  std::optional<ParentMemory> pm;
+  if (share) pm = parent_memory(parent, m, *share);
+  comm_init_rank(*child, int(m.size()), id, newrank, parent.device, pm ? &*pm : nullptr);
+  child->state.store(int(CommState::ready));
+}
+
+// The split itself: fills `child` (null for MK_SPLIT_NOCOLOR). Records a
+// failure in the child, so that a nonblocking split reports it.
+void split_body(const std::shared_ptr<Comm>& parent, const SplitEntry& mine, const std::shared_ptr<Comm>& child) {
+  try {
+    if (parent->nranks == 1) {
+      const std::optional<SharedRegion> share = decide_share({mine});
+      if (share) parent->cede(*share);
+      if (child) {
+        std::optional<ParentMemory> pm;
+        if (share) pm = parent_memory(*parent, {mine}, *share);
+        mkUniqueId none{};
+        comm_init_rank(*child, 1, none, 0, parent->device, pm ? &*pm : nullptr);
+        child->state.store(int(CommState::ready));
+      }
+    } else if (parent->clique) {
+      split_in_process(*parent, mine, child);
+    } else {
+      split_across(*parent, mine, child);
+    }
+    if (child && child->closing.load()) child->raise_abort();  // aborted while it was being built
+  } catch (const RtError& e) {
+    if (child) {
+      child->set_error(e.code(), e.what());
+      child->state.store(int(CommState::failed));
+    }
+    throw;
+  } catch (const std::exception& e) {
+    if (child) {
+      child->set_error(mkInternalError, std::string("internal error: ") + e.what());
+      child->state.store(int(CommState::failed));
+    }
+    throw;
+  }
 }
 
 }  // namespace
 
-mkComm_t lifecycle_split(mkComm_t h, int color, int key, const mkConfig_t* config) {
+mkComm_t lifecycle_split(mkComm_t h, int color, int key, const mkConfig_t* config, bool* in_progress) {
   std::shared_ptr<Comm> parent = acquire(h);
   parent->check_usable("mkCommSplit");
+  *in_progress = false;
   if (color < 0 && color != MK_SPLIT_NOCOLOR)
     fail(mkInvalidArgument, fmt::format("mkCommSplit: color {} is negative (MK_SPLIT_NOCOLOR is {})", color,
                                         MK_SPLIT_NOCOLOR));
+  // The child inherits the parent's settings; `config` overrides them.
+  CommConfig cfg = parent->config;
+  apply_user_config(&cfg, config);
+  SplitEntry mine{color, key, parent->rank, cfg.split_share, {}};
+  if (cfg.split_share) mine.region = parent->propose_shared_region();
   std::shared_ptr<Comm> child;
-  if (parent->nranks == 1) {
-    if (color == MK_SPLIT_NOCOLOR) return nullptr;
+  if (color != MK_SPLIT_NOCOLOR) {
     child = std::make_shared<Comm>();
-    child->config = parent->config;
-    apply_user_config(&child->config, config);
-    mkUniqueId none{};
-    comm_init_rank(*child, 1, none, 0, parent->device);
-    child->state.store(int(CommState::ready));
-  } else if (parent->clique) {
-    if (config) {
-      CommConfig check = parent->config;
-      apply_user_config(&check, config);  // validated; children of one process share the parent's settings
-    }
-    child = split_in_process(*parent, color, key);
-  } else {
-    child = split_across(*parent, color, key, config);
+    child->config = cfg;
   }
-  return child ? publish(std::move(child)) : nullptr;
+  const bool grouped = group_open();
+  if (cfg.blocking && !grouped) {
+    split_body(parent, mine, child);
+    return child ? publish(std::move(child)) : nullptr;
+  }
+  // Nonblocking, or inside a group (one thread splitting several ranks of
+  // one process, as with NCCL): the new handle now (NULL for NOCOLOR), the
+  // work on a thread. Until it ends the parent takes no calls and reports
+  // mkInProgress; the child reports its own progress and errors. In a group
+  // of blocking communicators mkGroupEnd waits for it and returns its error.
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;
+    mkResult_t code = mkSuccess;
+    std::string error;
+  };
+  auto done = std::make_shared<Done>();
+  mkComm_t out = child ? publish(child) : nullptr;
+  parent->splits_running.fetch_add(1);
+  std::thread([parent, mine, child, done] {
+    mkResult_t code = mkSuccess;
+    std::string error;
+    try {
+      split_body(parent, mine, child);
+    } catch (const RtError& e) {
+      code = e.code();
+      error = e.what();
+    } catch (const std::exception& e) {
+      code = mkInternalError;
+      error = std::string("internal error: ") + e.what();
+    }
+    if (code != mkSuccess) parent->set_last_error(std::string("mkCommSplit: ") + error);
+    parent->splits_running.fetch_sub(1);
+    std::lock_guard<std::mutex> lock(done->mu);
+    done->finished = true;
+    done->code = code;
+    done->error = error;
+    done->cv.notify_all();
+  }).detach();
+  if (grouped && cfg.blocking)
+    group_defer([done] {
+      std::unique_lock<std::mutex> lock(done->mu);
+      done->cv.wait(lock, [&] { return done->finished; });
+      if (done->code != mkSuccess) fail(done->code, done->error);
+    });
+  *in_progress = !cfg.blocking;
+  return out;
 }
 
 }  // namespace mk::rt

@@ -18,8 +18,10 @@ std::vector<mkComm_t> lifecycle_init_all(int ndev, const int* devlist);
 // are inside calls on `h`.
 void lifecycle_close(mkComm_t h, bool abort);
 void lifecycle_finalize(mkComm_t h);
-// NULL for MK_SPLIT_NOCOLOR.
-mkComm_t lifecycle_split(mkComm_t parent, int color, int key, const mkConfig_t* config);
+// NULL for MK_SPLIT_NOCOLOR. Blocking (the effective config's `blocking`):
+// returns the ready child. Nonblocking: the child at once, built on a thread
+// (*in_progress set); the parent takes no calls until that thread is done.
+mkComm_t lifecycle_split(mkComm_t parent, int color, int key, const mkConfig_t* config, bool* in_progress);
 mkResult_t lifecycle_async_error(mkComm_t h, std::string* message);
 
 }  // namespace mk::rt

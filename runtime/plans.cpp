@@ -103,13 +103,14 @@ std::string plan_dir_digest() {
 }
 
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch, bool zero_copy) {
+                                           RedOp op, int arch, bool zero_copy, int32_t max_grid) {
   compiler::CompileOptions o;
   o.arch = arch;
   o.dtype = dtype;
   o.op = collective_reduces(coll) ? op : RedOp::sum;
   o.lower.zero_copy = zero_copy;
   env::apply_tune(&o.lower.proto);
+  o.lower.proto.max_grid = max_grid;
   const std::string key = fmt::format("{}|{}|{}", schedule, nranks, compiler::options_json(o));
   std::lock_guard<std::mutex> lock(mutex());
   const auto& from_dir = dir_plans();

@@ -14,7 +14,8 @@
 // its tile at run time up to that (templates/layout.cuh pick_tile_bytes).
 //
 // Needs: thread blocks assigned. Guarantees: proto, tile_bytes (multiple of
-// 16), depth >= 1 and instances set; tile * scratch * depth * instances (x2
+// 16), depth >= 1 and instances set (instances x tbs <= max_grid when a cap
+// is given and one instance fits it); tile * scratch * depth * instances (x2
 // for LL) fits the scratch budget.
 #include <algorithm>
 #include <map>
@@ -51,6 +52,7 @@ Bucket make_bucket(const ir::Schedule& s, int64_t lo, int64_t hi, ir::Proto prot
   b.depth = 2;
   const int32_t floor = proto == ir::Proto::ll ? o.ll_instances : o.simple_instances;
   b.instances = o.forced_instances > 0 ? o.forced_instances : std::max(s.instances, floor);
+  if (o.max_grid > 0) b.instances = std::max(1, std::min(b.instances, o.max_grid / std::max(s.tbs, 1)));
   b.threads = proto == ir::Proto::ll ? 256 : 512;
   const int64_t ll_factor = proto == ir::Proto::ll ? 2 : 1;
   // Largest tile the scratch budget allows.

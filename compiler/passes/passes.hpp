@@ -36,6 +36,10 @@ struct ProtocolOptions {
   // instances = more CTAs moving data in parallel (bandwidth), more scratch.
   int32_t simple_instances = 16;
   int32_t ll_instances = 4;
+  // At most this many thread blocks per kernel (0: no cap): instances are
+  // lowered until instances x blocks per instance fits (never below 1).
+  // The runtime passes mkConfig_t.maxCTAs here.
+  int32_t max_grid = 0;
 };
 
 // Size buckets for [min_bytes, max_bytes] (max -1: unbounded).

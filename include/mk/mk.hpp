@@ -163,10 +163,14 @@ class Communicator {
     return Communicator(c);
   }
   // Collective: ranks with the same color form a communicator ordered by key.
-  // MK_SPLIT_NOCOLOR: an empty Communicator (get() == nullptr).
+  // MK_SPLIT_NOCOLOR: an empty Communicator (get() == nullptr). The child
+  // inherits this communicator's config (`config` overrides it); when that is
+  // nonblocking, split returns at once: wait until the child's (and this
+  // communicator's) async_error() is no longer mkInProgress.
   Communicator split(int color, int key, const mkConfig_t* config = nullptr) const {
     mkComm_t c = nullptr;
-    check(mkCommSplit(c_, color, key, &c, config), c_);
+    const mkResult_t r = mkCommSplit(c_, color, key, &c, config);
+    if (r != mkInProgress) check(r, c_);
     return Communicator(c);
   }
   // Waits for every collective issued on this communicator; then only

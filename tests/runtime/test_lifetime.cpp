@@ -516,10 +516,19 @@ TEST_CASE("C++ API: nonblocking init, split and finalize") {
   while (comm.async_error() == mkInProgress && ms_since(t0) < bound_ms(10000))
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   CHECK(comm.async_error() == mkSuccess);
-  mk::Communicator child = comm.split(0, 0);
+  auto settle = [](const mk::Communicator& c) {
+    const auto t1 = Clock::now();
+    while (c.async_error() == mkInProgress && ms_since(t1) < bound_ms(10000))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return c.async_error();
+  };
+  mk::Communicator child = comm.split(0, 0);  // nonblocking too: the child inherits the config
+  CHECK(settle(child) == mkSuccess);
+  CHECK(settle(comm) == mkSuccess);
   CHECK(child.size() == 1);
   mk::Communicator none = comm.split(MK_SPLIT_NOCOLOR, 0);
   CHECK(none.get() == nullptr);
+  CHECK(settle(comm) == mkSuccess);
   child.finalize();
   comm.finalize();
   CHECK_THROWS_AS(comm.split(0, 0), mk::RuntimeError);  // finalized: only destruction is allowed
@@ -694,4 +703,43 @@ TEST_CASE("a communicator's launches on another stream wait for its previous lau
   CHECK(mkCommDestroy(comm) == mkSuccess);
   cu().cuStreamDestroy(a);
   cu().cuStreamDestroy(c);
+}
+
+TEST_CASE("config maxCTAs caps every kernel's grid; below one instance's blocks the call fails naming maxCTAs") {
+  MKT_REQUIRE_FAKE();
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  const int n = 2;
+  unsigned grid_default[n] = {}, grid_capped[n] = {};
+  mkResult_t tiny[n] = {};
+  std::string tiny_msg[n];
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      mkt::Device d(r);
+      mkt::Buffer buf(d, 1 << 16);
+      mkComm_t plain = nullptr, capped = nullptr, one = nullptr;
+      mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+      REQUIRE(mkCommInitRank(&plain, n, id, r) == mkSuccess);
+      REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, plain, d.stream) == mkSuccess);
+      grid_default[r] = mkt::last_launch().grid[0];  // uncapped: no capped launch can come before the split
+      cfg.maxCTAs = 4;
+      REQUIRE(mkCommSplit(plain, 0, r, &capped, &cfg) == mkSuccess);
+      REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, capped, d.stream) == mkSuccess);
+      grid_capped[r] = mkt::last_launch().grid[0];
+      cfg.maxCTAs = 1;
+      REQUIRE(mkCommSplit(plain, 0, r, &one, &cfg) == mkSuccess);
+      tiny[r] = mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, one, d.stream);
+      tiny_msg[r] = mkGetLastError(one);
+      for (mkComm_t c : {one, capped, plain}) CHECK(mkCommDestroy(c) == mkSuccess);
+    });
+  for (auto& t : ts) t.join();
+  // Either thread may have read the other's launch (the fake keeps the last one).
+  CHECK(std::max(grid_default[0], grid_default[1]) > 4);
+  CHECK(grid_capped[0] <= 4);
+  CHECK(grid_capped[1] <= 4);
+  for (int r = 0; r < n; ++r) {
+    CHECK(tiny[r] == mkInvalidUsage);
+    CHECK_MESSAGE(tiny_msg[r].find("maxCTAs") != std::string::npos, tiny_msg[r]);
+  }
 }
