@@ -727,6 +727,54 @@ void two_comms(World& w, World& w2) {
   }
 }
 
+// Children of mkCommSplit, with and without splitShare, used alternately with
+// the parent (all on their own streams): a child that shares its parent's
+// arena addresses a region of it the parent's plans never touch. Colors:
+// even and odd parent ranks. One process splits inside a group.
+World split_world(const World& w, int (*color)(int), bool share) {
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.splitShare = share ? 1 : 0;
+  World c;
+  c.multiprocess = w.multiprocess;
+  c.local = w.local;
+  CK_MK(mkGroupStart(), nullptr);
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    CK_MK(mkCommSplit(w.local[i].comm, color(w.local[i].rank), w.local[i].rank, &c.local[i].comm, &cfg),
+          w.local[i].comm);
+  }
+  CK_MK(mkGroupEnd(), nullptr);
+  for (Rank& r : c.local) {
+    CK_MK(mkCommCount(r.comm, &c.nranks), r.comm);
+    CK_MK(mkCommUserRank(r.comm, &r.rank), r.comm);
+    CK_CUDA(cudaSetDevice(r.device));
+    CK_CUDA(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  }
+  return c;
+}
+
+void split(World& w) {
+  const auto parity = [](int r) { return r % 2; };
+  const auto everyone = [](int) { return 0; };
+  for (bool share : {true, false}) {
+    World halves = split_world(w, parity, share);
+    World all = split_world(w, everyone, share);
+    for (int i = 0; i < 12; ++i) {
+      CallSpec s;
+      s.coll = all_collectives()[size_t(i % 6)];
+      s.count = 1000 + 333 * i;
+      s.root = 1 % w.nranks;
+      s.seed = uint64_t(300 + i);
+      World& target = i % 3 == 0 ? w : i % 3 == 1 ? all : halves;
+      if (&target == &halves) s.root = 0;
+      run_checked(target, s);
+    }
+    std::printf("    splitShare=%d: parent, halves and a copy of the world checked alternately\n", int(share));
+    destroy(halves);
+    destroy(all);
+  }
+}
+
 // ---- registered buffers (zero-copy) --------------------------------------------
 
 // One registered arena per local rank; each call carves its buffers out of it
@@ -1177,6 +1225,8 @@ std::vector<Scenario> scenarios() {
   v.push_back({"share_gpu_2ranks_2proc", 2, true, 1, {}, one_each, 1});
   v.push_back({"share_gpu_3ranks_3proc", 3, true, 1, {}, one_each, 1});
   v.push_back({"share_gpu_4ranks_1proc_4mib", 4, false, 1, {}, share_gpu_large, 1});
+  v.push_back({"split_4ranks_1proc", 4, false, 1, {}, split, 1});
+  v.push_back({"split_2ranks_2proc", 2, true, 1, {}, split, 1});
   return v;
 }
 
