@@ -97,7 +97,7 @@ struct Graph {
   // reference in the file's own chunks, with the byte range of a part of a
   // chunk where the reference is one ("gpu 1 s[0] bytes [C/2, C) (C: ...)").
   int32_t refine = 1;
-  std::string describe(const VRef& r) const;
+  std::string describe(const VRef &r) const;
 };
 
 // Level-by-level topological order of all nodes (program order + edges),
