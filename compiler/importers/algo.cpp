@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <numeric>
 #include <tuple>
 
 namespace mk::importers::detail {
@@ -70,6 +71,95 @@ std::string Graph::where(int32_t n) const {
   const Node& x = nodes[size_t(n)];
   std::string s = x.what;
   if (x.loc.valid()) s += " (" + x.loc.str() + (x.loc.func.empty() ? "" : ", " + x.loc.func) + ")";
+  return s;
+}
+
+namespace {
+// "0", "C", "C/2", "3C/4": k/n of a chunk's C bytes
+std::string fraction_of_c(int64_t k, int64_t n) {
+  const int64_t d = std::gcd(k, n);
+  k /= d;
+  n /= d;
+  if (k == 0)
+    return "0";
+  std::string num = k == 1 ? "C" : fmt::format("{}C", k);
+  return n == 1 ? num : fmt::format("{}/{}", num, n);
+}
+} // namespace
+
+std::string Graph::describe(const VRef &r) const {
+  if (refine <= 1)
+    return to_string(r);
+  const int64_t first = r.index / refine,
+                last = (int64_t(r.index) + r.count - 1) / refine;
+  if (r.index % refine == 0 && r.count % refine == 0)
+    return to_string(
+        VRef{r.rank, r.buf, int32_t(first), int32_t(r.count / refine)});
+  std::string s =
+      to_string(VRef{r.rank, r.buf, int32_t(first), int32_t(last - first + 1)});
+  if (first != last)
+    return s + " (in part)";
+  const int64_t lo = r.index % refine, hi = lo + r.count;
+  return fmt::format("{} bytes [{}, {}) (C: the chunk's size; MSCCL++ rounds "
+                     "to its buffer alignment)",
+                     s, fraction_of_c(lo, refine), fraction_of_c(hi, refine));
+}
+
+// Why two steps are unordered, for a race message: what the later step's
+// thread knows of the earlier one's, and the cross-thread edges into the
+// later step's thread (before it) and out of the earlier step's thread
+// (after it): the candidates one would expect to order them.
+static std::string explain_unordered(const Graph &g, int32_t a, int32_t b,
+                                     uint32_t known) {
+  const Node &x = g.nodes[size_t(a)];
+  const Node &y = g.nodes[size_t(b)];
+  const Thread &tx = g.threads[size_t(x.thread)];
+  const Thread &ty = g.threads[size_t(y.thread)];
+  const std::string nx = fmt::format("gpu {} tb {}", tx.gpu, tx.tb),
+                    ny = fmt::format("gpu {} tb {}", ty.gpu, ty.tb);
+  std::string s =
+      fmt::format("\n  interleaving: {} and {} run concurrently; ", nx, ny);
+  if (known == 0)
+    s += fmt::format("no step of {} is ordered before the {} one", nx, ny);
+  else
+    s += fmt::format("the last step of {} ordered before the {} one is {}, "
+                     "before the racing one",
+                     nx, ny, g.nodes[size_t(tx.nodes[known - 1])].what);
+  auto name = [&](int32_t n) {
+    return g.nodes[size_t(n)].thread < 0
+               ? g.nodes[size_t(n)].what + " (all its members)"
+               : g.nodes[size_t(n)].what;
+  };
+  std::vector<std::string> into;
+  for (int32_t m : ty.nodes) {
+    if (g.nodes[size_t(m)].pos > y.pos)
+      break;
+    for (int32_t p : g.nodes[size_t(m)].preds)
+      into.push_back(
+          fmt::format("{} waits for {}", g.nodes[size_t(m)].what, name(p)));
+  }
+  std::vector<std::string> out;
+  for (size_t n = 0; n < g.nodes.size() && out.size() < 4; ++n)
+    for (int32_t p : g.nodes[n].preds)
+      if (g.nodes[size_t(p)].thread == x.thread &&
+          g.nodes[size_t(p)].pos >= x.pos && g.nodes[n].thread != x.thread)
+        out.push_back(fmt::format("{} releases {}", g.nodes[size_t(p)].what,
+                                  name(int32_t(n))));
+  auto list = [](const std::vector<std::string> &v, size_t from) {
+    std::string r;
+    for (size_t i = from; i < v.size(); ++i)
+      r += "\n    " + v[i];
+    return r;
+  };
+  s += fmt::format("\n  what orders {} after other thread blocks, up to its "
+                   "racing step:",
+                   ny) +
+       (into.empty() ? std::string(" nothing")
+                     : list(into, into.size() > 4 ? into.size() - 4 : 0));
+  s += fmt::format("\n  what orders other thread blocks after {}, from its "
+                   "racing step on:",
+                   nx) +
+       (out.empty() ? std::string(" nothing") : list(out, 0));
   return s;
 }
 
@@ -310,13 +400,19 @@ void check_races(const Graph& g, const std::vector<int32_t>& order, const View& 
       int32_t k = tmap[size_t(x.thread)];
       return k >= 0 && vc[size_t(k)] >= uint32_t(x.pos) + 1;
     };
-    auto race = [&](int32_t a, int32_t b, const VRef& ref, bool a_writes, bool b_writes) {
-      throw Error(ErrId::import_E009,
-                  fmt::format("race on {}: {} {} it and {} {} it, and nothing orders the two "
-                              "(in this {} reading of the file)",
-                              to_string(ref), g.where(a), a_writes ? "writes" : "reads", g.where(b),
-                              b_writes ? "writes" : "reads", v.inplace() ? "in-place" : "out-of-place"),
-                  g.nodes[size_t(b)].loc, hint);
+    auto race = [&](int32_t a, int32_t b, const VRef &ref, bool a_writes,
+                    bool b_writes) {
+      const int32_t ka = tmap[size_t(g.nodes[size_t(a)].thread)];
+      throw Error(
+          ErrId::import_E009,
+          fmt::format(
+              "race on {}: {} {} it and {} {} it, and nothing orders the two "
+              "(in this {} reading of the file){}",
+              g.describe(ref), g.where(a), a_writes ? "writes" : "reads",
+              g.where(b), b_writes ? "writes" : "reads",
+              v.inplace() ? "in-place" : "out-of-place",
+              explain_unordered(g, a, b, ka >= 0 ? vc[size_t(ka)] : 0)),
+          g.nodes[size_t(b)].loc, hint);
     };
     std::unordered_map<int64_t, VRef> first_ref;  // for messages: how the last writer named the cell
     for (int32_t id : order) {

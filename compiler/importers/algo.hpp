@@ -93,6 +93,11 @@ struct Graph {
   int64_t chunk_accesses = 0;
   // "file:line" of a node, for messages
   std::string where(int32_t n) const;
+  // View units per file chunk (Geometry's refinement); describe() names a
+  // reference in the file's own chunks, with the byte range of a part of a
+  // chunk where the reference is one ("gpu 1 s[0] bytes [C/2, C) (C: ...)").
+  int32_t refine = 1;
+  std::string describe(const VRef &r) const;
 };
 
 // Level-by-level topological order of all nodes (program order + edges),

@@ -248,8 +248,117 @@ class Reader {
     std::string path;
   };
   std::vector<OldDep> old_deps_;
-  std::vector<std::pair<std::string, int32_t>> pipelines_;  // path, unit/num key
+  // Pipelines. MSCCL++ runs a pipeline's inner ops ceil(num_chunks x chunk /
+  // unit_size) times, iteration i on bytes [i x unit_size, (i+1) x unit_size)
+  // of every range the inner ops name. Its effect is that of one pass over
+  // the whole ranges (which is what the importer emits) exactly when the
+  // iterations line up: every inner range is num_chunks chunks long, two
+  // inner ranges of pipelines with the same iteration space are identical or
+  // disjoint (so iteration i of one op meets only iteration i of another),
+  // and synchronisation pairs only ops that run equally often. Then
+  // happens-before between the ops of one iteration is the same in every
+  // iteration (sync edges never go back to an earlier iteration), so the
+  // race proof of one pass covers them all. Anything else is refused.
+  struct Pipeline {
+    std::string path;
+    int64_t unit = 0, num = 0;
+  };
+  std::vector<Pipeline> pipelines_;
+  std::map<int32_t, int>
+      ctx_of_; // node -> pipeline it runs in (absent: outside any)
+  struct PipeRange {
+    int64_t unit, num;
+    VRef ref;
+    std::string path;
+  };
+  std::vector<PipeRange> pipe_ranges_;
+  int ctx(int32_t node) const {
+    auto it = ctx_of_.find(node);
+    return it == ctx_of_.end() ? -1 : it->second;
+  }
+  bool same_iterations(int a, int b) const {
+    if (a < 0 || b < 0)
+      return a == b || (a < 0 && b < 0);
+    return pipelines_[size_t(a)].unit == pipelines_[size_t(b)].unit &&
+           pipelines_[size_t(a)].num == pipelines_[size_t(b)].num;
+  }
+  std::string iterations(int c) const {
+    if (c < 0)
+      return "outside any pipeline (it runs once)";
+    const Pipeline &p = pipelines_[size_t(c)];
+    return fmt::format("in the pipeline at {} (unit_size {}, num_chunks {}: it "
+                       "runs once per iteration)",
+                       p.path, p.unit, p.num);
+  }
+  // Throws import_E010 unless nodes a and b run equally often.
+  void same_iterations_or_fail(int32_t a, int32_t b,
+                               const std::string &what) const;
+  void check_pipeline_ranges() const;
 };
+
+void Reader::same_iterations_or_fail(int32_t a, int32_t b,
+                                     const std::string &what) const {
+  if (same_iterations(ctx(a), ctx(b)))
+    return;
+  throw Error(ErrId::import_E010,
+              fmt::format("{}: {} runs {}, but {} runs {}; the number of times "
+                          "they run differs, so the pairing "
+                          "breaks (a wait or acquire is left waiting, or a "
+                          "signal or release is left over)",
+                          what, g_.where(a), iterations(ctx(a)), g_.where(b),
+                          iterations(ctx(b))),
+              g_.nodes[size_t(b)].loc,
+              "put both sides in pipelines with the same unit_size and "
+              "num_chunks, or both outside pipelines");
+}
+
+void Reader::check_pipeline_ranges() const {
+  // Two inner ranges of one iteration space that overlap without being equal
+  // meet at different iterations (unit i of one is unit j != i of the other).
+  std::vector<const PipeRange *> v;
+  for (const PipeRange &r : pipe_ranges_)
+    v.push_back(&r);
+  auto key = [](const PipeRange *r) {
+    return std::tuple(r->unit, r->num, r->ref.rank, int(r->ref.buf),
+                      r->ref.index, r->ref.count);
+  };
+  std::sort(v.begin(), v.end(), [&](const PipeRange *a, const PipeRange *b) {
+    return key(a) < key(b);
+  });
+  const PipeRange *reach = nullptr; // of the ranges so far in this space and
+                                    // buffer, the one reaching furthest
+  for (const PipeRange *r : v) {
+    if (reach &&
+        std::tuple(reach->unit, reach->num, reach->ref.rank, reach->ref.buf) ==
+            std::tuple(r->unit, r->num, r->ref.rank, r->ref.buf)) {
+      const bool equal =
+          reach->ref.index == r->ref.index && reach->ref.count == r->ref.count;
+      if (!equal && r->ref.index < reach->ref.index + reach->ref.count)
+        throw Error(
+            ErrId::import_E010,
+            fmt::format(
+                "{}: names {} inside a pipeline, and {} names {} inside a "
+                "pipeline of the same "
+                "unit_size and num_chunks; the ranges overlap without being "
+                "equal, so MSCCL++ "
+                "touches their common bytes at different iterations, which "
+                "mKernel does not model",
+                r->path,
+                to_string(VRef{r->ref.rank, r->ref.buf, r->ref.index / refine_,
+                               std::max(1, r->ref.count / refine_)}),
+                reach->path,
+                to_string(VRef{reach->ref.rank, reach->ref.buf,
+                               reach->ref.index / refine_,
+                               std::max(1, reach->ref.count / refine_)})),
+            loc(r->path),
+            "make the ranges of pipelined ops identical or disjoint");
+      if (r->ref.index + r->ref.count > reach->ref.index + reach->ref.count)
+        reach = r;
+    } else {
+      reach = r;
+    }
+  }
+}
 
 Reader::Chunk Reader::chunk(const GpuRec& g, const TbRec& t, const json& c, Ch ch, const std::string& path) const {
   if (!c.is_object()) fail(ErrId::import_E002, path, "expected a chunk object {type|buffer_id, index, size}");
@@ -356,7 +465,15 @@ void Reader::parse_gpu(GpuRec& g) {
              "regenerate the plan with a current mscclpp.language (python -m mscclpp.language ...)");
       if (ch == Ch::sw) {
         SwitchInfo base;
-        base.buf = buf_of(field(c, "buffer_type", cp), cp + ".buffer_type");
+        // "buffer_type" in plans up to MSCCL++ v0.7, "buff" in the ones it
+        // writes today
+        const json *bt = opt_field(c, {"buffer_type", "buff"});
+        if (!bt)
+          fail(ErrId::import_E002, cp,
+               "missing \"buffer_type\" (or \"buff\"): which buffer the switch "
+               "channel maps");
+        base.buf = buf_of(
+            *bt, cp + (c.contains("buffer_type") ? ".buffer_type" : ".buff"));
         const json& groups = get_array(c, "rank_groups", cp);
         for (size_t k = 0; k < groups.size(); ++k) {
           std::string gp = JsonLines::index(cp + ".rank_groups", k);
@@ -465,10 +582,19 @@ void Reader::add_op(GpuRec& g, TbRec& t, const json& op, const std::string& path
            "regenerate the plan with a current mscclpp.language");
   const std::string name = get_str(op, "name", path);
   const SrcLoc l = loc(path);
+  int64_t tbg = 1, tbg_id = 0; // set from tbg_info below
   auto node = [&](const std::string& suffix = "") {
     std::string rel = path.size() > t.path.size() + 1 ? path.substr(t.path.size() + 1) : path;
-    int32_t n = g_.add_node(t.thread, g.id, l, fmt::format("gpu {} tb {} {} ({}{})", g.id, t.id, rel, name, suffix));
+    std::string member =
+        tbg > 1 ? fmt::format(", member {} of a thread-block group of {}",
+                              tbg_id, tbg)
+                : "";
+    int32_t n = g_.add_node(t.thread, g.id, l,
+                            fmt::format("gpu {} tb {} {} ({}{}{})", g.id, t.id,
+                                        rel, name, suffix, member));
     g_.nodes[size_t(n)].payload = -1;
+    if (pipeline_ctx >= 0)
+      ctx_of_[n] = pipeline_ctx;
     return n;
   };
   // channels named by the op: tb-local indices into the tb's channels of its type
@@ -507,13 +633,37 @@ void Reader::add_op(GpuRec& g, TbRec& t, const json& op, const std::string& path
     }
   };
   // tbg_info: this thread block's slice of the op's range
-  int64_t tbg = 1, tbg_id = 0;
   if (op.contains("tbg_info")) {
     const json& ti = op.at("tbg_info");
     std::string tp = path + ".tbg_info";
     tbg = get_int(ti, {"tbg_size"}, tp, true, 1, 1, 64);
     tbg_id = get_int(ti, {"tb_id"}, tp, true, 0, 0, tbg - 1);
   }
+  // A range of an op inside a pipeline (`r` before the thread-block group's
+  // slice, `mine` after it); see Pipeline.
+  auto pipelined = [&](const VRef &r, const VRef &mine, const std::string &cp) {
+    if (pipeline_ctx < 0)
+      return;
+    const Pipeline &pl = pipelines_[size_t(pipeline_ctx)];
+    const int64_t size = r.count / refine_;
+    if (size != pl.num * tbg)
+      fail(ErrId::import_E010, cp,
+           fmt::format(
+               "a range of {} chunk(s){} inside a pipeline with num_chunks {}: "
+               "MSCCL++ runs ceil(num_chunks x "
+               "chunk / unit_size) iterations over unit_size bytes of every "
+               "{}range, so this one would be {}",
+               size,
+               tbg > 1
+                   ? fmt::format(" split over a thread-block group of {}", tbg)
+                   : "",
+               pl.num, tbg > 1 ? "member's " : "",
+               size < pl.num * tbg ? "overrun past its end"
+                                   : "covered only in part"),
+           "inside a pipeline, every range is num_chunks chunks long "
+           "(num_chunks x tbg_size with a thread-block group)");
+    pipe_ranges_.push_back({pl.unit, pl.num, mine, cp});
+  };
   auto chunks = [&](const char* key, bool required) {
     std::vector<Chunk> out;
     const json* arr = opt_array(op, {key}, path);
@@ -531,7 +681,9 @@ void Reader::add_op(GpuRec& g, TbRec& t, const json& op, const std::string& path
         continue;
       }
       Chunk x = chunk(g, t, c, ch, cp);
+      const VRef whole = x.ref;
       if (tbg > 1) x.ref = slice(x.ref, tbg_id, tbg);
+      pipelined(whole, x.ref, cp);
       out.push_back(x);
     }
     return out;
@@ -647,10 +799,11 @@ void Reader::add_op(GpuRec& g, TbRec& t, const json& op, const std::string& path
     const json& ic = field(op, "iter_context", path);
     int64_t unit = get_int(ic, {"unit_size"}, path + ".iter_context", true, 0, 1, INT64_MAX);
     int64_t nch = get_int(ic, {"num_chunks"}, path + ".iter_context", true, 0, 0, kMaxBufferChunks);
+    if (nch == 0)
+      fail(ErrId::import_E002, path + ".iter_context.num_chunks",
+           "a pipeline over 0 chunks runs nothing");
     int ctx = int(pipelines_.size());
-    pipelines_.push_back({path, 0});
-    (void)unit;
-    (void)nch;
+    pipelines_.push_back({path, unit, nch});
     const json& inner = get_array(op, "ops", path);
     int32_t n = node(" begin");
     old_deps(n);
@@ -659,6 +812,16 @@ void Reader::add_op(GpuRec& g, TbRec& t, const json& op, const std::string& path
   }
 
   // ---- data ops
+  static const std::set<std::string> packet_ops = {
+      "ppkt", "rppkt", "cpkt", "upkt", "repkt", "recpkt", "respkt", "recspkt"};
+  if (pipeline_ctx >= 0 && packet_ops.count(name))
+    fail(ErrId::import_E010, path,
+         fmt::format("{} inside a pipeline: MSCCL++'s executor runs packet ops "
+                     "over their whole range in every "
+                     "iteration (they take no iteration offset), repeating the "
+                     "transfer; mKernel does not import that",
+                     name),
+         "move packet ops out of the pipeline");
   OpRec rec;
   int32_t n = -1;
   auto finish = [&]() {
@@ -802,7 +965,9 @@ void Reader::add_op(GpuRec& g, TbRec& t, const json& op, const std::string& path
         int64_t index = get_int(c, {"index"}, cp, true, 0, 0, kMaxBufferChunks);
         int64_t size = get_int(c, {"size"}, cp, false, 1, 0, kMaxBufferChunks);
         VRef r{g.id, (*info)->buf, int32_t(index * refine_), int32_t(size * refine_)};
+        const VRef whole = r;
         if (tbg > 1) r = slice(r, tbg_id, tbg);
+        pipelined(whole, r, cp);
         return r;
       };
       const SwitchInfo *si = nullptr, *di = nullptr;
@@ -816,6 +981,12 @@ void Reader::add_op(GpuRec& g, TbRec& t, const json& op, const std::string& path
         sq.rank = dq.rank = q;
         check_bounds(sq, sp);
         check_bounds(dq, dp);
+        if (pipeline_ctx >= 0 && q != g.id) { // the group's other ranks'
+                                              // ranges, which glres touches too
+          const Pipeline &pl = pipelines_[size_t(pipeline_ctx)];
+          pipe_ranges_.push_back({pl.unit, pl.num, sq, sp});
+          pipe_ranges_.push_back({pl.unit, pl.num, dq, dp});
+        }
         a.srcs.push_back(sq);
         a.dsts.push_back(dq);
         reads.push_back(sq);
@@ -867,12 +1038,11 @@ void Reader::link() {
                                 is_wait ? ": it waits forever" : ""),
                     g_.nodes[size_t(n)].loc, "every signal on a channel needs one wait on the paired channel, in order");
       }
-      if (sig[i].second != wt[i].second && (sig[i].second < 0 || wt[i].second < 0))
-        throw Error(ErrId::import_E010,
-                    fmt::format("{} pairs with {}, but only one of them is inside a pipeline: the number of times "
-                                "they run differs",
-                                g_.where(sig[i].first), g_.where(wt[i].first)),
-                    g_.nodes[size_t(wt[i].first)].loc);
+      same_iterations_or_fail(
+          sig[i].first, wt[i].first,
+          fmt::format(
+              "the {} signal/wait pair on the {} channel gpu {} -> gpu {}",
+              i + 1, ch_name(k.ch), k.from, k.to));
       g_.edge(sig[i].first, wt[i].first);
       ++sync_edges_;
     }
@@ -882,6 +1052,9 @@ void Reader::link() {
     std::map<int32_t, std::vector<int32_t>> by_thread;
     int64_t nb = calls.front().second;
     for (auto& [n, k] : calls) {
+      same_iterations_or_fail(
+          calls.front().first, n,
+          fmt::format("barrier {} of gpu {}", key.second, key.first));
       if (k != nb)
         throw Error(ErrId::import_E008,
                     fmt::format("barrier {} of gpu {} is called with num_threadblocks {} and {}", key.second, key.first, nb, k),
@@ -921,6 +1094,11 @@ void Reader::link() {
     const auto& rel = releases_[k];
     const auto& acq = acquires_[k];
     const int64_t init = gpus_[size_t(k.first)].sem_init[size_t(k.second)];
+    const int32_t first = (rel.empty() ? acq : rel).front();
+    for (const auto *list : {&rel, &acq})
+      for (int32_t n : *list)
+        same_iterations_or_fail(
+            first, n, fmt::format("semaphore {} of gpu {}", k.second, k.first));
     for (const auto* list : {&rel, &acq})
       for (int32_t n : *list)
         if (g_.nodes[size_t(n)].thread != g_.nodes[size_t(list->front())].thread)
@@ -987,7 +1165,10 @@ ir::Schedule Reader::emit(bool inplace, int32_t* staging) const {
   View v(geo_, inplace);
   auto order = topo_order(g_, "the cycle runs through signal/wait pairs, barriers, semaphores, packets and "
                               "thread-block order; some wait can never be released");
-  check_races(g_, order, v, "order them with a signal/wait pair, a barrier or a semaphore (or put them in one thread block)");
+  check_races(g_, order, v,
+              "a nop orders the steps of its own thread block only; order the "
+              "two with a signal/wait pair, a barrier "
+              "or a semaphore (or put them in one thread block)");
   ir::Schedule s;
   s.name = name_;
   s.coll = coll_;
@@ -1097,6 +1278,7 @@ ir::Schedule Reader::run(ImportInfo* info, const ImportOptions& opt) {
               }
             }
     refine_ = int32_t(L);
+    g_.refine = refine_;
   }
   // geometry: chunks per block from the declared counts
   geo_.coll = coll_;
@@ -1149,6 +1331,7 @@ ir::Schedule Reader::run(ImportInfo* info, const ImportOptions& opt) {
       ++ntbs_;
       parse_ops(g, t, get_array(*t.j, "ops", t.path), t.path + ".ops", -1);
     }
+  check_pipeline_ranges();
   link();
   if (name_.empty()) {
     auto slash = file_.find_last_of('/');

@@ -5,6 +5,8 @@
 // id, the JSON path in the message and the line it points at.
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "compiler/importers/importers.hpp"
 #include "compiler/importers/json_lines.hpp"
 #include "import_util.hpp"
@@ -334,4 +336,145 @@ TEST_CASE("import: numbers too large for JSON -> mk.import.E001 / mk.ir.E001, no
 TEST_CASE("import: damaged MSCCL++ plans fail cleanly (truncation, byte damage)") {
   mkt::damage_is_clean(kPlan, "d.json", 400);
   mkt::damage_is_clean(mkt::fixture_text("mscclpp/allreduce_pipeline_sem_2.json"), "d.json", 100);
+}
+
+// ---- plans as mscclpp.language writes them today ---------------------------
+
+namespace {
+
+using nlohmann::json;
+
+json fixture_json(const char *rel) {
+  return json::parse(mkt::fixture_text(rel));
+}
+
+mkt::Caught import_error(const json &plan) {
+  return catch_error([&] { importers::import_text(plan.dump(2), "p.json"); });
+}
+
+} // namespace
+
+TEST_CASE("import: MSCCL++ pipelined NVLS plan in today's format (switch "
+          "channel \"buff\", no \"buffer_type\")") {
+  // the shape of MSCCL++'s allreduce_pipeline.json: every thread block one
+  // pipeline, a semaphore ring between them, channels spelt "type"/"buff"
+  importers::ImportInfo info;
+  std::string text =
+      mkt::fixture_text("mscclpp/allreduce_pipeline_nvls_4.json");
+  CHECK(!contains(text, "buffer_type"));
+  ir::Schedule s = importers::import_text(text, "pn.json", &info);
+  CHECK(s.nranks == 4);
+  verify::verify_semantics(s);
+  mkt::simulate_all(s, {DType::fp32, DType::bf16});
+  // the older spelling still reads (allreduce_nvls_4.json uses "buffer_type"),
+  // and a switch channel with neither names both
+  json p = fixture_json("mscclpp/allreduce_pipeline_nvls_4.json");
+  p["gpus"][2]["channels"][0].erase("buff");
+  auto c = import_error(p);
+  INFO(c.what);
+  CHECK(c.id == "mk.import.E002");
+  CHECK(contains(c.message, "$.gpus[2].channels[0]"));
+  CHECK(contains(c.message, "\"buff\""));
+}
+
+TEST_CASE("import: MSCCL++ thread-block groups: member k takes part k of its "
+          "op's whole range") {
+  // race-free: gpu 1 stages each chunk with its own grouped copy, so member k
+  // of gpu 1 stages half k of chunk 0, which member k of gpu 0 reads after
+  // member k's signal
+  ir::Schedule s =
+      importers::import_file(mkt::fixture("mscclpp/allreduce_tbg_2.json"));
+  verify::verify_semantics(s);
+  mkt::simulate_all(s, {DType::fp32, DType::uint8});
+  // reduce_tbg.json's shape: one grouped copy of s[0:2] on gpu 1, so member
+  // 0 stages all of chunk 0 while gpu 0's member 1 (ordered only after gpu
+  // 1's member 1) reads its second half: a real race, shown as an interleaving
+  auto c = catch_error([&] {
+    importers::import_file(mkt::fixture("mscclpp/allreduce_tbg_race_2.json"));
+  });
+  INFO(c.what);
+  CHECK(c.id == "mk.import.E009");
+  CHECK(contains(c.message, "race on gpu 1 s[0] bytes [C/2, C)"));
+  CHECK(contains(
+      c.message,
+      "gpu 1 tb 0 ops[0] (copy, member 0 of a thread-block group of 2)"));
+  CHECK(contains(
+      c.message,
+      "gpu 0 tb 1 ops[6] (rres, member 1 of a thread-block group of 2)"));
+  CHECK(contains(c.message,
+                 "no step of gpu 1 tb 0 is ordered before the gpu 0 tb 1 one"));
+  CHECK(contains(
+      c.message,
+      "gpu 0 tb 1 ops[4] (wait) waits for gpu 1 tb 1 ops[2] (signal)"));
+  CHECK(
+      contains(c.message,
+               "gpu 1 tb 0 ops[2] (signal) releases gpu 0 tb 0 ops[4] (wait)"));
+  CHECK(contains(c.what, "nop orders the steps of its own thread block only"));
+}
+
+TEST_CASE("import: MSCCL++ pipelines whose iterations do not line up -> "
+          "mk.import.E010") {
+  json p;
+  mkt::Caught c;
+  // a range shorter than num_chunks: MSCCL++ would run past its end
+  p = fixture_json("mscclpp/allreduce_pipeline_sem_2.json");
+  p["gpus"][0]["threadblocks"][0]["ops"][0]["iter_context"]["num_chunks"] = 2;
+  c = import_error(p);
+  CHECK_MESSAGE(c.id == "mk.import.E010", c.what);
+  CHECK(contains(c.message,
+                 "$.gpus[0].threadblocks[0].ops[0].ops[0].src_buff[0]"));
+  CHECK(contains(c.message, "overrun past its end"));
+
+  // a semaphore released once (outside) and acquired once per iteration
+  p = fixture_json("mscclpp/allreduce_pipeline_sem_2.json");
+  for (auto &g : p["gpus"]) {
+    json &ops = g["threadblocks"][1]["ops"];
+    json inner = json::array({ops[0], ops[1]});
+    ops.erase(0);
+    ops[0] = {{"name", "pipeline"},
+              {"iter_context", {{"unit_size", 1 << 20}, {"num_chunks", 1}}},
+              {"ops", inner}};
+  }
+  c = import_error(p);
+  CHECK_MESSAGE(c.id == "mk.import.E010", c.what);
+  CHECK(contains(c.message, "semaphore 0 of gpu 0"));
+  CHECK(contains(c.message, "outside any pipeline"));
+
+  // signal/wait between pipelines of different unit sizes (different iteration
+  // counts)
+  p = fixture_json("mscclpp/allreduce_pipeline_nvls_4.json");
+  p["gpus"][0]["threadblocks"][0]["ops"][0]["iter_context"]["unit_size"] =
+      1 << 19;
+  c = import_error(p);
+  CHECK_MESSAGE(c.id == "mk.import.E010", c.what);
+  CHECK(contains(c.message, "unit_size 524288"));
+  CHECK(contains(c.message, "the number of times they run differs"));
+
+  // packets inside a pipeline: the executor repeats them in every iteration
+  p = fixture_json("mscclpp/allreduce_pipeline_nvls_4.json");
+  p["gpus"][1]["threadblocks"][0]["ops"][0]["ops"][2]["name"] = "cpkt";
+  c = import_error(p);
+  CHECK_MESSAGE(c.id == "mk.import.E010", c.what);
+  CHECK(contains(c.message, "$.gpus[1].threadblocks[0].ops[0].ops[2]"));
+  CHECK(contains(c.message, "cpkt inside a pipeline"));
+
+  // two ranges that overlap without being equal meet at different iterations
+  p = fixture_json("mscclpp/allreduce_pipeline_nvls_4.json");
+  json &pipe = p["gpus"][0]["threadblocks"][0]["ops"][0];
+  pipe["iter_context"]["num_chunks"] = 2;
+  json &in = pipe["ops"];
+  in.erase(in.begin() + 2, in.begin() + 6);
+  in.insert(
+      in.begin() + 2,
+      json::parse(
+          R"({"name": "copy", "src_buff": [{"type": "i", "index": 1, "size": 2}],
+                                            "dst_buff": [{"type": "s", "index": 1, "size": 2}]})"));
+  in.insert(
+      in.begin() + 2,
+      json::parse(
+          R"({"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 2}],
+                                            "dst_buff": [{"type": "s", "index": 0, "size": 2}]})"));
+  c = import_error(p);
+  CHECK_MESSAGE(c.id == "mk.import.E010", c.what);
+  CHECK(contains(c.message, "overlap without being equal"));
 }
