@@ -57,6 +57,7 @@ struct Common {
   int instances = 0;
   int max_tbs = 32;
   std::string topology;
+  std::optional<topology::Topology> topo;  // parsed by load_schedule; unset: the file's own
   std::string proto;  // "", simple, ll
   int64_t tile = 0;
   int64_t min_bytes = 0;
@@ -72,7 +73,9 @@ void add_common(CLI::App* c, Common& o, bool sizes) {
   c->add_option("--root", o.root, "root rank for broadcast/reduce (plans are built for root 0)");
   c->add_option("--instances", o.instances, "parallel instances (default: what the schedule asks for)");
   c->add_option("--max-tbs", o.max_tbs, "thread blocks per rank per instance at most");
-  c->add_option("--topology", o.topology, "nvlink:N (default) or pcie:N");
+  c->add_option("--topology", o.topology,
+                 "nvlink:N (default), pcie:N, NxG (N nodes of G GPUs, network between nodes) or NxG:direct "
+                 "(every pair linked: a stand-in, not a real machine); NxG implies --ranks N*G");
   c->add_option("--plugin", o.plugins, "load schedules from a plugin library (.so)");
   c->add_option("--proto", o.proto, "force a protocol: simple or ll");
   c->add_option("--tile", o.tile, "force the tile size in bytes (a multiple of 16)");
@@ -138,7 +141,7 @@ compiler::LowerOptions lower_options(const Common& o) {
   l.max_tbs = o.max_tbs;
   l.min_bytes = o.min_bytes;
   l.max_bytes = o.max_bytes;
-  l.topology = topology::parse(o.topology, o.ranks).name();
+  l.topology = o.topo;
   if (!o.proto.empty()) {
     auto p = ir::parse_proto(o.proto);
     if (!p) throw Error(ErrId::cli_E011, "--proto must be simple or ll");
@@ -177,15 +180,18 @@ Loaded load_schedule(Common& o) {
                   {}, "leave --ranks out for imported files");
     o.ranks = l.raw.nranks;
     check_ranks(o);
+    if (!o.topology.empty()) o.topo = topology::parse(o.topology, o.ranks);
     l.name = l.raw.name.empty() ? fs::path(o.file).filename().string() : l.raw.name;
     l.coll = l.raw.coll;
     return l;
   }
+  if (o.ranks == 0 && !o.topology.empty()) o.ranks = topology::parse(o.topology, 0).nranks();
   if (o.ranks == 0)
     throw Error(ErrId::cli_E004, "--ranks is required for a DSL schedule", {}, "e.g. --ranks 8");
   check_ranks(o);
+  o.topo = topology::parse(o.topology, o.ranks);
   auto info = resolve(o);
-  l.raw = dsl::build(info, o.ranks, 0);
+  l.raw = dsl::build(info, *o.topo, 0);
   l.name = info.name;
   l.coll = info.coll;
   return l;
