@@ -109,6 +109,31 @@ TEST_CASE("mkc verify: every built-in at 2 and 5 ranks") {
     }
 }
 
+TEST_CASE("mkc show: estimate_us for a few sizes, and with --pick the lowest estimate per size") {
+  auto r = mkc({"show", "-s", "allgather.direct", "--topology", "pcie:2", "--pick"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "estimate_us on pcie:2"));
+  for (const char* size : {"1024 B/rank", "1048576 B/rank", "268435456 B/rank"}) CHECK(contains(r.out, size));
+  CHECK(contains(r.out, "lowest estimate: allgather."));
+  r = mkc({"show", "-s", "allgather.direct", "-n", "2"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "estimate_us on nvlink:2"));
+  CHECK_FALSE(contains(r.out, "lowest estimate"));
+}
+
+TEST_CASE("mkc --topology NxG: the rank count from the shape; across nodes refused, :direct proved") {
+  auto r = mkc({"verify", "-s", "allreduce.hier", "--topology", "2x2:direct"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "for 4 ranks"));
+  r = mkc({"verify", "-s", "reducescatter.hier", "--topology", "2x2"});
+  MKT_CHECK_USER_ERROR(r, "mk.verify.E015");
+  CHECK(contains(r.err, "rank 0 (node 0) and rank 2 (node 1)"));
+  CHECK(contains(r.err, "network operations are not yet supported"));
+  r = mkc({"lower", "-s", "allgather.hier", "--topology", "2x2:direct", "--dump-after", "build"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "topology=2x2:direct"));
+}
+
 TEST_CASE("mkc show: text timeline, --ir, and an SVG picture") {
   mkt::TempDir d;
   const std::string svg = (d / "ring.svg").string();

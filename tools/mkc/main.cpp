@@ -2,7 +2,7 @@
 //
 //   mkc list
 //   mkc verify   SCHEDULE [--ranks N]
-//   mkc show     SCHEDULE [--ranks N] [--svg OUT.svg]
+//   mkc show     SCHEDULE [--ranks N] [--svg OUT.svg] [--pick]
 //   mkc lower    SCHEDULE [--ranks N] --dump-after=PASS
 //   mkc compile  SCHEDULE [--ranks N] --dtype T --op O -o DIR
 //   mkc simulate SCHEDULE [--ranks N] --dtype T --op O --count C
@@ -273,14 +273,53 @@ ir::Schedule pick_variant(const compiler::Lowered& l, int bucket, int64_t bytes)
   return l.variants.back();
 }
 
-int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir) {
-  ir::Schedule s = load_schedule(o).raw;
-  auto topo = topology::parse(o.topology, o.ranks);
-  auto l = compiler::lower(std::move(s), lower_options(o));
+// Message sizes (bytes per rank) `mkc show` estimates.
+constexpr int64_t kShowSizes[] = {1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
+
+// The cost model's estimate for each of kShowSizes, on the bucket that size runs.
+std::vector<double> estimates(const compiler::Lowered& l) {
+  std::vector<double> out;
+  for (int64_t b : kShowSizes) {
+    ir::Schedule v = pick_variant(l, -1, b);
+    out.push_back(cost::estimate_us(v, ir::topology_of(v), b));
+  }
+  return out;
+}
+
+// Among the built-in schedules of `coll`, the one with the lowest estimate at
+// each size ("" where none lowers for this topology). Only an estimate: the
+// runtime selects from its own table (runtime/select.cpp).
+std::vector<std::string> estimate_picks(Collective coll, const Common& o) {
+  std::vector<std::string> best(std::size(kShowSizes));
+  std::vector<double> best_us(best.size(), 0);
+  for (const auto& info : dsl::registered_schedules()) {
+    if (info.coll != coll) continue;
+    std::vector<double> us;
+    try {
+      us = estimates(compiler::lower(dsl::build(info, *o.topo, 0), lower_options(o)));
+    } catch (const Error&) {
+      continue;  // does not fit this topology (e.g. crosses nodes)
+    }
+    for (size_t i = 0; i < us.size(); ++i)
+      if (best[i].empty() || us[i] < best_us[i]) best[i] = info.name, best_us[i] = us[i];
+  }
+  return best;
+}
+
+int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir, bool pick) {
+  Loaded in = load_schedule(o);
+  auto l = compiler::lower(std::move(in.raw), lower_options(o));
   ir::Schedule v = pick_variant(l, bucket < 0 ? int(l.variants.size()) - 1 : bucket, 0);
+  const topology::Topology topo = ir::topology_of(v);
   auto tl = cost::step_timeline(v, topo, v.tile_bytes);
   if (show_ir) std::cout << ir::print(v) << "\n";
   std::cout << cost::text(v, tl);
+  const auto us = estimates(l);
+  const auto best = pick && !in.imported ? estimate_picks(in.coll, o) : std::vector<std::string>{};
+  fmt::print("estimate_us on {} (alpha-beta model, not measured):\n", topo.name());
+  for (size_t i = 0; i < us.size(); ++i)
+    fmt::print("  {:>10} B/rank {:10.2f} us{}\n", kShowSizes[i], us[i],
+               best.empty() ? "" : fmt::format("   lowest estimate: {}", best[i].empty() ? "-" : best[i]));
   if (!svg_path.empty()) {
     std::ofstream f(svg_path);
     f << cost::svg(v, tl);
@@ -437,6 +476,10 @@ int main(int argc, char** argv) {
   show->add_option("--svg", svg, "write the timeline as an SVG picture");
   show->add_option("--bucket", show_bucket, "which size bucket (default: the largest)");
   show->add_flag("--ir", show_ir, "also print the lowered IR");
+  bool show_pick = false;
+  show->add_flag("--pick", show_pick,
+                 "also name, per size, the built-in schedule of this collective with the lowest estimate "
+                 "(lowers each; the runtime's selection is unchanged)");
 
   auto* lower = app.add_subcommand("lower", "run the compiler passes and print the IR after one of them");
   add_common(lower, lower_o, true);
@@ -493,7 +536,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("list")) return cmd_list();
     if (app.got_subcommand("info")) return cmd_info();
     if (*verify) return cmd_verify(verify_o);
-    if (*show) return cmd_show(show_o, svg, show_bucket, show_ir);
+    if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_pick);
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
     if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache);
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
