@@ -81,7 +81,8 @@ TEST_CASE("topology: text forms, rank numbering, link kinds") {
   CHECK(topology::parse("nvlink:5", 0).nranks() == 5);
 
   for (const char* bad : {"2x", "x4", "2x4x", "-2x4", "2x4:fast", "nvlink:0", "nvlink:", "ring:8", "2x0"}) {
-    CAPTURE(bad);
+    const std::string text = bad;
+    CAPTURE(text);
     CHECK(error_id([&] { topology::parse(bad, 8); }) == ErrId::cli_E011);
   }
   std::string what;
@@ -176,10 +177,11 @@ TEST_CASE("hierarchical schedules prove and simulate on every shape") {
   for (const char* t : {"1x4", "2x2:direct", "2x4:direct", "4x2:direct", "4x1:direct", "2x3:direct"})
     shapes.push_back(topology::parse(t, 0));
   for (int n : {1, 2, 3, 4, 8}) shapes.push_back(topology::single(n));
-  for (const char* name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
+  for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
     for (const auto& t : shapes) {
       CAPTURE(name);
-      CAPTURE(t.name());
+      const std::string shape = t.name();
+      CAPTURE(shape);
       auto l = lower_for(name, t);
       for (size_t v = 0; v < l.variants.size(); ++v)
         for (int64_t count : {1, 7, 1000, 30001})
@@ -199,7 +201,7 @@ TEST_CASE("hierarchical schedules prove and simulate on every shape") {
 }
 
 TEST_CASE("mk.verify.E015: hierarchical schedules on 2x4 move data across nodes directly") {
-  for (const char* name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
+  for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
     CAPTURE(name);
     std::string what;
     CHECK(error_id([&] { lower_for(name, topology::parse("2x4", 8)); }, &what) == ErrId::verify_E015);
@@ -274,8 +276,9 @@ TEST_CASE("cost: estimates match a hand computation per link kind") {
   };
   for (const Case c : {Case{"nvlink:2", 1.3, 365.0}, Case{"pcie:2", 3.0, 25.0}, Case{"2x1", 6.0, 45.0},
                        Case{"2x1:direct", 1.3, 365.0}}) {
-    CAPTURE(c.topo);
-    const Topology t = topology::parse(c.topo, 2);
+    const std::string topo = c.topo;
+    CAPTURE(topo);
+    const Topology t = topology::parse(topo, 2);
     // rank 0: copy (0.2 + 4096 B over the link), signal 0.05;
     // rank 1: wait from the signal's end + alpha/2, 0.05; local copy 0.2 + 4096 B at 2000 GB/s
     const double remote = 0.2 + tile / (c.gbps * 1e3);
