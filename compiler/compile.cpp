@@ -44,7 +44,7 @@ std::string options_json(const CompileOptions& o) {
         {"max_tbs", max_tbs},
         {"min_bytes", min_bytes},
         {"max_bytes", max_bytes},
-        {"topology", topology},
+        {"topology", topology ? topology::to_json(*topology) : nlohmann::json()},
         {"zero_copy", zero_copy},
         {"proto",
          {{"scratch_budget", scratch_budget},

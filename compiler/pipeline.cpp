@@ -1,5 +1,7 @@
 #include "compiler/pipeline.hpp"
 
+#include <fmt/format.h>
+
 #include "compiler/verify/verify.hpp"
 
 namespace mk::compiler {
@@ -11,11 +13,28 @@ const std::vector<std::string>& pass_names() {
   return names;
 }
 
+namespace {
+
+void set_topology(ir::Schedule& s, const std::optional<topology::Topology>& t) {
+  if (!t) return;
+  if (t->nranks() != s.nranks)
+    throw Error(ErrId::cli_E011,
+                fmt::format("topology {} has {} ranks but the schedule has {}", t->name(), t->nranks(), s.nranks));
+  if (s.topology && !(*s.topology == *t))
+    throw Error(ErrId::cli_E011,
+                fmt::format("'{}' was built for topology {} but is lowered for {}", s.name, s.topology->name(),
+                            t->name()),
+                {}, "build and lower with the same --topology");
+  s.topology = *t;
+}
+
+}  // namespace
+
 Lowered lower(ir::Schedule s, const LowerOptions& o) {
   auto dump = [&](std::string_view pass, const ir::Schedule& x) {
     if (o.on_pass) o.on_pass(pass, x);
   };
-  s.topology = o.topology;
+  set_topology(s, o.topology);
   dump("build", s);
 
   verify::verify_semantics(s);  // prove the author's program before touching it

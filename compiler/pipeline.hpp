@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,7 +24,9 @@ struct LowerOptions {
   int64_t min_bytes = 0;
   int64_t max_bytes = -1;  // -1: unbounded
   passes::ProtocolOptions proto;
-  std::string topology;
+  // What to lower for; unset: the schedule's own (ir::topology_of). A
+  // schedule built for one topology cannot be lowered for another.
+  std::optional<topology::Topology> topology;
   // Zero-copy: skip `stage`; ops read and write peers' registered user
   // buffers directly (the kernel gets their addresses at launch and runs an
   // entry and an exit barrier). Plans need no scratch.

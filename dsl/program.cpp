@@ -62,6 +62,37 @@ int Program::chunks() const { return s_->chunks; }
 int Program::instances() const { return s_->instances; }
 int Program::input_chunks() const { return ir::buf_chunks(*s_, ir::Buf::input); }
 int Program::output_chunks() const { return ir::buf_chunks(*s_, ir::Buf::output); }
+int Program::nodes() const { return ir::topology_of(*s_).nodes; }
+int Program::gpus_per_node() const { return ir::topology_of(*s_).gpus_per_node; }
+
+int Program::node(int r, Loc loc) const {
+  check_rank(r, "node", loc);
+  return ir::topology_of(*s_).node(r);
+}
+
+int Program::local(int r, Loc loc) const {
+  check_rank(r, "local", loc);
+  return ir::topology_of(*s_).local(r);
+}
+
+int Program::rank_of(int node, int local, Loc loc) const {
+  const auto t = ir::topology_of(*s_);
+  if (node < 0 || node >= t.nodes || local < 0 || local >= t.gpus_per_node)
+    throw Error(ErrId::dsl_E001,
+                "rank_of(" + std::to_string(node) + ", " + std::to_string(local) + "): the topology " + t.name() +
+                    " has nodes 0.." + std::to_string(t.nodes - 1) + " of GPUs 0.." +
+                    std::to_string(t.gpus_per_node - 1),
+                to_loc(loc));
+  return t.rank_of(node, local);
+}
+
+void Program::check_rank(int r, const char* what, Loc loc) const {
+  if (r < 0 || r >= s_->nranks)
+    throw Error(ErrId::dsl_E001,
+                std::string(what) + "(" + std::to_string(r) + "): not a rank of " + std::to_string(s_->nranks),
+                to_loc(loc));
+}
+
 ir::Schedule& Program::ir() { return *s_; }
 const ir::Schedule& Program::ir() const { return *s_; }
 
@@ -204,8 +235,10 @@ const ScheduleInfo* find_schedule(const std::string& name) {
   return nullptr;
 }
 
-ir::Schedule build(const ScheduleInfo& info, int nranks, int root) {
-  Program p(info.coll, nranks, root, info.name);
+namespace {
+
+ir::Schedule run_builder(const ScheduleInfo& info, Program& p) {
+  const int nranks = p.ranks();
   try {
     info.build(p);
   } catch (const Error&) {
@@ -213,10 +246,23 @@ ir::Schedule build(const ScheduleInfo& info, int nranks, int root) {
   } catch (const std::exception& e) {
     throw Error(ErrId::dsl_E007,
                 "schedule '" + info.name + "' threw while building for " + std::to_string(nranks) +
-                    " ranks: " + e.what(),
+                    " ranks (" + ir::topology_of(p.ir()).name() + "): " + e.what(),
                 SrcLoc{info.file, static_cast<uint32_t>(info.line), {}});
   }
   return std::move(p.ir());
+}
+
+}  // namespace
+
+ir::Schedule build(const ScheduleInfo& info, int nranks, int root) {
+  Program p(info.coll, nranks, root, info.name);
+  return run_builder(info, p);
+}
+
+ir::Schedule build(const ScheduleInfo& info, const topology::Topology& t, int root) {
+  Program p(info.coll, t.nranks(), root, info.name);
+  p.ir().topology = t;
+  return run_builder(info, p);
 }
 
 }  // namespace mk::dsl

@@ -13,15 +13,23 @@ using ir::OpKind;
 
 namespace {
 
-double op_cost(const ir::Schedule& s, const Op& op, const topology::Topology& t, int64_t tile_bytes) {
-  if (!op.is_data()) return 0.05;
-  bool remote = false;
+// The slowest link a data op uses: from its executing rank to every rank it
+// touches (the executing rank's own memory is Link::self).
+const topology::LinkCost& op_link(const Op& op, const topology::Topology& t) {
+  const topology::LinkCost* worst = &t.cost(topology::Link::self);
   for (const auto* list : {&op.srcs, &op.dsts})
-    for (const auto& r : *list) remote = remote || r.rank != op.rank;
+    for (const auto& r : *list) {
+      const topology::LinkCost& c = t.cost(t.link(op.rank, r.rank));
+      if (c.gbps < worst->gbps) worst = &c;
+    }
+  return *worst;
+}
+
+double op_cost(const ir::Schedule& s, const Op& op, const topology::Topology& t, int64_t tile_bytes) {
+  if (!op.is_data()) return kSyncOpUs;
   double bytes = double(tile_bytes) * op.count() * double(op.dsts.size());
   if (s.proto == ir::Proto::ll) bytes *= 2;
-  double gbps = remote ? t.link_gbps : t.local_gbps;
-  return 0.2 + bytes / (gbps * 1e3);  // GB/s -> bytes per microsecond
+  return kDataOpUs + bytes / (op_link(op, t).gbps * 1e3);  // GB/s -> bytes per microsecond
 }
 
 }  // namespace
@@ -30,7 +38,11 @@ Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64
   Timeline tl;
   std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> progs;
   for (size_t i = 0; i < s.ops.size(); ++i) progs[{s.ops[i].rank, s.ops[i].tb}].push_back(i);
-  std::map<std::pair<int32_t, int32_t>, double> signal_time;  // (rank, slot) -> when set
+  struct Signal {
+    double at;
+    int32_t from;
+  };
+  std::map<std::pair<int32_t, int32_t>, Signal> signal_time;  // (rank, slot) -> when set, by whom
   std::map<std::pair<int32_t, int32_t>, size_t> pc;
   std::map<std::pair<int32_t, int32_t>, double> clock;
   std::map<std::pair<int32_t, int32_t>, double> busy;
@@ -47,10 +59,11 @@ Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64
         if (op.kind == OpKind::wait && op.iter == 0) {
           auto it = signal_time.find({op.rank, op.slot});
           if (it == signal_time.end()) break;  // not yet signalled
-          start = std::max(now, it->second + t.alpha_us / 2);
+          const auto link = t.link(it->second.from, op.rank);
+          start = std::max(now, it->second.at + t.cost(link).alpha_us / 2);
         }
         double end = start + op_cost(s, op, t, tile_bytes);
-        if (op.kind == OpKind::signal) signal_time[{op.peer, op.slot}] = end;
+        if (op.kind == OpKind::signal) signal_time[{op.peer, op.slot}] = {end, op.rank};
         if (op.is_data()) busy[key] += end - start;
         tl.events.push_back({prog[i], op.rank, op.tb, start, end});
         now = end;
@@ -67,14 +80,13 @@ Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64
   return tl;
 }
 
-double estimate_us(const ir::Schedule& s, const topology::Topology& t, int64_t bytes, size_t elem_size) {
+double estimate_us(const ir::Schedule& s, const topology::Topology& t, int64_t bytes) {
   if (bytes <= 0) return 0;
   int64_t chunk = (bytes + s.chunks - 1) / s.chunks;
   int64_t tile = std::min<int64_t>(s.tile_bytes, std::max<int64_t>(16, chunk));
   int64_t tiles = (chunk + tile - 1) / tile;
   int64_t steps = (tiles + s.instances - 1) / s.instances;
   Timeline tl = step_timeline(s, t, tile);
-  (void)elem_size;
   return t.launch_us + tl.step_us + double(steps - 1) * tl.bottleneck_us;
 }
 

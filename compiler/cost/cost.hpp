@@ -1,8 +1,19 @@
-// Alpha-beta cost model over a lowered schedule, for `mkc show` (timelines)
-// and as a first-guess selection aid until `mkc tune` measures. One step of
-// one instance is played out ASAP: each thread block runs its ops in order, a
-// wait ends no earlier than its signal plus one flag latency, a data op costs
-// bytes / bandwidth (NVLink when it touches another rank, HBM otherwise).
+// Alpha-beta cost model over a lowered schedule, for `mkc show` (timelines,
+// estimates) and as a first-guess selection aid until `mkc tune` measures.
+// One step of every instance is played out ASAP on the schedule's topology:
+//
+//  - each (rank, thread block) runs its ops in program order;
+//  - a data op costs kDataOpUs + B / (gbps * 1e3) us, B = tile bytes x chunks
+//    x destinations (x2 for LL), gbps of the slowest link it uses from its
+//    executing rank (Topology::link: self, nvlink, pcie, net);
+//  - a signal or wait costs kSyncOpUs; a wait (iter 0) starts no earlier than
+//    its signal's end plus half the flag round trip (alpha_us) of the link
+//    between the signalling and the waiting rank.
+//
+// estimate_us(bytes) = launch_us + step + (steps - 1) x bottleneck, where a
+// chunk is ceil(bytes / chunks) bytes, tile = min(tile_bytes, max(16, chunk)),
+// steps = ceil(ceil(chunk / tile) / instances), step is the critical path of
+// one step and bottleneck the busiest thread block's data-op time per step.
 #pragma once
 
 #include <string>
@@ -12,6 +23,9 @@
 #include "compiler/topology/topology.hpp"
 
 namespace mk::cost {
+
+constexpr double kDataOpUs = 0.2;   // fixed cost of a copy or reduce (issue, first access)
+constexpr double kSyncOpUs = 0.05;  // a signal or a wait once its flag is set
 
 struct Event {
   size_t op;  // index into Schedule::ops
@@ -27,8 +41,9 @@ struct Timeline {
 
 Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64_t tile_bytes);
 
-// Estimated time of one launch moving `bytes` per rank.
-double estimate_us(const ir::Schedule& s, const topology::Topology& t, int64_t bytes, size_t elem_size);
+// Estimated time of one launch moving `bytes` per rank (the collective's
+// count times the element size), 0 for no bytes.
+double estimate_us(const ir::Schedule& s, const topology::Topology& t, int64_t bytes);
 
 // The timeline as an SVG picture: one row per (rank, thread block).
 std::string svg(const ir::Schedule& s, const Timeline& tl);

@@ -96,6 +96,10 @@ int32_t Schedule::next_id() const {
   return m + 1;
 }
 
+topology::Topology topology_of(const Schedule& s) {
+  return s.topology ? *s.topology : topology::single(s.nranks);
+}
+
 int32_t buf_blocks(Collective c, int32_t nranks, Buf b) {
   switch (b) {
     case Buf::input: return input_blocks(c, nranks);
@@ -152,7 +156,7 @@ std::string print(const Schedule& s) {
   out += fmt::format("  tbs={} slots={} depth={} proto={} tile={}{}{}{}{}\n", s.tbs, s.slots, s.depth,
                      name(s.proto), s.tile_bytes, s.staged ? " staged" : "",
                      s.zero_copy ? " zero_copy" : "", s.synced ? " synced" : "",
-                     s.topology.empty() ? "" : " topology=" + s.topology);
+                     s.topology ? " topology=" + s.topology->name() : "");
   // Group by rank, then thread block; within a group keep program order.
   for (int32_t r = 0; r < s.nranks; ++r) {
     std::vector<const Op*> mine;

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "compiler/topology/topology.hpp"
 #include "mk/error.hpp"
 #include "mk/types.hpp"
 
@@ -100,7 +101,9 @@ struct Schedule {
   bool staged = false;     // only owners touch user buffers (stage_remote ran)
   bool synced = false;     // signal/wait present (insert_sync ran)
   bool zero_copy = false;  // lowered for registered buffers: ops touch peers' user buffers
-  std::string topology;    // what it was lowered for (topology::Topology::name)
+  // What it is built and lowered for; unset: one NVLink node of nranks GPUs
+  // (topology_of). When set, topology->nranks() == nranks.
+  std::optional<topology::Topology> topology;
   std::vector<Op> ops;
 
   int32_t next_id() const;  // an id no op has yet
@@ -118,6 +121,9 @@ bool has_output(const Schedule& s, int32_t rank);
 // (mk::inplace_rule; none where the rank lacks a buffer or the collective has
 // no in-place form).
 std::optional<int32_t> inplace_output_of_input(const Schedule& s, int32_t rank, int32_t index);
+
+// The schedule's topology, or one NVLink node of s.nranks GPUs when unset.
+topology::Topology topology_of(const Schedule& s);
 
 // Text form: stable and diff-friendly (golden tests use it).
 std::string print(const Schedule& s);

@@ -87,7 +87,7 @@ std::string to_json(const Schedule& s, int indent) {
   j["staged"] = s.staged;
   if (s.zero_copy) j["zero_copy"] = true;
   j["synced"] = s.synced;
-  j["topology"] = s.topology;
+  if (s.topology) j["topology"] = topology::to_json(*s.topology);
   json ops = json::array();
   for (const auto& op : s.ops) {
     json o;
@@ -149,12 +149,16 @@ Schedule from_json(std::string_view text) {
   s.staged = get_bool(j, "staged", "$", false);
   s.zero_copy = get_bool(j, "zero_copy", "$", false);
   s.synced = get_bool(j, "synced", "$", false);
-  s.topology = get_str(j, "topology", "$", std::string());
   if (s.nranks < 1) bad("$.ranks", "must be >= 1");
   if (s.chunks < 1) bad("$.chunks", "must be >= 1");
   if (s.instances < 1) bad("$.instances", "must be >= 1");
   if (s.scratch < 0 || s.tbs < 0 || s.slots < 0 || s.depth < 1 || s.tile_bytes < 0)
     bad("$", "negative sizes");
+  // "" or absent: unset (older files write the label form, e.g. "nvlink:8")
+  if (auto t = j.find("topology"); t != j.end() && *t != "")
+    s.topology = topology::from_json(*t, s.nranks, [](const std::string& path, const std::string& what) {
+      bad("$.topology" + path, what);
+    });
   const json& ops = field(j, "ops", "$");
   if (!ops.is_array()) bad("$.ops", "expected an array");
   for (size_t i = 0; i < ops.size(); ++i) {

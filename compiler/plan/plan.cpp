@@ -159,7 +159,11 @@ Plan parse(const json& j, const std::string& where) {
   p.coll = *coll;
   p.nranks = num<int32_t>(j, "ranks", where, "$", 1, kMaxRanks);
   p.chunks = num<int32_t>(j, "chunks", where, "$", 1, 1 << 20);
-  p.topology = opt_str(j, "topology", where, "$", "");
+  // absent or "": one NVLink node (older plans write the label form, "nvlink:8")
+  if (auto t = j.find("topology"); t != j.end() && *t != "")
+    p.topology = topology::from_json(*t, p.nranks, [&](const std::string& path, const std::string& what) {
+      bad(where, "$.topology" + path, what);
+    });
   if (j.contains("zero_copy")) {
     if (!j["zero_copy"].is_boolean()) bad(where, "$.zero_copy", "expected true or false");
     p.zero_copy = j["zero_copy"].get<bool>();
@@ -205,7 +209,7 @@ json header_json(const Plan& p) {
   j["collective"] = std::string(name(p.coll));
   j["ranks"] = p.nranks;
   j["chunks"] = p.chunks;
-  j["topology"] = p.topology;
+  if (p.topology) j["topology"] = topology::to_json(*p.topology);
   if (p.zero_copy) j["zero_copy"] = true;
   j["dtype"] = std::string(name(p.dtype));
   j["op"] = std::string(name(p.op));

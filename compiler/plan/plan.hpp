@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "compiler/topology/topology.hpp"
 #include "mk/types.hpp"
 
 namespace mk::plan {
@@ -43,7 +45,7 @@ struct Plan {
   Collective coll = Collective::allreduce;
   int32_t nranks = 1;
   int32_t chunks = 1;
-  std::string topology;
+  std::optional<topology::Topology> topology;  // what it was lowered for; unset: one NVLink node
   bool zero_copy = false;  // lowered for registered buffers (mkc compile --zero-copy)
   DType dtype = DType::fp32;
   RedOp op = RedOp::sum;

@@ -306,6 +306,7 @@ void verify_semantics(const Schedule& s) {
                             coll_context(s, nullptr)),
                 {}, "every collective must write its output; did the builder run for this rank count?");
   verify_bounds(s);
+  verify_links(s);
   run(s, false);
   run(s, true);
 }

@@ -12,6 +12,10 @@
 //                    same bytes, one of them writing, are ordered by
 //                    happens-before in program order, within a step and across
 //                    the scratch reuse between steps.
+//  verify_links      every op touches only ranks its executing rank has a
+//                    direct link to (the schedule's topology: not across the
+//                    network between nodes, mk.verify.E015). Part of
+//                    verify_semantics.
 //  analyze           fills Op::pos and Op::final from the symbolic run.
 //
 // Each failure is an mk::Error with an mk.verify.* id naming the rank, step,
@@ -27,6 +31,7 @@ namespace mk::verify {
 
 void verify_bounds(const ir::Schedule& s);
 void verify_semantics(const ir::Schedule& s);
+void verify_links(const ir::Schedule& s);
 void verify_sync(const ir::Schedule& s);
 // All of the above that apply to the schedule's stage (verify_sync only once
 // synced).

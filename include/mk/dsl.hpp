@@ -44,6 +44,9 @@
 namespace mk::ir {
 struct Schedule;
 }
+namespace mk::topology {
+struct Topology;
+}
 
 namespace mk::dsl {
 
@@ -115,6 +118,18 @@ class Program {
   int root() const;
   const std::string& name() const;
 
+  // The machine the program is built for. Ranks are numbered node-major:
+  // rank r is GPU local(r) of node node(r), and rank_of(node(r), local(r)) ==
+  // r. Data may move directly only between ranks of one node (NVLink or PCIe);
+  // the verifier refuses ops between nodes (mk.verify.E015) until network
+  // operations exist. The default is one node of ranks() GPUs, so a schedule
+  // that ignores these calls works everywhere it did before.
+  int nodes() const;
+  int gpus_per_node() const;
+  int node(int r, Loc loc = Loc::current()) const;
+  int local(int r, Loc loc = Loc::current()) const;
+  int rank_of(int node, int local, Loc loc = Loc::current()) const;
+
   // Chunks per block (default 1). Set it before making chunk references.
   void chunks(int k, Loc loc = Loc::current());
   int chunks() const;
@@ -148,6 +163,7 @@ class Program {
 
  private:
   void check_chunk(const Chunk& c, Loc loc) const;
+  void check_rank(int r, const char* what, Loc loc) const;
   void add(int kind, const std::vector<Chunk>& dsts, const std::vector<Chunk>& srcs, Exec e, Loc loc);
   ir::Schedule* s_;
 };
@@ -175,6 +191,9 @@ const ScheduleInfo* find_schedule(const std::string& name);
 // collectives) and returns the raw IR. DSL errors keep their ids; anything else
 // the builder throws becomes mk.dsl.E007.
 ir::Schedule build(const ScheduleInfo& info, int nranks, int root = 0);
+// ... for a topology (its nranks() ranks; the one above builds for one NVLink
+// node of nranks GPUs). The IR records the topology.
+ir::Schedule build(const ScheduleInfo& info, const topology::Topology& t, int root = 0);
 
 #define MK_DSL_CAT2(a, b) a##b
 #define MK_DSL_CAT(a, b) MK_DSL_CAT2(a, b)

@@ -109,6 +109,31 @@ TEST_CASE("mkc verify: every built-in at 2 and 5 ranks") {
     }
 }
 
+TEST_CASE("mkc show: estimate_us for a few sizes, and with --pick the lowest estimate per size") {
+  auto r = mkc({"show", "-s", "allgather.direct", "--topology", "pcie:2", "--pick"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "estimate_us on pcie:2"));
+  for (const char* size : {"1024 B/rank", "1048576 B/rank", "268435456 B/rank"}) CHECK(contains(r.out, size));
+  CHECK(contains(r.out, "lowest estimate: allgather."));
+  r = mkc({"show", "-s", "allgather.direct", "-n", "2"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "estimate_us on nvlink:2"));
+  CHECK_FALSE(contains(r.out, "lowest estimate"));
+}
+
+TEST_CASE("mkc --topology NxG: the rank count from the shape; across nodes refused, :direct proved") {
+  auto r = mkc({"verify", "-s", "allreduce.hier", "--topology", "2x2:direct"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "for 4 ranks"));
+  r = mkc({"verify", "-s", "reducescatter.hier", "--topology", "2x2"});
+  MKT_CHECK_USER_ERROR(r, "mk.verify.E015");
+  CHECK(contains(r.err, "rank 0 (node 0) and rank 2 (node 1)"));
+  CHECK(contains(r.err, "network operations are not yet supported"));
+  r = mkc({"lower", "-s", "allgather.hier", "--topology", "2x2:direct", "--dump-after", "build"});
+  CHECK_OK(r);
+  CHECK(contains(r.out, "topology=2x2:direct"));
+}
+
 TEST_CASE("mkc show: text timeline, --ir, and an SVG picture") {
   mkt::TempDir d;
   const std::string svg = (d / "ring.svg").string();
@@ -218,13 +243,19 @@ TEST_CASE("mkc compile: the plan cache key covers every option (the topology too
   r = mkc({"compile", "-s", "allgather.direct", "-n", "2", "--topology", "pcie:2", "-o", b});
   CHECK_OK(r);
   CHECK_FALSE(contains(r.out, "from cache"));
-  CHECK(plan_json(a)["topology"] == "nvlink:2");
-  CHECK(plan_json(b)["topology"] == "pcie:2");
+  CHECK(plan_json(a)["topology"]["intra"] == "nvlink");
+  CHECK(plan_json(b)["topology"]["intra"] == "pcie");
   // the same command again is served by the cache
   r = mkc({"compile", "-s", "allgather.direct", "-n", "2", "--topology", "pcie:2", "-o", b});
   CHECK_OK(r);
   CHECK(contains(r.out, "from cache"));
-  CHECK(plan_json(b)["topology"] == "pcie:2");
+  CHECK(plan_json(b)["topology"]["intra"] == "pcie");
+  // the node structure is part of the key: 2x1:direct is not nvlink:2
+  r = mkc({"compile", "-s", "allgather.direct", "--topology", "2x1:direct", "-o", b});
+  CHECK_OK(r);
+  CHECK_FALSE(contains(r.out, "from cache"));
+  CHECK(plan_json(b)["topology"]["nodes"] == 2);
+  CHECK(plan_json(b)["topology"]["direct"] == true);
 }
 
 TEST_CASE("compile: options_json serialises every option that shapes a plan") {
@@ -239,7 +270,13 @@ TEST_CASE("compile: options_json serialises every option that shapes a plan") {
       [](auto& o) { o.lower.max_tbs = 7; },
       [](auto& o) { o.lower.min_bytes = 5; },
       [](auto& o) { o.lower.max_bytes = 9; },
-      [](auto& o) { o.lower.topology = "pcie:2"; },
+      [](auto& o) { o.lower.topology = topology::parse("pcie:2", 2); },
+      [](auto& o) { o.lower.topology = topology::parse("2x2", 4); },
+      [](auto& o) { o.lower.topology = topology::parse("2x2:direct", 4); },
+      [](auto& o) {
+        o.lower.topology = topology::parse("2x2", 4);
+        o.lower.topology->rails = {1, 0};
+      },
       [](auto& o) { o.lower.zero_copy = true; },
       [](auto& o) { o.lower.proto.scratch_budget = 1; },
       [](auto& o) { o.lower.proto.ll_max_bytes = 1; },
@@ -451,6 +488,11 @@ TEST_CASE("mk.cli.E011: bad argument values") {
       {{"verify", "-s", "allreduce.ring", "-n", "2", "--proto", "fast"}, "--proto must be simple or ll"},
       {{"verify", "-s", "allreduce.ring", "-n", "2", "--topology", "ring:2"}, "unknown topology 'ring:2'"},
       {{"verify", "-s", "allreduce.ring", "-n", "2", "--topology", "nvlink:4"}, "has 4 ranks but the schedule has 2"},
+      {{"verify", "-s", "allreduce.ring", "-n", "4", "--topology", "2x4"}, "'2x4' has 8 ranks but the schedule has 4"},
+      {{"verify", "-s", "allreduce.ring", "--topology", "2x"}, "NxG needs two positive numbers"},
+      {{"verify", "-s", "allreduce.ring", "--topology", "0x4"}, "NxG needs two positive numbers"},
+      {{"verify", "-s", "allreduce.ring", "--topology", "2x2:fast"}, "'fast' is not a known suffix"},
+      {{"verify", "-s", "allreduce.ring", "-n", "2", "--topology", "nvlink:two"}, "'two' is not a positive rank count"},
       {{"lower", "-s", "allreduce.ring", "-n", "2", "--min-bytes", "-1"}, "--min-bytes must be >= 0"},
       {{"lower", "-s", "allreduce.ring", "-n", "2", "--emit", "yaml"}, "--emit must be text or json"},
       {{"simulate", "-s", "allreduce.ring", "-n", "2", "--count", "-1"}, "--count must be >= 0"},

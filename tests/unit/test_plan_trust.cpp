@@ -331,7 +331,8 @@ TEST_CASE("resource_key: the layout, not dtype, op, names or code") {
   CHECK(same([](auto&, auto& x) { x.source_file = "other.cu"; }));
   CHECK(same([](auto&, auto& x) { x.cubin.push_back(1); }));
   // every layout field counts, including the ones the old hand-kept list missed
-  CHECK_FALSE(same([](auto& q, auto&) { q.topology = "pcie:2"; }));
+  CHECK_FALSE(same([](auto& q, auto&) { q.topology = topology::single(q.nranks, topology::Link::pcie); }));
+  CHECK_FALSE(same([](auto& q, auto&) { q.topology = topology::parse("2x1:direct", q.nranks); }));
   CHECK_FALSE(same([](auto& q, auto&) { q.arch = 80; }));
   CHECK_FALSE(same([](auto& q, auto&) { q.coll = Collective::allgather; }));
   CHECK_FALSE(same([](auto& q, auto&) { q.nranks = 3; }));

@@ -2,7 +2,7 @@
 //
 //   mkc list
 //   mkc verify   SCHEDULE [--ranks N]
-//   mkc show     SCHEDULE [--ranks N] [--svg OUT.svg]
+//   mkc show     SCHEDULE [--ranks N] [--svg OUT.svg] [--pick]
 //   mkc lower    SCHEDULE [--ranks N] --dump-after=PASS
 //   mkc compile  SCHEDULE [--ranks N] --dtype T --op O -o DIR
 //   mkc simulate SCHEDULE [--ranks N] --dtype T --op O --count C
@@ -57,6 +57,7 @@ struct Common {
   int instances = 0;
   int max_tbs = 32;
   std::string topology;
+  std::optional<topology::Topology> topo;  // parsed by load_schedule; unset: the file's own
   std::string proto;  // "", simple, ll
   int64_t tile = 0;
   int64_t min_bytes = 0;
@@ -72,7 +73,9 @@ void add_common(CLI::App* c, Common& o, bool sizes) {
   c->add_option("--root", o.root, "root rank for broadcast/reduce (plans are built for root 0)");
   c->add_option("--instances", o.instances, "parallel instances (default: what the schedule asks for)");
   c->add_option("--max-tbs", o.max_tbs, "thread blocks per rank per instance at most");
-  c->add_option("--topology", o.topology, "nvlink:N (default) or pcie:N");
+  c->add_option("--topology", o.topology,
+                 "nvlink:N (default), pcie:N, NxG (N nodes of G GPUs, network between nodes) or NxG:direct "
+                 "(every pair linked: a stand-in, not a real machine); NxG implies --ranks N*G");
   c->add_option("--plugin", o.plugins, "load schedules from a plugin library (.so)");
   c->add_option("--proto", o.proto, "force a protocol: simple or ll");
   c->add_option("--tile", o.tile, "force the tile size in bytes (a multiple of 16)");
@@ -138,7 +141,7 @@ compiler::LowerOptions lower_options(const Common& o) {
   l.max_tbs = o.max_tbs;
   l.min_bytes = o.min_bytes;
   l.max_bytes = o.max_bytes;
-  l.topology = topology::parse(o.topology, o.ranks).name();
+  l.topology = o.topo;
   if (!o.proto.empty()) {
     auto p = ir::parse_proto(o.proto);
     if (!p) throw Error(ErrId::cli_E011, "--proto must be simple or ll");
@@ -177,15 +180,18 @@ Loaded load_schedule(Common& o) {
                   {}, "leave --ranks out for imported files");
     o.ranks = l.raw.nranks;
     check_ranks(o);
+    if (!o.topology.empty()) o.topo = topology::parse(o.topology, o.ranks);
     l.name = l.raw.name.empty() ? fs::path(o.file).filename().string() : l.raw.name;
     l.coll = l.raw.coll;
     return l;
   }
+  if (o.ranks == 0 && !o.topology.empty()) o.ranks = topology::parse(o.topology, 0).nranks();
   if (o.ranks == 0)
     throw Error(ErrId::cli_E004, "--ranks is required for a DSL schedule", {}, "e.g. --ranks 8");
   check_ranks(o);
+  o.topo = topology::parse(o.topology, o.ranks);
   auto info = resolve(o);
-  l.raw = dsl::build(info, o.ranks, 0);
+  l.raw = dsl::build(info, *o.topo, 0);
   l.name = info.name;
   l.coll = info.coll;
   return l;
@@ -267,14 +273,53 @@ ir::Schedule pick_variant(const compiler::Lowered& l, int bucket, int64_t bytes)
   return l.variants.back();
 }
 
-int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir) {
-  ir::Schedule s = load_schedule(o).raw;
-  auto topo = topology::parse(o.topology, o.ranks);
-  auto l = compiler::lower(std::move(s), lower_options(o));
+// Message sizes (bytes per rank) `mkc show` estimates.
+constexpr int64_t kShowSizes[] = {1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
+
+// The cost model's estimate for each of kShowSizes, on the bucket that size runs.
+std::vector<double> estimates(const compiler::Lowered& l) {
+  std::vector<double> out;
+  for (int64_t b : kShowSizes) {
+    ir::Schedule v = pick_variant(l, -1, b);
+    out.push_back(cost::estimate_us(v, ir::topology_of(v), b));
+  }
+  return out;
+}
+
+// Among the built-in schedules of `coll`, the one with the lowest estimate at
+// each size ("" where none lowers for this topology). Only an estimate: the
+// runtime selects from its own table (runtime/select.cpp).
+std::vector<std::string> estimate_picks(Collective coll, const Common& o) {
+  std::vector<std::string> best(std::size(kShowSizes));
+  std::vector<double> best_us(best.size(), 0);
+  for (const auto& info : dsl::registered_schedules()) {
+    if (info.coll != coll) continue;
+    std::vector<double> us;
+    try {
+      us = estimates(compiler::lower(dsl::build(info, *o.topo, 0), lower_options(o)));
+    } catch (const Error&) {
+      continue;  // does not fit this topology (e.g. crosses nodes)
+    }
+    for (size_t i = 0; i < us.size(); ++i)
+      if (best[i].empty() || us[i] < best_us[i]) best[i] = info.name, best_us[i] = us[i];
+  }
+  return best;
+}
+
+int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir, bool pick) {
+  Loaded in = load_schedule(o);
+  auto l = compiler::lower(std::move(in.raw), lower_options(o));
   ir::Schedule v = pick_variant(l, bucket < 0 ? int(l.variants.size()) - 1 : bucket, 0);
+  const topology::Topology topo = ir::topology_of(v);
   auto tl = cost::step_timeline(v, topo, v.tile_bytes);
   if (show_ir) std::cout << ir::print(v) << "\n";
   std::cout << cost::text(v, tl);
+  const auto us = estimates(l);
+  const auto best = pick && !in.imported ? estimate_picks(in.coll, o) : std::vector<std::string>{};
+  fmt::print("estimate_us on {} (alpha-beta model, not measured):\n", topo.name());
+  for (size_t i = 0; i < us.size(); ++i)
+    fmt::print("  {:>10} B/rank {:10.2f} us{}\n", kShowSizes[i], us[i],
+               best.empty() ? "" : fmt::format("   lowest estimate: {}", best[i].empty() ? "-" : best[i]));
   if (!svg_path.empty()) {
     std::ofstream f(svg_path);
     f << cost::svg(v, tl);
@@ -431,6 +476,10 @@ int main(int argc, char** argv) {
   show->add_option("--svg", svg, "write the timeline as an SVG picture");
   show->add_option("--bucket", show_bucket, "which size bucket (default: the largest)");
   show->add_flag("--ir", show_ir, "also print the lowered IR");
+  bool show_pick = false;
+  show->add_flag("--pick", show_pick,
+                 "also name, per size, the built-in schedule of this collective with the lowest estimate "
+                 "(lowers each; the runtime's selection is unchanged)");
 
   auto* lower = app.add_subcommand("lower", "run the compiler passes and print the IR after one of them");
   add_common(lower, lower_o, true);
@@ -487,7 +536,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("list")) return cmd_list();
     if (app.got_subcommand("info")) return cmd_info();
     if (*verify) return cmd_verify(verify_o);
-    if (*show) return cmd_show(show_o, svg, show_bucket, show_ir);
+    if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_pick);
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
     if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache);
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
