@@ -5,7 +5,7 @@
 // of node `node(r) = r / gpus_per_node`. Inside a node GPUs are linked by
 // NVLink (NVSwitch: every pair) or PCIe peer access; between nodes there is
 // only the network, which no op may cross directly (network operations come
-// with multi-node support; the verifier refuses such ops, mk.verify.E015).
+// with multi-node support; the verifier refuses such ops, mk.verify.E017).
 //
 // Text form (`mkc --topology`, name()):
 //   nvlink:N     one node of N GPUs over NVLink (the default, N = the ranks)

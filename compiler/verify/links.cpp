@@ -33,7 +33,7 @@ void verify_links(const ir::Schedule& s) {
     if (op.rank < 0 || op.rank >= s.nranks) continue;  // verify_bounds reports it
     const int32_t peer = network_peer(t, op);
     if (peer < 0) continue;
-    throw Error(ErrId::verify_E015,
+    throw Error(ErrId::verify_E017,
                 fmt::format("{} ({} ranks, topology {}): {} moves data between rank {} (node {}) and rank {} "
                             "(node {}), which have no direct link: network operations are not yet supported",
                             s.name.empty() ? std::string(name(s.coll)) : s.name, s.nranks, t.name(),

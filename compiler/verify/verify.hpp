@@ -14,7 +14,7 @@
 //                    the scratch reuse between steps.
 //  verify_links      every op touches only ranks its executing rank has a
 //                    direct link to (the schedule's topology: not across the
-//                    network between nodes, mk.verify.E015). Part of
+//                    network between nodes, mk.verify.E017). Part of
 //                    verify_semantics.
 //  analyze           fills Op::pos and Op::final from the symbolic run.
 //

@@ -121,7 +121,7 @@ class Program {
   // The machine the program is built for. Ranks are numbered node-major:
   // rank r is GPU local(r) of node node(r), and rank_of(node(r), local(r)) ==
   // r. Data may move directly only between ranks of one node (NVLink or PCIe);
-  // the verifier refuses ops between nodes (mk.verify.E015) until network
+  // the verifier refuses ops between nodes (mk.verify.E017) until network
   // operations exist. The default is one node of ranks() GPUs, so a schedule
   // that ignores these calls works everywhere it did before.
   int nodes() const;

@@ -126,7 +126,7 @@ TEST_CASE("mkc --topology NxG: the rank count from the shape; across nodes refus
   CHECK_OK(r);
   CHECK(contains(r.out, "for 4 ranks"));
   r = mkc({"verify", "-s", "reducescatter.hier", "--topology", "2x2"});
-  MKT_CHECK_USER_ERROR(r, "mk.verify.E015");
+  MKT_CHECK_USER_ERROR(r, "mk.verify.E017");
   CHECK(contains(r.err, "rank 0 (node 0) and rank 2 (node 1)"));
   CHECK(contains(r.err, "network operations are not yet supported"));
   r = mkc({"lower", "-s", "allgather.hier", "--topology", "2x2:direct", "--dump-after", "build"});

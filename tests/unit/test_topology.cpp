@@ -1,5 +1,5 @@
 // The topology: its text and JSON forms, the DSL's accessors, the verifier's
-// direct-link check (mk.verify.E015), the hierarchical schedules on every
+// direct-link check (mk.verify.E017), the hierarchical schedules on every
 // shape, and the cost model's estimates against hand computations.
 #include <doctest/doctest.h>
 
@@ -200,11 +200,11 @@ TEST_CASE("hierarchical schedules prove and simulate on every shape") {
   }
 }
 
-TEST_CASE("mk.verify.E015: hierarchical schedules on 2x4 move data across nodes directly") {
+TEST_CASE("mk.verify.E017: hierarchical schedules on 2x4 move data across nodes directly") {
   for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
     CAPTURE(name);
     std::string what;
-    CHECK(error_id([&] { lower_for(name, topology::parse("2x4", 8)); }, &what) == ErrId::verify_E015);
+    CHECK(error_id([&] { lower_for(name, topology::parse("2x4", 8)); }, &what) == ErrId::verify_E017);
     CHECK(contains(what, "topology 2x4"));
     CHECK(contains(what, "rank 0 (node 0) and rank 4 (node 1)"));
     CHECK(contains(what, "network operations are not yet supported"));
@@ -214,7 +214,7 @@ TEST_CASE("mk.verify.E015: hierarchical schedules on 2x4 move data across nodes 
   // with a network, and accepted where every pair is linked
   const auto* one_shot = dsl::find_schedule("allreduce.one_shot");
   CHECK(error_id([&] { verify::verify_semantics(dsl::build(*one_shot, topology::parse("2x1", 2))); }) ==
-        ErrId::verify_E015);
+        ErrId::verify_E017);
   verify::verify_semantics(dsl::build(*one_shot, topology::parse("2x1:direct", 2)));
   verify::verify_semantics(dsl::build(*one_shot, topology::parse("pcie:2", 2)));
 }
