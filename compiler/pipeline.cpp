@@ -20,6 +20,7 @@ Lowered lower(ir::Schedule s, const LowerOptions& o) {
 
   verify::verify_semantics(s);  // prove the author's program before touching it
   dump("verify", s);
+  s = passes::compact_scratch(std::move(s));  // sparse slot numbers would size everything below
 
   // Zero-copy: user buffers are mapped into peers, so remote accesses stay as
   // written. A schedule that never touches a peer's user buffer gains nothing

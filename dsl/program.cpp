@@ -45,6 +45,7 @@ Program::Program(Collective coll, int nranks, int root, std::string name, Loc lo
   s_->coll = coll;
   s_->nranks = nranks;
   s_->root = root;
+  s_->loc = to_loc(loc);
 }
 
 Program::~Program() { delete s_; }
@@ -216,6 +217,7 @@ ir::Schedule build(const ScheduleInfo& info, int nranks, int root) {
                     " ranks: " + e.what(),
                 SrcLoc{info.file, static_cast<uint32_t>(info.line), {}});
   }
+  p.ir().loc = SrcLoc{info.file, static_cast<uint32_t>(info.line), {}};
   return std::move(p.ir());
 }
 

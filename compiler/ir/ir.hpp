@@ -102,6 +102,7 @@ struct Schedule {
   bool zero_copy = false;  // lowered for registered buffers: ops touch peers' user buffers
   std::string topology;    // what it was lowered for (topology::Topology::name)
   std::vector<Op> ops;
+  SrcLoc loc;  // where the schedule is declared (MK_SCHEDULE, or the Program); not serialised
 
   int32_t next_id() const;  // an id no op has yet
 };
