@@ -490,8 +490,13 @@ void verify_deterministic(const Schedule& s) {
 }
 
 Schedule rotate_root(Schedule s, int32_t root) {
-  if (root == 0) return s;
-  auto rot = [&](int32_t r) { return (r + root) % s.nranks; };
+  if (!collective_rooted(s.coll)) {
+    s.root = 0;  // meaningless there; plans and keys say 0
+    return s;
+  }
+  const int32_t by = ((root - s.root) % s.nranks + s.nranks) % s.nranks;
+  if (by == 0) return s;
+  auto rot = [&](int32_t r) { return (r + by) % s.nranks; };
   for (Op& op : s.ops) {
     op.rank = rot(op.rank);
     if (op.kind == OpKind::signal) op.peer = rot(op.peer);
@@ -503,7 +508,6 @@ Schedule rotate_root(Schedule s, int32_t root) {
 }
 
 void verify_root(const Schedule& s, int32_t root) {
-  MK_CHECK(s.root == 0, "plans are built for root 0");
   if (root < 0 || root >= s.nranks)
     throw Error(ErrId::verify_E006, fmt::format("{}: root {} is not a rank of {}", coll_context(s, nullptr), root,
                                                 s.nranks));

@@ -56,8 +56,10 @@ inline constexpr int64_t kDefaultScratchBytes = int64_t(256) << 20;
 int64_t scratch_bytes(const ir::Schedule& s);
 void verify_resources(const ir::Schedule& s);  // throws mk.verify.E016
 
-// A schedule built for root 0 relabelled so that `root` is the root (what the
-// kernel does at run time).
+// The schedule relabelled (ranks rotated) so that `root` is its root: from
+// root 0, what the kernel does at run time; to root 0, what lower() does to a
+// schedule written for another root (a plan is always for root 0). Non-rooted
+// collectives only get root 0.
 ir::Schedule rotate_root(ir::Schedule s, int32_t root);
 // verify_semantics of the schedule relabelled to `root` (rooted collectives).
 void verify_root(const ir::Schedule& s, int32_t root);
