@@ -80,9 +80,7 @@ class Machine {
   // associative, so the tree is kept up to the order of two operands only.
   uint32_t combine(uint32_t a, uint32_t b) {
     const uint64_t key = (uint64_t(std::min(a, b)) << 32) | std::max(a, b);
-    auto [it, fresh] = nodes_.try_emplace(key, uint32_t(uint32_t(s_.nranks) * cin_ + nodes_.size()));
-    (void)fresh;
-    return it->second;
+    return nodes_.try_emplace(key, uint32_t(uint32_t(s_.nranks) * cin_ + nodes_.size())).first->second;
   }
 
   size_t cell(const Ref& r) const {
