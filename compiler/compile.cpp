@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/verify/verify.hpp"
 #include "compiler/jit/jit.hpp"
 #include "templates/abi.cuh"
 
@@ -93,6 +94,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   Lowered l = lower(std::move(built), o.lower);
   st.lower_ms = ms_since(t0);
 
+  for (const auto& v : l.variants) verify::verify_resources(v);  // refuse what no communicator could load
   const ir::Schedule& s0 = l.variants.front();
   const std::string tag = fmt::format("{}_n{}_{}_{}", codegen::identifier(s0.name), s0.nranks, name(o.dtype), name(o.op));
   t0 = std::chrono::steady_clock::now();
@@ -150,8 +152,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     k.scratch_slots = std::max(s.scratch, 1);
     k.flag_slots = std::max(s.slots, 1);
     k.classes = units[b].kernel.classes;
-    k.scratch_bytes =
-        s.scratch == 0 ? 0 : s.tile_bytes * (s.proto == ir::Proto::ll ? 2 : 1) * k.scratch_slots * s.depth * s.instances;
+    k.scratch_bytes = verify::scratch_bytes(s);
     k.flag_bytes = (dev::flag_words(s.instances, k.flag_slots) + (s.zero_copy ? dev::zc_words(s.nranks) : 0)) * 8;
     k.seq_words = k.grid;
     k.cubin_file = k.name + ".sm_" + std::to_string(o.arch) + ".cubin";

@@ -37,8 +37,12 @@ Lowered lower(ir::Schedule s, const LowerOptions& o) {
   set_topology(s, o.topology);
   dump("build", s);
 
+  // Plans are for root 0 (the kernel relabels ranks for the caller's root): a
+  // schedule written for another root (IR JSON may say so) is relabelled first.
+  s = verify::rotate_root(std::move(s), 0);
   verify::verify_semantics(s);  // prove the author's program before touching it
   dump("verify", s);
+  s = passes::compact_scratch(std::move(s));  // sparse slot numbers would size everything below
 
   // Zero-copy: user buffers are mapped into peers, so remote accesses stay as
   // written. A schedule that never touches a peer's user buffer gains nothing

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cctype>
 #include <map>
 #include <mutex>
 #include <cstdio>
@@ -54,6 +55,74 @@ int64_t current_seq() {
   int64_t m = 0;
   for (auto& s : dsl::registered_schedules()) m = std::max(m, s.seq);
   return m;
+}
+
+std::string read_all(const fs::path& p, bool* ok) {
+  std::ifstream f(p, std::ios::binary);
+  *ok = bool(f);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The files of a make-style dependency list as the compiler writes it with
+// -MD -MF (`target: a.cpp b.hpp \<newline> c.hpp`, spaces in names as `\ `),
+// made absolute against the directory the compiler ran in.
+std::vector<std::string> parse_depfile(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool after_colon = false;
+  auto flush = [&] {
+    if (!cur.empty() && after_colon) out.push_back(fs::absolute(cur).lexically_normal().string());
+    cur.clear();
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\\' && i + 1 < text.size() && (text[i + 1] == '\n' || text[i + 1] == '\r')) {
+      flush();
+      ++i;
+    } else if (c == '\\' && i + 1 < text.size() && (text[i + 1] == ' ' || text[i + 1] == '#')) {
+      cur += text[++i];
+    } else if (c == '$' && i + 1 < text.size() && text[i + 1] == '$') {
+      cur += text[++i];
+    } else if (c == ':' && !after_colon && (i + 1 == text.size() || std::isspace(static_cast<unsigned char>(text[i + 1])))) {
+      cur.clear();  // the target
+      after_colon = true;
+    } else if (std::isspace(static_cast<unsigned char>(c))) {
+      flush();
+      if (c == '\n' && after_colon) break;  // only the first rule (no -MP phony targets)
+    } else {
+      cur += c;
+    }
+  }
+  flush();
+  return out;
+}
+
+// A hash over every listed file's path and content; "" when one is missing
+// (the cached plugin then cannot be trusted to match).
+std::string deps_hash(const std::vector<std::string>& files) {
+  std::string all;
+  for (const auto& f : files) {
+    bool ok = false;
+    std::string text = read_all(f, &ok);
+    if (!ok) return {};
+    all += f + '\0' + jit::hash_hex(text) + '\n';
+  }
+  return jit::hash_hex(all);
+}
+
+// `text` into `path`, atomically (write beside, then rename).
+bool write_atomic(const fs::path& path, const std::string& text) {
+  fs::path tmp = path;
+  tmp += fmt::format(".{}.tmp", ::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << text;
+    if (!f) return false;
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fs::remove(tmp, ec);
+  return !ec;
 }
 
 }  // namespace
@@ -122,22 +191,50 @@ std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
   if (ec)
     throw Error(ErrId::jit_E004, "cannot create " + dir.string() + " for compiled schedules: " + ec.message(), {},
                 "set MK_CACHE_DIR to a writable directory");
-  fs::path so = dir / (key + ".so");
-  if (!fs::exists(so)) {
+  // The key covers the .cpp; every other file the compiler read (local
+  // headers, the DSL headers, the standard library) is listed in key.deps as
+  // the compiler reported it, and the plugin is stored under a hash of all
+  // their contents: a changed header finds no plugin and compiles afresh.
+  const fs::path deps_file = dir / (key + ".deps");
+  fs::path so;
+  {
+    bool ok = false;
+    std::string listed = read_all(deps_file, &ok);
+    if (ok) {
+      std::vector<std::string> files;
+      std::istringstream in(listed);
+      for (std::string line; std::getline(in, line);)
+        if (!line.empty()) files.push_back(line);
+      const std::string h = deps_hash(files);
+      if (!h.empty() && fs::exists(dir / (key + "-" + h + ".so"))) so = dir / (key + "-" + h + ".so");
+    }
+  }
+  if (so.empty()) {
     fs::path tmp = dir / fmt::format("{}.{}.tmp.so", key, ::getpid());
-    std::string cmd = fmt::format("{} -std=c++20 -O1 -shared -fPIC -I{} {} -o {}", cxx, shell_quote(inc),
-                                  shell_quote(abs), shell_quote(tmp.string()));
+    fs::path dep = dir / fmt::format("{}.{}.tmp.d", key, ::getpid());
+    std::string cmd = fmt::format("{} -std=c++20 -O1 -shared -fPIC -MD -MT mk_plugin -MF {} -I{} {} -o {}", cxx,
+                                  shell_quote(dep.string()), shell_quote(inc), shell_quote(abs),
+                                  shell_quote(tmp.string()));
     if (!lib.empty())
       cmd += fmt::format(" {} -Wl,-rpath,{}", shell_quote(lib), shell_quote(fs::path(lib).parent_path().string()));
     std::string out;
     int rc = run(cmd, &out);
+    bool dep_ok = false;
+    const std::vector<std::string> files = parse_depfile(read_all(dep, &dep_ok));
+    fs::remove(dep, ec);
     if (rc != 0) {
       fs::remove(tmp, ec);
       throw Error(ErrId::cli_E006, fmt::format("{} does not compile:\n{}", cpp_file, out), {},
                   "fix the errors above (file:line points into your schedule)");
     }
+    std::string h = dep_ok && !files.empty() ? deps_hash(files) : "";
+    if (h.empty()) h = "nodeps-" + std::to_string(::getpid());  // never found again: compiled every time
+    so = dir / (key + "-" + h + ".so");
     fs::rename(tmp, so, ec);
     if (ec) throw Error(ErrId::jit_E004, "cannot store plugin in " + dir.string() + ": " + ec.message());
+    std::string listed;
+    for (const auto& f : files) listed += f + "\n";
+    if (dep_ok && !files.empty()) write_atomic(deps_file, listed);  // a cache: failing to write it only costs time
   }
   try {
     return load_library(so.string());

@@ -1,7 +1,9 @@
 // User-authored schedules without rebuilding mKernel: a DSL file is compiled
 // with the system C++ compiler against the installed <mk/dsl.hpp> into a
-// shared object (cached by content hash under $MK_CACHE_DIR/plugins), then
-// loaded; its MK_SCHEDULE lines register it.
+// shared object, then loaded; its MK_SCHEDULE lines register it. The cache
+// ($MK_CACHE_DIR/plugins) is keyed on the .cpp and on the content of every
+// file the compiler read for it (its -MD dependency list, re-hashed on each
+// lookup), so editing an included header recompiles.
 #pragma once
 
 #include <string>

@@ -45,6 +45,7 @@ Program::Program(Collective coll, int nranks, int root, std::string name, Loc lo
   s_->coll = coll;
   s_->nranks = nranks;
   s_->root = root;
+  s_->loc = to_loc(loc);
 }
 
 Program::~Program() { delete s_; }
@@ -249,6 +250,7 @@ ir::Schedule run_builder(const ScheduleInfo& info, Program& p) {
                     " ranks (" + ir::topology_of(p.ir()).name() + "): " + e.what(),
                 SrcLoc{info.file, static_cast<uint32_t>(info.line), {}});
   }
+  p.ir().loc = SrcLoc{info.file, static_cast<uint32_t>(info.line), {}};
   return std::move(p.ir());
 }
 

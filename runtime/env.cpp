@@ -8,6 +8,7 @@
 #include <set>
 
 #include "compiler/jit/jit.hpp"
+#include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "runtime/plans.hpp"
 #include "runtime/status.hpp"
@@ -101,7 +102,7 @@ bool get_bool(const char* name, bool dflt) {
   return v ? parse_bool(name, *v) : dflt;
 }
 
-int64_t scratch_bytes() { return get_int("MK_SCRATCH_BYTES", int64_t(256) << 20, int64_t(1) << 20, int64_t(1) << 40); }
+int64_t scratch_bytes() { return get_int("MK_SCRATCH_BYTES", mk::verify::kDefaultScratchBytes, int64_t(1) << 20, int64_t(1) << 40); }
 int64_t flag_bytes() { return get_int("MK_FLAG_BYTES", int64_t(1) << 20, 4096, int64_t(1) << 30); }
 int64_t timeout_ms() { return get_int("MK_TIMEOUT_MS", 600000, 0, int64_t(1) << 40); }
 int32_t max_registrations() { return int32_t(get_int("MK_MAX_REGISTRATIONS", 256, 1, 1 << 20)); }

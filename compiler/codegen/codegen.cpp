@@ -118,6 +118,11 @@ class Emitter {
                           " touches another rank's user buffer (stage_remote must run first)");
     const int32_t i = r.index + k;
     const int32_t b = i / K, p = i % K;
+    // The address comes from this position and the length from op.pos: the
+    // verifier (E008) proved they agree; a kernel must never rely on it silently.
+    if (p != op.pos.at(size_t(k)))
+      throw InternalError("codegen: op %" + std::to_string(op.id) + " addresses chunk position " + std::to_string(p) +
+                          " but its data has position " + std::to_string(op.pos.at(size_t(k))));
     const bool rot_b = ir::buf_blocks(s_.coll, N, r.buf) == N && N > 1;
     it.refs.push_back({r.buf == Buf::input ? 0 : 1, rot_b, M != 0});
     if (s_.zero_copy) it.nums.push_back(mod(r.rank - v0, N));  // whose buffer, relative

@@ -105,6 +105,7 @@ struct Schedule {
   // (topology_of). When set, topology->nranks() == nranks.
   std::optional<topology::Topology> topology;
   std::vector<Op> ops;
+  SrcLoc loc;  // where the schedule is declared (MK_SCHEDULE, or the Program); not serialised
 
   int32_t next_id() const;  // an id no op has yet
 };

@@ -9,6 +9,7 @@
 
 namespace mk::passes {
 
+ir::Schedule compact_scratch(ir::Schedule s);
 ir::Schedule stage_remote(ir::Schedule s);
 ir::Schedule fuse(ir::Schedule s);
 ir::Schedule parallelize(ir::Schedule s, int32_t instances);

@@ -23,21 +23,6 @@ using ir::Schedule;
 
 namespace {
 
-// Relabels a schedule built for root 0 so that `root` is the root: what the
-// kernel does at run time (virtual rank = (rank - root) mod nranks).
-Schedule rotate_root(Schedule s, int32_t root) {
-  if (root == 0) return s;
-  auto rot = [&](int32_t r) { return (r + root) % s.nranks; };
-  for (Op& op : s.ops) {
-    op.rank = rot(op.rank);
-    if (op.kind == OpKind::signal) op.peer = rot(op.peer);
-    for (auto* list : {&op.srcs, &op.dsts})
-      for (Ref& r : *list) r.rank = rot(r.rank);
-  }
-  s.root = root;
-  return s;
-}
-
 struct RankMem {
   std::vector<uint8_t> in_store, out_store;
   uint8_t* in = nullptr;   // null: this rank has no send buffer

@@ -10,8 +10,11 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <tuple>
+#include <unordered_map>
 
+#include "compiler/verify/hb.hpp"
 #include "compiler/verify/verify.hpp"
 
 namespace mk::verify {
@@ -32,6 +35,7 @@ struct Value {
   bool init = false;
   int32_t pos = -1;
   std::vector<uint32_t> syms;  // sorted multiset of contributions
+  uint32_t tree = 0;           // how they were combined (Machine::combine), when init
   int32_t writer = -1;         // op index of the last write
 };
 
@@ -40,7 +44,17 @@ class Machine {
   Machine(const Schedule& s, bool inplace) : s_(s), inplace_(inplace) {
     cin_ = ir::buf_chunks(s, Buf::input);
     cout_ = ir::buf_chunks(s, Buf::output);
-    csc_ = s.scratch;
+    // Scratch cells for the slots in use only: slot numbers may be sparse
+    // (compact_scratch renumbers them after this proof, which keeps the
+    // author's numbers in its messages).
+    for (const Op& op : s.ops)
+      for (const auto* list : {&op.srcs, &op.dsts})
+        for (const Ref& r : *list)
+          if (r.buf == Buf::scratch)
+            for (int32_t k = 0; k < r.count; ++k) slots_.push_back(r.index + k);
+    std::sort(slots_.begin(), slots_.end());
+    slots_.erase(std::unique(slots_.begin(), slots_.end()), slots_.end());
+    csc_ = int32_t(slots_.size());
     per_rank_ = cin_ + cout_ + csc_;
     cells_.resize(size_t(per_rank_) * s.nranks);
     for (int32_t r = 0; r < s.nranks; ++r) {
@@ -50,6 +64,7 @@ class Machine {
         v.init = true;
         v.pos = j % s.chunks;
         v.syms = {sym(r, j)};
+        v.tree = sym(r, j);
       }
     }
   }
@@ -57,6 +72,15 @@ class Machine {
   uint32_t sym(int32_t rank, int32_t in_chunk) const { return uint32_t(rank) * cin_ + in_chunk; }
   std::string sym_str(uint32_t sym) const {
     return fmt::format("rank {} input chunk {}", sym / cin_, sym % cin_);
+  }
+
+  // The reduction tree of `a op b`, interned: equal ids mean the same
+  // combination order. Leaves are symbols. Every reduction op is commutative
+  // (a op b == b op a bit for bit), but floating-point sum and product are not
+  // associative, so the tree is kept up to the order of two operands only.
+  uint32_t combine(uint32_t a, uint32_t b) {
+    const uint64_t key = (uint64_t(std::min(a, b)) << 32) | std::max(a, b);
+    return nodes_.try_emplace(key, uint32_t(uint32_t(s_.nranks) * cin_ + nodes_.size())).first->second;
   }
 
   size_t cell(const Ref& r) const {
@@ -68,23 +92,30 @@ class Machine {
         }
         return base + r.index;
       case Buf::output: return base + cin_ + r.index;
-      case Buf::scratch: return base + cin_ + cout_ + r.index;
+      case Buf::scratch:
+        return base + cin_ + cout_ + (std::lower_bound(slots_.begin(), slots_.end(), r.index) - slots_.begin());
     }
     return 0;
   }
 
   Value& at(const Ref& r) { return cells_[cell(r)]; }
 
+  // What output chunk i of rank r must hold: one rank's input chunk, or that
+  // chunk of every rank (a reduction).
+  BlockSource source(int32_t r, int32_t i) const {
+    BlockSource src = output_source(s_.coll, s_.root, r, i / s_.chunks);
+    src.in_block = src.in_block * s_.chunks + i % s_.chunks;  // now an input chunk
+    return src;
+  }
+
   // Expected contributions of output chunk i of rank r.
   std::vector<uint32_t> expected(int32_t r, int32_t i) const {
-    const int32_t K = s_.chunks, N = s_.nranks;
-    const BlockSource src = output_source(s_.coll, s_.root, r, i / K);
-    const int32_t in_chunk = src.in_block * K + i % K;
+    const BlockSource src = source(r, i);
     std::vector<uint32_t> e;
     if (src.from != BlockSource::kAllRanks) {
-      e.push_back(sym(src.from, in_chunk));
+      e.push_back(sym(src.from, src.in_block));
     } else {
-      for (int32_t q = 0; q < N; ++q) e.push_back(sym(q, in_chunk));
+      for (int32_t q = 0; q < s_.nranks; ++q) e.push_back(sym(q, src.in_block));
     }
     std::sort(e.begin(), e.end());
     return e;
@@ -94,6 +125,8 @@ class Machine {
   bool inplace_;
   int32_t cin_, cout_, csc_, per_rank_;
   std::vector<Value> cells_;
+  std::vector<int32_t> slots_;  // scratch slots in use, sorted
+  std::unordered_map<uint64_t, uint32_t> nodes_;
 };
 
 struct OpFacts {
@@ -101,11 +134,25 @@ struct OpFacts {
   bool complete = false;
 };
 
-// Runs the schedule symbolically; throws on the first problem.
-std::vector<OpFacts> run(const Schedule& s, bool inplace) {
+struct Outcome {
+  std::vector<OpFacts> facts;
+  std::string nondeterministic;  // why ranks combine some output in different orders; "" if they do not
+};
+
+// Sees every chunk a data op reads (write = false, the value read) and
+// writes (write = true, the value written), in program order.
+using Watch = std::function<void(size_t op, const Ref& chunk, const Value& v, bool write)>;
+
+std::string trail(const Schedule& s, bool inplace, int32_t rank, int32_t chunk, uint32_t missing);
+
+// Runs the schedule symbolically; throws on the first problem. With `watch`
+// it only runs (no final check), for trail().
+Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
   const char* mode = inplace ? "in-place" : "out-of-place";
   Machine m(s, inplace);
-  std::vector<OpFacts> facts(s.ops.size());
+  Outcome out;
+  std::vector<OpFacts>& facts = out.facts;
+  facts.resize(s.ops.size());
   const bool reducing = collective_reduces(s.coll);
   for (size_t oi = 0; oi < s.ops.size(); ++oi) {
     const Op& op = s.ops[oi];
@@ -126,9 +173,6 @@ std::vector<OpFacts> run(const Schedule& s, bool inplace) {
                       op.loc);
     for (const Ref& r : op.dsts)
       for (int32_t k = 0; k < n; ++k) {
-        bool aliased_output = inplace && r.buf == Buf::input &&
-                              ir::inplace_output_of_input(s, r.rank, r.index + k).has_value();
-        (void)aliased_output;
         if (r.buf == Buf::input)
           throw Error(ErrId::verify_E009,
                       where(r, k) + ": input buffers are read-only (the caller's send buffer)",
@@ -161,6 +205,8 @@ std::vector<OpFacts> run(const Schedule& s, bool inplace) {
                                   coll_context(s, mode), describe_op(s, oi), acc.pos, v.pos,
                                   ir::to_string(c)),
                       op.loc, "a reduction combines the same chunk of different ranks");
+        if (watch) watch(oi, c, v, false);
+        acc.tree = acc.init ? m.combine(acc.tree, v.tree) : v.tree;
         acc.init = true;
         acc.pos = v.pos;
         acc.syms.insert(acc.syms.end(), v.syms.begin(), v.syms.end());
@@ -172,6 +218,20 @@ std::vector<OpFacts> run(const Schedule& s, bool inplace) {
                     fmt::format("{}: {} counts the contribution of {} twice (chunk {})",
                                 coll_context(s, mode), describe_op(s, oi), m.sym_str(*dup), k),
                     op.loc, "each rank's data may enter a reduction once");
+      // The kernel addresses a user-buffer chunk by its index and sizes every
+      // chunk of the op by the data's position (the last chunks of a block are
+      // short at most counts), so data stays at its position in the block:
+      // moved elsewhere it would be cut short or run past the buffer's end.
+      for (const Ref& d : op.dsts)
+        if (d.buf != Buf::scratch && (d.index + k) % s.chunks != acc.pos)
+          throw Error(ErrId::verify_E008,
+                      fmt::format("{}: {} writes data of chunk position {} into {}, which is at position {} of "
+                                  "its block",
+                                  coll_context(s, mode), describe_op(s, oi), acc.pos, ir::to_string(d.at(k)),
+                                  (d.index + k) % s.chunks),
+                      op.loc,
+                      "chunk j of a block only moves to chunk j of a block (index % chunks); the last chunks of a "
+                      "block are shorter than the others at most counts");
       f.pos[k] = acc.pos;
       if (op.kind == OpKind::reduce && reducing && int32_t(acc.syms.size()) == s.nranks)
         f.complete = true;
@@ -182,25 +242,43 @@ std::vector<OpFacts> run(const Schedule& s, bool inplace) {
         Value& v = m.at(d.at(k));
         v = result[k];
         v.writer = int32_t(oi);
+        if (watch) watch(oi, d.at(k), v, true);
       }
   }
+  if (watch) return out;
   // Final state of every output chunk.
+  std::unordered_map<int32_t, std::pair<int32_t, uint32_t>> tree_of;  // input chunk -> (first rank, tree)
   for (int32_t r = 0; r < s.nranks; ++r) {
     if (!ir::has_output(s, r)) continue;
     for (int32_t i = 0; i < m.cout_; ++i) {
       const Ref c{r, Buf::output, i, 1};
       const Value& v = m.at(c);
       auto exp = m.expected(r, i);
-      if (exp == v.syms) continue;
-      std::string who = v.writer >= 0 ? "; last written by " + describe_op(s, size_t(v.writer))
-                                      : "; nothing wrote it";
-      SrcLoc loc = v.writer >= 0 ? s.ops[size_t(v.writer)].loc : SrcLoc{};
+      if (exp == v.syms) {
+        const BlockSource src = m.source(r, i);
+        if (src.from != BlockSource::kAllRanks || !out.nondeterministic.empty()) continue;
+        auto [it, first] = tree_of.try_emplace(src.in_block, r, v.tree);
+        if (!first && it->second.second != v.tree)
+          out.nondeterministic = fmt::format(
+              "{}: ranks {} and {} combine the contributions to input chunk {} in different orders (rank {}'s "
+              "output chunk {}, last written by {}): floating-point sums and products then differ bit-wise "
+              "between ranks",
+              coll_context(s, mode), it->second.first, r, src.in_block, r, i, describe_op(s, size_t(v.writer)));
+        continue;
+      }
+      // No writer: point at the schedule's declaration.
+      const bool written = v.writer >= 0;
+      std::string who = written ? "; last written by " + describe_op(s, size_t(v.writer)) : "; nothing wrote it";
+      SrcLoc loc = written ? s.ops[size_t(v.writer)].loc : s.loc;
       for (uint32_t e : exp)
         if (!std::binary_search(v.syms.begin(), v.syms.end(), e))
           throw Error(ErrId::verify_E001,
-                      fmt::format("{}: rank {} output chunk {} misses the contribution of {}{}",
-                                  coll_context(s, mode), r, i, m.sym_str(e), who),
-                      loc);
+                      fmt::format("{}: rank {} output chunk {} misses the contribution of {}{}{}",
+                                  coll_context(s, mode), r, i, m.sym_str(e), who,
+                                  written ? trail(s, inplace, r, i, e) : ""),
+                      loc,
+                      written ? "" : fmt::format("write rank {}'s output chunk {} (it is declared with the {})", r, i,
+                                                 name(s.coll)));
       for (uint32_t g : v.syms)
         if (!std::binary_search(exp.begin(), exp.end(), g))
           throw Error(ErrId::verify_E003,
@@ -211,7 +289,99 @@ std::vector<OpFacts> run(const Schedule& s, bool inplace) {
       MK_CHECK(false, "output differs from the expectation but no difference was found");
     }
   }
-  return facts;
+  return out;
+}
+
+// Where contribution `missing` of output chunk `chunk` of `rank` was lost:
+// the most complete partial result of that chunk that held it (the last write
+// of the most contributions that all belong there), and what became of it.
+std::string trail(const Schedule& s, bool inplace, int32_t rank, int32_t chunk, uint32_t missing) {
+  Machine m(s, inplace);
+  const auto exp = m.expected(rank, chunk);
+  struct Best {
+    size_t op = 0, size = 0;
+    Ref at;
+    std::vector<size_t> readers;
+    int64_t overwritten_by = -1;
+  };
+  // First the partial, then what became of it.
+  std::optional<Best> found;
+  run(s, inplace, [&](size_t oi, const Ref& c, const Value& v, bool write) {
+    if (!write || !std::binary_search(v.syms.begin(), v.syms.end(), missing)) return;
+    if (!std::includes(exp.begin(), exp.end(), v.syms.begin(), v.syms.end())) return;
+    if (!found || v.syms.size() >= found->size) found = Best{oi, v.syms.size(), c, {}, -1};
+  });
+  if (!found) return fmt::format("; no partial result of this chunk ever held {}", m.sym_str(missing));
+  std::optional<Best> best = found;
+  run(s, inplace, [&](size_t oi, const Ref& c, const Value&, bool write) {
+    if (oi <= best->op || c != best->at) return;
+    if (!write) {
+      if (best->overwritten_by < 0 && (best->readers.empty() || best->readers.back() != oi))
+        best->readers.push_back(oi);
+    } else if (best->overwritten_by < 0) {
+      best->overwritten_by = int64_t(oi);
+    }
+  });
+  std::string fate;
+  if (!best->readers.empty()) {
+    fate = "; it was read by " + describe_op(s, best->readers[0]);
+    if (best->readers.size() > 1) fate += fmt::format(" (and {} more)", best->readers.size() - 1);
+    fate += ", but no result of that reached this chunk";
+  } else if (best->overwritten_by >= 0) {
+    fate = "; it was overwritten by " + describe_op(s, size_t(best->overwritten_by)) + " before anything read it";
+  } else {
+    fate = "; nothing read it afterwards";
+  }
+  return fmt::format("; trail: {} was last carried by {}, which wrote {} ({} of {} contributions){}",
+                     m.sym_str(missing), describe_op(s, best->op), ir::to_string(best->at), best->size, exp.size(),
+                     fate);
+}
+
+// Chunk k of every ref is processed together (element by element, in parallel
+// on the GPU), so within one op two destinations must never name the same
+// chunk (two writes in no defined order), and a destination chunk that is
+// *another* position's source chunk would be read and written in no defined
+// order. Checked for both aliasings; sorting keeps it O(n log n) per op.
+void check_overlaps(const Schedule& s, size_t oi, const std::string& ctx) {
+  const Op& op = s.ops[oi];
+  struct Touch {
+    std::tuple<int32_t, int32_t, int32_t> key;  // rank, space, index (aliasing applied)
+    bool dst;
+    int32_t k;         // chunk of the op
+    const Ref* ref;
+  };
+  std::vector<Touch> t;
+  for (bool inplace : {false, true}) {
+    t.clear();
+    for (const auto* list : {&op.srcs, &op.dsts})
+      for (const Ref& r : *list)
+        for (int32_t k = 0; k < r.count; ++k) {
+          LocKey l = loc_key(s, r.at(k), inplace);
+          t.push_back({{l.rank, l.space, l.index}, list == &op.dsts, k, &r});
+        }
+    std::sort(t.begin(), t.end(), [](const Touch& a, const Touch& b) {
+      return std::tie(a.key, a.dst, a.k) < std::tie(b.key, b.dst, b.k);
+    });
+    const char* mode = inplace ? " in-place" : "";
+    for (size_t i = 0; i < t.size(); ++i)
+      for (size_t j = i + 1; j < t.size() && t[j].key == t[i].key; ++j) {
+        const Touch &a = t[i], &b = t[j];  // a.dst implies b.dst (sources sort first)
+        if (a.dst && b.dst)
+          throw Error(ErrId::verify_E004,
+                      fmt::format("{}: {} writes {} twice, as chunk {} of {} and as chunk {} of {}{}: the result "
+                                  "would depend on execution order",
+                                  ctx, describe_op(s, oi), ir::to_string(b.ref->at(b.k)), a.k, ir::to_string(*a.ref),
+                                  b.k, ir::to_string(*b.ref), mode),
+                      op.loc, "give every destination its own chunks");
+        if (!a.dst && b.dst && a.k != b.k)
+          throw Error(ErrId::verify_E004,
+                      fmt::format("{}: {} writes {} and reads it as chunk {} of {} (position {} vs {}){}: the "
+                                  "result would depend on execution order",
+                                  ctx, describe_op(s, oi), ir::to_string(b.ref->at(b.k)), a.k,
+                                  ir::to_string(*a.ref), b.k, a.k, mode),
+                      op.loc, "split the op, or stage through scratch");
+      }
+  }
 }
 
 }  // namespace
@@ -256,30 +426,7 @@ void verify_bounds(const Schedule& s) {
                                   r.count, n),
                       op.loc);
       }
-    // Chunk k of every ref is processed together (element by element, in
-    // parallel on the GPU). A destination chunk that is *another* position's
-    // source chunk would be read and written in no defined order.
-    if (op.is_data())
-      for (bool inplace : {false, true})
-        for (const Ref& d : op.dsts)
-          for (const Ref& src : op.srcs)
-            for (int32_t k = 0; k < n; ++k)
-              for (int32_t m = 0; m < n; ++m) {
-                if (k == m) continue;
-                auto key = [&](const Ref& r, int32_t i) {
-                  Ref c = r.at(i);
-                  if (inplace && c.buf == Buf::input)
-                    if (auto o = ir::inplace_output_of_input(s, c.rank, c.index)) c = Ref{c.rank, Buf::output, *o, 1};
-                  return std::make_tuple(c.rank, int(c.buf), c.index);
-                };
-                if (key(d, k) == key(src, m))
-                  throw Error(ErrId::verify_E004,
-                              fmt::format("{}: {} writes {} and reads it as chunk {} of {} (position {} vs {}){}: the "
-                                          "result would depend on execution order",
-                                          ctx, describe_op(s, oi), ir::to_string(d.at(k)), m, ir::to_string(src), k, m,
-                                          inplace ? " in-place" : ""),
-                              op.loc, "split the op, or stage through scratch");
-              }
+    if (op.is_data()) check_overlaps(s, oi, ctx);
     if (op.kind == OpKind::signal && (op.peer < 0 || op.peer >= s.nranks))
       throw Error(ErrId::verify_E006,
                   fmt::format("{}: {} signals rank {}, outside 0..{}", ctx, describe_op(s, oi),
@@ -313,8 +460,8 @@ void verify_semantics(const Schedule& s) {
 
 void analyze(Schedule& s) {
   verify_bounds(s);
-  auto a = run(s, false);
-  auto b = run(s, true);
+  auto a = run(s, false).facts;
+  auto b = run(s, true).facts;
   for (size_t i = 0; i < s.ops.size(); ++i) {
     MK_CHECK(a[i].pos == b[i].pos && a[i].complete == b[i].complete,
              "positions differ between in-place and out-of-place");
@@ -326,6 +473,44 @@ void analyze(Schedule& s) {
 void verify_all(const Schedule& s) {
   verify_semantics(s);
   if (s.synced) verify_sync(s);
+}
+
+}  // namespace mk::verify
+
+namespace mk::verify {
+
+void verify_deterministic(const Schedule& s) {
+  // One aliasing suffices: in-place and out-of-place run the same ops.
+  const std::string why = run(s, false).nondeterministic;
+  if (!why.empty())
+    throw Error(ErrId::verify_E015, why, s.loc,
+                "reduce each chunk once and copy the result to the other ranks, or list every rank's sources in "
+                "one order (e.g. by rank) on every rank");
+}
+
+Schedule rotate_root(Schedule s, int32_t root) {
+  if (!collective_rooted(s.coll)) {
+    s.root = 0;  // meaningless there; plans and keys say 0
+    return s;
+  }
+  const int32_t by = ((root - s.root) % s.nranks + s.nranks) % s.nranks;
+  if (by == 0) return s;
+  auto rot = [&](int32_t r) { return (r + by) % s.nranks; };
+  for (Op& op : s.ops) {
+    op.rank = rot(op.rank);
+    if (op.kind == OpKind::signal) op.peer = rot(op.peer);
+    for (auto* list : {&op.srcs, &op.dsts})
+      for (Ref& r : *list) r.rank = rot(r.rank);
+  }
+  s.root = root;
+  return s;
+}
+
+void verify_root(const Schedule& s, int32_t root) {
+  if (root < 0 || root >= s.nranks)
+    throw Error(ErrId::verify_E006, fmt::format("{}: root {} is not a rank of {}", coll_context(s, nullptr), root,
+                                                s.nranks));
+  verify_semantics(rotate_root(s, root));
 }
 
 }  // namespace mk::verify

@@ -17,6 +17,19 @@
 //                    network between nodes, mk.verify.E017). Part of
 //                    verify_semantics.
 //  analyze           fills Op::pos and Op::final from the symbolic run.
+//  verify_deterministic  ranks that end with the same reduced chunk combine
+//                    its contributions in the same order (floating-point sums
+//                    and products then agree bit for bit on every rank). Not in
+//                    verify_all: `mkc verify` warns, `--strict` refuses.
+//  verify_resources  a lowered schedule's scratch fits the communicator's
+//                    default scratch (compile_plan refuses larger plans).
+//
+// Rooted collectives are proved for root 0, the only root plans are built
+// for: the kernel runs rank r as virtual rank (r - root) mod nranks, and
+// every rooted collective's meaning is invariant under that relabelling
+// (output_source, has_input and has_output rotate with the root; tested in
+// test_verify.cpp), so the proof holds for every root the runtime can pass.
+// verify_root() checks a schedule relabelled to one root explicitly.
 //
 // Each failure is an mk::Error with an mk.verify.* id naming the rank, step,
 // chunk and DSL line.
@@ -38,6 +51,23 @@ void verify_sync(const ir::Schedule& s);
 void verify_all(const ir::Schedule& s);
 
 void analyze(ir::Schedule& s);
+
+void verify_deterministic(const ir::Schedule& s);  // throws mk.verify.E015
+
+// The communicator's default symmetric scratch per rank (MK_SCRATCH_BYTES).
+inline constexpr int64_t kDefaultScratchBytes = int64_t(256) << 20;
+// Scratch bytes per rank a lowered schedule needs: tile x slots x depth x
+// instances (LL tiles take twice the bytes); 0 without scratch.
+int64_t scratch_bytes(const ir::Schedule& s);
+void verify_resources(const ir::Schedule& s);  // throws mk.verify.E016
+
+// The schedule relabelled (ranks rotated) so that `root` is its root: from
+// root 0, what the kernel does at run time; to root 0, what lower() does to a
+// schedule written for another root (a plan is always for root 0). Non-rooted
+// collectives only get root 0.
+ir::Schedule rotate_root(ir::Schedule s, int32_t root);
+// verify_semantics of the schedule relabelled to `root` (rooted collectives).
+void verify_root(const ir::Schedule& s, int32_t root);
 
 // "%12 (copy on rank 1, tb 0, step 3)": how errors name an op. `step` is the
 // op's index in its rank's program.

@@ -499,7 +499,7 @@ TEST_CASE("mk.cli.E011: bad argument values") {
       {{"simulate", "-s", "allreduce.ring", "-n", "2", "--launches", "0"}, "--launches must be in 1..1000"},
       {{"simulate", "-s", "allreduce.ring", "-n", "2", "--bucket", "7"}, "--bucket 7"},
       {{"simulate", "-s", "allreduce.ring", "-n", "3", "--root", "1"}, "--root applies to broadcast and reduce only"},
-      {{"verify", fixture("hand_allreduce.cpp"), "-s", "allreduce.ring", "-n", "2"}, "not both"},
+      {{"verify", mkt::test_dir() + "/fixtures/msccl/allreduce_ring_8.xml", "-s", "allreduce.ring"}, "not both"},
   };
   for (const auto& k : cases) {
     std::string cmd;
@@ -684,4 +684,108 @@ TEST_CASE("mk.plan.E003: a plan or cubin file that is missing") {
   plan::write_dir(fake_plan(), d.str());
   fs::remove(d / "mk_test_b0.cu");
   CHECK_FALSE(catch_error([&] { plan::read_dir(d.str()); }));
+}
+
+// ---- issue 9: several schedules in a file, --ranks 0, roots, determinism,
+// the plugin cache ------------------------------------------------------------
+
+TEST_CASE("mkc verify/simulate check every schedule of a file; --schedule picks one") {
+  auto v = mkc({"verify", fixture("two_schedules.cpp"), "--ranks", "3"});
+  MKT_CHECK_USER_ERROR(v, "mk.verify.E001");  // the second one, which only checking the first missed
+  CHECK(contains(v.out, "proved: test.two.good (allreduce) for 3 ranks"));
+  CHECK(contains(v.err, "test.two.bad (3 ranks"));
+  CHECK(contains(v.err, "two_schedules.cpp:" + std::to_string(marked_line("two_schedules.cpp"))));
+  MKT_CHECK_USER_ERROR(mkc({"simulate", fixture("two_schedules.cpp"), "--ranks", "3"}), "mk.verify.E001");
+  CHECK_OK(mkc({"verify", fixture("two_schedules.cpp"), "--ranks", "3", "-s", "test.two.good"}));
+  auto s = mkc({"simulate", fixture("two_schedules.cpp"), "--ranks", "3", "-s", "test.two.good", "--count", "77"});
+  CHECK_OK(s);
+  CHECK(contains(s.out, "test.two.good (3 ranks"));
+  auto none = mkc({"verify", fixture("two_schedules.cpp"), "--ranks", "3", "-s", "test.two.other"});
+  MKT_CHECK_USER_ERROR(none, "mk.cli.E001");
+  CHECK(contains(none.err, "defines no schedule 'test.two.other'"));
+  CHECK(contains(none.err, "it defines: test.two.good, test.two.bad"));
+  auto several = mkc({"show", fixture("two_schedules.cpp"), "--ranks", "3"});
+  MKT_CHECK_USER_ERROR(several, "mk.cli.E011");
+  CHECK(contains(several.err, "defines several schedules (test.two.good, test.two.bad)"));
+  CHECK(contains(several.err, "--schedule NAME"));
+}
+
+TEST_CASE("mk.cli.E004: --ranks 0 must be >= 1") {
+  for (const char* cmd : {"verify", "simulate", "show"}) {
+    auto r = mkc({cmd, "-s", "allreduce.ring", "--ranks", "0"});
+    MKT_CHECK_USER_ERROR(r, "mk.cli.E004");
+    CHECK(contains(r.err, "--ranks 0 is out of range: it must be >= 1"));
+    CHECK_FALSE(contains(r.err, "required"));
+  }
+  auto missing = mkc({"verify", "-s", "allreduce.ring"});
+  MKT_CHECK_USER_ERROR(missing, "mk.cli.E004");
+  CHECK(contains(missing.err, "--ranks is required"));
+}
+
+TEST_CASE("mkc verify says what was proved: roots, both aliasings, every count, determinism") {
+  auto a = mkc({"verify", "-s", "allreduce.ring", "-n", "4"});
+  CHECK_OK(a);
+  CHECK(contains(a.out, "in-place and out-of-place for every count"));
+  CHECK(contains(a.out, "every rank combines each reduction in the same order (bit-identical results)"));
+  CHECK_FALSE(contains(a.out, "root"));
+  auto b = mkc({"verify", "-s", "broadcast.direct", "-n", "4"});
+  CHECK_OK(b);
+  CHECK(contains(b.out, "for root 0 and, by relabelling (rank r runs as (r - root) mod n), every root"));
+  auto c = mkc({"verify", "-s", "reduce.direct", "-n", "4", "--root", "3"});
+  CHECK_OK(c);
+  CHECK(contains(c.out, "for root 0 and root 3 (relabelled as the kernel does"));
+  auto d = mkc({"verify", "-s", "allreduce.ring", "-n", "4", "--root", "1"});
+  MKT_CHECK_USER_ERROR(d, "mk.cli.E011");
+  CHECK(contains(d.err, "--root applies to broadcast and reduce only"));
+}
+
+TEST_CASE("mkc verify warns about ranks that reduce in different orders; --strict refuses (mk.verify.E015)") {
+  auto w = mkc({"verify", fixture("unordered_allreduce.cpp"), "--ranks", "3"});
+  CHECK_OK(w);
+  CHECK(contains(w.err, "mkc: warning: [mk.verify.E015]"));
+  CHECK(contains(w.err, "in different orders"));
+  CHECK(contains(w.out, "NOT deterministic across ranks"));
+  auto s = mkc({"verify", fixture("unordered_allreduce.cpp"), "--ranks", "3", "--strict"});
+  MKT_CHECK_USER_ERROR(s, "mk.verify.E015");
+  CHECK_FALSE(contains(s.out, "proved"));
+  // two ranks add in the same order either way (a + b == b + a)
+  CHECK_OK(mkc({"verify", fixture("unordered_allreduce.cpp"), "--ranks", "2", "--strict"}));
+}
+
+TEST_CASE("mkc verify --strict passes every built-in") {
+  for (const auto& info : dsl::registered_schedules()) {
+    CAPTURE(info.name);
+    auto r = mkc({"verify", "-s", info.name, "-n", "5", "--strict"});
+    CHECK_OK(r);
+    CHECK_FALSE(contains(r.err, "warning"));
+  }
+}
+
+TEST_CASE("plugins: a changed local header invalidates the cached plugin") {
+  mkt::TempDir d, cache;
+  const fs::path src = d.path / "with_header.cpp", hdr = d.path / "local_name.hpp";
+  mkt::write_text(src, R"(#include <mk/dsl.hpp>
+#include "local_name.hpp"
+using namespace mk::dsl;
+static void build(Program& p) {
+  for (int r = 0; r < p.ranks(); ++r) p.copy(p.output(r, 0), p.input(0, 0));
+}
+MK_SCHEDULE(LOCAL_NAME, broadcast, build, "a broadcast named by a header");
+)");
+  auto run = [&] { return mkc({"verify", src.string(), "--ranks", "2"}, {{"MK_CACHE_DIR", cache.str()}}); };
+  mkt::write_text(hdr, "#define LOCAL_NAME \"test.header_a\"\n");
+  auto a = run();
+  CHECK_OK(a);
+  CHECK(contains(a.out, "proved: test.header_a"));
+  CHECK_OK(run());  // from the cache
+  mkt::write_text(hdr, "#define LOCAL_NAME \"test.header_b\"\n");  // only the header changes
+  auto b = run();
+  CHECK_OK(b);
+  CHECK(contains(b.out, "proved: test.header_b"));
+  mkt::write_text(hdr, "#define LOCAL_NAME \"test.header_a\"\n");  // back: the first plugin again
+  auto c = run();
+  CHECK(contains(c.out, "proved: test.header_a"));
+  size_t sos = 0;
+  for (const auto& e : fs::directory_iterator(cache.path / "plugins")) sos += e.path().extension() == ".so";
+  CHECK(sos == 2);
 }

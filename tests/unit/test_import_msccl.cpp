@@ -264,18 +264,36 @@ TEST_CASE("import: MSCCL dialects (spellings, optional and extra attributes)") {
                  "mk.import.E010", line_with(kAr2, "<step s=\"0\" type=\"s\""), "<op>");
   }
   SUBCASE("in-place and out-of-place: a file declaring both is checked under both readings") {
-    // correct out-of-place, wrong when input and output alias
-    const char* both = R"(<algo name="swap" nchunksperloop="2" ngpus="1" coll="allreduce" inplace="1" outofplace="1">
-  <gpu id="0" i_chunks="2" o_chunks="2" s_chunks="0">
-    <tb id="0" send="-1" recv="-1" chan="0">
-      <step s="0" type="cpy" srcbuf="i" srcoff="1" dstbuf="o" dstoff="0" cnt="1"/>
-      <step s="1" type="cpy" srcbuf="i" srcoff="0" dstbuf="o" dstoff="1" cnt="1"/>
-      <step s="2" type="cpy" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1"/>
-      <step s="3" type="cpy" srcbuf="i" srcoff="1" dstbuf="o" dstoff="1" cnt="1"/>
+    // correct out-of-place, wrong when input and output alias: rank 0 sends
+    // its input after adding rank 1's into its output, which in place is the
+    // input (rank 1 then counts its own data twice). (A swap of chunks 0 and
+    // 1 was used here before; it moves data to another chunk position, which
+    // is wrong at every count whose chunks differ in length: mk.verify.E008.)
+    const char* both = R"(<algo name="late_send" nchunksperloop="1" ngpus="2" coll="allreduce" inplace="1" outofplace="1">
+  <gpu id="0" i_chunks="1" o_chunks="1" s_chunks="1">
+    <tb id="0" send="1" recv="1" chan="0">
+      <step s="0" type="r" srcbuf="i" srcoff="0" dstbuf="s" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="1"/>
+      <step s="1" type="s" srcbuf="i" srcoff="0" dstbuf="s" dstoff="0" cnt="1" depid="1" deps="1" hasdep="0"/>
+    </tb>
+    <tb id="1" send="-1" recv="-1" chan="0">
+      <step s="0" type="cpy" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="1" type="re" srcbuf="s" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="0" deps="0" hasdep="1"/>
+    </tb>
+  </gpu>
+  <gpu id="1" i_chunks="1" o_chunks="1" s_chunks="1">
+    <tb id="0" send="0" recv="0" chan="0">
+      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="s" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="1"/>
+      <step s="1" type="r" srcbuf="i" srcoff="0" dstbuf="s" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="1"/>
+    </tb>
+    <tb id="1" send="-1" recv="-1" chan="0">
+      <step s="0" type="cpy" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="0" deps="0" hasdep="0"/>
+      <step s="1" type="re" srcbuf="s" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="0" deps="1" hasdep="1"/>
     </tb>
   </gpu>
 </algo>)";
     auto c = catch_error([&] { importers::import_msccl_xml(both, "t.xml"); });
+    INFO(c.what);
+    CHECK(c.id == "mk.verify.E002");  // rank 1 counts its own data twice
     CHECK(contains(c.id, "mk.verify."));
     CHECK(contains(c.message, "in-place"));
     CHECK(c.loc.file == "t.xml");

@@ -8,7 +8,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/ir/ir.hpp"
+#include "compiler/passes/passes.hpp"
+#include "compiler/verify/executor.hpp"
 #include "compiler/pipeline.hpp"
 #include "compiler/verify/hb.hpp"
 #include "compiler/verify/verify.hpp"
@@ -613,4 +620,280 @@ TEST_CASE("verify: mk.verify.E004 for an op whose source and destination overlap
     CHECK(e.id() == mk::ErrId::verify_E004);
     CHECK(std::string(e.what()).find("execution order") != std::string::npos);
   }
+}
+
+// ---- soundness holes (issue 9) ---------------------------------------------
+
+// The kernel addresses a chunk by its index and sizes it by the data's
+// position; a copy into another position of the block wrote past the end of
+// the receive buffer at odd counts, and was proved because the final state
+// looked right.
+TEST_CASE("verify: mk.verify.E008 a copy that moves a chunk to another position of its block") {
+  auto build = [](bool misplace, int& line) {
+    Program p(Collective::allreduce, 2, 0, "test.moved");
+    p.chunks(2);
+    line = __LINE__ + 1;
+    if (misplace) p.copy(p.output(0, 1), p.input(0, 0));  // position 0 into position 1
+    for (int r = 0; r < 2; ++r)  // through scratch: in place, the outputs are the inputs
+      for (int j = 0; j < 2; ++j) p.reduce(p.scratch(r, j), {p.input(0, j), p.input(1, j)});
+    for (int r = 0; r < 2; ++r) p.copy(p.output(r, 0, 2), p.scratch(r, 0, 2));  // fixes it up
+    return std::move(p.ir());
+  };
+  int line = 0;
+  CHECK_FALSE(catch_error([&] { lower(build(false, line)); }));
+  auto c = catch_error([&] { lower(build(true, line)); });
+  CHECK(c.id == "mk.verify.E008");
+  CHECK(contains(c.message, "%0 (copy on rank 0, step 0) writes data of chunk position 0 into r0.out[1], which is at "
+                            "position 1 of its block"));
+  CHECK(c.loc.line == uint32_t(line));
+  CHECK(here(c.loc));
+}
+
+TEST_CASE("verify: every data op of a lowered schedule addresses the chunk position it sizes by") {
+  // What codegen relies on (address from the ref's index, length from op.pos):
+  // for every built-in at a few rank counts, every user-buffer ref agrees.
+  for (const auto& info : dsl::registered_schedules())
+    for (int n : {2, 3, 5}) {
+      CAPTURE(info.name);
+      CAPTURE(n);
+      auto l = lower(dsl::build(info, n));
+      for (const auto& v : l.variants)
+        for (const auto& op : v.ops)
+          for (const auto* list : {&op.srcs, &op.dsts})
+            for (const auto& r : *list)
+              if (r.buf != ir::Buf::scratch)
+                for (int32_t k = 0; k < r.count; ++k) REQUIRE((r.index + k) % v.chunks == op.pos.at(size_t(k)));
+    }
+}
+
+TEST_CASE("verify: codegen refuses an op whose position and chunk index disagree") {
+  Program p(Collective::allreduce, 2, 0, "test.codegen_pos");
+  p.chunks(2);
+  for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < 2; ++j) p.reduce(p.scratch(r, j), {p.input(0, j), p.input(1, j)});
+  for (int r = 0; r < 2; ++r) p.copy(p.output(r, 0, 2), p.scratch(r, 0, 2));
+  auto l = lower(std::move(p.ir()));
+  CHECK_NOTHROW(codegen::generate(l.variants, DType::fp32, RedOp::sum, "t"));
+  for (auto& v : l.variants)
+    for (auto& op : v.ops)
+      if (op.is_data()) op.pos.assign(op.pos.size(), 0);  // as if sized by position 0
+  CHECK_THROWS_AS(codegen::generate(l.variants, DType::fp32, RedOp::sum, "t"), InternalError);
+}
+
+TEST_CASE("verify: multi-chunk schedules simulate exactly at counts with short last chunks") {
+  for (const char* name : {"allreduce.ring", "allreduce.two_shot"})
+    for (int64_t count : {1, 7, 13, 33, 1001}) {
+      CAPTURE(name);
+      CAPTURE(count);
+      auto l = lower(dsl::build(*dsl::find_schedule(name), 3));
+      REQUIRE(l.variants.front().chunks > 1);
+      for (const auto& v : l.variants)
+        for (bool inplace : {false, true}) {
+          verify::SimOptions o;
+          o.count = count;
+          o.inplace = inplace;
+          o.dtype = DType::int32;
+          auto r = verify::simulate(v, o);
+          CHECK_MESSAGE(r.ok, r.first_bad);
+        }
+    }
+}
+
+TEST_CASE("verify: mk.verify.E004 one op writes a chunk twice through overlapping destinations") {
+  auto build = [](int second) {
+    Program p(Collective::allreduce, 1, 0, "test.dst_overlap");
+    p.chunks(2);
+    p.copy({p.scratch(0, 0, 2), p.scratch(0, second, 2)}, p.input(0, 0, 2));
+    p.copy(p.output(0, 0, 2), p.scratch(0, 0, 2));
+    return std::move(p.ir());
+  };
+  CHECK_FALSE(catch_error([&] { lower(build(2)); }));
+  auto c = catch_error([&] { lower(build(1)); });  // {sc[0:2], sc[1:3]}: sc[1] twice
+  INFO(c.message);
+  CHECK(c.id == "mk.verify.E004");
+  CHECK(contains(c.message, "%0 (copy on rank 0, step 0) writes r0.sc[1] twice, as chunk 0 of r0.sc[1:3] and as chunk "
+                            "1 of r0.sc[0:2]"));
+  // in-place, an input destination is rejected before (E009); two output
+  // refs naming one chunk at one position are a double write too
+  Program q(Collective::allreduce, 1, 0, "test.dst_twice");
+  q.copy({q.output(0, 0), q.output(0, 0)}, q.input(0, 0));
+  auto d = catch_error([&] { lower(std::move(q.ir())); });
+  CHECK(d.id == "mk.verify.E004");
+  CHECK(contains(d.message, "writes r0.out[0] twice"));
+}
+
+TEST_CASE("verify: rooted collectives are invariant under the runtime's relabelling") {
+  // The proof for root 0 covers every root because the kernel runs rank r as
+  // (r - root) mod n and each rooted collective's meaning rotates with it.
+  for (Collective c : {Collective::broadcast, Collective::reduce})
+    for (int n = 1; n <= 6; ++n)
+      for (int root = 0; root < n; ++root)
+        for (int v = 0; v < n; ++v) {
+          const int r = (v + root) % n;
+          CAPTURE(name(c));
+          CAPTURE(n);
+          CAPTURE(root);
+          CHECK(has_input(c, r, root) == has_input(c, v, 0));
+          CHECK(has_output(c, r, root) == has_output(c, v, 0));
+          for (ir::Buf b : {ir::Buf::input, ir::Buf::output}) CHECK(ir::buf_blocks(c, n, b) == 1);
+          if (!has_output(c, v, 0)) continue;
+          BlockSource at0 = output_source(c, 0, v, 0), atr = output_source(c, root, r, 0);
+          CHECK(atr.in_block == at0.in_block);
+          CHECK(atr.from == (at0.from == BlockSource::kAllRanks ? at0.from : (at0.from + root) % n));
+        }
+}
+
+TEST_CASE("verify: a broadcast that ignores its root is right for every root by relabelling") {
+  // Hard-codes rank 0 as the sender instead of p.root(): plans are built for
+  // root 0, so this is correct; the simulation at other roots shows it.
+  Program p(Collective::broadcast, 3, 0, "test.bcast_rank0");
+  for (int r = 0; r < 3; ++r) p.copy(p.output(r, 0), p.input(0, 0));
+  ir::Schedule s = std::move(p.ir());
+  for (int root = 0; root < 3; ++root) CHECK_NOTHROW(verify::verify_root(s, root));
+  auto l = lower(s);
+  for (int root = 0; root < 3; ++root) {
+    verify::SimOptions o;
+    o.root = root;
+    o.count = 1001;
+    auto r = verify::simulate(l.variants.back(), o);
+    CHECK_MESSAGE(r.ok, r.first_bad);
+  }
+}
+
+TEST_CASE("verify: a schedule written for another root is lowered for root 0") {
+  // An IR file may carry root 1; the kernel relabels for the caller's root as
+  // if the plan were for root 0, so lower() must relabel it to root 0 first
+  // (it used to keep root 1: proved, then relabelled twice at run time).
+  Program q(Collective::broadcast, 3, 1, "test.bcast_root1");
+  for (int r = 0; r < 3; ++r) q.copy(q.output(r, 0), q.input(1, 0));
+  ir::Schedule s = std::move(q.ir());
+  for (int root = 0; root < 3; ++root) CHECK_NOTHROW(verify::verify_root(s, root));
+  auto l = lower(s);
+  for (const auto& v : l.variants) CHECK(v.root == 0);
+  for (int root = 0; root < 3; ++root) {
+    verify::SimOptions o;
+    o.root = root;
+    o.count = 333;
+    auto r = verify::simulate(l.variants.back(), o);
+    CHECK_MESSAGE(r.ok, r.first_bad);
+  }
+}
+
+TEST_CASE("verify: mk.verify.E001 for an output nothing wrote points at the declaration") {
+  const int line = __LINE__ + 1;
+  Program p(Collective::allreduce, 2, 0, "test.unwritten");
+  p.reduce(p.output(0, 0), {p.input(0, 0), p.input(1, 0)});
+  auto c = lower_error(p);
+  CHECK(c.id == "mk.verify.E001");
+  CHECK(contains(c.message, "rank 1 output chunk 0 misses the contribution of rank 0 input chunk 0; nothing wrote it"));
+  CHECK(c.loc.line == uint32_t(line));
+  CHECK(here(c.loc));
+  CHECK(contains(c.what, "write rank 1's output chunk 0"));
+  // a registered schedule points at its MK_SCHEDULE line
+  ir::Schedule s = dsl::build(*dsl::find_schedule("allreduce.ring"), 2);
+  CHECK(contains(s.loc.file, "allreduce_ring.cpp"));
+  CHECK(s.loc.line > 0);
+}
+
+TEST_CASE("verify: mk.verify.E001 gives the trail of a lost contribution") {
+  Program p(Collective::allreduce, 3, 0, "test.lost");
+  p.reduce(p.scratch(0, 0), {p.input(0, 0), p.input(1, 0)});  // %0: ranks 0 and 1
+  p.copy(p.scratch(0, 0), p.input(2, 0));                      // %1 (pushed by rank 2): overwrites it
+  p.reduce(p.output(0, 0), {p.input(0, 0), p.scratch(0, 0)});  // %2: ranks 0 and 2
+  auto c = lower_error(p);
+  INFO(c.message);
+  CHECK(c.id == "mk.verify.E001");
+  CHECK(contains(c.message, "rank 0 output chunk 0 misses the contribution of rank 1 input chunk 0; last written by "
+                            "%2 (reduce on rank 0, step 1)"));
+  CHECK(contains(c.message, "trail: rank 1 input chunk 0 was last carried by %0 (reduce on rank 0, step 0), which "
+                            "wrote r0.sc[0] (2 of 3 contributions); it was overwritten by %1 (copy on rank 2, step 0) "
+                            "before anything read it"));
+  // read but dropped: the partial is read by an op whose result goes elsewhere
+  Program q(Collective::allreduce, 2, 0, "test.dropped");
+  q.reduce(q.scratch(0, 0), {q.input(0, 0), q.input(1, 0)});  // %0: complete
+  q.copy(q.scratch(0, 1), q.scratch(0, 0));                    // %1: read, result unused
+  q.copy(q.output(0, 0), q.input(0, 0));                       // %2
+  auto d = lower_error(q);
+  CHECK(d.id == "mk.verify.E001");
+  CHECK(contains(d.message, "was last carried by %1 (copy on rank 0, step 1), which wrote r0.sc[1] (2 of 2 "
+                            "contributions); nothing read it afterwards"));
+}
+
+TEST_CASE("verify: mk.verify.E015 ranks that reduce in different orders") {
+  auto build = [](bool by_rank) {
+    Program p(Collective::allreduce, 3, 0, "test.order");
+    for (int r = 0; r < 3; ++r) {
+      std::vector<dsl::Chunk> srcs{p.input(r, 0)};  // own input first
+      for (int q = 0; q < 3; ++q)
+        if (q != r) srcs.push_back(p.input(q, 0));
+      if (by_rank) srcs = {p.input(0, 0), p.input(1, 0), p.input(2, 0)};
+      p.reduce(p.scratch(r, 0), srcs);
+    }
+    for (int r = 0; r < 3; ++r) p.copy(p.output(r, 0), p.scratch(r, 0));
+    return std::move(p.ir());
+  };
+  CHECK_NOTHROW(verify::verify_deterministic(build(true)));
+  ir::Schedule s = build(false);
+  CHECK_NOTHROW(verify::verify_semantics(s));  // correct, just not bit-identical
+  auto c = catch_error([&] { verify::verify_deterministic(s); });
+  CHECK(c.id == "mk.verify.E015");
+  // rank 0 and 1 both add (in0 + in1) first, then in2; rank 2 adds (in2 + in0) first
+  CHECK(contains(c.message, "ranks 0 and 2 combine the contributions to input chunk 0 in different orders"));
+  CHECK(contains(c.message, "last written by %5 (copy on rank 2, step 1)"));
+}
+
+TEST_CASE("verify: built-in schedules are deterministic across ranks") {
+  for (const auto& info : dsl::registered_schedules())
+    for (int n : {2, 3, 4, 5, 8}) {
+      CAPTURE(info.name);
+      CAPTURE(n);
+      ir::Schedule raw = dsl::build(info, n);
+      CHECK_NOTHROW(verify::verify_deterministic(raw));
+      for (const auto& v : lower(raw).variants) CHECK_NOTHROW(verify::verify_deterministic(v));
+    }
+}
+
+TEST_CASE("verify: sparse scratch slots are compacted; mk.verify.E016 a plan over the communicator's scratch") {
+  Program p(Collective::allreduce, 2, 0, "test.sparse");
+  p.chunks(2);
+  p.copy(p.scratch(1, 0, 2), p.input(0, 0, 2));
+  p.copy(p.scratch(0, 1000000, 2), p.input(1, 0, 2));
+  p.copy(p.scratch(0, 2000000), p.input(1, 1));  // a third, lone slot
+  p.reduce(p.output(0, 0, 2), {p.input(0, 0, 2), p.scratch(0, 1000000, 2)});
+  p.reduce(p.output(1, 0, 2), {p.scratch(1, 0, 2), p.input(1, 0, 2)});
+  CHECK(p.ir().scratch == 2000001);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto l = lower(std::move(p.ir()));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  for (const auto& v : l.variants) {
+    CHECK(v.scratch <= 5 + 2 * 2);  // 5 slots used, plus what staging adds
+    CHECK(verify::scratch_bytes(v) < (int64_t(64) << 20));
+    CHECK_NOTHROW(verify::verify_resources(v));
+  }
+  // compacting keeps runs together and the order of slots
+  auto c = passes::compact_scratch(dsl::build(*dsl::find_schedule("allreduce.ring"), 3));
+  CHECK(c.scratch == dsl::build(*dsl::find_schedule("allreduce.ring"), 3).scratch);
+  ir::Schedule raw;
+  raw.nranks = 1;
+  raw.scratch = 70;
+  ir::Op op;
+  op.kind = ir::OpKind::copy;
+  op.rank = 0;
+  op.srcs = {ir::Ref{0, ir::Buf::scratch, 40, 3}};
+  op.dsts = {ir::Ref{0, ir::Buf::scratch, 9, 3}};
+  raw.ops = {op, op};
+  raw.ops[1].srcs = {ir::Ref{0, ir::Buf::scratch, 41, 3}};  // overlaps 40..42: one run 40..43
+  auto d = passes::compact_scratch(raw);
+  CHECK(d.scratch == 7);
+  CHECK(d.ops[0].dsts[0] == ir::Ref{0, ir::Buf::scratch, 0, 3});
+  CHECK(d.ops[0].srcs[0] == ir::Ref{0, ir::Buf::scratch, 3, 3});
+  CHECK(d.ops[1].srcs[0] == ir::Ref{0, ir::Buf::scratch, 4, 3});
+
+  // more scratch than MK_SCRATCH_BYTES' default is refused
+  ir::Schedule big = l.variants.back();
+  big.scratch = int32_t(verify::kDefaultScratchBytes / (big.tile_bytes * big.depth * big.instances) + 1);
+  auto e = catch_error([&] { verify::verify_resources(big); });
+  CHECK(e.id == "mk.verify.E016");
+  CHECK(contains(e.message, fmt::format("{} slot(s)", big.scratch)));
+  CHECK(contains(e.message, "MK_SCRATCH_BYTES"));
 }

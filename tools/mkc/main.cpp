@@ -1,7 +1,7 @@
 // mkc: the mKernel compiler driver.
 //
 //   mkc list
-//   mkc verify   SCHEDULE [--ranks N]
+//   mkc verify   SCHEDULE [--ranks N] [--root R] [--strict]
 //   mkc show     SCHEDULE [--ranks N] [--svg OUT.svg] [--pick]
 //   mkc lower    SCHEDULE [--ranks N] --dump-after=PASS
 //   mkc compile  SCHEDULE [--ranks N] --dtype T --op O -o DIR
@@ -12,7 +12,9 @@
 //
 // SCHEDULE is `--schedule NAME` (built-in or plugin) or a FILE: a C++ DSL file
 // (.cpp), an MSCCL XML algorithm (.xml), an MSCCL++ execution plan (.json) or
-// an mKernel IR JSON (.json, as `mkc import -o` writes it). --ranks is
+// an mKernel IR JSON (.json, as `mkc import -o` writes it); verify and
+// simulate check every schedule a .cpp file defines, --schedule picks one of
+// them (the other commands need one). --ranks is
 // required for DSL schedules; a file fixes its own rank count, and --ranks,
 // if given, must match it. load_schedule() below is the one place that turns
 // any of these into a raw ir::Schedule.
@@ -46,13 +48,14 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kMaxRanks = 1024;
+constexpr int kRanksUnset = -1;  // --ranks not given
 
 // Options shared by the commands that take a schedule.
 struct Common {
   std::string schedule;
   std::string file;
   std::vector<std::string> plugins;
-  int ranks = 0;
+  int ranks = kRanksUnset;
   int root = 0;
   int instances = 0;
   int max_tbs = 32;
@@ -68,9 +71,12 @@ struct Common {
 void add_common(CLI::App* c, Common& o, bool sizes) {
   c->add_option("file", o.file,
                 "a schedule file instead of --schedule: DSL (.cpp), MSCCL XML (.xml), MSCCL++ plan or mKernel IR (.json)");
-  c->add_option("-s,--schedule", o.schedule, "a built-in or plugin schedule (see `mkc list`)");
+  c->add_option("-s,--schedule", o.schedule,
+                "a built-in or plugin schedule (see `mkc list`); with a DSL FILE, which of its schedules");
   c->add_option("-n,--ranks", o.ranks, "number of ranks (GPUs); required for DSL schedules, files fix their own");
-  c->add_option("--root", o.root, "root rank for broadcast/reduce (plans are built for root 0)");
+  c->add_option("--root", o.root,
+                "root rank for broadcast/reduce (plans are built for root 0 and relabelled; verify and simulate "
+                "also check this root)");
   c->add_option("--instances", o.instances, "parallel instances (default: what the schedule asks for)");
   c->add_option("--max-tbs", o.max_tbs, "thread blocks per rank per instance at most");
   c->add_option("--topology", o.topology,
@@ -98,17 +104,22 @@ bool is_dsl_file(const std::string& f) {
   return ext == ".cpp" || ext == ".cc" || ext == ".cxx";
 }
 
-// Resolves a DSL schedule to build: a .cpp file, or a name.
-dsl::ScheduleInfo resolve(const Common& o) {
+std::string names_of(const std::vector<dsl::ScheduleInfo>& list) {
+  std::string names;
+  for (const auto& f : list) names += (names.empty() ? "" : ", ") + f.name;
+  return names;
+}
+
+// The DSL schedules to build: every schedule of a .cpp file (or the one
+// --schedule names), or a registered name.
+std::vector<dsl::ScheduleInfo> resolve(const Common& o) {
   if (!o.file.empty()) {
     auto found = plugin::load_source(o.file);
-    if (found.size() > 1 && o.schedule.empty()) {
-      std::string names;
-      for (auto& f : found) names += " " + f.name;
-      std::cerr << "mkc: " << o.file << " defines several schedules (" << names.substr(1) << "); using "
-                << found.front().name << "\n";
-    }
-    return found.front();
+    if (o.schedule.empty()) return found;
+    for (const auto& f : found)
+      if (f.name == o.schedule) return {f};
+    throw Error(ErrId::cli_E001, fmt::format("{} defines no schedule '{}'", o.file, o.schedule), {},
+                fmt::format("it defines: {}", names_of(found)));
   }
   if (o.schedule.empty())
     throw Error(ErrId::cli_E001, "no schedule given", {},
@@ -119,12 +130,13 @@ dsl::ScheduleInfo resolve(const Common& o) {
     for (const auto& s : dsl::registered_schedules()) names += " " + s.name;
     throw Error(ErrId::cli_E001, "unknown schedule '" + o.schedule + "'", {}, "known schedules:" + names);
   }
-  return *info;
+  return {*info};
 }
 
 void check_ranks(const Common& o) {
   if (o.ranks < 1 || o.ranks > kMaxRanks)
-    throw Error(ErrId::cli_E004, fmt::format("--ranks {} is out of range 1..{}", o.ranks, kMaxRanks));
+    throw Error(ErrId::cli_E004, fmt::format("--ranks {} is out of range: it must be >= 1 and <= {}", o.ranks, kMaxRanks),
+                {}, "--ranks is the number of GPUs, e.g. --ranks 8");
   if (o.root < 0 || o.root >= o.ranks)
     throw Error(ErrId::cli_E004, fmt::format("--root {} is not a rank of {}", o.root, o.ranks));
   if (o.min_bytes < 0) throw Error(ErrId::cli_E011, "--min-bytes must be >= 0");
@@ -161,19 +173,21 @@ struct Loaded {
   importers::ImportInfo info;
 };
 
-// The one way every command obtains its schedule: a DSL name or .cpp file
-// (built for --ranks), or an imported file (MSCCL XML, MSCCL++ plan, IR JSON)
-// whose rank count then becomes o.ranks. Rooted collectives are built for
-// root 0 and relabelled at run time.
-Loaded load_schedule(Common& o) {
+// The one way every command obtains its schedules: a DSL name or .cpp file
+// (built for --ranks; a file may define several), or an imported file (MSCCL
+// XML, MSCCL++ plan, IR JSON) whose rank count then becomes o.ranks. Rooted
+// collectives are built for root 0 and relabelled at run time.
+std::vector<Loaded> load_schedules(Common& o) {
   for (const auto& p : o.plugins) plugin::load_library(p);
-  if (!o.file.empty() && !o.schedule.empty())
-    throw Error(ErrId::cli_E011, "give either a file or --schedule, not both");
+  const bool dsl_file = !o.file.empty() && is_dsl_file(o.file);
+  if (!o.file.empty() && !dsl_file && !o.schedule.empty())
+    throw Error(ErrId::cli_E011, "give either a file or --schedule, not both", {},
+                "--schedule picks a schedule from a DSL .cpp file only");
   Loaded l;
-  if (!o.file.empty() && !is_dsl_file(o.file)) {
+  if (!o.file.empty() && !dsl_file) {
     l.raw = importers::import_file(o.file, &l.info);
     l.imported = true;
-    if (o.ranks != 0 && o.ranks != l.raw.nranks)
+    if (o.ranks != kRanksUnset && o.ranks != l.raw.nranks)
       throw Error(ErrId::cli_E004,
                   fmt::format("--ranks {} does not match '{}', which is written for {} ranks", o.ranks, o.file,
                               l.raw.nranks),
@@ -183,18 +197,42 @@ Loaded load_schedule(Common& o) {
     if (!o.topology.empty()) o.topo = topology::parse(o.topology, o.ranks);
     l.name = l.raw.name.empty() ? fs::path(o.file).filename().string() : l.raw.name;
     l.coll = l.raw.coll;
-    return l;
+    std::vector<Loaded> one;
+    one.push_back(std::move(l));
+    return one;
   }
-  if (o.ranks == 0 && !o.topology.empty()) o.ranks = topology::parse(o.topology, 0).nranks();
-  if (o.ranks == 0)
+  if (o.ranks == kRanksUnset && !o.topology.empty()) o.ranks = topology::parse(o.topology, 0).nranks();
+  if (o.ranks == kRanksUnset)
     throw Error(ErrId::cli_E004, "--ranks is required for a DSL schedule", {}, "e.g. --ranks 8");
   check_ranks(o);
   o.topo = topology::parse(o.topology, o.ranks);
-  auto info = resolve(o);
-  l.raw = dsl::build(info, *o.topo, 0);
-  l.name = info.name;
-  l.coll = info.coll;
-  return l;
+  std::vector<Loaded> out;
+  for (const auto& info : resolve(o)) {
+    Loaded d;
+    d.raw = dsl::build(info, *o.topo, 0);
+    d.name = info.name;
+    d.coll = info.coll;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+// Commands that produce one thing (a plan, a picture) need one schedule.
+Loaded load_schedule(Common& o) {
+  auto all = load_schedules(o);
+  if (all.size() > 1) {
+    std::string names;
+    for (const auto& l : all) names += (names.empty() ? "" : ", ") + l.name;
+    throw Error(ErrId::cli_E011, fmt::format("{} defines several schedules ({})", o.file, names), {},
+                "pick one with --schedule NAME");
+  }
+  return std::move(all.front());
+}
+
+// Broadcast and reduce take a root; the others must leave it at 0.
+void check_root(const Common& o, Collective c) {
+  if (o.root != 0 && !collective_rooted(c))
+    throw Error(ErrId::cli_E011, "--root applies to broadcast and reduce only");
 }
 
 DType dtype_arg(const std::string& s) {
@@ -219,18 +257,51 @@ int cmd_list() {
   return 0;
 }
 
-int cmd_verify(Common o) {
+int verify_one(const Common& o, Loaded in, bool strict) {
   auto t0 = std::chrono::steady_clock::now();
-  Loaded in = load_schedule(o);
+  check_root(o, in.coll);
   size_t nops = in.raw.ops.size();
-  auto l = compiler::lower(std::move(in.raw), lower_options(o));
+  const bool rooted = collective_rooted(in.coll);
+  if (rooted && o.root != 0) verify::verify_root(in.raw, o.root);
+  std::string determinism = "every rank combines each reduction in the same order (bit-identical results)";
+  // As written and as lowered (what the kernel runs).
+  auto deterministic = [&](const ir::Schedule& s) {
+    try {
+      verify::verify_deterministic(s);
+      return true;
+    } catch (const Error& e) {
+      if (strict || e.id() != ErrId::verify_E015) throw;
+      std::cerr << "mkc: warning: " << e.what() << "\n";
+      determinism = "NOT deterministic across ranks (see the warning; --strict refuses it)";
+      return false;
+    }
+  };
+  const ir::Schedule raw = in.raw;
+  auto l = compiler::lower(std::move(in.raw), lower_options(o));  // proves it first
+  bool det = deterministic(raw);
+  for (const auto& v : l.variants) {
+    verify::verify_resources(v);
+    if (det) det = deterministic(v);
+  }
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   size_t pairs = 0;
   for (const auto& op : l.variants.front().ops) pairs += op.kind == ir::OpKind::signal;
+  const std::string roots =
+      !rooted ? ""
+      : o.root != 0
+          ? fmt::format(" for root 0 and root {} (relabelled as the kernel does; by the same relabelling, every root)",
+                        o.root)
+          : " for root 0 and, by relabelling (rank r runs as (r - root) mod n), every root";
   fmt::print(
-      "proved: {} ({}) for {} ranks: {} operations compute the collective in-place and out-of-place; "
-      "bounds hold; {} bucket(s) synchronised ({} signal(s) in the first), no race, no deadlock ({:.0f} ms)\n",
-      in.name, name(in.coll), o.ranks, nops, l.variants.size(), pairs, ms);
+      "proved: {} ({}) for {} ranks{}: {} operations compute the collective in-place and out-of-place for every "
+      "count; bounds hold; {} bucket(s) synchronised ({} signal(s) in the first), no race, no deadlock; {} ({:.0f} "
+      "ms)\n",
+      in.name, name(in.coll), o.ranks, roots, nops, l.variants.size(), pairs, determinism, ms);
+  return 0;
+}
+
+int cmd_verify(Common o, bool strict) {
+  for (auto& in : load_schedules(o)) verify_one(o, std::move(in), strict);
   return 0;
 }
 
@@ -350,19 +421,10 @@ int cmd_compile(Common o, const std::string& dtype, const std::string& op, const
   return 0;
 }
 
-int cmd_simulate(Common o, const std::string& dtype, const std::string& op, int64_t count, bool inplace,
-                 int launches, uint64_t seed, int bucket) {
-  verify::SimOptions so;
-  so.dtype = dtype_arg(dtype);
-  so.op = op_arg(op);
-  if (count < 0) throw Error(ErrId::cli_E011, "--count must be >= 0");
-  if (launches < 1 || launches > 1000) throw Error(ErrId::cli_E011, "--launches must be in 1..1000");
-  so.count = count;
-  so.inplace = inplace;
-  so.root = o.root;
-  so.launches = launches;
-  so.seed = seed;
-  Loaded in = load_schedule(o);
+void simulate_one(const Common& o, const verify::SimOptions& so, Loaded in, int bucket) {
+  const int64_t count = so.count;
+  const bool inplace = so.inplace;
+  const int launches = so.launches;
   if (!collective_reduces(in.coll) && so.op != RedOp::sum)
     throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(in.coll)));
   auto l = compiler::lower(std::move(in.raw), lower_options(o));
@@ -377,6 +439,21 @@ int cmd_simulate(Common o, const std::string& dtype, const std::string& op, int6
   if (!r.ok)
     throw Error(ErrId::verify_E013, "simulated result differs from the float64 reference: " + r.first_bad);
   std::cout << "ok\n";
+}
+
+int cmd_simulate(Common o, const std::string& dtype, const std::string& op, int64_t count, bool inplace,
+                 int launches, uint64_t seed, int bucket) {
+  verify::SimOptions so;
+  so.dtype = dtype_arg(dtype);
+  so.op = op_arg(op);
+  if (count < 0) throw Error(ErrId::cli_E011, "--count must be >= 0");
+  if (launches < 1 || launches > 1000) throw Error(ErrId::cli_E011, "--launches must be in 1..1000");
+  so.count = count;
+  so.inplace = inplace;
+  so.root = o.root;
+  so.launches = launches;
+  so.seed = seed;
+  for (auto& in : load_schedules(o)) simulate_one(o, so, std::move(in), bucket);
   return 0;
 }
 
@@ -467,6 +544,9 @@ int main(int argc, char** argv) {
 
   auto* verify = app.add_subcommand("verify", "prove that a schedule computes its collective (exit 0) or explain why not");
   add_common(verify, verify_o, false);
+  bool strict = false;
+  verify->add_flag("--strict", strict,
+                   "also refuse schedules whose ranks combine a reduction in different orders (mk.verify.E015)");
 
   auto* show = app.add_subcommand("show", "per rank and thread block, what moves when (text, and an SVG timeline)");
   add_common(show, show_o, false);
@@ -535,7 +615,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("list")) return cmd_list();
     if (app.got_subcommand("info")) return cmd_info();
-    if (*verify) return cmd_verify(verify_o);
+    if (*verify) return cmd_verify(verify_o, strict);
     if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_pick);
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
     if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache);
