@@ -537,6 +537,23 @@ class Emitter {
 
 RankClasses rank_classes(const Schedule& s) { return best_plan(s).rc; }
 
+std::string print_classes(const RankClasses& rc) {
+  std::string out = fmt::format("{} rank class(es) (one code path each){}\n", rc.representative.size(),
+                                rc.pos_rot ? fmt::format(", chunk positions rotate by {} per rank", rc.pos_rot) : "");
+  for (size_t c = 0; c < rc.representative.size(); ++c) {
+    std::string ranks;
+    for (int32_t v = 0; v < int32_t(rc.class_of.size()); ++v) {
+      if (rc.class_of[size_t(v)] != int32_t(c)) continue;
+      int32_t e = v;
+      while (e + 1 < int32_t(rc.class_of.size()) && rc.class_of[size_t(e) + 1] == int32_t(c)) ++e;
+      ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", e > v ? fmt::format("{}-{}", v, e) : std::to_string(v));
+      v = e;
+    }
+    out += fmt::format("  class {}: ranks {}{}\n", c, ranks, c < rc.why.size() && !rc.why[c].empty() ? "; " + rc.why[c] : "");
+  }
+  return out;
+}
+
 std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, RedOp op, const std::string& tag,
                            const Limits& lim) {
   MK_CHECK(!variants.empty(), "nothing to generate");

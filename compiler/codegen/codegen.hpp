@@ -36,6 +36,8 @@ struct RankClasses {
   std::vector<std::string> why;         // per class: how it differs from class 0 ("" for class 0)
 };
 RankClasses rank_classes(const ir::Schedule& s);
+// "class 0: ranks 0-3,5 (1 code path)\n" per class, with how it differs from class 0.
+std::string print_classes(const RankClasses& rc);
 
 struct KernelInfo {
   std::string name;

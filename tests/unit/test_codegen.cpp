@@ -520,3 +520,24 @@ TEST_CASE("cache: a damaged plan cache entry is not used" * doctest::skip(!have_
   REQUIRE(p.kernels.size() == p0.kernels.size());
   for (size_t i = 0; i < p.kernels.size(); ++i) CHECK(p.kernels[i].cubin == p0.kernels[i].cubin);
 }
+
+// ptxas or NVRTC out of memory is a too-large schedule (E005), not "a bug"
+// (regression: reported as E002 "this is a bug").
+TEST_CASE("jit: running out of memory is recognised") {
+  CHECK(jit::out_of_memory(true, ""));
+  CHECK(jit::out_of_memory(false, "ptxas fatal   : Out of memory"));
+  CHECK(jit::out_of_memory(false, "error: memory allocation failure"));
+  CHECK(!jit::out_of_memory(false, "error: identifier \"x\" is undefined"));
+  CHECK(!jit::out_of_memory(false, ""));
+}
+
+TEST_CASE("codegen: print_classes lists each class's ranks and why it differs") {
+  codegen::RankClasses rc;
+  rc.class_of = {0, 1, 1, 0, 1};
+  rc.representative = {0, 1};
+  rc.why = {"", "rank 1 differs from rank 0 in thread block 0, step 0: x vs y"};
+  CHECK(codegen::print_classes(rc) ==
+        "2 rank class(es) (one code path each)\n"
+        "  class 0: ranks 0,3\n"
+        "  class 1: ranks 1-2,4; rank 1 differs from rank 0 in thread block 0, step 0: x vs y\n");
+}

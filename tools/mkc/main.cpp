@@ -29,6 +29,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/cost/cost.hpp"
 #include "compiler/importers/importers.hpp"
@@ -267,13 +268,14 @@ ir::Schedule pick_variant(const compiler::Lowered& l, int bucket, int64_t bytes)
   return l.variants.back();
 }
 
-int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir) {
+int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir, bool show_classes) {
   ir::Schedule s = load_schedule(o).raw;
   auto topo = topology::parse(o.topology, o.ranks);
   auto l = compiler::lower(std::move(s), lower_options(o));
   ir::Schedule v = pick_variant(l, bucket < 0 ? int(l.variants.size()) - 1 : bucket, 0);
   auto tl = cost::step_timeline(v, topo, v.tile_bytes);
   if (show_ir) std::cout << ir::print(v) << "\n";
+  if (show_classes) std::cout << codegen::print_classes(codegen::rank_classes(v));
   std::cout << cost::text(v, tl);
   if (!svg_path.empty()) {
     std::ofstream f(svg_path);
@@ -431,6 +433,8 @@ int main(int argc, char** argv) {
   show->add_option("--svg", svg, "write the timeline as an SVG picture");
   show->add_option("--bucket", show_bucket, "which size bucket (default: the largest)");
   show->add_flag("--ir", show_ir, "also print the lowered IR");
+  bool show_classes = false;
+  show->add_flag("--classes", show_classes, "also print the rank classes (ranks that share one code path) and why they differ");
 
   auto* lower = app.add_subcommand("lower", "run the compiler passes and print the IR after one of them");
   add_common(lower, lower_o, true);
@@ -487,7 +491,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("list")) return cmd_list();
     if (app.got_subcommand("info")) return cmd_info();
     if (*verify) return cmd_verify(verify_o);
-    if (*show) return cmd_show(show_o, svg, show_bucket, show_ir);
+    if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_classes);
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
     if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache);
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
