@@ -240,9 +240,13 @@ int cmd_lower(Common o, const std::string& dump_after, const std::string& emit) 
   ir::Schedule s = load_schedule(o).raw;
   auto lo = lower_options(o);
   int bucket = -1;
-  lo.on_pass = [&](std::string_view pass, const ir::Schedule& x) {
+  lo.on_pass = [&](std::string_view pass, const ir::Schedule& x, const compiler::PassInfo& info) {
     // every bucket starts with "protocol" (counted even when not printed)
     if (pass == "protocol") ++bucket;
+    // the lowering log, like Halide's: every pass, its time, whether it changed anything
+    std::cerr << fmt::format("mkc: {:<12} {:9.2f} ms{}{}\n", pass, info.ms,
+                             pass == "protocol" || pass == "sync" ? fmt::format(" (bucket {})", bucket) : "",
+                             info.changed ? "" : " (unchanged)");
     if (dump_after != "all" && pass != dump_after) return;
     std::string label(pass);
     if (pass == "protocol" || pass == "sync") label += fmt::format(" (bucket {})", bucket);
