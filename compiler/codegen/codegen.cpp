@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <map>
+#include <tuple>
 #include <set>
 
 #include "templates/abi.cuh"
@@ -226,18 +228,6 @@ ClassPlan plan_classes(const Schedule& s, int32_t M) {
             }
       }
   return cp;
-}
-
-// Fewest classes, then fewest table entries; chunk positions rotate with the
-// rank when that helps.
-ClassPlan best_plan(const Schedule& s) {
-  ClassPlan best = plan_classes(s, 0);
-  if (s.nranks > 1 && s.chunks % s.nranks == 0) {
-    ClassPlan rot = plan_classes(s, s.chunks / s.nranks);
-    auto cost = [](const ClassPlan& p) { return std::pair(p.rc.representative.size(), p.varying); };
-    if (cost(rot) < cost(best)) best = std::move(rot);
-  }
-  return best;
 }
 
 // The numbers a class's members disagree on: one row per member, one column
@@ -532,6 +522,26 @@ class Emitter {
   std::set<std::string> instances_;
   std::map<std::pair<int32_t, int32_t>, bool> tabled_;
 };
+
+// Fewest classes, then the smallest kernel (rerolled loops need numbers that
+// step evenly for every member: absolute chunk positions may, rotated ones
+// wrap), then the smallest tables; chunk positions rotate with the rank when
+// that wins.
+ClassPlan best_plan(const Schedule& s) {
+  ClassPlan best = plan_classes(s, 0);
+  if (s.nranks > 1 && s.chunks % s.nranks == 0) {
+    ClassPlan rot = plan_classes(s, s.chunks / s.nranks);
+    auto cost = [&](const ClassPlan& p) {
+      std::string scratch;
+      Emitter e(s, 0, p, scratch);
+      const Limits none{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()};
+      const KernelInfo k = e.emit("measure", none);
+      return std::tuple(p.rc.representative.size(), k.size, k.table_bytes);
+    };
+    if (cost(rot) < cost(best)) best = std::move(rot);
+  }
+  return best;
+}
 
 }  // namespace
 
