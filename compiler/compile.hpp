@@ -23,7 +23,7 @@ struct CompileStats {
 
 // Every compile option that shapes a plan, serialised as JSON text: arch,
 // dtype, op and all of LowerOptions and ProtocolOptions. `use_cache` and
-// `LowerOptions::on_pass` do not shape the plan and are left out. The fields
+// `LowerOptions::on_pass` and `verify_each` do not shape the plan and are left out. The fields
 // are taken apart with structured bindings, so adding a field to one of these
 // structs fails to compile here until it is serialised (or named as excluded).
 std::string options_json(const CompileOptions& o);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "compiler/verify/verify.hpp"
 
 namespace mk::compiler {
@@ -28,11 +30,30 @@ void set_topology(ir::Schedule& s, const std::optional<topology::Topology>& t) {
   s.topology = *t;
 }
 
+// verify_each: a pass that breaks the schedule is a compiler bug, named here.
+void check_after(std::string_view pass, const ir::Schedule& s) {
+  try {
+    verify::verify_all(s);
+  } catch (const Error& e) {
+    throw InternalError("pass '" + std::string(pass) + "' broke its guarantees: " + e.what());
+  }
+}
+
 }  // namespace
 
 Lowered lower(ir::Schedule s, const LowerOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string before;  // the previous pass's IR text, only while someone watches
   auto dump = [&](std::string_view pass, const ir::Schedule& x) {
-    if (o.on_pass) o.on_pass(pass, x);
+    if (o.verify_each) check_after(pass, x);
+    if (!o.on_pass) return;
+    PassInfo info;
+    info.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::string now = ir::print(x);
+    info.changed = pass == "build" || pass == "protocol" || now != before;  // a bucket starts at protocol
+    before = std::move(now);
+    o.on_pass(pass, x, info);
+    t0 = std::chrono::steady_clock::now();  // the observer's time is not the next pass's
   };
   set_topology(s, o.topology);
   dump("build", s);

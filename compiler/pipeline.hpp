@@ -18,6 +18,11 @@
 
 namespace mk::compiler {
 
+struct PassInfo {
+  double ms = 0;         // time since the previous pass ended
+  bool changed = true;   // the IR's text differs from the previous pass's
+};
+
 struct LowerOptions {
   int32_t instances = 0;  // 0: what the schedule asks for
   int32_t max_tbs = 32;   // thread blocks per rank per instance
@@ -31,8 +36,14 @@ struct LowerOptions {
   // buffers directly (the kernel gets their addresses at launch and runs an
   // entry and an exit barrier). Plans need no scratch.
   bool zero_copy = false;
-  // Called after every pass with its name (for --dump-after).
-  std::function<void(std::string_view pass, const ir::Schedule&)> on_pass;
+  // Re-run the structural checks (verify_all: bounds, meaning, and once
+  // synced pairing, deadlock and races) after every pass, so that each pass's
+  // "Guarantees" header is enforced where it is broken, not downstream. On in
+  // tests and fuzzing; off by default (the final proof runs anyway).
+  bool verify_each = false;
+  // Called after every pass with its name (for --dump-after), its wall time
+  // and whether it changed the printed IR.
+  std::function<void(std::string_view pass, const ir::Schedule&, const PassInfo&)> on_pass;
 };
 
 struct Lowered {

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <map>
+#include <tuple>
+#include <set>
 
 #include "templates/abi.cuh"
 
@@ -27,116 +30,54 @@ namespace {
 
 int32_t mod(int64_t a, int64_t m) { return int32_t(((a % m) + m) % m); }
 
-// The op list of virtual rank v, rewritten relative to v (what rank classes compare).
-std::string canonical(const Schedule& s, int32_t v, int32_t M) {
-  const int32_t N = s.nranks, K = s.chunks;
-  auto ref = [&](const Ref& r) {
-    std::string t = fmt::format("{}:{}:", mod(r.rank - v, N), int(r.buf));
-    if (r.buf == Buf::scratch) return t + fmt::format("{}+{}", r.index, r.count);
-    int32_t B = ir::buf_blocks(s.coll, N, r.buf);
-    int32_t b = r.index / K, p = r.index % K;
-    if (B == N) b = mod(b - v, N);
-    if (M) p = mod(p - int64_t(v) * M, K);
-    return t + fmt::format("{}.{}+{}", b, p, r.count);
-  };
-  // Thread block by thread block: how the blocks' ops interleave in program
-  // order does not change the generated code, so it must not split classes.
-  std::vector<const Op*> mine;
-  for (const Op& op : s.ops)
-    if (op.rank == v) mine.push_back(&op);
-  std::stable_sort(mine.begin(), mine.end(), [](const Op* a, const Op* b) { return a->tb < b->tb; });
-  std::string out;
-  for (const Op* opp : mine) {
-    const Op& op = *opp;
-    out += fmt::format("{}|{}|{}|", int(op.kind), op.tb, op.final);
-    for (const Ref& r : op.srcs) out += ref(r) + ",";
-    out += ">";
-    for (const Ref& r : op.dsts) out += ref(r) + ",";
-    for (int32_t p : op.pos) out += fmt::format("p{}", M ? mod(p - int64_t(v) * M, K) : p);
-    if (op.kind == OpKind::signal) out += fmt::format("|{}|{}", mod(op.peer - v, N), op.slot);
-    if (op.kind == OpKind::wait) out += fmt::format("|{}|{}", op.slot, op.iter);
-    out += "\n";
+// ---- items: a data op with the waits before it and the signals after it.
+// Everything but the numbers is the item's shape. Ranks whose items have the
+// same shapes share one code path (a rank class); the numbers of its members
+// are kept side by side (member-major), and a number becomes a compile-time
+// constant where every member agrees and a rank-indexed table entry where they
+// do not. Runs of items whose numbers form arithmetic progressions become
+// loops (rerolling), which keeps kernels for many ranks as small as for few.
+struct RefShape {
+  int kind;  // 0 input, 1 output, 2 scratch
+  bool rot_b, rot_p;
+};
+struct Item {
+  int nwait = 0, nsig = 0;
+  bool data = false;
+  int ns = 0, nd = 0;
+  bool red = false, fin = false;
+  unsigned sll = 0, dll = 0;
+  std::vector<RefShape> refs;  // per chunk k: srcs then dsts
+  bool pos_rot = false;
+  std::string comment;
+  // waits (slot, iter, peer)*, then refs (a, b)*, pos, then signals (peer,
+  // slot)*: `len` numbers per class member, members one after another
+  std::vector<int64_t> nums;
+  size_t len = 0;
+  std::string shape() const {
+    std::string t = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", nwait, nsig, data, ns, nd, red, fin, sll, dll,
+                                pos_rot, refs.size());
+    for (auto& r : refs) t += fmt::format("/{}{}{}", r.kind, r.rot_b, r.rot_p);
+    return t;
   }
-  return out;
-}
+};
 
-RankClasses classes_with(const Schedule& s, int32_t M) {
-  RankClasses rc;
-  rc.pos_rot = M;
-  std::map<std::string, int32_t> seen;
-  for (int32_t v = 0; v < s.nranks; ++v) {
-    auto [it, fresh] = seen.emplace(canonical(s, v, M), int32_t(rc.representative.size()));
-    if (fresh) rc.representative.push_back(v);
-    rc.class_of.push_back(it->second);
-  }
-  return rc;
-}
-
-class Emitter {
+// Splits one rank's ops into items, numbers relative to that rank (peers
+// rotated by the rank, chunk positions by rank x pos_rot).
+class Splitter {
  public:
-  Emitter(const Schedule& s, int32_t bucket, const RankClasses& rc, std::string& out)
-      : s_(s), b_(bucket), rc_(rc), o_(out) {}
-
-  std::string P() const { return fmt::format("P{}", b_); }
-
-  // ---- items: a data op with the waits before it and the signals after it.
-  // Everything but the numbers is the item's shape; runs of items whose
-  // numbers form arithmetic progressions become loops (rerolling), which keeps
-  // kernels for many ranks as small as for few.
-  struct RefShape {
-    int kind;  // 0 input, 1 output, 2 scratch
-    bool rot_b, rot_p;
-  };
-  struct Item {
-    int nwait = 0, nsig = 0;
-    bool data = false;
-    int ns = 0, nd = 0;
-    bool red = false, fin = false;
-    unsigned sll = 0, dll = 0;
-    std::vector<RefShape> refs;  // per chunk k: srcs then dsts
-    bool pos_rot = false;
-    std::string comment;
-    std::vector<int64_t> nums;  // waits (slot, iter, peer)*, then refs (a, b)*, pos, then signals (peer, slot)*
-    std::string shape() const {
-      std::string t = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", nwait, nsig, data, ns, nd, red, fin, sll, dll,
-                                  pos_rot, refs.size());
-      for (auto& r : refs) t += fmt::format("/{}{}{}", r.kind, r.rot_b, r.rot_p);
-      return t;
-    }
-  };
-
-  void add_ref(Item& it, const Op& op, const Ref& r, int32_t k, int32_t v0) const {
-    const int32_t N = s_.nranks, K = s_.chunks, M = rc_.pos_rot;
-    if (r.buf == Buf::scratch) {
-      it.refs.push_back({2, false, false});
-      it.nums.push_back(mod(r.rank - v0, N));
-      it.nums.push_back(r.index + k);
-      return;
-    }
-    if (r.rank != op.rank && !s_.zero_copy)
-      throw InternalError("codegen: op %" + std::to_string(op.id) +
-                          " touches another rank's user buffer (stage_remote must run first)");
-    const int32_t i = r.index + k;
-    const int32_t b = i / K, p = i % K;
-    // The address comes from this position and the length from op.pos: the
-    // verifier (E008) proved they agree; a kernel must never rely on it silently.
-    if (p != op.pos.at(size_t(k)))
-      throw InternalError("codegen: op %" + std::to_string(op.id) + " addresses chunk position " + std::to_string(p) +
-                          " but its data has position " + std::to_string(op.pos.at(size_t(k))));
-    const bool rot_b = ir::buf_blocks(s_.coll, N, r.buf) == N && N > 1;
-    it.refs.push_back({r.buf == Buf::input ? 0 : 1, rot_b, M != 0});
-    if (s_.zero_copy) it.nums.push_back(mod(r.rank - v0, N));  // whose buffer, relative
-    it.nums.push_back(rot_b ? mod(b - v0, N) : b);
-    it.nums.push_back(M ? mod(p - int64_t(v0) * M, K) : p);
+  Splitter(const Schedule& s, int32_t pos_rot) : s_(s), M_(pos_rot) {
+    for (const Op& op : s_.ops)
+      if (op.kind == OpKind::signal) signaller_[{op.peer, op.slot}] = op.rank;
   }
 
-  // Splits a thread block's ops (one class representative) into items; a data
-  // op of count > 1 becomes one item per chunk.
-  std::vector<Item> items_of(const std::vector<const Op*>& ops, int32_t v0) const {
+  // A data op of count > 1 becomes one item per chunk.
+  std::vector<Item> items_of(const std::vector<const Op*>& ops, int32_t v0, bool comments) const {
     std::vector<Item> out;
     Item cur;
-    const int32_t K = s_.chunks, M = rc_.pos_rot;
+    const int32_t K = s_.chunks;
     auto close = [&] {
+      cur.len = cur.nums.size();
       out.push_back(std::move(cur));
       cur = Item{};
     };
@@ -168,18 +109,162 @@ class Emitter {
           for (const Ref& r : op->srcs) add_ref(cur, *op, r, k, v0);
           for (const Ref& r : op->dsts) add_ref(cur, *op, r, k, v0);
           const int32_t p = op->pos.at(size_t(k));
-          cur.pos_rot = M != 0;
-          cur.nums.push_back(M ? mod(p - int64_t(v0) * M, K) : p);
-          cur.comment = ir::print_op(*op) + (op->loc.valid() ? "  (" + op->loc.str() + ")" : "");
+          cur.pos_rot = M_ != 0;
+          cur.nums.push_back(M_ ? mod(p - int64_t(v0) * M_, K) : p);
+          if (comments) cur.comment = ir::print_op(*op) + (op->loc.valid() ? "  (" + op->loc.str() + ")" : "");
         }
       }
     }
-    if (cur.data || cur.nwait || cur.nsig) out.push_back(std::move(cur));
+    if (cur.data || cur.nwait || cur.nsig) close();
     return out;
   }
 
-  std::string render(const Item& it, const std::vector<std::string>& e, const std::string& ind) const {
+ private:
+  void add_ref(Item& it, const Op& op, const Ref& r, int32_t k, int32_t v0) const {
+    const int32_t N = s_.nranks, K = s_.chunks;
+    if (r.buf == Buf::scratch) {
+      it.refs.push_back({2, false, false});
+      it.nums.push_back(mod(r.rank - v0, N));
+      it.nums.push_back(r.index + k);
+      return;
+    }
+    if (r.rank != op.rank && !s_.zero_copy)
+      throw InternalError("codegen: op %" + std::to_string(op.id) +
+                          " touches another rank's user buffer (stage_remote must run first)");
+    const int32_t i = r.index + k;
+    const int32_t b = i / K, p = i % K;
+    // The address comes from this position and the length from op.pos: the
+    // verifier (E008) proved they agree; a kernel must never rely on it silently.
+    if (p != op.pos.at(size_t(k)))
+      throw InternalError("codegen: op %" + std::to_string(op.id) + " addresses chunk position " + std::to_string(p) +
+                          " but its data has position " + std::to_string(op.pos.at(size_t(k))));
+    const bool rot_b = ir::buf_blocks(s_.coll, N, r.buf) == N && N > 1;
+    it.refs.push_back({r.buf == Buf::input ? 0 : 1, rot_b, M_ != 0});
+    if (s_.zero_copy) it.nums.push_back(mod(r.rank - v0, N));  // whose buffer, relative
+    it.nums.push_back(rot_b ? mod(b - v0, N) : b);
+    it.nums.push_back(M_ ? mod(p - int64_t(v0) * M_, K) : p);
+  }
+
+  // For error reports: which rank (relative) should signal this wait.
+  int32_t waiter_peer(const Op& w, int32_t v0) const {
+    auto it = signaller_.find({w.rank, w.slot});
+    return it == signaller_.end() ? 0 : mod(it->second - v0, s_.nranks);
+  }
+
+  const Schedule& s_;
+  int32_t M_;
+  std::map<std::pair<int32_t, int32_t>, int32_t> signaller_;
+};
+
+// Rank classes and, per class and thread block, the members' merged items.
+struct ClassPlan {
+  RankClasses rc;
+  std::vector<std::vector<std::vector<Item>>> items;  // [class][tb]
+  std::vector<std::vector<int32_t>> members;          // [class]: virtual ranks
+  int64_t varying = 0;                                 // numbers the members disagree on
+};
+
+// Why rank `v`'s items (`mine`) cannot share rank `v0`'s code path (`theirs`).
+std::string why_apart(int32_t v, int32_t v0, const std::vector<std::vector<Item>>& mine,
+                      const std::vector<std::vector<Item>>& theirs) {
+  for (size_t tb = 0; tb < mine.size(); ++tb) {
+    const auto &a = mine[tb], &b = theirs[tb];
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      if (i < a.size() && i < b.size() && a[i].shape() == b[i].shape()) continue;
+      auto what = [](const std::vector<Item>& x, size_t j) {
+        if (j >= x.size()) return std::string("nothing");
+        const Item& it = x[j];
+        std::string w = fmt::format("{} wait(s), {} signal(s)", it.nwait, it.nsig);
+        if (it.data) w += ", " + (it.comment.empty() ? std::string("a data op") : "`" + it.comment + "`");
+        return w;
+      };
+      return fmt::format("rank {} differs from rank {} in thread block {}, step {}: {} vs {}", v, v0, tb, i,
+                         what(a, i), what(b, i));
+    }
+  }
+  return fmt::format("rank {} differs from rank {}", v, v0);
+}
+
+ClassPlan plan_classes(const Schedule& s, int32_t M) {
+  const Splitter sp(s, M);
+  const int32_t N = s.nranks, tbs = std::max(s.tbs, 1);
+  std::vector<std::vector<std::vector<const Op*>>> ops(static_cast<size_t>(N));
+  for (auto& r : ops) r.resize(static_cast<size_t>(tbs));
+  for (const Op& op : s.ops)
+    if (op.kind != OpKind::nop) ops[size_t(op.rank)][size_t(std::max(op.tb, 0))].push_back(&op);
+  ClassPlan cp;
+  cp.rc.pos_rot = M;
+  std::map<std::string, int32_t> seen;
+  std::vector<std::vector<std::vector<Item>>> per_rank(static_cast<size_t>(N));  // items without comments
+  for (int32_t v = 0; v < N; ++v) {
+    auto& mine = per_rank[size_t(v)];
+    std::string key;
+    for (int32_t tb = 0; tb < tbs; ++tb) {
+      mine.push_back(sp.items_of(ops[size_t(v)][size_t(tb)], v, false));
+      key += fmt::format("#{}", tb);
+      for (const Item& it : mine.back()) key += ";" + it.shape();
+    }
+    auto [found, fresh] = seen.emplace(std::move(key), int32_t(cp.rc.representative.size()));
+    if (fresh) {
+      std::vector<std::vector<Item>> shown;  // the representative's items carry the source comments
+      for (int32_t tb = 0; tb < tbs; ++tb) shown.push_back(sp.items_of(ops[size_t(v)][size_t(tb)], v, true));
+      cp.rc.why.push_back(cp.items.empty() ? "" : why_apart(v, cp.rc.representative[0], shown, cp.items[0]));
+      cp.rc.representative.push_back(v);
+      cp.items.push_back(std::move(shown));
+      cp.members.emplace_back();
+    }
+    cp.rc.class_of.push_back(found->second);
+    cp.members[size_t(found->second)].push_back(v);
+  }
+  for (size_t c = 0; c < cp.items.size(); ++c)
+    for (size_t tb = 0; tb < cp.items[c].size(); ++tb)
+      for (size_t i = 0; i < cp.items[c][tb].size(); ++i) {
+        Item& it = cp.items[c][tb][i];
+        it.nums.clear();
+        for (int32_t v : cp.members[c]) {
+          const auto& n = per_rank[size_t(v)][tb][i].nums;
+          it.nums.insert(it.nums.end(), n.begin(), n.end());
+        }
+        for (size_t k = 0; k < it.len; ++k)
+          for (size_t m = 1; m < cp.members[c].size(); ++m)
+            if (it.nums[m * it.len + k] != it.nums[k]) {
+              ++cp.varying;
+              break;
+            }
+      }
+  return cp;
+}
+
+// The numbers a class's members disagree on: one row per member, one column
+// per distinct list of values.
+class Table {
+ public:
+  explicit Table(size_t members) : members_(members) {}
+  int col(std::vector<int64_t> vals) {
+    auto [it, fresh] = index_.emplace(std::move(vals), int(cols_.size()));
+    if (fresh) cols_.push_back(&it->first);
+    return it->second;
+  }
+  size_t width() const { return cols_.size(); }
+  size_t members() const { return members_; }
+  int64_t at(size_t m, size_t c) const { return (*cols_[c])[m]; }
+
+ private:
+  size_t members_;
+  std::map<std::vector<int64_t>, int> index_;
+  std::vector<const std::vector<int64_t>*> cols_;
+};
+
+class Emitter {
+ public:
+  Emitter(const Schedule& s, int32_t bucket, const ClassPlan& cp, std::string& out)
+      : s_(s), b_(bucket), cp_(cp), o_(out) {}
+
+  std::string P() const { return fmt::format("P{}", b_); }
+
+  std::string render(const Item& it, const std::vector<std::string>& e, const std::string& ind) {
     std::string o;
+    count_size(it);
     size_t k = 0;
     if (it.nwait) {
       std::string list;
@@ -218,20 +303,55 @@ class Emitter {
       for (int g = 0; g < it.nsig; ++g, k += 2) list += fmt::format("{}{{{}, {}}}", g ? ", " : "", e[k], e[k + 1]);
       o += ind + "c.signal_all({" + list + "});\n";
     }
-    MK_CHECK(k == it.nums.size(), "codegen: item numbers and shape disagree");
+    MK_CHECK(k == it.len, "codegen: item numbers and shape disagree");
     return o;
   }
 
-  static std::vector<std::string> constants(const Item& it) {
+  // NVRTC's cost, roughly: every operand of every statement, and much more
+  // for every distinct instantiation of the data primitive (each is unrolled
+  // over its operands and compiled separately).
+  void count_size(const Item& it) {
+    const int64_t operands = it.data ? it.ns + it.nd : 1;
+    size_ += operands;
+    if (it.data && instances_.insert(fmt::format("{}|{}|{}|{}|{}|{}", it.ns, it.nd, it.red, it.fin, it.sll, it.dll)).second)
+      size_ += 32 * operands;
+  }
+
+  // Number k of an item: a constant where all members agree, else a table
+  // entry. `delta` (rerolled loops): the members' steps per iteration.
+  std::string number(const Item& it, size_t k, const int64_t* delta, Table& t) {
+    const size_t n = t.members();
+    auto values = [&](auto f) {
+      std::vector<int64_t> v(n);
+      for (size_t m = 0; m < n; ++m) v[m] = f(m);
+      return v;
+    };
+    auto show = [&](const std::vector<int64_t>& v) {
+      for (int64_t x : v)
+        if (x != v[0]) return fmt::format("t[{}]", t.col(v));
+      return std::to_string(v[0]);
+    };
+    const std::string base = show(values([&](size_t m) { return it.nums[m * it.len + k]; }));
+    if (!delta) return base;
+    const auto d = values([&](size_t m) { return delta[m * it.len + k]; });
+    const std::string ds = show(d);
+    if (ds == "0") return base;
+    if (ds == "1") return base + " + i";
+    if (ds == "-1") return base + " - i";
+    return fmt::format("{} + ({}) * i", base, ds);
+  }
+
+  std::vector<std::string> numbers(const Item& it, const int64_t* delta, Table& t) {
     std::vector<std::string> e;
-    for (int64_t v : it.nums) e.push_back(std::to_string(v));
+    for (size_t k = 0; k < it.len; ++k) e.push_back(number(it, k, delta, t));
     return e;
   }
 
   // Emits items, rerolling runs of groups of P items (P = 1..4) that repeat
-  // with a constant numeric stride, at least 3 times.
-  void emit_items(const std::vector<Item>& items) {
+  // with a constant numeric stride (per member), at least 3 times.
+  std::string emit_items(const std::vector<Item>& items, Table& t) {
     const std::string ind = "    ";
+    std::string o;
     size_t i = 0;
     while (i < items.size()) {
       size_t best_p = 0, best_r = 0;
@@ -266,71 +386,79 @@ class Emitter {
         }
       }
       if (best_r == 0) {
-        o_ += render(items[i], constants(items[i]), ind);
+        o += render(items[i], numbers(items[i], nullptr, t), ind);
         ++i;
         continue;
       }
-      o_ += fmt::format("{}for (int i = 0; i < {}; ++i) {{  // {} x {} op group(s)\n", ind, best_r, best_r, best_p);
+      o += fmt::format("{}for (int i = 0; i < {}; ++i) {{  // {} x {} op group(s)\n", ind, best_r, best_r, best_p);
       size_t off = 0;
       for (size_t j = 0; j < best_p; ++j) {
         const Item& it = items[i + j];
-        std::vector<std::string> e;
-        for (size_t k = 0; k < it.nums.size(); ++k) {
-          int64_t base = it.nums[k], d = best_delta[off + k];
-          if (d == 0)
-            e.push_back(std::to_string(base));
-          else if (d == 1)
-            e.push_back(fmt::format("{} + i", base));
-          else if (d == -1)
-            e.push_back(fmt::format("{} - i", base));
-          else
-            e.push_back(fmt::format("{} + ({}) * i", base, d));
-        }
+        const auto e = numbers(it, best_delta.data() + off, t);
         off += it.nums.size();
         Item shown = it;
         shown.comment = "first of " + std::to_string(best_r) + ": " + it.comment;
         if (!it.data) shown.comment.clear();
-        o_ += render(shown, e, ind + "  ");
+        o += render(shown, e, ind + "  ");
       }
-      o_ += ind + "}\n";
+      o += ind + "}\n";
       i += best_r * best_p;
     }
+    return o;
   }
 
-  void emit_tb(int32_t cls, int32_t tb, const std::vector<const Op*>& ops, bool inline_fn) {
-    const int32_t v0 = rc_.representative[size_t(cls)];
-    o_ += fmt::format("static __device__ {} void b{}_c{}_tb{}(mk::dev::Ctx<{}>& c) {{\n",
-                      inline_fn ? "__forceinline__" : "__noinline__", b_, cls, tb, P());
-    o_ += "  do {\n";
-    emit_items(items_of(ops, v0));
-    o_ += "  } while (c.next());\n}\n\n";
+  void emit_tb(int32_t cls, int32_t tb, const std::vector<Item>& items, bool inline_fn, Table& t) {
+    const std::string body = emit_items(items, t);
+    const bool tabled = t.width() > 0;  // the class's table so far; rows are per member, so any column needs it
+    o_ += fmt::format("static __device__ {} void b{}_c{}_tb{}(mk::dev::Ctx<{}>& c{}) {{\n",
+                      inline_fn ? "__forceinline__" : "__noinline__", b_, cls, tb, P(), tabled ? ", const int* t" : "");
+    o_ += "  do {\n" + body + "  } while (c.next());\n}\n\n";
+    tabled_[{cls, tb}] = tabled;
   }
 
-  // For error reports: which rank (relative) should signal this wait.
-  int32_t waiter_peer(const Op& w, int32_t v0) const {
-    auto it = signaller_.find({w.rank, w.slot});
-    return it == signaller_.end() ? 0 : mod(it->second - v0, s_.nranks);
-  }
-
-  KernelInfo emit(const std::string& kernel_name) {
-    for (const Op& op : s_.ops)
-      if (op.kind == OpKind::signal) signaller_[{op.peer, op.slot}] = op.rank;
-    const int32_t nclasses = int32_t(rc_.representative.size());
-    size_t total_ops = 0;
-    std::vector<std::vector<std::vector<const Op*>>> prog(size_t(nclasses),
-                                                          std::vector<std::vector<const Op*>>(size_t(s_.tbs)));
-    for (int32_t c = 0; c < nclasses; ++c) {
-      const int32_t v0 = rc_.representative[size_t(c)];
-      for (const Op& op : s_.ops)
-        if (op.rank == v0 && op.kind != OpKind::nop) {
-          prog[size_t(c)][size_t(op.tb)].push_back(&op);
-          ++total_ops;
-        }
+  // The classes' tables: constant memory while they fit, else global memory.
+  void emit_tables(const std::vector<Table>& tables) {
+    size_t bytes = 0;
+    for (const Table& t : tables) bytes += t.members() * t.width() * sizeof(int32_t);
+    table_bytes_ = int64_t(bytes);
+    if (bytes == 0) return;
+    const char* space = bytes <= (32u << 10) ? "__constant__" : "__device__";
+    std::string member;
+    for (int32_t v = 0; v < s_.nranks; ++v) {
+      const auto& mem = cp_.members[size_t(cp_.rc.class_of[size_t(v)])];
+      member += fmt::format("{}{}", v ? "," : "", std::find(mem.begin(), mem.end(), v) - mem.begin());
     }
-    const bool inline_fns = total_ops <= 64;
-    for (int32_t c = 0; c < nclasses; ++c)
-      for (int32_t tb = 0; tb < s_.tbs; ++tb)
-        if (!prog[size_t(c)][size_t(tb)].empty()) emit_tb(c, tb, prog[size_t(c)][size_t(tb)], inline_fns);
+    o_ += fmt::format("// per rank: its row in its class's table\nstatic {} const short kMember{}[{}] = {{{}}};\n", space,
+                      b_, s_.nranks, member);
+    for (size_t c = 0; c < tables.size(); ++c) {
+      const Table& t = tables[c];
+      if (!t.width()) continue;
+      o_ += fmt::format("static {} const int kT{}_c{}[{}][{}] = {{\n", space, b_, c, t.members(), t.width());
+      for (size_t m = 0; m < t.members(); ++m) {
+        o_ += "  {";
+        for (size_t k = 0; k < t.width(); ++k) o_ += fmt::format("{}{}", k ? "," : "", t.at(m, k));
+        o_ += "},\n";
+      }
+      o_ += "};\n";
+    }
+    o_ += "\n";
+  }
+
+  KernelInfo emit(const std::string& kernel_name, const Limits& lim) {
+    const int32_t nclasses = int32_t(cp_.rc.representative.size());
+    size_t total_items = 0;
+    for (const auto& cls : cp_.items)
+      for (const auto& tb : cls) total_items += tb.size();
+    const bool inline_fns = total_items <= 64;
+    std::vector<Table> tables;
+    for (int32_t c = 0; c < nclasses; ++c) {
+      tables.emplace_back(cp_.members[size_t(c)].size());
+      for (int32_t tb = 0; tb < int32_t(cp_.items[size_t(c)].size()); ++tb)
+        if (!cp_.items[size_t(c)][size_t(tb)].empty())
+          emit_tb(c, tb, cp_.items[size_t(c)][size_t(tb)], inline_fns, tables.back());
+    }
+    emit_tables(tables);
+    check_size(lim);
 
     const int32_t threads = s_.proto == ir::Proto::ll ? 256 : 512;
     o_ += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, 1) {}(const mk::dev::Args a) {{\n",
@@ -342,14 +470,16 @@ class Emitter {
     // has started (its buffers are ready and free to overwrite).
     if (s_.zero_copy) o_ += "  if (!c.zc_enter()) return;\n";
     std::string cls;
-    for (int32_t v = 0; v < s_.nranks; ++v) cls += (v ? "," : "") + std::to_string(rc_.class_of[size_t(v)]);
+    for (int32_t v = 0; v < s_.nranks; ++v) cls += (v ? "," : "") + std::to_string(cp_.rc.class_of[size_t(v)]);
     o_ += fmt::format("  static constexpr short kClassOf[{}] = {{{}}};\n", s_.nranks, cls);
     o_ += "  switch (kClassOf[c.vrank]) {\n";
     for (int32_t c = 0; c < nclasses; ++c) {
       o_ += fmt::format("    case {}:\n      switch (c.tb) {{\n", c);
-      for (int32_t tb = 0; tb < s_.tbs; ++tb)
-        if (!prog[size_t(c)][size_t(tb)].empty())
-          o_ += fmt::format("        case {}: b{}_c{}_tb{}(c); break;\n", tb, b_, c, tb);
+      for (int32_t tb = 0; tb < int32_t(cp_.items[size_t(c)].size()); ++tb) {
+        if (cp_.items[size_t(c)][size_t(tb)].empty()) continue;
+        const std::string row = tabled_[{c, tb}] ? fmt::format(", kT{}_c{}[kMember{}[c.vrank]]", b_, c, b_) : "";
+        o_ += fmt::format("        case {}: b{}_c{}_tb{}(c{}); break;\n", tb, b_, c, tb, row);
+      }
       o_ += "        default: break;\n      }\n      break;\n";
     }
     o_ += "    default: break;\n  }\n";
@@ -362,29 +492,85 @@ class Emitter {
     k.grid = s_.tbs * s_.instances;
     k.block = threads;
     k.classes = nclasses;
+    k.size = size_;
+    k.table_bytes = table_bytes_;
     return k;
   }
 
  private:
+  // Refuses a kernel NVRTC would take minutes and gigabytes over, before it runs.
+  void check_size(const Limits& lim) const {
+    if (size_ <= lim.max_size && table_bytes_ <= lim.max_table_bytes) return;
+    std::string hint;
+    const auto& rc = cp_.rc;
+    for (size_t c = 1; c < rc.representative.size() && c <= 3; ++c) hint += "\n  " + rc.why[c];
+    if (rc.representative.size() > 4) hint += fmt::format("\n  ... ({} rank classes in all)", rc.representative.size());
+    throw Error(ErrId::jit_E005,
+                fmt::format("schedule '{}' for {} ranks: a kernel of size {} in {} rank class(es) with {} bytes of "
+                            "rank tables (limits: size {}, {} bytes; size counts the operands of every "
+                            "operation and of every distinct kind of operation)",
+                            s_.name, s_.nranks, size_, rc.representative.size(), table_bytes_, lim.max_size,
+                            lim.max_table_bytes),
+                {},
+                "ranks share code when their programs have the same steps (only peers and chunk numbers may "
+                "differ); these could not:" +
+                    (hint.empty() ? std::string(" (one class, but too many steps)") : hint) +
+                    "\n  see `mkc show --classes`; write the schedule step-major so that every rank does the same "
+                    "kind of operation at the same step, or use fewer ranks or chunks");
+  }
+
   const Schedule& s_;
   int32_t b_;
-  const RankClasses& rc_;
+  const ClassPlan& cp_;
   std::string& o_;
-  std::map<std::pair<int32_t, int32_t>, int32_t> signaller_;
+  int64_t size_ = 0, table_bytes_ = 0;
+  std::set<std::string> instances_;
+  std::map<std::pair<int32_t, int32_t>, bool> tabled_;
 };
 
-}  // namespace
-
-RankClasses rank_classes(const Schedule& s) {
-  RankClasses best = classes_with(s, 0);
+// Fewest classes, then the smallest kernel (rerolled loops need numbers that
+// step evenly for every member: absolute chunk positions may, rotated ones
+// wrap), then the smallest tables; chunk positions rotate with the rank when
+// that wins.
+ClassPlan best_plan(const Schedule& s) {
+  ClassPlan best = plan_classes(s, 0);
   if (s.nranks > 1 && s.chunks % s.nranks == 0) {
-    RankClasses rot = classes_with(s, s.chunks / s.nranks);
-    if (rot.representative.size() < best.representative.size()) best = std::move(rot);
+    ClassPlan rot = plan_classes(s, s.chunks / s.nranks);
+    auto cost = [&](const ClassPlan& p) {
+      std::string scratch;
+      Emitter e(s, 0, p, scratch);
+      const Limits none{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()};
+      const KernelInfo k = e.emit("measure", none);
+      return std::tuple(p.rc.representative.size(), k.size, k.table_bytes);
+    };
+    if (cost(rot) < cost(best)) best = std::move(rot);
   }
   return best;
 }
 
-std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, RedOp op, const std::string& tag) {
+}  // namespace
+
+RankClasses rank_classes(const Schedule& s) { return best_plan(s).rc; }
+
+std::string print_classes(const RankClasses& rc) {
+  std::string out = fmt::format("{} rank class(es) (one code path each){}\n", rc.representative.size(),
+                                rc.pos_rot ? fmt::format(", chunk positions rotate by {} per rank", rc.pos_rot) : "");
+  for (size_t c = 0; c < rc.representative.size(); ++c) {
+    std::string ranks;
+    for (int32_t v = 0; v < int32_t(rc.class_of.size()); ++v) {
+      if (rc.class_of[size_t(v)] != int32_t(c)) continue;
+      int32_t e = v;
+      while (e + 1 < int32_t(rc.class_of.size()) && rc.class_of[size_t(e) + 1] == int32_t(c)) ++e;
+      ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", e > v ? fmt::format("{}-{}", v, e) : std::to_string(v));
+      v = e;
+    }
+    out += fmt::format("  class {}: ranks {}{}\n", c, ranks, c < rc.why.size() && !rc.why[c].empty() ? "; " + rc.why[c] : "");
+  }
+  return out;
+}
+
+std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, RedOp op, const std::string& tag,
+                           const Limits& lim) {
   MK_CHECK(!variants.empty(), "nothing to generate");
   std::vector<Unit> units;
   const Schedule& first = variants.front();
@@ -394,7 +580,8 @@ std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, R
     MK_CHECK(s.nranks == first.nranks && s.coll == first.coll, "variants of one plan differ");
     Unit u;
     std::string& o = u.source;
-    RankClasses rc = rank_classes(s);
+    const ClassPlan cp = best_plan(s);
+    const RankClasses& rc = cp.rc;
     const bool rooted = collective_rooted(s.coll);
     o += fmt::format(
         "// Generated by mKernel codegen. Do not edit: regenerate with `mkc compile`.\n"
@@ -414,8 +601,8 @@ std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, R
         std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot,
         s.tile_bytes, s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
         s.zero_copy ? "true" : "false");
-    Emitter e(s, int32_t(b), rc, o);
-    u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b));
+    Emitter e(s, int32_t(b), cp, o);
+    u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);
     units.push_back(std::move(u));
   }
   return units;

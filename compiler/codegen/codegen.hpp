@@ -4,14 +4,20 @@
 // instances, slots) as constexprs, and per rank class and thread block the
 // straight-line list of operations of one step.
 //
-// Rank classes: ranks whose programs are the same up to rotation (rank r+d
-// does what rank r does with every rank, block and chunk position shifted by
-// d) share one code path, with peers and chunks computed from the rank at run
-// time. Ring and direct schedules written step-major have one class, so a
-// 64-rank plan compiles as fast as a 2-rank one (schedules that are not
-// symmetric, e.g. one-shot's rank-ordered sums or a root's special role, get
-// one class per distinct program). Rooted collectives are built for root 0;
-// the kernel runs the program of virtual rank (rank - root).
+// Rank classes: ranks whose programs have the same steps (the same kinds of
+// operation, with the same numbers of sources, destinations, waits and
+// signals, in the same order per thread block) share one code path. Peers,
+// blocks and chunk positions are relative to the rank (rotated by it); where
+// all members of a class agree on such a number it is a compile-time
+// constant in the generated code, where they differ (e.g. recursive
+// halving-doubling's partner r xor 2^k) it is read from a rank-indexed table
+// (one row per member: `kT<bucket>_c<class>[kMember<bucket>[rank]]`, in
+// constant memory while the tables fit in 32 KiB, else global memory). So
+// ring, direct and halving-doubling schedules have one class for any rank
+// count, and code size is O(one rank's program). Only ranks whose step lists
+// differ (e.g. a root's special role) get their own class. Rooted collectives
+// are built for root 0; the kernel runs the program of virtual rank
+// (rank - root).
 #pragma once
 
 #include <string>
@@ -26,15 +32,31 @@ namespace mk::codegen {
 struct RankClasses {
   int32_t pos_rot = 0;                // chunk-position rotation per rank (0 or chunks/ranks)
   std::vector<int32_t> class_of;      // per (virtual) rank
-  std::vector<int32_t> representative;  // per class
+  std::vector<int32_t> representative;  // per class: its lowest rank
+  std::vector<std::string> why;         // per class: how it differs from class 0 ("" for class 0)
 };
 RankClasses rank_classes(const ir::Schedule& s);
+// "class 0: ranks 0-3,5 (1 code path)\n" per class, with how it differs from class 0.
+std::string print_classes(const RankClasses& rc);
 
 struct KernelInfo {
   std::string name;
   int32_t grid = 0;
   int32_t block = 0;
   int32_t classes = 0;
+  int64_t size = 0;         // what Limits::max_size bounds
+  int64_t table_bytes = 0;  // rank tables
+};
+
+// What one kernel may hold; more is refused with jit E005 before NVRTC runs.
+// Size: per statement (a rerolled loop body counts once) its operands, plus
+// 32 x the operands of every distinct instantiation of the data primitive.
+// NVRTC's time and memory grow faster than linearly with it: one_shot at 16
+// ranks (16 classes, size ~9.5k) took 233 s and 1.3 GB on the 2-core build
+// machine, at 8 ranks (~2.6k) 34 s.
+struct Limits {
+  int64_t max_size = 8192;
+  int64_t max_table_bytes = 16ll << 20;
 };
 
 // One compilation unit per size bucket (compiled in parallel).
@@ -44,8 +66,9 @@ struct Unit {
 };
 // `variants`: lowered schedules (one per bucket), all of one collective and
 // rank count. `tag`: a C identifier fragment naming the plan.
+// Throws Error(jit_E005) when a bucket's kernel exceeds `lim`.
 std::vector<Unit> generate(const std::vector<ir::Schedule>& variants, DType dtype, RedOp op,
-                           const std::string& tag);
+                           const std::string& tag, const Limits& lim = {});
 
 // The embedded templates/*.cuh (name, contents), for NVRTC.
 const std::vector<std::pair<std::string_view, std::string_view>>& embedded_templates();

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -138,6 +139,15 @@ int parse_arch(const std::string& s) {
 }
 
 std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
+
+bool out_of_memory(bool nvrtc_said_so, const std::string& log) {
+  if (nvrtc_said_so) return true;
+  std::string l = log;
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  for (const char* what : {"out of memory", "memory allocation failure", "std::bad_alloc", "insufficient memory"})
+    if (l.find(what) != std::string::npos) return true;
+  return false;
+}
 
 int nvrtc_version() {
   Nvrtc& n = lib();
@@ -369,6 +379,13 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
   if (r != NVRTC_SUCCESS) {
     n.destroy(&prog);
     std::string path = save_failed_source(source, base_key);
+    if (out_of_memory(r == NVRTC_ERROR_OUT_OF_MEMORY, res.log))
+      throw Error(ErrId::jit_E005,
+                  fmt::format("NVRTC ran out of memory compiling {} for {} ({} bytes of generated source: {})", name,
+                              arch_name(arch), source.size(), path),
+                  {},
+                  "the schedule is too large for one kernel on this machine: see `mkc show --classes` for ranks "
+                  "that could not share code, use fewer ranks or chunks, or compile on a machine with more memory");
     std::string log = res.log.size() > 6000 ? res.log.substr(0, 6000) + "\n[... log truncated]" : res.log;
     throw Error(ErrId::jit_E002,
                 fmt::format("NVRTC could not compile {} for {}:\n{}\n  generated source: {}", name, arch_name(arch),

@@ -23,6 +23,9 @@ std::string arch_name(int arch);  // 90 -> "sm_90"
 
 // NVRTC's version as major*1000+minor*10 (e.g. 13000), 0 when unavailable.
 int nvrtc_version();
+// Whether a failed compilation ran out of memory (NVRTC's result, or ptxas's
+// words in the log): reported as jit E005 (too large), not E002 (a bug).
+bool out_of_memory(bool nvrtc_said_so, const std::string& log);
 // Architectures the loaded NVRTC can target (e.g. 75..121). Empty if none.
 std::vector<int> supported_archs();
 // Where NVRTC was found, or why not.

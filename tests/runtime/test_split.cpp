@@ -301,7 +301,7 @@ TEST_CASE("aborting the parent ends a split that waits for ranks that never come
   unsetenv("MK_BOOTSTRAP_TIMEOUT_MS");
 }
 
-TEST_CASE("mkCommSplit inside a group: one thread splits every rank of its process; mkGroupEnd reports failures") {
+TEST_CASE("mkCommSplit inside a group: one thread splits every rank of its process, and mkGroupEnd reports failures") {
   MKT_REQUIRE_FAKE();
   Ranks p(4);
   std::vector<mkComm_t> child(4, nullptr);

@@ -297,7 +297,7 @@ TEST_CASE("compile: options_json serialises every option that shapes a plan") {
   // what does not shape a plan does not change it
   compiler::CompileOptions o;
   o.use_cache = false;
-  o.lower.on_pass = [](std::string_view, const ir::Schedule&) {};
+  o.lower.on_pass = [](std::string_view, const ir::Schedule&, const compiler::PassInfo&) {};
   CHECK(compiler::options_json(o) == j0);
 }
 

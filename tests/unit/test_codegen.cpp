@@ -143,9 +143,11 @@ TEST_CASE("codegen: rank classes") {
 // Step-major ring and direct schedules are one code path for all ranks
 // (regression: the canonical form and the flag-slot numbering used to depend
 // on how different thread blocks' ops interleave). allreduce.one_shot sums in
-// absolute rank order (bit-identical results on every rank), and the rooted
-// collectives' ranks differ by their distance to the root: one class per rank.
-TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one per rank") {
+// absolute rank order (bit-identical results on every rank), so the input's
+// place among a reduce's sources differs per rank: one class per rank. The
+// rooted collectives' non-root ranks differ only in peers and slots: they
+// share a class through rank tables, the root has its own.
+TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one per different program") {
   for (std::string s : {"allgather.direct", "alltoall.direct", "allgather.ring", "allreduce.ring",
                         "allreduce.two_shot", "reducescatter.ring", "reducescatter.direct"})
     for (int n : {3, 4, 8})
@@ -154,11 +156,60 @@ TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one
         CAPTURE(n);
         CHECK(codegen::rank_classes(v).representative.size() == 1);
       }
-  for (std::string s : {"allreduce.one_shot", "broadcast.direct", "reduce.direct"})
+  for (const auto& v : lower_builtin("allreduce.one_shot", 4).variants)
+    CHECK(codegen::rank_classes(v).representative.size() == 4);
+  for (std::string s : {"broadcast.direct", "reduce.direct"})
     for (const auto& v : lower_builtin(s, 4).variants) {
       CAPTURE(s);
-      CHECK(codegen::rank_classes(v).representative.size() == 4);
+      auto rc = codegen::rank_classes(v);
+      CHECK(rc.class_of == std::vector<int32_t>{0, 1, 1, 1});
+      CHECK(rc.why[0].empty());
+      CHECK(contains(rc.why[1], "rank 1 differs from rank 0"));
     }
+}
+
+// Ranks that differ by more than a rotation (partner r xor 2^k) share one code
+// path: the numbers they disagree on come from a rank-indexed table, the ones
+// they agree on stay constants (regression: one class, so one copy of the
+// program, per rank).
+TEST_CASE("codegen: halving-doubling is one rank class with a rank table") {
+  for (int n : {4, 8, 16, 64}) {
+    CAPTURE(n);
+    auto l = lower_builtin("allreduce.halving_doubling", n);
+    for (const auto& v : l.variants) CHECK(codegen::rank_classes(v).representative.size() == 1);
+    auto units = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t");
+    for (const auto& u : units) {
+      CHECK(u.kernel.classes == 1);
+      CHECK(contains(u.source, "static constexpr short kClassOf"));
+      CHECK(contains(u.source, fmt::format("const short kMember{}[{}]", u.kernel.name.back(), n)));
+      CHECK(contains(u.source, "(c, kT"));
+      CHECK(u.kernel.table_bytes > 0);
+      CHECK(u.kernel.size < 2000);  // O(one rank's program), not O(n x program)
+    }
+  }
+  // The table holds what differs; the rest is specialised: at 8 ranks each
+  // step's partner differs per rank, the operation count per step does not.
+  auto a = codegen::generate(lower_builtin("allreduce.halving_doubling", 8).variants, DType::fp32, RedOp::sum, "t");
+  auto b = codegen::generate(lower_builtin("allreduce.halving_doubling", 64).variants, DType::fp32, RedOp::sum, "t");
+  CHECK(b[1].kernel.size < 4 * a[1].kernel.size);
+}
+
+// A kernel too large for NVRTC is refused before NVRTC runs, naming the ranks
+// that could not share code (regression: E005 was never raised; NVRTC ran for
+// minutes and gigabytes, or ptxas ran out of memory).
+TEST_CASE("codegen: a kernel over the size limit is refused with E005 and says which ranks differ") {
+  auto l = lower_builtin("allreduce.one_shot", 16);
+  auto c = catch_error([&] { codegen::generate(l.variants, DType::fp32, RedOp::sum, "t"); });
+  CHECK(c.id == "mk.jit.E005");
+  CHECK(contains(c.what, "16 rank class(es)"));
+  CHECK(contains(c.what, "rank 1 differs from rank 0 in thread block"));
+  CHECK(contains(c.what, "mkc show --classes"));
+  // a limit is a limit: a small schedule over a small one fails the same way
+  codegen::Limits tiny;
+  tiny.max_size = 10;
+  auto d = catch_error([&] { codegen::generate(lower_builtin("allreduce.ring", 4).variants, DType::fp32, RedOp::sum, "t", tiny); });
+  CHECK(d.id == "mk.jit.E005");
+  CHECK(contains(d.what, "one class, but too many steps"));
 }
 
 // ---- NVRTC --------------------------------------------------------------------
@@ -468,4 +519,25 @@ TEST_CASE("cache: a damaged plan cache entry is not used" * doctest::skip(!have_
   auto p = compiler::compile_plan(dsl::build(*info, 2), o);
   REQUIRE(p.kernels.size() == p0.kernels.size());
   for (size_t i = 0; i < p.kernels.size(); ++i) CHECK(p.kernels[i].cubin == p0.kernels[i].cubin);
+}
+
+// ptxas or NVRTC out of memory is a too-large schedule (E005), not "a bug"
+// (regression: reported as E002 "this is a bug").
+TEST_CASE("jit: running out of memory is recognised") {
+  CHECK(jit::out_of_memory(true, ""));
+  CHECK(jit::out_of_memory(false, "ptxas fatal   : Out of memory"));
+  CHECK(jit::out_of_memory(false, "error: memory allocation failure"));
+  CHECK(!jit::out_of_memory(false, "error: identifier \"x\" is undefined"));
+  CHECK(!jit::out_of_memory(false, ""));
+}
+
+TEST_CASE("codegen: print_classes lists each class's ranks and why it differs") {
+  codegen::RankClasses rc;
+  rc.class_of = {0, 1, 1, 0, 1};
+  rc.representative = {0, 1};
+  rc.why = {"", "rank 1 differs from rank 0 in thread block 0, step 0: x vs y"};
+  CHECK(codegen::print_classes(rc) ==
+        "2 rank class(es) (one code path each)\n"
+        "  class 0: ranks 0,3\n"
+        "  class 1: ranks 1-2,4; rank 1 differs from rank 0 in thread block 0, step 0: x vs y\n");
 }

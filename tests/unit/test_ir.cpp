@@ -28,7 +28,9 @@ ir::Schedule build_builtin(const std::string& name, int n, int root = 0) {
 std::vector<std::pair<std::string, ir::Schedule>> all_stages(const std::string& name, int n) {
   std::vector<std::pair<std::string, ir::Schedule>> out;
   compiler::LowerOptions o;
-  o.on_pass = [&](std::string_view pass, const ir::Schedule& s) { out.push_back({std::string(pass), s}); };
+  o.on_pass = [&](std::string_view pass, const ir::Schedule& s, const compiler::PassInfo&) {
+    out.push_back({std::string(pass), s});
+  };
   compiler::lower(build_builtin(name, n), o);
   return out;
 }

@@ -31,6 +31,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/cost/cost.hpp"
 #include "compiler/importers/importers.hpp"
@@ -316,9 +317,13 @@ int cmd_lower(Common o, const std::string& dump_after, const std::string& emit) 
   ir::Schedule s = load_schedule(o).raw;
   auto lo = lower_options(o);
   int bucket = -1;
-  lo.on_pass = [&](std::string_view pass, const ir::Schedule& x) {
+  lo.on_pass = [&](std::string_view pass, const ir::Schedule& x, const compiler::PassInfo& info) {
     // every bucket starts with "protocol" (counted even when not printed)
     if (pass == "protocol") ++bucket;
+    // the lowering log, like Halide's: every pass, its time, whether it changed anything
+    std::cerr << fmt::format("mkc: {:<12} {:9.2f} ms{}{}\n", pass, info.ms,
+                             pass == "protocol" || pass == "sync" ? fmt::format(" (bucket {})", bucket) : "",
+                             info.changed ? "" : " (unchanged)");
     if (dump_after != "all" && pass != dump_after) return;
     std::string label(pass);
     if (pass == "protocol" || pass == "sync") label += fmt::format(" (bucket {})", bucket);
@@ -377,13 +382,14 @@ std::vector<std::string> estimate_picks(Collective coll, const Common& o) {
   return best;
 }
 
-int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir, bool pick) {
+int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir, bool pick, bool show_classes) {
   Loaded in = load_schedule(o);
   auto l = compiler::lower(std::move(in.raw), lower_options(o));
   ir::Schedule v = pick_variant(l, bucket < 0 ? int(l.variants.size()) - 1 : bucket, 0);
   const topology::Topology topo = ir::topology_of(v);
   auto tl = cost::step_timeline(v, topo, v.tile_bytes);
   if (show_ir) std::cout << ir::print(v) << "\n";
+  if (show_classes) std::cout << codegen::print_classes(codegen::rank_classes(v));
   std::cout << cost::text(v, tl);
   const auto us = estimates(l);
   const auto best = pick && !in.imported ? estimate_picks(in.coll, o) : std::vector<std::string>{};
@@ -560,6 +566,8 @@ int main(int argc, char** argv) {
   show->add_flag("--pick", show_pick,
                  "also name, per size, the built-in schedule of this collective with the lowest estimate "
                  "(lowers each; the runtime's selection is unchanged)");
+  bool show_classes = false;
+  show->add_flag("--classes", show_classes, "also print the rank classes (ranks that share one code path) and why they differ");
 
   auto* lower = app.add_subcommand("lower", "run the compiler passes and print the IR after one of them");
   add_common(lower, lower_o, true);
@@ -616,7 +624,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("list")) return cmd_list();
     if (app.got_subcommand("info")) return cmd_info();
     if (*verify) return cmd_verify(verify_o, strict);
-    if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_pick);
+    if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_pick, show_classes);
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
     if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache);
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
