@@ -276,7 +276,7 @@ TEST_CASE("a failed call inside a group fails mkGroupEnd and launches nothing of
   p.destroy();
 }
 
-TEST_CASE("an allocation failure while creating a plan's resources leaves nothing behind; a retry works") {
+TEST_CASE("an allocation failure while creating a plan's resources leaves nothing behind, a retry works") {
   MKT_REQUIRE_FAKE();
   auto fail_at = mkt::require_fn<decltype(mkfake_fail)>("mkfake_fail");
   mkt::Device dev(0);
@@ -378,7 +378,7 @@ TEST_CASE("nonblocking init returns mkInProgress and completes in the background
   for (mkComm_t c : comms) CHECK(mkCommDestroy(c) == mkSuccess);
 }
 
-TEST_CASE("nonblocking init: a failure is reported by mkCommGetAsyncError; calls before it are refused") {
+TEST_CASE("nonblocking init: a failure is reported by mkCommGetAsyncError, calls before it are refused") {
   MKT_REQUIRE_FAKE();
   setenv("MK_BOOTSTRAP_TIMEOUT_MS", "300", 1);
   mkUniqueId id;
@@ -404,7 +404,7 @@ TEST_CASE("nonblocking init: a failure is reported by mkCommGetAsyncError; calls
   unsetenv("MK_BOOTSTRAP_TIMEOUT_MS");
 }
 
-TEST_CASE("config: magic, version and ranges are checked; a short struct from an older header works") {
+TEST_CASE("config: magic, version and ranges are checked, a short struct from an older header works") {
   MKT_REQUIRE_FAKE();
   mkUniqueId id;
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
@@ -429,7 +429,7 @@ TEST_CASE("config: magic, version and ranges are checked; a short struct from an
   CHECK(mkCommDestroy(comm) == mkSuccess);
 }
 
-TEST_CASE("mkCommSplit: ranks of one process split by color, ordered by key; NOCOLOR gets NULL") {
+TEST_CASE("mkCommSplit: ranks of one process split by color, ordered by key, NOCOLOR gets NULL") {
   MKT_REQUIRE_FAKE();
   const int devs[4] = {0, 1, 2, 3};
   mkComm_t parent[4] = {};
@@ -493,7 +493,7 @@ TEST_CASE("mkCommSplit over the bootstrap (ranks in threads with mkCommInitRank)
   for (auto c : parent) CHECK(mkCommDestroy(c) == mkSuccess);
 }
 
-TEST_CASE("mkCommFinalize waits for the communicator's work; afterwards only destroy is allowed") {
+TEST_CASE("mkCommFinalize waits for the communicator's work, afterwards only destroy is allowed") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
   mkt::Buffer buf(dev, 1 << 16);
@@ -534,7 +534,7 @@ TEST_CASE("C++ API: nonblocking init, split and finalize") {
   CHECK_THROWS_AS(comm.split(0, 0), mk::RuntimeError);  // finalized: only destruction is allowed
 }
 
-TEST_CASE("destroy is not held up by a group still open on this thread; mkGroupEnd then fails cleanly") {
+TEST_CASE("destroy is not held up by a group still open on this thread, mkGroupEnd then fails cleanly") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
   mkt::Buffer buf(dev, 1 << 16);
@@ -680,7 +680,7 @@ TEST_CASE("abort during a nonblocking init whose peer never comes returns prompt
   CHECK(mkCommCount(comm, &n) == mkInvalidArgument);
 }
 
-TEST_CASE("a communicator's launches on another stream wait for its previous launch; on the same stream they do not") {
+TEST_CASE("a communicator's launches on another stream wait for its previous launch, on the same stream they do not") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
   mkt::Buffer buf(dev, 1 << 16);
@@ -705,7 +705,7 @@ TEST_CASE("a communicator's launches on another stream wait for its previous lau
   cu().cuStreamDestroy(c);
 }
 
-TEST_CASE("config maxCTAs caps every kernel's grid; below one instance's blocks the call fails naming maxCTAs") {
+TEST_CASE("config maxCTAs caps every kernel's grid, below one instance's blocks the call fails naming maxCTAs") {
   MKT_REQUIRE_FAKE();
   mkUniqueId id;
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);

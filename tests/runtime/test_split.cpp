@@ -134,7 +134,7 @@ TEST_CASE("splitShare: the children use part of the parent's arena (no new symme
   for (auto c : own) CHECK(mkCommDestroy(c) == mkSuccess);
 }
 
-TEST_CASE("splitShare: a child outlives its parent and still works; everything is freed after both") {
+TEST_CASE("splitShare: a child outlives its parent and still works, everything is freed after both") {
   MKT_REQUIRE_FAKE();
   const mkfake_counts before = mkt::counts();
   {

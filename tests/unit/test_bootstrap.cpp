@@ -156,7 +156,7 @@ TEST_CASE("crypto: HMAC-SHA256 matches the RFC 4231 test cases") {
         hmac_hex("Jefe", "what do ya want for nothing?"));
 }
 
-TEST_CASE("crypto: random bytes differ between calls; constant-time compare") {
+TEST_CASE("crypto: random bytes differ between calls, constant-time compare") {
   uint8_t a[32], b[32], zero[32] = {};
   rt::random_bytes(a, sizeof a);
   rt::random_bytes(b, sizeof b);

@@ -121,7 +121,7 @@ TEST_CASE("mkc show: estimate_us for a few sizes, and with --pick the lowest est
   CHECK_FALSE(contains(r.out, "lowest estimate"));
 }
 
-TEST_CASE("mkc --topology NxG: the rank count from the shape; across nodes refused, :direct proved") {
+TEST_CASE("mkc --topology NxG: the rank count from the shape, across nodes refused, :direct proved") {
   auto r = mkc({"verify", "-s", "allreduce.hier", "--topology", "2x2:direct"});
   CHECK_OK(r);
   CHECK(contains(r.out, "for 4 ranks"));
@@ -689,7 +689,7 @@ TEST_CASE("mk.plan.E003: a plan or cubin file that is missing") {
 // ---- issue 9: several schedules in a file, --ranks 0, roots, determinism,
 // the plugin cache ------------------------------------------------------------
 
-TEST_CASE("mkc verify/simulate check every schedule of a file; --schedule picks one") {
+TEST_CASE("mkc verify/simulate check every schedule of a file, --schedule picks one") {
   auto v = mkc({"verify", fixture("two_schedules.cpp"), "--ranks", "3"});
   MKT_CHECK_USER_ERROR(v, "mk.verify.E001");  // the second one, which only checking the first missed
   CHECK(contains(v.out, "proved: test.two.good (allreduce) for 3 ranks"));
@@ -739,7 +739,7 @@ TEST_CASE("mkc verify says what was proved: roots, both aliasings, every count, 
   CHECK(contains(d.err, "--root applies to broadcast and reduce only"));
 }
 
-TEST_CASE("mkc verify warns about ranks that reduce in different orders; --strict refuses (mk.verify.E015)") {
+TEST_CASE("mkc verify warns about ranks that reduce in different orders, --strict refuses (mk.verify.E015)") {
   auto w = mkc({"verify", fixture("unordered_allreduce.cpp"), "--ranks", "3"});
   CHECK_OK(w);
   CHECK(contains(w.err, "mkc: warning: [mk.verify.E015]"));

@@ -424,7 +424,7 @@ TEST_CASE("nvrtc: a plan's buckets cover every size" * doctest::skip(!have_nvrtc
 
 // ---- the plan cache -------------------------------------------------------------
 
-TEST_CASE("cache: the second compile of a plan comes from the cache; the key follows dtype, op and arch" *
+TEST_CASE("cache: the second compile of a plan comes from the cache, the key follows dtype, op and arch" *
           doctest::skip(!have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());

@@ -365,7 +365,7 @@ void builds_ok(Program& p) {
 }
 }  // namespace
 
-TEST_CASE("dsl: mk.dsl.E007 a builder that throws; DSL errors keep their id") {
+TEST_CASE("dsl: mk.dsl.E007 a builder that throws, DSL errors keep their id") {
   // Not registered: a registered broken schedule would break the other tests.
   const int reg_line = __LINE__;
   dsl::ScheduleInfo info{"test.throws", Collective::allreduce, throws_std, "throws", __FILE__, reg_line};

@@ -113,7 +113,7 @@ TEST_CASE("env: MK_ZERO_COPY") {
   CHECK(contains(invalid([] { rt::env::zero_copy(); }), "MK_ZERO_COPY='no': expected 0 or 1"));
 }
 
-TEST_CASE("env: MK_TUNE values are parsed strictly; unknown keys are errors") {
+TEST_CASE("env: MK_TUNE values are parsed strictly, unknown keys are errors") {
   passes::ProtocolOptions p;
   rt::env::apply_tune("simple_instances=8,ll_instances=2,max_tile=65536,ll_max=4096,scratch_budget=1048576", &p);
   CHECK(p.simple_instances == 8);

@@ -44,7 +44,7 @@ ir::Schedule staged_and_analyzed() {
 
 }  // namespace
 
-TEST_CASE("pass stage_remote: same meaning; data ops touch only their own rank's user buffers") {
+TEST_CASE("pass stage_remote: same meaning, data ops touch only their own rank's user buffers") {
   ir::Schedule in = two_rank_allreduce();
   REQUIRE(!only_own_user_buffers(in));
   ir::Schedule s = passes::stage_remote(in);
@@ -71,7 +71,7 @@ TEST_CASE("pass parallelize: sets instances, leaves the ops alone") {
   CHECK(p.ops.size() == s.ops.size());
 }
 
-TEST_CASE("pass assign_tbs: every op gets a block in 0..tbs-1; tbs is the largest count") {
+TEST_CASE("pass assign_tbs: every op gets a block in 0..tbs-1, tbs is the largest count") {
   for (int max_tbs : {1, 2, 32}) {
     CAPTURE(max_tbs);
     ir::Schedule a = passes::assign_tbs(staged_and_analyzed(), max_tbs);
@@ -114,7 +114,7 @@ TEST_CASE("pass insert_sync: synced, and the synchronisation proves (pairing, no
   }
 }
 
-TEST_CASE("lower: verify_each checks after every pass; the log names every pass with its time") {
+TEST_CASE("lower: verify_each checks after every pass, the log names every pass with its time") {
   compiler::LowerOptions o;
   o.verify_each = true;
   std::vector<std::string> seen;

@@ -85,7 +85,7 @@ TEST_CASE("plan: every field of plan.json is type-checked, naming the field and 
   CHECK(contains(read_with(d.path, j).message, "$.zero_copy: expected true or false"));
 }
 
-TEST_CASE("plan: sizes are range-checked in 64 bits; buckets ordered and disjoint") {
+TEST_CASE("plan: sizes are range-checked in 64 bits, buckets ordered and disjoint") {
   mkt::TempDir d;
   plan::write_dir(mkt::fake_plan(), d.str());
   const json good = plan_json(d.path);

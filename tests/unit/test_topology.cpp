@@ -123,7 +123,7 @@ TEST_CASE("topology: JSON form, old label strings, rails") {
   CHECK(contains(error_at(nlohmann::json(3), 4), "expected an object"));
 }
 
-TEST_CASE("topology: IR JSON and plan.json carry it; old label files still read") {
+TEST_CASE("topology: IR JSON and plan.json carry it, old label files still read") {
   ir::Schedule s = dsl::build(*dsl::find_schedule("allgather.hier"), topology::parse("2x2:direct", 4));
   REQUIRE(s.topology);
   ir::Schedule back = ir::from_json(ir::to_json(s));

@@ -853,7 +853,7 @@ TEST_CASE("verify: built-in schedules are deterministic across ranks") {
     }
 }
 
-TEST_CASE("verify: sparse scratch slots are compacted; mk.verify.E016 a plan over the communicator's scratch") {
+TEST_CASE("verify: sparse scratch slots are compacted, mk.verify.E016 a plan over the communicator's scratch") {
   Program p(Collective::allreduce, 2, 0, "test.sparse");
   p.chunks(2);
   p.copy(p.scratch(1, 0, 2), p.input(0, 0, 2));

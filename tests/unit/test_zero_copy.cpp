@@ -39,7 +39,7 @@ bool touches_peer_user_buffer(const ir::Schedule& s) {
 
 }  // namespace
 
-TEST_CASE("zero-copy: schedules that address peers' user buffers keep them; the others are staged as usual") {
+TEST_CASE("zero-copy: schedules that address peers' user buffers keep them, the others are staged as usual") {
   // Written with pushes into peers' outputs (or reads of their inputs): zero-copy.
   for (const char* s : {"allgather.direct", "alltoall.direct", "broadcast.direct", "allreduce.two_shot",
                         "allreduce.ring"}) {
