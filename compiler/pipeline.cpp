@@ -118,4 +118,12 @@ Lowered lower(ir::Schedule s, const LowerOptions& o) {
   return out;
 }
 
+const ir::Schedule& variant_for(const Lowered& l, int64_t bytes) {
+  MK_CHECK(!l.variants.empty(), "a lowered schedule has at least one variant");
+  for (size_t i = 0; i < l.buckets.size(); ++i)
+    if (bytes >= l.buckets[i].min_bytes && (l.buckets[i].max_bytes < 0 || bytes <= l.buckets[i].max_bytes))
+      return l.variants[i];
+  return l.variants.back();
+}
+
 }  // namespace mk::compiler

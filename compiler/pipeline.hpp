@@ -56,4 +56,8 @@ const std::vector<std::string>& pass_names();
 
 Lowered lower(ir::Schedule s, const LowerOptions& o);
 
+// The variant that serves a message of `bytes` per rank (the last if none
+// covers it).
+const ir::Schedule& variant_for(const Lowered& l, int64_t bytes);
+
 }  // namespace mk::compiler

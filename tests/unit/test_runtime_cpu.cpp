@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "mk.h"
+#include "mk/dsl.hpp"
 #include "mk/mk.hpp"
 #include "runtime/bootstrap.hpp"
+#include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/ipc.hpp"
 #include "runtime/status.hpp"
@@ -135,4 +137,33 @@ TEST_CASE("C++ API: unique ids survive a round trip through bytes") {
   auto back = mk::UniqueId::from_bytes(id.bytes());
   CHECK(std::memcmp(&id.raw(), &back.raw(), sizeof(mkUniqueId)) == 0);
   CHECK_THROWS_AS(mk::UniqueId::from_bytes("short"), mk::RuntimeError);
+}
+
+TEST_CASE("selection above 8 ranks: the cost model picks a latency schedule for small messages, a bandwidth one for large") {
+  // Up to 8 ranks the table measured on 2 x H200 holds (unchanged).
+  CHECK(rt::choose_schedule(Collective::allgather, 8, 1 << 20).schedule == "allgather.direct");
+  for (int n : {16, 32}) {
+    // Alpha-beta reasoning, independent of the model's numbers: at 1 KiB a
+    // schedule of few steps wins; at 256 MiB the ones that send each byte
+    // over a link once or twice beat one-shot's n-1 copies per rank.
+    const auto small = rt::choose_schedule(Collective::allreduce, n, 1000);
+    const auto large = rt::choose_schedule(Collective::allreduce, n, int64_t(256) << 20);
+    CHECK_MESSAGE(small.schedule != "allreduce.ring", small.schedule);
+    CHECK_MESSAGE(large.schedule != "allreduce.one_shot", large.schedule);
+    // The range holds the size, and every size in it gets the same answer.
+    CHECK(small.lo <= 1000);
+    CHECK(small.hi >= 1000);
+    CHECK(rt::choose_schedule(Collective::allreduce, n, small.lo).schedule == small.schedule);
+    CHECK(rt::choose_schedule(Collective::allreduce, n, small.hi).schedule == small.schedule);
+    CHECK(large.lo <= (int64_t(256) << 20));
+    CHECK((large.hi < 0 || large.hi >= (int64_t(256) << 20)));
+    // Every collective gets one of its own schedules.
+    for (Collective c : {Collective::allgather, Collective::reducescatter, Collective::broadcast, Collective::reduce,
+                         Collective::alltoall}) {
+      const std::string s = rt::choose_schedule(c, n, 1 << 20).schedule;
+      const dsl::ScheduleInfo* info = dsl::find_schedule(s);
+      REQUIRE_MESSAGE(info, s);
+      CHECK(info->coll == c);
+    }
+  }
 }

@@ -343,10 +343,7 @@ ir::Schedule pick_variant(const compiler::Lowered& l, int bucket, int64_t bytes)
       throw Error(ErrId::cli_E011, fmt::format("--bucket {}: the plan has {} bucket(s)", bucket, l.variants.size()));
     return l.variants[size_t(bucket)];
   }
-  for (size_t i = 0; i < l.buckets.size(); ++i)
-    if (bytes >= l.buckets[i].min_bytes && (l.buckets[i].max_bytes < 0 || bytes <= l.buckets[i].max_bytes))
-      return l.variants[i];
-  return l.variants.back();
+  return compiler::variant_for(l, bytes);
 }
 
 // Message sizes (bytes per rank) `mkc show` estimates.
