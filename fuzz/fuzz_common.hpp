@@ -7,7 +7,9 @@
 //
 // Oracle beyond "no crash": when an imported schedule is proved correct
 // (verify_semantics), exporting it to MSCCL XML and importing that must
-// succeed and be proved too; a failure aborts.
+// succeed and be proved too; a failure aborts. A proved schedule is also
+// lowered with verify_each (every pass's guarantees checked): a pass that
+// breaks a proved schedule throws mk::InternalError, a finding.
 #pragma once
 
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include <string_view>
 
 #include "compiler/importers/importers.hpp"
+#include "compiler/pipeline.hpp"
 #include "compiler/verify/verify.hpp"
 
 namespace mkfuzz {
@@ -36,6 +39,13 @@ inline int run(Import import, const char* name, const uint8_t* data, size_t size
     mk::verify::verify_semantics(s);
   } catch (const mk::Error&) {
     return 0;  // imported, but not a correct collective: fine
+  }
+  try {
+    mk::compiler::LowerOptions o;
+    o.verify_each = true;
+    mk::compiler::lower(s, o);
+  } catch (const mk::Error&) {
+    // a clear refusal (e.g. too large for scratch) is fine; InternalError is not caught
   }
   std::string xml = mk::importers::export_msccl_xml(s);
   try {

@@ -32,30 +32,30 @@ using ir::Ref;
 
 namespace {
 
-// Whether `r` (a user-buffer ref) may touch chunk `index` of `rank`'s output,
-// in either aliasing mode.
-bool touches_output(const ir::Schedule& s, const Ref& r, int32_t rank, int32_t index) {
-  if (r.rank != rank || r.buf == Buf::scratch) return false;
-  for (int32_t k = 0; k < r.count; ++k) {
-    if (r.buf == Buf::output && r.index + k == index) return true;
-    if (r.buf == Buf::input) {
-      auto o = ir::inplace_output_of_input(s, rank, r.index + k);
-      if (o && *o == index) return true;
-    }
+// Dense index of a user-buffer chunk (rank-major: input, then output). A
+// deferred staging write waits on the output chunk it fills; an op touches it
+// through that chunk or, in either aliasing mode, the input chunk aliasing it.
+struct UserChunks {
+  const ir::Schedule& s;
+  int32_t cin = ir::buf_chunks(s, Buf::input), cout = ir::buf_chunks(s, Buf::output);
+  size_t size() const { return size_t(int64_t(cin + cout) * s.nranks); }
+  size_t key(int32_t rank, Buf b, int32_t index) const {
+    return size_t(int64_t(rank) * (cin + cout) + (b == Buf::input ? 0 : cin) + index);
   }
-  return false;
-}
-
-bool touches_any(const ir::Schedule& s, const Op& op, const Ref& dst) {
-  for (int32_t k = 0; k < dst.count; ++k)
+  // Keys an op touches: its user chunks, and the output chunks its input chunks alias.
+  void touched(const Op& op, std::vector<size_t>& out) const {
+    out.clear();
     for (const auto* list : {&op.srcs, &op.dsts})
-      for (const Ref& r : *list)
-        if (dst.buf == Buf::output ? touches_output(s, r, dst.rank, dst.index + k)
-                                   : (r.rank == dst.rank && r.buf == dst.buf && r.index <= dst.index + k &&
-                                      dst.index + k < r.index + r.count))
-          return true;
-  return false;
-}
+      for (const Ref& r : *list) {
+        if (r.buf == Buf::scratch) continue;
+        for (int32_t k = 0; k < r.count; ++k) {
+          out.push_back(key(r.rank, r.buf, r.index + k));
+          if (r.buf == Buf::input)
+            if (auto o = ir::inplace_output_of_input(s, r.rank, r.index + k)) out.push_back(key(r.rank, Buf::output, *o));
+        }
+      }
+  }
+};
 
 }  // namespace
 
@@ -66,15 +66,32 @@ ir::Schedule stage_remote(ir::Schedule s) {
   // Slots are numbered per rank, in that rank's order of need, so symmetric
   // schedules stay symmetric (codegen shares one code path across ranks).
   std::vector<int32_t> next_slot(s.nranks, s.scratch);
-  std::vector<Op> pending;  // deferred staging writes
+  // Deferred staging writes, in the order they were deferred, and by the
+  // output chunks they fill (what flushes them).
+  const UserChunks uc{s};
+  std::vector<Op> pending;
+  std::vector<bool> flushed;
+  std::vector<std::vector<size_t>> waiting(uc.size());  // chunk -> pending entries filling it
+  std::vector<size_t> keys, hits;
+  auto defer = [&](Op&& c) {
+    const Ref& d = c.dsts[0];
+    for (int32_t k = 0; k < d.count; ++k) waiting[uc.key(d.rank, d.buf, d.index + k)].push_back(pending.size());
+    pending.push_back(std::move(c));
+    flushed.push_back(false);
+  };
   auto flush_for = [&](const Op& op) {
-    for (size_t i = 0; i < pending.size();) {
-      if (touches_any(s, op, pending[i].dsts[0])) {
-        out.push_back(std::move(pending[i]));
-        pending.erase(pending.begin() + std::ptrdiff_t(i));
-      } else {
-        ++i;
-      }
+    uc.touched(op, keys);
+    hits.clear();
+    for (size_t key : keys) {
+      for (size_t i : waiting[key])
+        if (!flushed[i]) hits.push_back(i);
+      waiting[key].clear();
+    }
+    std::sort(hits.begin(), hits.end());
+    hits.erase(std::unique(hits.begin(), hits.end()), hits.end());
+    for (size_t i : hits) {
+      flushed[i] = true;
+      out.push_back(std::move(pending[i]));
     }
   };
   for (Op& op : s.ops) {
@@ -104,9 +121,10 @@ ir::Schedule stage_remote(ir::Schedule s) {
     for (Ref& r : op.dsts)
       if (r.buf != Buf::scratch && r.rank != op.rank) after.push_back(stage(r, false));
     out.push_back(std::move(op));
-    for (auto& a : after) pending.push_back(std::move(a));
+    for (auto& a : after) defer(std::move(a));
   }
-  for (auto& a : pending) out.push_back(std::move(a));
+  for (size_t i = 0; i < pending.size(); ++i)
+    if (!flushed[i]) out.push_back(std::move(pending[i]));
   s.ops = std::move(out);
   for (int32_t n : next_slot) s.scratch = std::max(s.scratch, n);
   s.staged = true;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <unordered_map>
@@ -31,10 +32,15 @@ std::string coll_context(const Schedule& s, const char* mode) {
                      s.nranks, mode ? ", " : "", mode ? mode : "");
 }
 
+// Contribution sets are shared, not copied: a copy moves a pointer, only a
+// reduce makes a new set (at 1024 ranks an all-reduce's final sets hold 1024
+// symbols in each of a million output chunks).
+using Syms = std::shared_ptr<const std::vector<uint32_t>>;
+
 struct Value {
   bool init = false;
   int32_t pos = -1;
-  std::vector<uint32_t> syms;  // sorted multiset of contributions
+  Syms syms;                   // sorted multiset of contributions (null: empty)
   uint32_t tree = 0;           // how they were combined (Machine::combine), when init
   int32_t writer = -1;         // op index of the last write
 };
@@ -63,7 +69,7 @@ class Machine {
         Value& v = cells_[cell(Ref{r, Buf::input, j, 1})];
         v.init = true;
         v.pos = j % s.chunks;
-        v.syms = {sym(r, j)};
+        v.syms = std::make_shared<const std::vector<uint32_t>>(1, sym(r, j));
         v.tree = sym(r, j);
       }
     }
@@ -121,12 +127,33 @@ class Machine {
     return e;
   }
 
+  // Whether `v` holds exactly expected(r, i), without building it (a million
+  // output chunks at 1024 ranks); a set already matched for the same input
+  // chunk is not compared again.
+  bool holds_expected(int32_t r, int32_t i, const Value& v) {
+    const BlockSource src = source(r, i);
+    const std::vector<uint32_t>& got = set_of(v);
+    if (src.from != BlockSource::kAllRanks) return got.size() == 1 && got[0] == sym(src.from, src.in_block);
+    auto [it, fresh] = matched_.try_emplace(&got, src.in_block);
+    if (!fresh) return it->second == src.in_block;
+    bool ok = int32_t(got.size()) == s_.nranks;
+    for (int32_t q = 0; ok && q < s_.nranks; ++q) ok = got[size_t(q)] == sym(q, src.in_block);
+    if (!ok) matched_.erase(it);
+    return ok;
+  }
+
+  static const std::vector<uint32_t>& set_of(const Value& v) {
+    static const std::vector<uint32_t> empty;
+    return v.syms ? *v.syms : empty;
+  }
+
   const Schedule& s_;
   bool inplace_;
   int32_t cin_, cout_, csc_, per_rank_;
   std::vector<Value> cells_;
   std::vector<int32_t> slots_;  // scratch slots in use, sorted
   std::unordered_map<uint64_t, uint32_t> nodes_;
+  std::unordered_map<const std::vector<uint32_t>*, int32_t> matched_;  // set -> input chunk it matched
 };
 
 struct OpFacts {
@@ -186,6 +213,7 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
     OpFacts& f = facts[oi];
     f.pos.assign(n, -1);
     std::vector<Value> result(n);
+    std::vector<uint32_t> merged;
     for (int32_t k = 0; k < n; ++k) {
       Value acc;
       for (size_t si = 0; si < op.srcs.size(); ++si) {
@@ -206,14 +234,22 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
                                   ir::to_string(c)),
                       op.loc, "a reduction combines the same chunk of different ranks");
         if (watch) watch(oi, c, v, false);
+        if (!acc.init) {
+          acc.syms = v.syms;  // shared until a second source comes
+        } else {
+          const auto &a = Machine::set_of(acc), &b = Machine::set_of(v);
+          merged.clear();
+          merged.reserve(a.size() + b.size());
+          std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(merged));
+          acc.syms = std::make_shared<const std::vector<uint32_t>>(merged);
+        }
         acc.tree = acc.init ? m.combine(acc.tree, v.tree) : v.tree;
         acc.init = true;
         acc.pos = v.pos;
-        acc.syms.insert(acc.syms.end(), v.syms.begin(), v.syms.end());
       }
-      std::sort(acc.syms.begin(), acc.syms.end());
-      auto dup = std::adjacent_find(acc.syms.begin(), acc.syms.end());
-      if (dup != acc.syms.end())
+      const std::vector<uint32_t>& syms = Machine::set_of(acc);
+      auto dup = std::adjacent_find(syms.begin(), syms.end());
+      if (dup != syms.end())
         throw Error(ErrId::verify_E002,
                     fmt::format("{}: {} counts the contribution of {} twice (chunk {})",
                                 coll_context(s, mode), describe_op(s, oi), m.sym_str(*dup), k),
@@ -233,7 +269,7 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
                       "chunk j of a block only moves to chunk j of a block (index % chunks); the last chunks of a "
                       "block are shorter than the others at most counts");
       f.pos[k] = acc.pos;
-      if (op.kind == OpKind::reduce && reducing && int32_t(acc.syms.size()) == s.nranks)
+      if (op.kind == OpKind::reduce && reducing && int32_t(syms.size()) == s.nranks)
         f.complete = true;
       result[k] = std::move(acc);
     }
@@ -253,8 +289,7 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
     for (int32_t i = 0; i < m.cout_; ++i) {
       const Ref c{r, Buf::output, i, 1};
       const Value& v = m.at(c);
-      auto exp = m.expected(r, i);
-      if (exp == v.syms) {
+      if (m.holds_expected(r, i, v)) {
         const BlockSource src = m.source(r, i);
         if (src.from != BlockSource::kAllRanks || !out.nondeterministic.empty()) continue;
         auto [it, first] = tree_of.try_emplace(src.in_block, r, v.tree);
@@ -266,12 +301,14 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
               coll_context(s, mode), it->second.first, r, src.in_block, r, i, describe_op(s, size_t(v.writer)));
         continue;
       }
+      const auto exp = m.expected(r, i);
+      const std::vector<uint32_t>& syms = Machine::set_of(v);
       // No writer: point at the schedule's declaration.
       const bool written = v.writer >= 0;
       std::string who = written ? "; last written by " + describe_op(s, size_t(v.writer)) : "; nothing wrote it";
       SrcLoc loc = written ? s.ops[size_t(v.writer)].loc : s.loc;
       for (uint32_t e : exp)
-        if (!std::binary_search(v.syms.begin(), v.syms.end(), e))
+        if (!std::binary_search(syms.begin(), syms.end(), e))
           throw Error(ErrId::verify_E001,
                       fmt::format("{}: rank {} output chunk {} misses the contribution of {}{}{}",
                                   coll_context(s, mode), r, i, m.sym_str(e), who,
@@ -279,7 +316,7 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
                       loc,
                       written ? "" : fmt::format("write rank {}'s output chunk {} (it is declared with the {})", r, i,
                                                  name(s.coll)));
-      for (uint32_t g : v.syms)
+      for (uint32_t g : syms)
         if (!std::binary_search(exp.begin(), exp.end(), g))
           throw Error(ErrId::verify_E003,
                       fmt::format("{}: rank {} output chunk {} holds the contribution of {}, which "
@@ -307,9 +344,10 @@ std::string trail(const Schedule& s, bool inplace, int32_t rank, int32_t chunk, 
   // First the partial, then what became of it.
   std::optional<Best> found;
   run(s, inplace, [&](size_t oi, const Ref& c, const Value& v, bool write) {
-    if (!write || !std::binary_search(v.syms.begin(), v.syms.end(), missing)) return;
-    if (!std::includes(exp.begin(), exp.end(), v.syms.begin(), v.syms.end())) return;
-    if (!found || v.syms.size() >= found->size) found = Best{oi, v.syms.size(), c, {}, -1};
+    const std::vector<uint32_t>& syms = Machine::set_of(v);
+    if (!write || !std::binary_search(syms.begin(), syms.end(), missing)) return;
+    if (!std::includes(exp.begin(), exp.end(), syms.begin(), syms.end())) return;
+    if (!found || syms.size() >= found->size) found = Best{oi, syms.size(), c, {}, -1};
   });
   if (!found) return fmt::format("; no partial result of this chunk ever held {}", m.sym_str(missing));
   std::optional<Best> best = found;

@@ -63,6 +63,24 @@ TEST_CASE("pass fuse: same meaning, fewer ops") {
   CHECK_NOTHROW(verify::verify_semantics(f));
 }
 
+// Every rank reduces all inputs into its own scratch, then copies the sum to
+// its output. Fused, a rank's reduce would write its output early, which
+// in-place is its input, before the later ranks' staged copies read that
+// input (they would then count the sum as a contribution).
+TEST_CASE("pass fuse: does not move a write of an output before in-place reads of the input it aliases") {
+  dsl::Program p(Collective::allreduce, 3, 0, "hand.reduce_then_copy");
+  p.chunks(1);
+  for (int r = 0; r < 3; ++r) p.reduce(p.scratch(r, 0), {p.input(0, 0), p.input(1, 0), p.input(2, 0)}, dsl::on(r));
+  for (int r = 0; r < 3; ++r) p.copy(p.output(r, 0), p.scratch(r, 0));
+  ir::Schedule s = std::move(p.ir());
+  REQUIRE_NOTHROW(verify::verify_semantics(s));
+  ir::Schedule f = passes::fuse(passes::stage_remote(s));
+  CHECK_NOTHROW(verify::verify_semantics(f));
+  compiler::LowerOptions o;
+  o.verify_each = true;
+  CHECK_NOTHROW(compiler::lower(s, o));
+}
+
 TEST_CASE("pass parallelize: sets instances, leaves the ops alone") {
   ir::Schedule s = staged_and_analyzed();
   ir::Schedule p = passes::parallelize(s, 3);

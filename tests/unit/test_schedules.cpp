@@ -12,11 +12,13 @@ namespace {
 // Fewer instances than the defaults (16 simple / 4 LL) and small tiles keep the
 // simulations fast and make large counts take many steps (scratch reuse across
 // steps, several launches). The defaults themselves run in the GPU suite and
-// in the CLI tests.
+// in the CLI tests. verify_each: every pass's guarantees are checked on
+// every built-in.
 compiler::Lowered lower_builtin(const std::string& name, int n) {
   const auto* info = dsl::find_schedule(name);
   REQUIRE(info != nullptr);
   compiler::LowerOptions o;
+  o.verify_each = true;
   o.proto.simple_instances = 3;
   o.proto.ll_instances = 2;
   o.proto.max_tile_bytes = 8192;
