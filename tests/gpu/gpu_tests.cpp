@@ -1225,6 +1225,9 @@ std::vector<Scenario> scenarios() {
   v.push_back({"share_gpu_2ranks_2proc", 2, true, 1, {}, one_each, 1});
   v.push_back({"share_gpu_3ranks_3proc", 3, true, 1, {}, one_each, 1});
   v.push_back({"share_gpu_4ranks_1proc_4mib", 4, false, 1, {}, share_gpu_large, 1});
+  // More ranks than the 8 operands generated code unrolls: reduces over every
+  // rank and copies to every rank become wide ops (a loop over an operand list).
+  v.push_back({"share_gpu_10ranks_1proc_wide", 10, false, 1, {}, one_each, 1});
   v.push_back({"split_4ranks_1proc", 4, false, 1, {}, split, 1});
   v.push_back({"split_2ranks_2proc", 2, true, 1, {}, split, 1});
   return v;
