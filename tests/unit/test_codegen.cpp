@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <thread>
+#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -144,9 +145,11 @@ TEST_CASE("codegen: rank classes") {
 // (regression: the canonical form and the flag-slot numbering used to depend
 // on how different thread blocks' ops interleave). allreduce.one_shot sums in
 // absolute rank order (bit-identical results on every rank), so the input's
-// place among a reduce's sources differs per rank: one class per rank. The
-// rooted collectives' non-root ranks differ only in peers and slots: they
-// share a class through rank tables, the root has its own.
+// place among a reduce's sources differs per rank: its reduce is wide, with
+// the operands (kinds included) from the rank table, so it too is one class
+// (regression: one class per rank). The rooted collectives' non-root ranks
+// differ only in peers and slots: they share a class through rank tables,
+// the root has its own.
 TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one per different program") {
   for (std::string s : {"allgather.direct", "alltoall.direct", "allgather.ring", "allreduce.ring",
                         "allreduce.two_shot", "reducescatter.ring", "reducescatter.direct"})
@@ -156,8 +159,11 @@ TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one
         CAPTURE(n);
         CHECK(codegen::rank_classes(v).representative.size() == 1);
       }
-  for (const auto& v : lower_builtin("allreduce.one_shot", 4).variants)
-    CHECK(codegen::rank_classes(v).representative.size() == 4);
+  for (int n : {2, 4, 8, 16})
+    for (const auto& v : lower_builtin("allreduce.one_shot", n).variants) {
+      CAPTURE(n);
+      CHECK(codegen::rank_classes(v).representative.size() == 1);
+    }
   for (std::string s : {"broadcast.direct", "reduce.direct"})
     for (const auto& v : lower_builtin(s, 4).variants) {
       CAPTURE(s);
@@ -194,14 +200,60 @@ TEST_CASE("codegen: halving-doubling is one rank class with a rank table") {
   CHECK(b[1].kernel.size < 4 * a[1].kernel.size);
 }
 
+// The templated primitive is unrolled over its operands and keeps LL formats
+// in 32-bit masks: an op of more than 8 sources or destinations is wide (a
+// loop over a runtime operand list), so NVRTC's time stays flat in the rank
+// count (regression: 64-source reduces took NVRTC 20-60 s, and a 64-way LL
+// op's masks overflowed, marking the output as LL). The size E005 bounds
+// counts a wide op's instantiation once, not per operand.
+TEST_CASE("codegen: ops of more than 8 operands are wide, and weigh little") {
+  const std::regex templated(R"(op<(\d+), (\d+),)");
+  for (std::string s : {"allreduce.two_shot", "reducescatter.direct", "reduce.direct", "allreduce.one_shot"})
+    for (int n : {16, 64}) {
+      CAPTURE(s);
+      CAPTURE(n);
+      auto l = lower_builtin(s, n);
+      auto units = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t");
+      for (const auto& u : units) {
+        CHECK(contains(u.source, "op_wide<"));
+        for (std::sregex_iterator m(u.source.begin(), u.source.end(), templated), end; m != end; ++m) {
+          CAPTURE(m->str());
+          CHECK(std::stoi((*m)[1]) <= 8);
+          CHECK(std::stoi((*m)[2]) <= 8);
+        }
+        CHECK(u.kernel.size < 1500);
+      }
+    }
+}
+
 // A kernel too large for NVRTC is refused before NVRTC runs, naming the ranks
 // that could not share code (regression: E005 was never raised; NVRTC ran for
 // minutes and gigabytes, or ptxas ran out of memory).
+// An all-gather in which rank r pushes its block to the ranks below it in one
+// copy and to those above it in another: the copies' destination counts
+// differ per rank, so every rank but the last (the first's mirror image) is
+// its own class.
+ir::Schedule uneven_allgather(int n) {
+  dsl::Program p(Collective::allgather, n, 0, "test.uneven");
+  for (int r = 0; r < n; ++r) {
+    p.copy(p.output(r, r), p.input(r, 0));
+    std::vector<dsl::Chunk> lo, hi;
+    for (int q = 0; q < n; ++q)
+      if (q != r) (q < r ? lo : hi).push_back(p.output(q, r));
+    if (!lo.empty()) p.copy(lo, p.input(r, 0));
+    if (!hi.empty()) p.copy(hi, p.input(r, 0));
+  }
+  return std::move(p.ir());
+}
+
 TEST_CASE("codegen: a kernel over the size limit is refused with E005 and says which ranks differ") {
-  auto l = lower_builtin("allreduce.one_shot", 16);
-  auto c = catch_error([&] { codegen::generate(l.variants, DType::fp32, RedOp::sum, "t"); });
+  auto l = compiler::lower(uneven_allgather(8), compiler::LowerOptions{});
+  REQUIRE(codegen::rank_classes(l.variants.back()).representative.size() == 7);
+  codegen::Limits small;
+  small.max_size = 300;
+  auto c = catch_error([&] { codegen::generate(l.variants, DType::fp32, RedOp::sum, "t", small); });
   CHECK(c.id == "mk.jit.E005");
-  CHECK(contains(c.what, "16 rank class(es)"));
+  CHECK(contains(c.what, "7 rank class(es)"));
   CHECK(contains(c.what, "rank 1 differs from rank 0 in thread block"));
   CHECK(contains(c.what, "mkc show --classes"));
   // a limit is a limit: a small schedule over a small one fails the same way
