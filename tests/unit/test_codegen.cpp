@@ -16,6 +16,7 @@
 #include "compiler/jit/jit.hpp"
 #include "compiler/pipeline.hpp"
 #include "compiler/plan/plan.hpp"
+#include "compiler/topology/topology.hpp"
 #include "mk/dsl.hpp"
 #include "support.hpp"
 
@@ -262,6 +263,57 @@ TEST_CASE("codegen: a kernel over the size limit is refused with E005 and says w
   auto d = catch_error([&] { codegen::generate(lower_builtin("allreduce.ring", 4).variants, DType::fp32, RedOp::sum, "t", tiny); });
   CHECK(d.id == "mk.jit.E005");
   CHECK(contains(d.what, "one class, but too many steps"));
+}
+
+// One rank's plan: only the code (and tables) of that rank's class, so its
+// size does not grow with the number of classes; the other ranks' class is
+// -1 (they run nothing), and the plan says whom it serves (regression: every
+// plan held every class).
+TEST_CASE("codegen: --rank generates only that rank's class; plans say which ranks they serve") {
+  auto l = compiler::lower(uneven_allgather(8), compiler::LowerOptions{});
+  const auto all = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t");
+  for (int r : {0, 3, 7}) {
+    CAPTURE(r);
+    const auto one = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t", {}, r);
+    REQUIRE(one.size() == all.size());
+    for (size_t b = 0; b < one.size(); ++b) {
+      const auto rc = codegen::rank_classes(l.variants[b]);
+      const int32_t mine = rc.class_of[size_t(r)];
+      std::vector<int32_t> members;
+      for (int32_t v = 0; v < 8; ++v)
+        if (rc.class_of[size_t(v)] == mine) members.push_back(v);
+      CHECK(one[b].serves == members);
+      CHECK(all[b].serves.empty());
+      CHECK(one[b].kernel.size * 3 < all[b].kernel.size);
+      CHECK(contains(one[b].source, fmt::format("    case {}:\n", mine)));
+      for (int32_t c = 0; c < int32_t(rc.representative.size()); ++c)
+        if (c != mine) CHECK_FALSE(contains(one[b].source, fmt::format("    case {}:\n", c)));
+      CHECK(contains(one[b].source, "kClassOf[8] = {"));
+      CHECK(contains(one[b].source, "-1"));
+    }
+  }
+  // a rooted collective's virtual rank moves with the root: every class stays
+  for (const auto& u : codegen::generate(lower_builtin("broadcast.direct", 4).variants, DType::fp32, RedOp::sum, "t", {}, 2))
+    CHECK(u.serves.empty());
+}
+
+TEST_CASE("compile: --rank R makes a plan serving R's class; a rank out of range is cli E004" *
+          doctest::skip(!have_nvrtc())) {
+  mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
+  compiler::CompileOptions o;
+  o.rank = 5;
+  const auto* info = dsl::find_schedule("allgather.hier");
+  REQUIRE(info != nullptr);
+  const auto t = topology::parse("2x4:direct", 8);
+  auto p = compiler::compile_plan(dsl::build(*info, t), o);
+  CHECK(p.serves == std::vector<int32_t>{4, 5, 6, 7});
+  CHECK(contains(plan::summary(p), "(serves ranks 4-7)"));
+  o.rank = -1;
+  CHECK(compiler::compile_plan(dsl::build(*info, t), o).serves.empty());
+  o.rank = 8;
+  auto c = catch_error([&] { compiler::compile_plan(dsl::build(*info, t), o); });
+  CHECK(c.id == "mk.cli.E004");
+  CHECK(contains(c.what, "--rank 8 is not a rank of 8"));
 }
 
 // ---- NVRTC --------------------------------------------------------------------
