@@ -160,6 +160,16 @@ TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one
         CAPTURE(n);
         CHECK(codegen::rank_classes(v).representative.size() == 1);
       }
+  // The hierarchical schedules take the rail blocks in the ring's order
+  // relative to the node (regression: absolute order, one class per node).
+  for (std::string s : {"allreduce.hier", "allgather.hier", "reducescatter.hier"})
+    for (const char* t : {"2x4:direct", "4x2:direct", "3x2:direct", "8x8:direct"}) {
+      CAPTURE(s);
+      CAPTURE(t);
+      const auto topo = topology::parse(t, 0);
+      for (const auto& v : compiler::lower(dsl::build(*dsl::find_schedule(s), topo), compiler::LowerOptions{}).variants)
+        CHECK(codegen::rank_classes(v).representative.size() == 1);
+    }
   for (int n : {2, 4, 8, 16})
     for (const auto& v : lower_builtin("allreduce.one_shot", n).variants) {
       CAPTURE(n);
@@ -301,17 +311,18 @@ TEST_CASE("compile: --rank R makes a plan serving R's class; a rank out of range
           doctest::skip(!have_nvrtc())) {
   mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
   compiler::CompileOptions o;
-  o.rank = 5;
-  const auto* info = dsl::find_schedule("allgather.hier");
-  REQUIRE(info != nullptr);
-  const auto t = topology::parse("2x4:direct", 8);
-  auto p = compiler::compile_plan(dsl::build(*info, t), o);
-  CHECK(p.serves == std::vector<int32_t>{4, 5, 6, 7});
-  CHECK(contains(plan::summary(p), "(serves ranks 4-7)"));
+  o.rank = 7;  // the uneven all-gather's rank 7 shares rank 0's class
+  auto p = compiler::compile_plan(uneven_allgather(8), o);
+  CHECK(p.serves == std::vector<int32_t>{0, 7});
+  CHECK(contains(plan::summary(p), "(serves ranks 0,7)"));
+  o.rank = 3;
+  CHECK(compiler::compile_plan(uneven_allgather(8), o).serves == std::vector<int32_t>{3});
   o.rank = -1;
-  CHECK(compiler::compile_plan(dsl::build(*info, t), o).serves.empty());
+  CHECK(compiler::compile_plan(uneven_allgather(8), o).serves.empty());
+  o.rank = 0;  // one class: the plan serves every rank
+  CHECK(compiler::compile_plan(dsl::build(*dsl::find_schedule("allreduce.ring"), 4), o).serves.empty());
   o.rank = 8;
-  auto c = catch_error([&] { compiler::compile_plan(dsl::build(*info, t), o); });
+  auto c = catch_error([&] { compiler::compile_plan(uneven_allgather(8), o); });
   CHECK(c.id == "mk.cli.E004");
   CHECK(contains(c.what, "--rank 8 is not a rank of 8"));
 }
