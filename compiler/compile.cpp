@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <filesystem>
 #include <exception>
@@ -26,11 +27,30 @@ namespace {
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// The ranks every bucket's kernel serves (buckets may class ranks
+// differently); empty: every rank.
+std::vector<int32_t> served_by_all(const std::vector<codegen::Unit>& units) {
+  std::vector<int32_t> out;
+  bool all = true;
+  for (const auto& u : units) {
+    if (u.serves.empty()) continue;
+    if (all) {
+      out = u.serves;
+      all = false;
+      continue;
+    }
+    std::vector<int32_t> both;
+    std::set_intersection(out.begin(), out.end(), u.serves.begin(), u.serves.end(), std::back_inserter(both));
+    out = std::move(both);
+  }
+  return out;
+}
 }  // namespace
 
 std::string options_json(const CompileOptions& o) {
   // A new field breaks one of these bindings: serialise it below.
-  const auto& [arch, dtype, op, lower, use_cache] = o;
+  const auto& [arch, dtype, op, lower, use_cache, rank] = o;
   const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
                simple_instances, ll_instances, max_grid] = proto;
@@ -41,6 +61,7 @@ std::string options_json(const CompileOptions& o) {
       {"arch", arch},
       {"dtype", std::string(name(dtype))},
       {"op", std::string(name(op))},
+      {"rank", rank},
       {"lower",
        {{"instances", instances},
         {"max_tbs", max_tbs},
@@ -73,6 +94,10 @@ std::string plan_key(const ir::Schedule& s, const CompileOptions& o) {
 plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStats* stats) {
   CompileStats local;
   CompileStats& st = stats ? *stats : local;
+  if (o.rank < -1 || o.rank >= built.nranks)
+    throw Error(ErrId::cli_E004, fmt::format("--rank {} is not a rank of {}", o.rank, built.nranks), {},
+                fmt::format("give a rank in 0..{}, or leave --rank out for a plan that serves every rank",
+                            built.nranks - 1));
   if (!collective_reduces(built.coll) && o.op != RedOp::sum)
     throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(built.coll)));
   namespace fs = std::filesystem;
@@ -99,7 +124,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   const ir::Schedule& s0 = l.variants.front();
   const std::string tag = fmt::format("{}_n{}_{}_{}", codegen::identifier(s0.name), s0.nranks, name(o.dtype), name(o.op));
   t0 = std::chrono::steady_clock::now();
-  std::vector<codegen::Unit> units = codegen::generate(l.variants, o.dtype, o.op, tag);
+  std::vector<codegen::Unit> units = codegen::generate(l.variants, o.dtype, o.op, tag, {}, o.rank);
   st.codegen_ms = ms_since(t0);
 
   // One NVRTC program per bucket, compiled side by side.
@@ -135,6 +160,8 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   p.arch = o.arch;
   p.nvrtc_version = jit::nvrtc_version();
   p.mkernel_version = MK_VERSION;
+  p.serves = served_by_all(units);
+  if (p.serves.size() == size_t(p.nranks)) p.serves.clear();  // one class: the plan serves every rank
   for (size_t b = 0; b < l.variants.size(); ++b) {
     const ir::Schedule& s = l.variants[b];
     const auto& bk = l.buckets[b];

@@ -13,6 +13,9 @@ struct CompileOptions {
   RedOp op = RedOp::sum;
   LowerOptions lower;
   bool use_cache = true;
+  // >= 0: generate and compile only the code of this rank's class
+  // (plan::Plan::serves lists its ranks); -1: every rank.
+  int32_t rank = -1;
 };
 
 struct CompileStats {
@@ -22,7 +25,7 @@ struct CompileStats {
 };
 
 // Every compile option that shapes a plan, serialised as JSON text: arch,
-// dtype, op and all of LowerOptions and ProtocolOptions. `use_cache` and
+// dtype, op, rank and all of LowerOptions and ProtocolOptions. `use_cache` and
 // `LowerOptions::on_pass` and `verify_each` do not shape the plan and are left out. The fields
 // are taken apart with structured bindings, so adding a field to one of these
 // structs fails to compile here until it is serialised (or named as excluded).

@@ -514,7 +514,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   const Choice choice = choose_schedule(coll, nranks, bytes);
   // maxCTAs caps every kernel's grid (the default, 65536, caps nothing).
   const int32_t max_grid = config.max_ctas > 0 && config.max_ctas < 65536 ? config.max_ctas : 0;
-  auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid);
+  auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank);
   const plan::Kernel* k = plan::select(*plan, bytes);
   if (!k) fail(mkInternalError, fmt::format("plan {} has no kernel for {} bytes", plan->schedule, bytes));
   if (max_grid > 0 && k->grid > max_grid)

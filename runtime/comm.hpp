@@ -304,7 +304,11 @@ Choice choose_schedule(Collective coll, int nranks, int64_t bytes);
 
 // Plans shared by all communicators of the process (runtime/plans.cpp).
 // `max_grid`: thread blocks per kernel at most (mkConfig_t.maxCTAs; 0: no cap).
+// `rank` >= 0: a plan whose kernels run on that rank (a compiled one holds
+// only that rank's class; a process with several ranks gets one plan per
+// class); -1: a plan for every rank.
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch, bool zero_copy, int32_t max_grid = 0);
+                                           RedOp op, int arch, bool zero_copy, int32_t max_grid = 0,
+                                           int32_t rank = -1);
 
 }  // namespace mk::rt

@@ -29,9 +29,11 @@ std::mutex& mutex() {
 }
 
 // Plans by what they were made from: the schedule, the rank count and every
-// compile option serialised (compiler::options_json), MK_TUNE included.
-std::map<std::string, std::shared_ptr<const plan::Plan>>& cache() {
-  static std::map<std::string, std::shared_ptr<const plan::Plan>> c;
+// compile option but the rank serialised (compiler::options_json), MK_TUNE
+// included; under one key, the plans of the classes this process has asked
+// for (each serves the ranks of its class, or every rank).
+std::map<std::string, std::vector<std::shared_ptr<const plan::Plan>>>& cache() {
+  static std::map<std::string, std::vector<std::shared_ptr<const plan::Plan>>> c;
   return c;
 }
 
@@ -103,7 +105,7 @@ std::string plan_dir_digest() {
 }
 
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch, bool zero_copy, int32_t max_grid) {
+                                           RedOp op, int arch, bool zero_copy, int32_t max_grid, int32_t rank) {
   compiler::CompileOptions o;
   o.arch = arch;
   o.dtype = dtype;
@@ -112,9 +114,12 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
   env::apply_tune(&o.lower.proto);
   o.lower.proto.max_grid = max_grid;
   const std::string key = fmt::format("{}|{}|{}", schedule, nranks, compiler::options_json(o));
+  o.rank = rank;
   std::lock_guard<std::mutex> lock(mutex());
   const auto& from_dir = dir_plans();
-  if (auto it = cache().find(key); it != cache().end()) return it->second;
+  auto& known = cache()[key];
+  for (const auto& p : known)
+    if (rank < 0 ? p->serves.empty() : plan::serves(*p, rank)) return p;
   // Reduction ops do not exist for collectives that do not reduce: they share
   // the sum plan. For registered buffers a zero-copy plan is preferred; the
   // ordinary plan serves them too (through scratch).
@@ -123,6 +128,9 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     if (p->zero_copy) candidates.push_back(p);
   for (const auto& p : from_dir)
     if (!p->zero_copy) candidates.push_back(p);
+  // A plan compiled for other ranks (mkc compile --rank) is skipped while
+  // another one serves this rank; if none does, that is the error.
+  std::shared_ptr<const plan::Plan> elsewhere;
   for (const auto& p : candidates) {
     if (p->schedule != schedule || p->dtype != dtype || (collective_reduces(coll) && p->op != op)) continue;
     if (p->zero_copy && !zero_copy) continue;
@@ -132,16 +140,32 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
                                        "{} --arch sm_{}`",
                                        p->schedule, name(p->dtype), name(p->op), p->nranks, p->arch, nranks, arch,
                                        nranks, arch));
-    cache()[key] = p;
+    if (!plan::serves(*p, rank < 0 ? 0 : rank) || (rank < 0 && !p->serves.empty())) {
+      if (!elsewhere) elsewhere = p;
+      continue;
+    }
+    known.push_back(p);
     return p;
   }
+  if (elsewhere && rank >= 0) {
+    try {
+      plan::check_serves(*elsewhere, rank, "MK_PLAN_DIR");  // throws: it does not serve `rank`
+    } catch (const Error& e) {
+      fail(mkInvalidUsage, e.what());
+    }
+  }
+  if (elsewhere)
+    fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} compiled for ranks {} only, but a plan for every "
+                                     "rank is needed; recompile it without --rank",
+                                     elsewhere->schedule, plan::served_ranks(*elsewhere)));
   const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
   if (!info) fail(mkInternalError, "no schedule named " + schedule);
   try {
     auto p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o));
-    debug_log(fmt::format("compiled plan {}{} for {} ranks, {} {}, sm_{}", schedule, p->zero_copy ? " (zero-copy)" : "",
-                          nranks, name(dtype), name(op), arch));
-    cache()[key] = p;
+    debug_log(fmt::format("compiled plan {}{} for {} ranks (serving ranks {}), {} {}, sm_{}", schedule,
+                          p->zero_copy ? " (zero-copy)" : "", nranks, plan::served_ranks(*p), name(dtype), name(op),
+                          arch));
+    known.push_back(p);
     return p;
   } catch (const Error& e) {
     fail(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what());

@@ -25,6 +25,11 @@ static void reducescatter_hier(Program& p) {
   // scratch: from local peer k, block j at k*N + j; partial sums at G*N + j;
   // ring slot t at G*N + N + t
   const int sums = G * N, ring = G * N + N;
+  // The u-th rail block rank r works on: node(r)-1, node(r)-2, ..., node(r),
+  // as the ring below consumes them. Every rank's program is then the same
+  // relative to its node (one code path for all ranks); the order of the
+  // sources inside each reduce is unchanged.
+  auto order = [&](int r, int u) { return mod(p.node(r) - 1 - u, N); };
 
   // 1. intra-node reduction of the rail's blocks; with one node, straight
   //    into the output
@@ -36,10 +41,14 @@ static void reducescatter_hier(Program& p) {
     for (int d = 1; d < G; ++d)
       for (int r = 0; r < n; ++r) {
         const int to = p.rank_of(p.node(r), mod(p.local(r) + d, G));
-        for (int j = 0; j < N; ++j) p.copy(p.scratch(to, p.local(r) * N + j), p.input(r, block(to, j)));
+        for (int u = 0; u < N; ++u) {  // in the order the ring consumes them (see `order`)
+          const int j = order(r, u);
+          p.copy(p.scratch(to, p.local(r) * N + j), p.input(r, block(to, j)));
+        }
       }
     for (int r = 0; r < n; ++r)
-      for (int j = 0; j < N; ++j) {
+      for (int u = 0; u < N; ++u) {
+        const int j = order(r, u);
         std::vector<Chunk> srcs;
         for (int k = 0; k < G; ++k)
           srcs.push_back(k == p.local(r) ? p.input(r, block(r, j)) : p.scratch(r, k * N + j));

@@ -16,6 +16,7 @@
 #include "layout.cuh"
 #include "ll.cuh"
 #include "reduce.cuh"
+#include "ref.cuh"
 #include "vec.cuh"
 
 namespace mk {
@@ -66,26 +67,6 @@ struct SignalSpec {
   int32_t peer;  // relative rank
   int32_t slot;
 };
-
-// An op's operand, encoded in 64 bits so that a call site is a handful of
-// constants (this keeps generated kernels small and fast to compile):
-//   bits 0-1 buffer (0 input, 1 output, 2 scratch), bit 2 block rotates with
-//   the rank, bit 3 chunk position rotates, bits 4-15 rank relative to this
-//   one, bits 16-31 block, bits 32-63 position (data) or slot (scratch).
-enum RefKind { kRefIn = 0, kRefOut = 1, kRefScratch = 2 };
-MK_HD constexpr uint64_t data_ref(int kind, int block, bool rot_block, int pos, bool rot_pos) {
-  return uint64_t(kind) | (rot_block ? 4u : 0u) | (rot_pos ? 8u : 0u) | (uint64_t(uint32_t(block) & 0xffffu) << 16) |
-         (uint64_t(uint32_t(pos)) << 32);
-}
-// Zero-copy plans: any rank's user buffer (bits 4-15: that rank, relative).
-MK_HD constexpr uint64_t peer_data_ref(int kind, int rank_d, int block, bool rot_block, int pos, bool rot_pos) {
-  return data_ref(kind, block, rot_block, pos, rot_pos) | (uint64_t(uint32_t(rank_d) & 0xfffu) << 4);
-}
-MK_HD constexpr uint64_t scratch_ref(int rank_d, int slot) {
-  return uint64_t(kRefScratch) | (uint64_t(uint32_t(rank_d) & 0xfffu) << 4) | (uint64_t(uint32_t(slot)) << 32);
-}
-// A chunk position for the tile length: value, and whether it rotates.
-MK_HD constexpr int32_t pos_code(int pos, bool rot) { return pos | (rot ? int32_t(0x40000000) : 0); }
 
 template <int N>
 struct Shared {
@@ -375,35 +356,50 @@ struct Ctx {
   MK_DEV bool barrier() { return !__syncthreads_or(aborted); }
 
   // ---- data --------------------------------------------------------------
+  // acc := load(0) op load(1) op ... op load(ns - 1), left to right in the
+  // compute type, finalised if FINAL. NS > 0: that many sources, unrolled;
+  // NS == 0: `ns` sources in a loop (wide reduces). Both fold in the same
+  // order, so a reduce gives the same bits on either path.
+  template <int NS, bool FINAL, typename V, int E, typename Load>
+  MK_DEV static void fold(int ns, Load load, V& out) {
+    union U {
+      V v;
+      T e[E];
+    };
+    U u;
+    u.v = load(0);
+    C acc[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) acc[i] = Compute<T>::load(u.e[i]);
+    auto add = [&](int s) {
+      U w;
+      w.v = load(s);
+#pragma unroll
+      for (int i = 0; i < E; ++i) acc[i] = red_apply<P::kRed, C>(acc[i], Compute<T>::load(w.e[i]));
+    };
+    if constexpr (NS > 0) {
+#pragma unroll
+      for (int s = 1; s < NS; ++s) add(s);
+    } else {
+      // never unrolled, even where NVVM propagates a constant `ns` into op_wide
+#pragma unroll 1
+      for (int s = 1; s < ns; ++s) add(s);
+    }
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      C x = acc[i];
+      if constexpr (FINAL) x = NoEpilogue::apply(red_finalize<P::kRed, C>(x, N));
+      u.e[i] = Compute<T>::store(x);
+    }
+    out = u.v;
+  }
+
   template <int NS, bool RED, bool FINAL, typename V, int E>
   MK_DEV static void combine(const V (&v)[NS], V& out) {
-    if constexpr (!RED) {
+    if constexpr (!RED)
       out = v[0];
-    } else {
-      union U {
-        V v;
-        T e[E];
-      };
-      U u;
-      u.v = v[0];
-      C acc[E];
-#pragma unroll
-      for (int i = 0; i < E; ++i) acc[i] = Compute<T>::load(u.e[i]);
-#pragma unroll
-      for (int s = 1; s < NS; ++s) {
-        U w;
-        w.v = v[s];
-#pragma unroll
-        for (int i = 0; i < E; ++i) acc[i] = red_apply<P::kRed, C>(acc[i], Compute<T>::load(w.e[i]));
-      }
-#pragma unroll
-      for (int i = 0; i < E; ++i) {
-        C x = acc[i];
-        if constexpr (FINAL) x = NoEpilogue::apply(red_finalize<P::kRed, C>(x, N));
-        u.e[i] = Compute<T>::store(x);
-      }
-      out = u.v;
-    }
+    else
+      fold<NS, FINAL, V, E>(NS, [&](int s) { return v[s]; }, out);
   }
 
   // One tile: dst[d][0..n) := combine(src[0][0..n), ..., src[NS-1][0..n)).
@@ -431,6 +427,103 @@ struct Ctx {
     for (int i = 0; i < ND; ++i) dst[i] = decode(d[i]);
     prim<NS, ND, RED, FINAL, SLL, DLL>(src, dst, len(decode_pos(pcode)));
     return barrier();
+  }
+
+  // ---- wide ops -----------------------------------------------------------
+  // An op of many operands (codegen: more than 8 sources or destinations, or
+  // a reduce whose sources' kinds differ between the ranks of one class)
+  // takes them as a runtime list, sources then destinations, and loops over
+  // them, so NVRTC compiles one small body whatever their number. The decoded
+  // pointers live in shared memory (one array per kernel of P::kWide entries:
+  // the plan's widest op). In LL plans an operand is in LL format exactly when
+  // it is scratch, as the code generator's SLL/DLL masks say for other ops.
+  MK_DEV T** wide_ptrs() {
+    __shared__ T* p[P::kWide > 0 ? P::kWide : 1];
+    return p;
+  }
+  MK_DEV uint32_t* wide_ll() {
+    __shared__ uint32_t m[(P::kWide > 0 ? P::kWide : 1) / 32 + 1];
+    return m;
+  }
+  MK_DEV static bool bit(const uint32_t* m, int i) { return (m[i / 32] >> (i % 32)) & 1u; }
+
+  template <bool RED, bool FINAL>
+  __device__ __noinline__ bool op_wide(const uint64_t* r, int ns, int nd, int32_t pcode) {
+    T** p = wide_ptrs();
+    uint32_t* ll = wide_ll();
+    const int nr = ns + nd;
+    for (int i = threadIdx.x; i < nr; i += NT) p[i] = decode(r[i]);
+    if constexpr (P::kLL)
+      for (int w = threadIdx.x; w * 32 < nr; w += NT) {
+        uint32_t m = 0;
+        for (int i = w * 32; i < nr && i < w * 32 + 32; ++i)
+          if (int(r[i] & 3u) == kRefScratch) m |= 1u << (i - w * 32);
+        ll[w] = m;
+      }
+    __syncthreads();
+    const int64_t n = len(decode_pos(pcode));
+    if (n > 0) {
+      if constexpr (P::kLL)
+        wide_ll_tile<RED, FINAL>(p, ll, ns, nd, n);
+      else
+        wide_simple<RED, FINAL>(p, ns, nd, n);
+    }
+    return barrier();  // also: no thread rewrites p/ll while another reads them
+  }
+
+  // The combined value of `ns` sources: a copy's one source as it is, a
+  // reduce's folded (fold above: the unrolled ops' order).
+  template <bool RED, bool FINAL, typename V, int E, typename Load>
+  MK_DEV static void gather(int ns, Load load, V& out) {
+    if constexpr (RED)
+      fold<0, FINAL, V, E>(ns, load, out);
+    else
+      out = load(0);
+  }
+
+  // p: ns sources then nd destinations. A copy onto its own source (in-place)
+  // writes nothing there, as in prim_simple.
+  template <bool RED, bool FINAL>
+  MK_DEV void wide_simple(T* const* p, int ns, int nd, int64_t n) {
+    uintptr_t bits = 0;
+#pragma unroll 1
+    for (int k = 0; k < ns + nd; ++k) bits |= uintptr_t(p[k]);
+    const int64_t nvec = (bits & 15) == 0 ? n / VE : 0;
+    for (int64_t i = threadIdx.x; i < nvec; i += NT) {
+      V16 r;
+      gather<RED, FINAL, V16, VE>(ns, [&](int s) { return ld_cg16(p[s] + i * VE); }, r);
+#pragma unroll 1
+      for (int d = ns; d < ns + nd; ++d)
+        if (RED || p[d] != p[0]) st16(p[d] + i * VE, r);
+    }
+    for (int64_t e = nvec * VE + threadIdx.x; e < n; e += NT) {
+      T r;
+      gather<RED, FINAL, T, 1>(ns, [&](int s) { return ld_elem(p[s] + e); }, r);
+#pragma unroll 1
+      for (int d = ns; d < ns + nd; ++d)
+        if (RED || p[d] != p[0]) st_elem(p[d] + e, r);
+    }
+  }
+
+  template <bool RED, bool FINAL>
+  MK_DEV void wide_ll_tile(T* const* p, const uint32_t* ll, int ns, int nd, int64_t n) {
+    const int64_t nbytes = n * int64_t(sizeof(T));
+    const int64_t units = (nbytes + 7) / 8;
+    const uint32_t flag = uint32_t(value());
+    for (int64_t u = threadIdx.x; u < units; u += NT) {
+      const int bytes = int(min64(8, nbytes - u * 8));
+      V8 r;
+      gather<RED, FINAL, V8, 8 / int(sizeof(T))>(
+          ns, [&](int s) { return bit(ll, s) ? ll_read(p[s], u, s) : unit_load(p[s], u, bytes); }, r);
+      if (aborted) return;
+#pragma unroll 1
+      for (int d = ns; d < ns + nd; ++d) {
+        if (bit(ll, d))
+          ll_store(reinterpret_cast<char*>(p[d]) + u * 16, r, flag);
+        else if (RED || bit(ll, 0) || p[d] != p[0])
+          unit_store(p[d], u, bytes, r);
+      }
+    }
   }
 
   template <int NS, int ND, bool RED, bool FINAL>

@@ -1,17 +1,19 @@
 #!/bin/sh
 # Compile-scale benchmark: for each schedule and rank count, the time of
 # `mkc verify` and of a cold `mkc compile` (fresh cache: lowering, codegen and
-# NVRTC for every size bucket) and the compile's peak memory (max RSS).
-# Not a test: it takes minutes. Prints a markdown table.
+# NVRTC for every size bucket, with mkc's own split of the three) and the
+# compile's peak memory (max RSS). Not a test: it takes minutes. Prints a
+# markdown table.
 #
 #   bench/compile/run.sh [BUILD_DIR] [RANKS...]     (default: build, 8 64 256 1024)
 #
-# Schedules: every built-in at 8 and 64 ranks; the hierarchical ones
-# (allreduce.hier, allgather.hier, reducescatter.hier: skipped, with a line
-# saying so, while not registered) and allreduce.halving_doubling at every
-# rank count; and the TEST-ONLY stand-ins bench/compile/hier_*.cpp (8 GPUs a
-# node) at every rank count. Compiled with the default single-node topology
-# of the same rank count. MK_BENCH_TIMEOUT (seconds, default 600) bounds each
+# Schedules: every built-in at up to 64 ranks; the hierarchical ones
+# (allreduce.hier, allgather.hier, reducescatter.hier, compiled with
+# --topology (N/8)x8:direct: 8 GPUs a node, every pair linked, so that it
+# measures the compiler and not the transport) and allreduce.halving_doubling
+# at every rank count. Up to 64 ranks the plan serves every rank; above, it is
+# one rank's plan (`mkc compile --rank 0`: only rank 0's class), as a rank's
+# runtime JIT compiles it. MK_BENCH_TIMEOUT (seconds, default 600) bounds each
 # command; a command over it shows "timeout".
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,9 +26,7 @@ if [ ! -x "$mkc" ]; then echo "run.sh: $mkc not found; build mkc first" >&2; exi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-registered() { "$mkc" list | awk 'NR > 1 { print $1 }' | grep -qx "$1"; }
-
-# run LABEL CMD...: seconds and peak MB of CMD into $secs $mb, its status into $rc
+# run CMD...: seconds and peak MB of CMD into $secs $mb, its status into $rc
 run() {
   /usr/bin/time -f '%e %M' -o "$tmp/time" timeout "$limit" "$@" >"$tmp/out" 2>&1
   rc=$?
@@ -35,35 +35,40 @@ run() {
   if [ $rc -eq 124 ]; then secs="timeout"; fi
 }
 
-# one SCHEDULE-ARGS N: a table row
+# row LABEL N TOPOLOGY SCHEDULE-ARGS...: a table row
 row() {
-  label=$1 n=$2
-  shift 2
+  label=$1 n=$2 topo=$3
+  shift 3
   export MK_CACHE_DIR="$tmp/cache.$n"
   rm -rf "$MK_CACHE_DIR"
   mkdir -m 700 "$MK_CACHE_DIR"
-  "$mkc" verify "$@" -n 1 >/dev/null 2>&1  # a plugin's host compilation is not what we measure
-  run "$mkc" verify "$@" -n "$n"
+  if [ "$topo" = - ]; then set -- "$@" -n "$n"; else set -- "$@" --topology "$topo"; fi
+  plan=all
+  [ "$n" -gt 64 ] && plan="rank 0"
+  run "$mkc" verify "$@"
   vs=$secs vrc=$rc
-  run "$mkc" compile "$@" -n "$n" -o "$tmp/plan"
-  note=""
-  [ $vrc -ne 0 ] && note="verify failed: $(grep -m1 error "$tmp/out" | cut -c1-80)"
+  vnote=""
+  [ $vrc -ne 0 ] && vnote="verify: $(grep -m1 -o 'mk\.[a-z]*\.E[0-9]*' "$tmp/out")"
+  if [ "$plan" = all ]; then run "$mkc" compile "$@" -o "$tmp/plan"; else run "$mkc" compile "$@" --rank 0 -o "$tmp/plan"; fi
+  note="$vnote"
   if [ $rc -ne 0 ] && [ "$secs" != timeout ]; then note="$note $(grep -m1 -o 'mk\.[a-z]*\.E[0-9]*' "$tmp/out")"; fi
   classes=$(grep -o 'classes=[0-9]*' "$tmp/out" | cut -d= -f2 | sort -n | tail -1)
-  printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$label" "$n" "$vs" "$secs" "$mb" "${classes:--}" "$note"
+  # "...; 1234 ms (lower 12, codegen 3, NVRTC 1200)"
+  split=$(sed -n 's/.*ms (lower \([0-9]*\), codegen \([0-9]*\), NVRTC \([0-9]*\).*/\1 | \2 | \3/p' "$tmp/out" | tail -1)
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" "$n" "$topo" "$plan" "$vs" "$secs" \
+    "${split:-- | - | -}" "$mb" "${classes:--}" "$note"
 }
 
-echo "| schedule | ranks | verify s | compile s | peak MB | classes | note |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
+echo "| schedule | ranks | topology | plan | verify s | compile s | lower ms | codegen ms | NVRTC ms | peak MB | classes | note |"
+echo "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 for s in $("$mkc" list | awk 'NR > 1 { print $1 }'); do
   for n in $ranks; do
-    case $s in allreduce.halving_doubling|*.hier) ;; *) [ "$n" -gt 64 ] && continue ;; esac
-    row "$s" "$n" -s "$s"
+    case $s in
+      *.hier)
+        [ $((n % 8)) -eq 0 ] || continue
+        row "$s" "$n" "$((n / 8))x8:direct" -s "$s" ;;
+      allreduce.halving_doubling) row "$s" "$n" - -s "$s" ;;
+      *) [ "$n" -le 64 ] && row "$s" "$n" - -s "$s" ;;
+    esac
   done
-done
-for s in allreduce.hier allgather.hier reducescatter.hier; do
-  registered "$s" || echo "skipped $s: not registered (lands with the topology work)" >&2
-done
-for f in allreduce allgather reducescatter; do
-  for n in $ranks; do row "test.$f.hier8" "$n" "$here/bench/compile/hier_$f.cpp"; done
 done

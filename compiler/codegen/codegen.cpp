@@ -10,6 +10,7 @@
 #include <set>
 
 #include "templates/abi.cuh"
+#include "templates/ref.cuh"
 
 namespace mk::codegen {
 
@@ -41,13 +42,22 @@ struct RefShape {
   int kind;  // 0 input, 1 output, 2 scratch
   bool rot_b, rot_p;
 };
+
+// An op of more sources or destinations than this is wide: its operands are
+// a runtime list of encoded operands it loops over (kernel.cuh op_wide), so
+// NVRTC's work does not grow with their number (and the 32-bit LL masks of
+// the unrolled primitive never see more than 8 operands). The kernel keeps
+// the decoded list in shared memory: at most kWideMax operands.
+constexpr int kWideFrom = 8;
+constexpr int kWideMax = 1024;
 struct Item {
   int nwait = 0, nsig = 0;
   bool data = false;
   int ns = 0, nd = 0;
   bool red = false, fin = false;
+  bool wide = false;  // operands encoded (two numbers each), none in refs
   unsigned sll = 0, dll = 0;
-  std::vector<RefShape> refs;  // per chunk k: srcs then dsts
+  std::vector<RefShape> refs;  // per chunk k: srcs then dsts (none if wide)
   bool pos_rot = false;
   std::string comment;
   // waits (slot, iter, peer)*, then refs (a, b)*, pos, then signals (peer,
@@ -55,18 +65,21 @@ struct Item {
   std::vector<int64_t> nums;
   size_t len = 0;
   std::string shape() const {
-    std::string t = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", nwait, nsig, data, ns, nd, red, fin, sll, dll,
-                                pos_rot, refs.size());
+    std::string t = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", nwait, nsig, data, ns, nd, red, fin, wide, sll,
+                                dll, pos_rot, refs.size());
     for (auto& r : refs) t += fmt::format("/{}{}{}", r.kind, r.rot_b, r.rot_p);
     return t;
   }
 };
 
 // Splits one rank's ops into items, numbers relative to that rank (peers
-// rotated by the rank, chunk positions by rank x pos_rot).
+// rotated by the rank, chunk positions by rank x pos_rot). `generic`: every
+// reduce of two or more sources is wide too, so ranks whose reduces read
+// sources of different kinds (one_shot: its own input among the peers'
+// scratch, at its own place in the fixed order) can still share a code path.
 class Splitter {
  public:
-  Splitter(const Schedule& s, int32_t pos_rot) : s_(s), M_(pos_rot) {
+  Splitter(const Schedule& s, int32_t pos_rot, bool generic) : s_(s), M_(pos_rot), generic_(generic) {
     for (const Op& op : s_.ops)
       if (op.kind == OpKind::signal) signaller_[{op.peer, op.slot}] = op.rank;
   }
@@ -100,14 +113,31 @@ class Splitter {
           cur.nd = int(op->dsts.size());
           cur.red = op->kind == OpKind::reduce;
           cur.fin = op->final;
-          if (s_.proto == ir::Proto::ll) {
+          cur.wide = cur.ns > kWideFrom || cur.nd > kWideFrom || (generic_ && cur.red && cur.ns >= 2);
+          if (cur.ns + cur.nd > kWideMax)
+            throw Error(ErrId::jit_E005,
+                        fmt::format("schedule '{}': op %{} has {} sources and {} destinations; a kernel's op has at "
+                                    "most {} in all",
+                                    s_.name, op->id, cur.ns, cur.nd, kWideMax),
+                        op->loc, "split the op into several with fewer operands");
+          if (s_.proto == ir::Proto::ll && !cur.wide) {  // a wide op's kernel tells from the operand
             for (int i = 0; i < cur.ns; ++i)
               if (op->srcs[size_t(i)].buf == Buf::scratch) cur.sll |= 1u << i;
             for (int i = 0; i < cur.nd; ++i)
               if (op->dsts[size_t(i)].buf == Buf::scratch) cur.dll |= 1u << i;
           }
-          for (const Ref& r : op->srcs) add_ref(cur, *op, r, k, v0);
-          for (const Ref& r : op->dsts) add_ref(cur, *op, r, k, v0);
+          for (const auto* list : {&op->srcs, &op->dsts})
+            for (const Ref& r : *list) {
+              const auto [shape, nums] = ref_numbers(*op, r, k, v0);
+              if (!cur.wide) {
+                cur.refs.push_back(shape);
+                cur.nums.insert(cur.nums.end(), nums.begin(), nums.end());
+                continue;
+              }
+              const uint64_t e = encode(shape, nums);
+              cur.nums.push_back(int32_t(uint32_t(e)));
+              cur.nums.push_back(int32_t(uint32_t(e >> 32)));
+            }
           const int32_t p = op->pos.at(size_t(k));
           cur.pos_rot = M_ != 0;
           cur.nums.push_back(M_ ? mod(p - int64_t(v0) * M_, K) : p);
@@ -120,14 +150,18 @@ class Splitter {
   }
 
  private:
-  void add_ref(Item& it, const Op& op, const Ref& r, int32_t k, int32_t v0) const {
+  // The operand as the kernel's data_ref/peer_data_ref/scratch_ref (ref.cuh)
+  // would build it from these numbers (the order render() passes them in).
+  uint64_t encode(const RefShape& sh, const std::vector<int64_t>& n) const {
+    auto i = [&](size_t k) { return int(n.at(k)); };
+    if (sh.kind == 2) return dev::scratch_ref(i(0), i(1));
+    if (s_.zero_copy) return dev::peer_data_ref(sh.kind, i(0), i(1), sh.rot_b, i(2), sh.rot_p);
+    return dev::data_ref(sh.kind, i(0), sh.rot_b, i(1), sh.rot_p);
+  }
+
+  std::pair<RefShape, std::vector<int64_t>> ref_numbers(const Op& op, const Ref& r, int32_t k, int32_t v0) const {
     const int32_t N = s_.nranks, K = s_.chunks;
-    if (r.buf == Buf::scratch) {
-      it.refs.push_back({2, false, false});
-      it.nums.push_back(mod(r.rank - v0, N));
-      it.nums.push_back(r.index + k);
-      return;
-    }
+    if (r.buf == Buf::scratch) return {RefShape{2, false, false}, {mod(r.rank - v0, N), r.index + k}};
     if (r.rank != op.rank && !s_.zero_copy)
       throw InternalError("codegen: op %" + std::to_string(op.id) +
                           " touches another rank's user buffer (stage_remote must run first)");
@@ -139,10 +173,11 @@ class Splitter {
       throw InternalError("codegen: op %" + std::to_string(op.id) + " addresses chunk position " + std::to_string(p) +
                           " but its data has position " + std::to_string(op.pos.at(size_t(k))));
     const bool rot_b = ir::buf_blocks(s_.coll, N, r.buf) == N && N > 1;
-    it.refs.push_back({r.buf == Buf::input ? 0 : 1, rot_b, M_ != 0});
-    if (s_.zero_copy) it.nums.push_back(mod(r.rank - v0, N));  // whose buffer, relative
-    it.nums.push_back(rot_b ? mod(b - v0, N) : b);
-    it.nums.push_back(M_ ? mod(p - int64_t(v0) * M_, K) : p);
+    std::vector<int64_t> nums;
+    if (s_.zero_copy) nums.push_back(mod(r.rank - v0, N));  // whose buffer, relative
+    nums.push_back(rot_b ? mod(b - v0, N) : b);
+    nums.push_back(M_ ? mod(p - int64_t(v0) * M_, K) : p);
+    return {RefShape{r.buf == Buf::input ? 0 : 1, rot_b, M_ != 0}, nums};
   }
 
   // For error reports: which rank (relative) should signal this wait.
@@ -153,6 +188,7 @@ class Splitter {
 
   const Schedule& s_;
   int32_t M_;
+  bool generic_;
   std::map<std::pair<int32_t, int32_t>, int32_t> signaller_;
 };
 
@@ -162,6 +198,7 @@ struct ClassPlan {
   std::vector<std::vector<std::vector<Item>>> items;  // [class][tb]
   std::vector<std::vector<int32_t>> members;          // [class]: virtual ranks
   int64_t varying = 0;                                 // numbers the members disagree on
+  int32_t wide = 0;                                    // operands of the widest wide op
 };
 
 // Why rank `v`'s items (`mine`) cannot share rank `v0`'s code path (`theirs`).
@@ -185,8 +222,8 @@ std::string why_apart(int32_t v, int32_t v0, const std::vector<std::vector<Item>
   return fmt::format("rank {} differs from rank {}", v, v0);
 }
 
-ClassPlan plan_classes(const Schedule& s, int32_t M) {
-  const Splitter sp(s, M);
+ClassPlan plan_classes(const Schedule& s, int32_t M, bool generic) {
+  const Splitter sp(s, M, generic);
   const int32_t N = s.nranks, tbs = std::max(s.tbs, 1);
   std::vector<std::vector<std::vector<const Op*>>> ops(static_cast<size_t>(N));
   for (auto& r : ops) r.resize(static_cast<size_t>(tbs));
@@ -225,6 +262,7 @@ ClassPlan plan_classes(const Schedule& s, int32_t M) {
           const auto& n = per_rank[size_t(v)][tb][i].nums;
           it.nums.insert(it.nums.end(), n.begin(), n.end());
         }
+        if (it.wide) cp.wide = std::max(cp.wide, int32_t(it.ns + it.nd));
         for (size_t k = 0; k < it.len; ++k)
           for (size_t m = 1; m < cp.members[c].size(); ++m)
             if (it.nums[m * it.len + k] != it.nums[k]) {
@@ -257,8 +295,11 @@ class Table {
 
 class Emitter {
  public:
-  Emitter(const Schedule& s, int32_t bucket, const ClassPlan& cp, std::string& out)
-      : s_(s), b_(bucket), cp_(cp), o_(out) {}
+  // `served`: per class, whether to emit it (empty: every class).
+  Emitter(const Schedule& s, int32_t bucket, const ClassPlan& cp, std::string& out, std::vector<char> served = {})
+      : s_(s), b_(bucket), cp_(cp), o_(out), served_(std::move(served)) {
+    if (served_.empty()) served_.assign(cp_.items.size(), 1);
+  }
 
   std::string P() const { return fmt::format("P{}", b_); }
 
@@ -274,7 +315,9 @@ class Emitter {
     }
     if (it.data) {
       if (!it.comment.empty()) o += ind + "// " + it.comment + "\n";
-      std::string refs[2];
+      std::string refs[2], wide;
+      for (int w = 0; it.wide && w < it.ns + it.nd; ++w, k += 2)
+        wide += fmt::format("{}mk::dev::ref_halves({}, {})", w ? ", " : "", e[k], e[k + 1]);
       for (size_t r = 0; r < it.refs.size(); ++r) {
         const RefShape& sh = it.refs[r];
         std::string x;
@@ -293,9 +336,15 @@ class Emitter {
         std::string& list = refs[r < size_t(it.ns) ? 0 : 1];
         list += (list.empty() ? "" : ", ") + x;
       }
-      o += ind + fmt::format("if (!c.template op<{}, {}, {}, {}, {}u, {}u>({{{}}}, {{{}}}, mk::dev::pos_code({}, {}))) return;\n",
-                             it.ns, it.nd, it.red ? "true" : "false", it.fin ? "true" : "false", it.sll, it.dll, refs[0],
-                             refs[1], e[k], it.pos_rot ? "true" : "false");
+      if (it.wide)
+        o += ind + fmt::format("{{\n{0}  const uint64_t r[{1}] = {{{2}}};\n{0}  if (!c.template op_wide<{3}, {4}>(r, {5}, {6}, "
+                               "mk::dev::pos_code({7}, {8}))) return;\n{0}}}\n",
+                               ind, it.ns + it.nd, wide, it.red ? "true" : "false", it.fin ? "true" : "false", it.ns,
+                               it.nd, e[k], it.pos_rot ? "true" : "false");
+      else
+        o += ind + fmt::format("if (!c.template op<{}, {}, {}, {}, {}u, {}u>({{{}}}, {{{}}}, mk::dev::pos_code({}, {}))) return;\n",
+                               it.ns, it.nd, it.red ? "true" : "false", it.fin ? "true" : "false", it.sll, it.dll, refs[0],
+                               refs[1], e[k], it.pos_rot ? "true" : "false");
       ++k;
     }
     if (it.nsig) {
@@ -309,12 +358,16 @@ class Emitter {
 
   // NVRTC's cost, roughly: every operand of every statement, and much more
   // for every distinct instantiation of the data primitive (each is unrolled
-  // over its operands and compiled separately).
+  // over its operands and compiled separately; a wide op's loop bodies
+  // handle any number of operands, so it weighs as two, whatever ns and nd).
   void count_size(const Item& it) {
     const int64_t operands = it.data ? it.ns + it.nd : 1;
     size_ += operands;
-    if (it.data && instances_.insert(fmt::format("{}|{}|{}|{}|{}|{}", it.ns, it.nd, it.red, it.fin, it.sll, it.dll)).second)
-      size_ += 32 * operands;
+    if (!it.data) return;
+    const int64_t unrolled = it.wide ? 2 : operands;
+    const std::string inst = it.wide ? fmt::format("wide|{}|{}", it.red, it.fin)
+                                     : fmt::format("{}|{}|{}|{}|{}|{}", it.ns, it.nd, it.red, it.fin, it.sll, it.dll);
+    if (instances_.insert(inst).second) size_ += 32 * unrolled;
   }
 
   // Number k of an item: a constant where all members agree, else a table
@@ -447,12 +500,13 @@ class Emitter {
   KernelInfo emit(const std::string& kernel_name, const Limits& lim) {
     const int32_t nclasses = int32_t(cp_.rc.representative.size());
     size_t total_items = 0;
-    for (const auto& cls : cp_.items)
-      for (const auto& tb : cls) total_items += tb.size();
+    for (size_t c = 0; c < cp_.items.size(); ++c)
+      for (const auto& tb : cp_.items[c]) total_items += served_[c] ? tb.size() : 0;
     const bool inline_fns = total_items <= 64;
     std::vector<Table> tables;
     for (int32_t c = 0; c < nclasses; ++c) {
       tables.emplace_back(cp_.members[size_t(c)].size());
+      if (!served_[size_t(c)]) continue;
       for (int32_t tb = 0; tb < int32_t(cp_.items[size_t(c)].size()); ++tb)
         if (!cp_.items[size_t(c)][size_t(tb)].empty())
           emit_tb(c, tb, cp_.items[size_t(c)][size_t(tb)], inline_fns, tables.back());
@@ -469,11 +523,15 @@ class Emitter {
     // Zero-copy: learn every peer's buffers and wait until every peer's kernel
     // has started (its buffers are ready and free to overwrite).
     if (s_.zero_copy) o_ += "  if (!c.zc_enter()) return;\n";
-    std::string cls;
-    for (int32_t v = 0; v < s_.nranks; ++v) cls += (v ? "," : "") + std::to_string(cp_.rc.class_of[size_t(v)]);
+    std::string cls;  // -1: a class this kernel was not generated for
+    for (int32_t v = 0; v < s_.nranks; ++v) {
+      const int32_t c = cp_.rc.class_of[size_t(v)];
+      cls += (v ? "," : "") + std::to_string(served_[size_t(c)] ? c : -1);
+    }
     o_ += fmt::format("  static constexpr short kClassOf[{}] = {{{}}};\n", s_.nranks, cls);
     o_ += "  switch (kClassOf[c.vrank]) {\n";
     for (int32_t c = 0; c < nclasses; ++c) {
+      if (!served_[size_t(c)]) continue;
       o_ += fmt::format("    case {}:\n      switch (c.tb) {{\n", c);
       for (int32_t tb = 0; tb < int32_t(cp_.items[size_t(c)].size()); ++tb) {
         if (cp_.items[size_t(c)][size_t(tb)].empty()) continue;
@@ -524,6 +582,7 @@ class Emitter {
   const ClassPlan& cp_;
   std::string& o_;
   int64_t size_ = 0, table_bytes_ = 0;
+  std::vector<char> served_;
   std::set<std::string> instances_;
   std::map<std::pair<int32_t, int32_t>, bool> tabled_;
 };
@@ -532,18 +591,36 @@ class Emitter {
 // step evenly for every member: absolute chunk positions may, rotated ones
 // wrap), then the smallest tables; chunk positions rotate with the rank when
 // that wins.
+//
+// Reduces are generic (every one wide, its sources' kinds from the numbers)
+// only where that merges classes: the unrolled primitive is faster for few
+// sources. The choice never depends on which ranks a plan serves, so every
+// rank of a class generates the same source.
 ClassPlan best_plan(const Schedule& s) {
-  ClassPlan best = plan_classes(s, 0);
-  if (s.nranks > 1 && s.chunks % s.nranks == 0) {
-    ClassPlan rot = plan_classes(s, s.chunks / s.nranks);
-    auto cost = [&](const ClassPlan& p) {
-      std::string scratch;
-      Emitter e(s, 0, p, scratch);
-      const Limits none{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()};
-      const KernelInfo k = e.emit("measure", none);
-      return std::tuple(p.rc.representative.size(), k.size, k.table_bytes);
-    };
-    if (cost(rot) < cost(best)) best = std::move(rot);
+  auto cost = [&](const ClassPlan& p) {
+    std::string scratch;
+    Emitter e(s, 0, p, scratch);
+    const Limits none{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()};
+    const KernelInfo k = e.emit("measure", none);
+    return std::tuple(p.rc.representative.size(), k.size, k.table_bytes);
+  };
+  std::vector<int32_t> rots{0};
+  if (s.nranks > 1 && s.chunks % s.nranks == 0) rots.push_back(s.chunks / s.nranks);
+  ClassPlan best = plan_classes(s, 0, false);
+  if (rots.size() == 1 && best.rc.representative.size() == 1) return best;  // nothing to choose
+  auto best_cost = cost(best);
+  const bool several = best.rc.representative.size() > 1;
+  for (bool generic : {false, true}) {
+    if (generic && !several) break;
+    for (int32_t M : rots) {
+      if (!generic && M == 0) continue;  // the starting point
+      ClassPlan c = plan_classes(s, M, generic);
+      auto cc = cost(c);
+      if (cc < best_cost) {
+        best = std::move(c);
+        best_cost = cc;
+      }
+    }
   }
   return best;
 }
@@ -570,7 +647,7 @@ std::string print_classes(const RankClasses& rc) {
 }
 
 std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, RedOp op, const std::string& tag,
-                           const Limits& lim) {
+                           const Limits& lim, int32_t rank) {
   MK_CHECK(!variants.empty(), "nothing to generate");
   std::vector<Unit> units;
   const Schedule& first = variants.front();
@@ -580,28 +657,39 @@ std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, R
     MK_CHECK(s.nranks == first.nranks && s.coll == first.coll, "variants of one plan differ");
     Unit u;
     std::string& o = u.source;
+    MK_CHECK(rank < s.nranks, "codegen: rank out of range");
     const ClassPlan cp = best_plan(s);
     const RankClasses& rc = cp.rc;
     const bool rooted = collective_rooted(s.coll);
+    std::vector<char> served;
+    if (rank >= 0 && !rooted) {
+      const int32_t mine = rc.class_of[size_t(rank)];
+      served.assign(rc.representative.size(), 0);
+      served[size_t(mine)] = 1;
+      u.serves = cp.members[size_t(mine)];
+    }
     o += fmt::format(
         "// Generated by mKernel codegen. Do not edit: regenerate with `mkc compile`.\n"
         "// schedule {} ({}), {} ranks, dtype {}, op {}, bucket {} of {}\n"
         "// proto {}, tiles up to {} B, {} instance(s), {} block(s) per instance, depth {}, {} scratch slot(s),\n"
-        "// {} flag slot(s), {} rank class(es)\n"
+        "// {} flag slot(s), {} rank class(es){}\n"
         "#include \"kernel.cuh\"\n\n",
         s.name, name(s.coll), s.nranks, name(dtype), name(op), b, variants.size(), ir::name(s.proto), s.tile_bytes,
-        s.instances, s.tbs, s.depth, s.scratch, s.slots, rc.representative.size());
+        s.instances, s.tbs, s.depth, s.scratch, s.slots, rc.representative.size(),
+        served.empty() ? ""
+                       : fmt::format("; only class {} ({} rank(s)): other ranks run nothing",
+                                     rc.class_of[size_t(rank)], u.serves.size()));
     o += fmt::format(
         "struct P{} {{\n  using T = {};\n  static constexpr int kRed = {};\n"
         "  static constexpr int kRanks = {}, kChunks = {}, kTbs = {}, kInstances = {}, kDepth = {};\n"
-        "  static constexpr int kScratch = {}, kSlots = {}, kThreads = {}, kPosRot = {};\n"
+        "  static constexpr int kScratch = {}, kSlots = {}, kThreads = {}, kPosRot = {}, kWide = {};\n"
         "  static constexpr long long kMaxTileBytes = {};\n"
         "  static constexpr bool kLL = {}, kRooted = {}, kZeroCopy = {};\n}};\n\n",
         b, dtype_device_name(dtype), int(op), s.nranks, s.chunks, s.tbs, s.instances, s.depth,
-        std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot,
+        std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot, cp.wide,
         s.tile_bytes, s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
         s.zero_copy ? "true" : "false");
-    Emitter e(s, int32_t(b), cp, o);
+    Emitter e(s, int32_t(b), cp, o, served);
     u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);
     units.push_back(std::move(u));
   }

@@ -63,12 +63,19 @@ struct Limits {
 struct Unit {
   std::string source;
   KernelInfo kernel;
+  std::vector<int32_t> serves;  // the ranks the kernel runs correctly on, ascending; empty: every rank
 };
 // `variants`: lowered schedules (one per bucket), all of one collective and
 // rank count. `tag`: a C identifier fragment naming the plan.
+// `rank` >= 0: only the code path of that rank's class is generated (and
+// its tables), so the kernel's size is O(one class) however many classes
+// the schedule has; Unit::serves lists the class's ranks, and on any other
+// rank the kernel does nothing (callers must refuse to launch it there).
+// Rooted collectives run the program of rank - root, which moves with the
+// root at run time: they keep every class (serves stays empty).
 // Throws Error(jit_E005) when a bucket's kernel exceeds `lim`.
 std::vector<Unit> generate(const std::vector<ir::Schedule>& variants, DType dtype, RedOp op,
-                           const std::string& tag, const Limits& lim = {});
+                           const std::string& tag, const Limits& lim = {}, int32_t rank = -1);
 
 // The embedded templates/*.cuh (name, contents), for NVRTC.
 const std::vector<std::pair<std::string_view, std::string_view>>& embedded_templates();

@@ -179,6 +179,20 @@ Plan parse(const json& j, const std::string& where) {
                         ? num<int32_t>(j, "nvrtc_version", where, "$", 0, std::numeric_limits<int32_t>::max())
                         : 0;
   p.mkernel_version = opt_str(j, "mkernel_version", where, "$", "");
+  if (auto sv = j.find("serves"); sv != j.end()) {  // absent: every rank
+    if (!sv->is_array() || sv->empty() || sv->size() > size_t(p.nranks))
+      bad(where, "$.serves", fmt::format("expected a non-empty array of at most {} ranks", p.nranks));
+    for (size_t i = 0; i < sv->size(); ++i) {
+      const std::string at = fmt::format("$.serves[{}]", i);
+      const json& r = (*sv)[i];
+      if (!r.is_number_integer() || !json_int_fits<int32_t>(r) || r.get<int64_t>() < 0 ||
+          r.get<int64_t>() >= p.nranks)
+        bad(where, at, fmt::format("{} is not a rank of {}", r.dump(), p.nranks));
+      if (!p.serves.empty() && r.get<int32_t>() <= p.serves.back())
+        bad(where, at, "ranks must be listed in ascending order, each once");
+      p.serves.push_back(r.get<int32_t>());
+    }
+  }
   auto ks = j.find("kernels");
   if (ks == j.end() || !ks->is_array() || ks->empty()) bad(where, "$.kernels", "expected a non-empty array");
   if (ks->size() > size_t(kMaxKernels)) bad(where, "$.kernels", fmt::format("more than {} kernels", kMaxKernels));
@@ -216,6 +230,7 @@ json header_json(const Plan& p) {
   j["arch"] = "sm_" + std::to_string(p.arch);
   j["nvrtc_version"] = p.nvrtc_version;
   j["mkernel_version"] = p.mkernel_version;
+  if (!p.serves.empty()) j["serves"] = p.serves;
   return j;
 }
 
@@ -258,6 +273,7 @@ std::string resource_key(const Plan& p, const Kernel& k) {
   json j = header_json(p);
   j.erase("dtype");
   j.erase("op");
+  j.erase("serves");  // which ranks run the code, not the layout (equal on every rank)
   json kj = kernel_json(k);
   for (const char* f : {"name", "cubin", "source"}) kj.erase(f);
   j["kernel"] = std::move(kj);
@@ -360,6 +376,37 @@ Plan read_dir(const std::string& dir) {
   return p;
 }
 
+bool serves(const Plan& p, int32_t rank) {
+  return rank >= 0 && rank < p.nranks &&
+         (p.serves.empty() || std::binary_search(p.serves.begin(), p.serves.end(), rank));
+}
+
+std::string served_ranks(const Plan& p) {
+  std::vector<int32_t> all;
+  if (p.serves.empty())
+    for (int32_t r = 0; r < p.nranks; ++r) all.push_back(r);
+  const std::vector<int32_t>& v = p.serves.empty() ? all : p.serves;
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    size_t e = i;
+    while (e + 1 < v.size() && v[e + 1] == v[e] + 1) ++e;
+    out += (out.empty() ? "" : ",") + (e > i ? fmt::format("{}-{}", v[i], v[e]) : std::to_string(v[i]));
+    i = e;
+  }
+  return out;
+}
+
+void check_serves(const Plan& p, int32_t rank, const std::string& where) {
+  if (serves(p, rank)) return;
+  throw Error(ErrId::plan_E006,
+              fmt::format("{}: plan {} for {} ranks was compiled for ranks {} only (its rank class), not rank {}",
+                          where, p.schedule, p.nranks, served_ranks(p), rank),
+              {},
+              fmt::format("compile one for this rank with `mkc compile {} --ranks {} --rank {}`, or leave --rank out "
+                          "for a plan that serves every rank",
+                          p.schedule, p.nranks, rank));
+}
+
 const Kernel* select(const Plan& p, int64_t bytes) {
   for (const auto& k : p.kernels)
     if (bytes >= k.min_bytes && (k.max_bytes < 0 || bytes <= k.max_bytes)) return &k;
@@ -369,9 +416,10 @@ const Kernel* select(const Plan& p, int64_t bytes) {
 std::string summary(const Plan& p) {
   size_t bytes = 0;
   for (const auto& k : p.kernels) bytes += k.cubin.size();
-  std::string s = fmt::format("plan {} ({}{}) for {} ranks, {} {}, {}; {} kernel(s), {} bytes of cubin\n", p.schedule,
-                              name(p.coll), p.zero_copy ? ", zero-copy" : "", p.nranks, name(p.dtype), name(p.op), "sm_" + std::to_string(p.arch),
-                              p.kernels.size(), bytes);
+  std::string s = fmt::format("plan {} ({}{}) for {} ranks{}, {} {}, {}; {} kernel(s), {} bytes of cubin\n", p.schedule,
+                              name(p.coll), p.zero_copy ? ", zero-copy" : "", p.nranks,
+                              p.serves.empty() ? "" : " (serves ranks " + served_ranks(p) + ")", name(p.dtype),
+                              name(p.op), "sm_" + std::to_string(p.arch), p.kernels.size(), bytes);
   for (const auto& k : p.kernels) {
     std::string range = k.max_bytes < 0 ? fmt::format("{}B..", k.min_bytes)
                                         : fmt::format("{}B..{}B", k.min_bytes, k.max_bytes);

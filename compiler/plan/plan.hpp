@@ -52,8 +52,19 @@ struct Plan {
   int32_t arch = 90;
   int32_t nvrtc_version = 0;
   std::string mkernel_version;
+  // The ranks the kernels run on (mkc compile --rank R: R's rank class),
+  // ascending; empty: every rank. On another rank a kernel does nothing.
+  std::vector<int32_t> serves;
   std::vector<Kernel> kernels;
 };
+
+// Whether the plan's kernels run on `rank`.
+bool serves(const Plan& p, int32_t rank);
+// Throws mk.plan.E006, naming `where`, the ranks the plan serves and how to
+// compile one for `rank`, unless serves(p, rank).
+void check_serves(const Plan& p, int32_t rank, const std::string& where);
+// "0-3,5" (every rank when p.serves is empty: "0-(nranks-1)").
+std::string served_ranks(const Plan& p);
 
 std::string to_json(const Plan& p);
 // Parses and validates plan.json text (hostile input: any bytes); `where`

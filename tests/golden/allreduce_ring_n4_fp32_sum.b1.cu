@@ -8,7 +8,7 @@ struct P1 {
   using T = float;
   static constexpr int kRed = 0;
   static constexpr int kRanks = 4, kChunks = 4, kTbs = 2, kInstances = 16, kDepth = 2;
-  static constexpr int kScratch = 6, kSlots = 7, kThreads = 512, kPosRot = 1;
+  static constexpr int kScratch = 6, kSlots = 7, kThreads = 512, kPosRot = 1, kWide = 0;
   static constexpr long long kMaxTileBytes = 172032;
   static constexpr bool kLL = false, kRooted = false, kZeroCopy = false;
 };

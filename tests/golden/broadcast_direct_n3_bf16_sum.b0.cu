@@ -8,7 +8,7 @@ struct P0 {
   using T = mk::dev::bf16;
   static constexpr int kRed = 0;
   static constexpr int kRanks = 3, kChunks = 1, kTbs = 3, kInstances = 4, kDepth = 2;
-  static constexpr int kScratch = 1, kSlots = 2, kThreads = 256, kPosRot = 0;
+  static constexpr int kScratch = 1, kSlots = 2, kThreads = 256, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 16384;
   static constexpr bool kLL = true, kRooted = true, kZeroCopy = false;
 };

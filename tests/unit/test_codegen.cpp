@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <thread>
+#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include "compiler/jit/jit.hpp"
 #include "compiler/pipeline.hpp"
 #include "compiler/plan/plan.hpp"
+#include "compiler/topology/topology.hpp"
 #include "mk/dsl.hpp"
 #include "support.hpp"
 
@@ -144,9 +146,11 @@ TEST_CASE("codegen: rank classes") {
 // (regression: the canonical form and the flag-slot numbering used to depend
 // on how different thread blocks' ops interleave). allreduce.one_shot sums in
 // absolute rank order (bit-identical results on every rank), so the input's
-// place among a reduce's sources differs per rank: one class per rank. The
-// rooted collectives' non-root ranks differ only in peers and slots: they
-// share a class through rank tables, the root has its own.
+// place among a reduce's sources differs per rank: its reduce is wide, with
+// the operands (kinds included) from the rank table, so it too is one class
+// (regression: one class per rank). The rooted collectives' non-root ranks
+// differ only in peers and slots: they share a class through rank tables,
+// the root has its own.
 TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one per different program") {
   for (std::string s : {"allgather.direct", "alltoall.direct", "allgather.ring", "allreduce.ring",
                         "allreduce.two_shot", "reducescatter.ring", "reducescatter.direct"})
@@ -156,8 +160,21 @@ TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one
         CAPTURE(n);
         CHECK(codegen::rank_classes(v).representative.size() == 1);
       }
-  for (const auto& v : lower_builtin("allreduce.one_shot", 4).variants)
-    CHECK(codegen::rank_classes(v).representative.size() == 4);
+  // The hierarchical schedules take the rail blocks in the ring's order
+  // relative to the node (regression: absolute order, one class per node).
+  for (std::string s : {"allreduce.hier", "allgather.hier", "reducescatter.hier"})
+    for (const char* t : {"2x4:direct", "4x2:direct", "3x2:direct", "8x8:direct"}) {
+      CAPTURE(s);
+      CAPTURE(t);
+      const auto topo = topology::parse(t, 0);
+      for (const auto& v : compiler::lower(dsl::build(*dsl::find_schedule(s), topo), compiler::LowerOptions{}).variants)
+        CHECK(codegen::rank_classes(v).representative.size() == 1);
+    }
+  for (int n : {2, 4, 8, 16})
+    for (const auto& v : lower_builtin("allreduce.one_shot", n).variants) {
+      CAPTURE(n);
+      CHECK(codegen::rank_classes(v).representative.size() == 1);
+    }
   for (std::string s : {"broadcast.direct", "reduce.direct"})
     for (const auto& v : lower_builtin(s, 4).variants) {
       CAPTURE(s);
@@ -194,14 +211,60 @@ TEST_CASE("codegen: halving-doubling is one rank class with a rank table") {
   CHECK(b[1].kernel.size < 4 * a[1].kernel.size);
 }
 
+// The templated primitive is unrolled over its operands and keeps LL formats
+// in 32-bit masks: an op of more than 8 sources or destinations is wide (a
+// loop over a runtime operand list), so NVRTC's time stays flat in the rank
+// count (regression: 64-source reduces took NVRTC 20-60 s, and a 64-way LL
+// op's masks overflowed, marking the output as LL). The size E005 bounds
+// counts a wide op's instantiation once, not per operand.
+TEST_CASE("codegen: ops of more than 8 operands are wide, and weigh little") {
+  const std::regex templated(R"(op<(\d+), (\d+),)");
+  for (std::string s : {"allreduce.two_shot", "reducescatter.direct", "reduce.direct", "allreduce.one_shot"})
+    for (int n : {16, 64}) {
+      CAPTURE(s);
+      CAPTURE(n);
+      auto l = lower_builtin(s, n);
+      auto units = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t");
+      for (const auto& u : units) {
+        CHECK(contains(u.source, "op_wide<"));
+        for (std::sregex_iterator m(u.source.begin(), u.source.end(), templated), end; m != end; ++m) {
+          CAPTURE(m->str());
+          CHECK(std::stoi((*m)[1]) <= 8);
+          CHECK(std::stoi((*m)[2]) <= 8);
+        }
+        CHECK(u.kernel.size < 1500);
+      }
+    }
+}
+
 // A kernel too large for NVRTC is refused before NVRTC runs, naming the ranks
 // that could not share code (regression: E005 was never raised; NVRTC ran for
 // minutes and gigabytes, or ptxas ran out of memory).
+// An all-gather in which rank r pushes its block to the ranks below it in one
+// copy and to those above it in another: the copies' destination counts
+// differ per rank, so every rank but the last (the first's mirror image) is
+// its own class.
+ir::Schedule uneven_allgather(int n) {
+  dsl::Program p(Collective::allgather, n, 0, "test.uneven");
+  for (int r = 0; r < n; ++r) {
+    p.copy(p.output(r, r), p.input(r, 0));
+    std::vector<dsl::Chunk> lo, hi;
+    for (int q = 0; q < n; ++q)
+      if (q != r) (q < r ? lo : hi).push_back(p.output(q, r));
+    if (!lo.empty()) p.copy(lo, p.input(r, 0));
+    if (!hi.empty()) p.copy(hi, p.input(r, 0));
+  }
+  return std::move(p.ir());
+}
+
 TEST_CASE("codegen: a kernel over the size limit is refused with E005 and says which ranks differ") {
-  auto l = lower_builtin("allreduce.one_shot", 16);
-  auto c = catch_error([&] { codegen::generate(l.variants, DType::fp32, RedOp::sum, "t"); });
+  auto l = compiler::lower(uneven_allgather(8), compiler::LowerOptions{});
+  REQUIRE(codegen::rank_classes(l.variants.back()).representative.size() == 7);
+  codegen::Limits small;
+  small.max_size = 300;
+  auto c = catch_error([&] { codegen::generate(l.variants, DType::fp32, RedOp::sum, "t", small); });
   CHECK(c.id == "mk.jit.E005");
-  CHECK(contains(c.what, "16 rank class(es)"));
+  CHECK(contains(c.what, "7 rank class(es)"));
   CHECK(contains(c.what, "rank 1 differs from rank 0 in thread block"));
   CHECK(contains(c.what, "mkc show --classes"));
   // a limit is a limit: a small schedule over a small one fails the same way
@@ -210,6 +273,58 @@ TEST_CASE("codegen: a kernel over the size limit is refused with E005 and says w
   auto d = catch_error([&] { codegen::generate(lower_builtin("allreduce.ring", 4).variants, DType::fp32, RedOp::sum, "t", tiny); });
   CHECK(d.id == "mk.jit.E005");
   CHECK(contains(d.what, "one class, but too many steps"));
+}
+
+// One rank's plan: only the code (and tables) of that rank's class, so its
+// size does not grow with the number of classes; the other ranks' class is
+// -1 (they run nothing), and the plan says whom it serves (regression: every
+// plan held every class).
+TEST_CASE("codegen: --rank generates only that rank's class; plans say which ranks they serve") {
+  auto l = compiler::lower(uneven_allgather(8), compiler::LowerOptions{});
+  const auto all = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t");
+  for (int r : {0, 3, 7}) {
+    CAPTURE(r);
+    const auto one = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t", {}, r);
+    REQUIRE(one.size() == all.size());
+    for (size_t b = 0; b < one.size(); ++b) {
+      const auto rc = codegen::rank_classes(l.variants[b]);
+      const int32_t mine = rc.class_of[size_t(r)];
+      std::vector<int32_t> members;
+      for (int32_t v = 0; v < 8; ++v)
+        if (rc.class_of[size_t(v)] == mine) members.push_back(v);
+      CHECK(one[b].serves == members);
+      CHECK(all[b].serves.empty());
+      CHECK(one[b].kernel.size * 3 < all[b].kernel.size);
+      CHECK(contains(one[b].source, fmt::format("    case {}:\n", mine)));
+      for (int32_t c = 0; c < int32_t(rc.representative.size()); ++c)
+        if (c != mine) CHECK_FALSE(contains(one[b].source, fmt::format("    case {}:\n", c)));
+      CHECK(contains(one[b].source, "kClassOf[8] = {"));
+      CHECK(contains(one[b].source, "-1"));
+    }
+  }
+  // a rooted collective's virtual rank moves with the root: every class stays
+  for (const auto& u : codegen::generate(lower_builtin("broadcast.direct", 4).variants, DType::fp32, RedOp::sum, "t", {}, 2))
+    CHECK(u.serves.empty());
+}
+
+TEST_CASE("compile: --rank R makes a plan serving R's class; a rank out of range is cli E004" *
+          doctest::skip(!have_nvrtc())) {
+  mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
+  compiler::CompileOptions o;
+  o.rank = 7;  // the uneven all-gather's rank 7 shares rank 0's class
+  auto p = compiler::compile_plan(uneven_allgather(8), o);
+  CHECK(p.serves == std::vector<int32_t>{0, 7});
+  CHECK(contains(plan::summary(p), "(serves ranks 0,7)"));
+  o.rank = 3;
+  CHECK(compiler::compile_plan(uneven_allgather(8), o).serves == std::vector<int32_t>{3});
+  o.rank = -1;
+  CHECK(compiler::compile_plan(uneven_allgather(8), o).serves.empty());
+  o.rank = 0;  // one class: the plan serves every rank
+  CHECK(compiler::compile_plan(dsl::build(*dsl::find_schedule("allreduce.ring"), 4), o).serves.empty());
+  o.rank = 8;
+  auto c = catch_error([&] { compiler::compile_plan(uneven_allgather(8), o); });
+  CHECK(c.id == "mk.cli.E004");
+  CHECK(contains(c.what, "--rank 8 is not a rank of 8"));
 }
 
 // ---- NVRTC --------------------------------------------------------------------

@@ -404,3 +404,50 @@ TEST_CASE("get_plan: plans compiled with other MK_TUNE values are other plans" *
   CHECK(a->kernels[1].instances == 2);
   CHECK(b->kernels[1].instances == 3);
 }
+
+// A plan compiled for one rank class (mkc compile --rank) says which ranks
+// it serves; a malformed list is refused, and a runtime rank outside it gets
+// mk.plan.E006 naming the ranks and the command for its own (regression: a
+// plan had no notion of ranks, so another rank's kernel would run nothing).
+TEST_CASE("plan: serves lists the ranks a plan runs on; another rank gets mk.plan.E006") {
+  auto p = mkt::fake_plan();
+  CHECK(plan::serves(p, 0));
+  CHECK(plan::serves(p, 1));
+  CHECK_FALSE(plan::serves(p, 2));
+  CHECK(plan::served_ranks(p) == "0-1");
+  CHECK(plan::to_json(p).find("serves") == std::string::npos);  // every rank: no field
+  p.serves = {1};
+  mkt::TempDir d;
+  plan::write_dir(p, d.str());
+  const auto back = plan::read_dir(d.str());
+  CHECK(back.serves == std::vector<int32_t>{1});
+  CHECK(plan::resource_key(back, back.kernels[0]) == plan::resource_key(mkt::fake_plan(), back.kernels[0]));
+  CHECK(plan::serves(back, 1));
+  CHECK_FALSE(plan::serves(back, 0));
+  CHECK_NOTHROW(plan::check_serves(back, 1, "x"));
+  auto c = catch_error([&] { plan::check_serves(back, 0, "/plans/ar"); });
+  CHECK(c.id == "mk.plan.E006");
+  CHECK(contains(c.what, "/plans/ar: plan allreduce.ring for 2 ranks was compiled for ranks 1 only"));
+  CHECK(contains(c.what, "not rank 0"));
+  CHECK(contains(c.what, "--rank 0"));
+  const json good = plan_json(d.path);
+  for (const json& bad : {json::array(), json({1, 1}), json({1, 0}), json({2}), json({-1}), json("1"), json({0, 1, 1})}) {
+    CAPTURE(bad.dump());
+    json j = good;
+    j["serves"] = bad;
+    put_json(d.path, j);
+    auto e = catch_error([&] { plan::read_dir(d.str()); });
+    CHECK(e.id == "mk.plan.E001");
+    CHECK(contains(e.what, "$.serves"));
+  }
+  // the runtime: MK_PLAN_DIR's plan for rank 1 serves rank 1, not rank 0
+  put_json(d.path, good);
+  mkt::ScopedEnv env("MK_PLAN_DIR", d.str());
+  CHECK(rt::get_plan("allreduce.ring", Collective::allreduce, 2, DType::fp16, RedOp::avg, 90, false, 0, 1)->serves ==
+        std::vector<int32_t>{1});
+  auto r = catch_error([] { rt::get_plan("allreduce.ring", Collective::allreduce, 2, DType::fp16, RedOp::avg, 90, false, 0, 0); });
+  CHECK(contains(r.what, "[mk.plan.E006]"));
+  CHECK(contains(r.what, "not rank 0"));
+  auto all = catch_error([] { rt::get_plan("allreduce.ring", Collective::allreduce, 2, DType::fp16, RedOp::avg, 90, false); });
+  CHECK(contains(all.what, "a plan for every rank is needed"));
+}

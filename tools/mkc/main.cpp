@@ -4,7 +4,7 @@
 //   mkc verify   SCHEDULE [--ranks N] [--root R] [--strict]
 //   mkc show     SCHEDULE [--ranks N] [--svg OUT.svg] [--pick]
 //   mkc lower    SCHEDULE [--ranks N] --dump-after=PASS
-//   mkc compile  SCHEDULE [--ranks N] --dtype T --op O -o DIR
+//   mkc compile  SCHEDULE [--ranks N] [--rank R] --dtype T --op O -o DIR
 //   mkc simulate SCHEDULE [--ranks N] --dtype T --op O --count C
 //   mkc import   FILE.xml|FILE.json [-o schedule.json]
 //   mkc export   SCHEDULE [--ranks N] --format msccl-xml [-o out.xml]
@@ -404,8 +404,9 @@ int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir, bo
 }
 
 int cmd_compile(Common o, const std::string& dtype, const std::string& op, const std::string& arch,
-                const std::string& out, bool no_cache) {
+                const std::string& out, bool no_cache, int32_t rank) {
   compiler::CompileOptions co;
+  co.rank = rank;
   co.dtype = dtype_arg(dtype);
   co.op = op_arg(op);
   co.arch = jit::parse_arch(arch);
@@ -581,6 +582,10 @@ int main(int argc, char** argv) {
   compile->add_option("--arch", arch, "GPU architecture, e.g. sm_90 (default), sm_80, sm_100");
   compile->add_option("-o,--out", out, "output directory")->required();
   compile->add_flag("--no-cache", no_cache, "ignore and do not fill the kernel cache");
+  int32_t compile_rank = -1;
+  compile->add_option("--rank", compile_rank,
+                      "generate and compile only the code of this rank's class (plan.json lists the ranks it serves); "
+                      "default: every rank");
 
   auto* simulate = app.add_subcommand("simulate", "run the lowered schedule on the CPU and compare with a float64 reference");
   add_common(simulate, sim_o, false);
@@ -623,7 +628,7 @@ int main(int argc, char** argv) {
     if (*verify) return cmd_verify(verify_o, strict);
     if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_pick, show_classes);
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
-    if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache);
+    if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache, compile_rank);
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
     if (*import) return cmd_import(import_file, import_out, import_no_verify);
     if (*exp) return cmd_export(export_o, export_format, export_out);
