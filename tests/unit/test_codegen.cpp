@@ -279,7 +279,7 @@ TEST_CASE("codegen: a kernel over the size limit is refused with E005 and says w
 // size does not grow with the number of classes; the other ranks' class is
 // -1 (they run nothing), and the plan says whom it serves (regression: every
 // plan held every class).
-TEST_CASE("codegen: --rank generates only that rank's class; plans say which ranks they serve") {
+TEST_CASE("codegen: --rank generates only that rank's class, plans say which ranks they serve") {
   auto l = compiler::lower(uneven_allgather(8), compiler::LowerOptions{});
   const auto all = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t");
   for (int r : {0, 3, 7}) {
@@ -307,7 +307,7 @@ TEST_CASE("codegen: --rank generates only that rank's class; plans say which ran
     CHECK(u.serves.empty());
 }
 
-TEST_CASE("compile: --rank R makes a plan serving R's class; a rank out of range is cli E004" *
+TEST_CASE("compile: --rank R makes a plan serving R's class, a rank out of range is cli E004" *
           doctest::skip(!have_nvrtc())) {
   mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
   compiler::CompileOptions o;

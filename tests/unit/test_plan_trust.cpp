@@ -409,7 +409,7 @@ TEST_CASE("get_plan: plans compiled with other MK_TUNE values are other plans" *
 // it serves; a malformed list is refused, and a runtime rank outside it gets
 // mk.plan.E006 naming the ranks and the command for its own (regression: a
 // plan had no notion of ranks, so another rank's kernel would run nothing).
-TEST_CASE("plan: serves lists the ranks a plan runs on; another rank gets mk.plan.E006") {
+TEST_CASE("plan: serves lists the ranks a plan runs on, another rank gets mk.plan.E006") {
   auto p = mkt::fake_plan();
   CHECK(plan::serves(p, 0));
   CHECK(plan::serves(p, 1));
