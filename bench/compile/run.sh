@@ -30,8 +30,9 @@ trap 'rm -rf "$tmp"' EXIT
 run() {
   /usr/bin/time -f '%e %M' -o "$tmp/time" timeout "$limit" "$@" >"$tmp/out" 2>&1
   rc=$?
-  secs=$(awk '{ print $1 }' "$tmp/time" | tail -1)
-  mb=$(awk '{ printf "%d", $2 / 1024 }' "$tmp/time" | tail -1)
+  # the last line: time(1) writes "Command exited with non-zero status N" above it
+  secs=$(tail -1 "$tmp/time" | awk '{ print $1 }')
+  mb=$(tail -1 "$tmp/time" | awk '{ printf "%d", $2 / 1024 }')
   if [ $rc -eq 124 ]; then secs="timeout"; fi
 }
 
@@ -48,10 +49,12 @@ row() {
   run "$mkc" verify "$@"
   vs=$secs vrc=$rc
   vnote=""
-  [ $vrc -ne 0 ] && vnote="verify: $(grep -m1 -o 'mk\.[a-z]*\.E[0-9]*' "$tmp/out")"
+  [ $vrc -ne 0 ] && vnote="verify: $(grep -m1 -o 'mk\.[a-z]*\.E[0-9]*\|internal error\|Killed\|bad_alloc' "$tmp/out") (rc $vrc)"
   if [ "$plan" = all ]; then run "$mkc" compile "$@" -o "$tmp/plan"; else run "$mkc" compile "$@" --rank 0 -o "$tmp/plan"; fi
   note="$vnote"
-  if [ $rc -ne 0 ] && [ "$secs" != timeout ]; then note="$note $(grep -m1 -o 'mk\.[a-z]*\.E[0-9]*' "$tmp/out")"; fi
+  if [ $rc -ne 0 ] && [ "$secs" != timeout ]; then
+    note="$note compile: $(grep -m1 -o 'mk\.[a-z]*\.E[0-9]*\|internal error\|Killed\|bad_alloc' "$tmp/out") (rc $rc)"
+  fi
   classes=$(grep -o 'classes=[0-9]*' "$tmp/out" | cut -d= -f2 | sort -n | tail -1)
   # "...; 1234 ms (lower 12, codegen 3, NVRTC 1200)"
   split=$(sed -n 's/.*ms (lower \([0-9]*\), codegen \([0-9]*\), NVRTC \([0-9]*\).*/\1 | \2 | \3/p' "$tmp/out" | tail -1)

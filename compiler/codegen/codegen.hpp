@@ -18,6 +18,14 @@
 // differ (e.g. a root's special role) get their own class. Rooted collectives
 // are built for root 0; the kernel runs the program of virtual rank
 // (rank - root).
+//
+// Wide ops: an op of more than 8 sources or destinations passes its
+// operands as a runtime list (kernel.cuh op_wide loops over them), so NVRTC's
+// work does not grow with the operand count. Where ranks differ only in the
+// kinds of a reduce's sources (one_shot: the own input at its own place in
+// the fixed rank order), every reduce is made wide and the encoded operands
+// come from the rank table: one class, and each rank still folds its sources
+// in the schedule's order.
 #pragma once
 
 #include <string>
@@ -51,9 +59,10 @@ struct KernelInfo {
 // What one kernel may hold; more is refused with jit E005 before NVRTC runs.
 // Size: per statement (a rerolled loop body counts once) its operands, plus
 // 32 x the operands of every distinct instantiation of the data primitive.
+// A wide op's loop body counts once (2 operands), whatever its operand count.
 // NVRTC's time and memory grow faster than linearly with it: one_shot at 16
-// ranks (16 classes, size ~9.5k) took 233 s and 1.3 GB on the 2-core build
-// machine, at 8 ranks (~2.6k) 34 s.
+// ranks (16 classes, before it became one, size ~9.5k) took 233 s and 1.3 GB
+// on the 2-core build machine, at 8 ranks (~2.6k) 34 s.
 struct Limits {
   int64_t max_size = 8192;
   int64_t max_table_bytes = 16ll << 20;
