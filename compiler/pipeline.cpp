@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <new>
 
 #include "compiler/verify/verify.hpp"
 
@@ -41,10 +42,11 @@ void check_after(std::string_view pass, const ir::Schedule& s) {
 
 }  // namespace
 
-Lowered lower(ir::Schedule s, const LowerOptions& o) {
+static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_view* done) {
   auto t0 = std::chrono::steady_clock::now();
   std::string before;  // the previous pass's IR text, only while someone watches
   auto dump = [&](std::string_view pass, const ir::Schedule& x) {
+    *done = pass;
     if (o.verify_each) check_after(pass, x);
     if (!o.on_pass) return;
     PassInfo info;
@@ -116,6 +118,23 @@ Lowered lower(ir::Schedule s, const LowerOptions& o) {
     out.variants.push_back(std::move(v));
   }
   return out;
+}
+
+Lowered lower(ir::Schedule s, const LowerOptions& o) {
+  const std::string name = s.name;
+  const int32_t nranks = s.nranks;
+  const size_t ops = s.ops.size();
+  std::string_view done = "none";
+  try {
+    return lower_passes(std::move(s), o, &done);
+  } catch (const std::bad_alloc&) {
+    // A size limit, not a crash: the analyses grow with the op count.
+    throw Error(ErrId::jit_E005,
+                fmt::format("schedule '{}' for {} ranks ({} ops) is too large to lower on this machine: out of "
+                            "memory after pass '{}'",
+                            name, nranks, ops, done),
+                {}, "use fewer ranks or chunks; `mkc lower --dump-after=PASS` shows each pass's time");
+  }
 }
 
 const ir::Schedule& variant_for(const Lowered& l, int64_t bytes) {

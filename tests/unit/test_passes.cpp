@@ -155,3 +155,47 @@ TEST_CASE("lower: verify_each checks after every pass, the log names every pass 
       CHECK_NOTHROW(compiler::lower(dsl::build(info, n), e));
     }
 }
+
+// ---- size limits ------------------------------------------------------------
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "compiler/topology/topology.hpp"
+
+TEST_CASE("lower: running out of memory is jit E005 naming the pass, not an internal error") {
+#if defined(__SANITIZE_ADDRESS__)
+  MESSAGE("skipped under AddressSanitizer: it reserves more address space than the limit allows");
+  return;
+#endif
+  // A child process with its address space capped a little above what it
+  // already uses lowers a 256-rank hierarchical all-reduce (about 570 MB).
+  ir::Schedule s = dsl::build(*dsl::find_schedule("allreduce.hier"), topology::parse("32x8:direct", 256), 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(96) << 20);
+    const struct rlimit r = {cap, cap};
+    setrlimit(RLIMIT_AS, &r);
+    int code = 2;  // lowered: the cap was too generous
+    try {
+      compiler::lower(std::move(s), compiler::LowerOptions{});
+    } catch (const Error& e) {
+      code = e.id() == ErrId::jit_E005 && std::string(e.what()).find("out of memory after pass") != std::string::npos
+                 ? 0
+                 : 3;
+    } catch (...) {
+      code = 4;  // std::bad_alloc or an internal error escaped
+    }
+    _exit(code);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
