@@ -1313,7 +1313,13 @@ int prewarm(int arch) {
           o.dtype = w.t;
           o.op = w.o;
           o.lower.zero_copy = w.zc;
-          compiler::compile_plan(dsl::build(*dsl::find_schedule(w.schedule), w.n, 0), o);
+          // The runtime JIT-compiles each rank's own plan (its rank class);
+          // ranks of one class share the cubins (cached by source).
+          const ir::Schedule built = dsl::build(*dsl::find_schedule(w.schedule), w.n, 0);
+          for (int r = 0; r < w.n; ++r) {
+            o.rank = r;
+            compiler::compile_plan(built, o);
+          }
         } catch (const std::exception& e) {
           std::printf("prewarm %s n=%d: %s\n", w.schedule.c_str(), w.n, e.what());
           ++errors;
