@@ -2,7 +2,9 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <sstream>
+#include <thread>
 
 namespace mkt {
 
@@ -81,6 +83,30 @@ Buffer::Buffer(const Device& d, size_t n) : ctx(d.ctx), bytes(n) {
 Buffer::~Buffer() {
   mk::rt::CtxGuard g(ctx);
   cu().cuMemFree(p);
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double bound_ms(double ms) { return std::getenv("MKT_SLOW") ? ms * 30 : ms; }
+
+mkComm_t one_rank() {
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  mkComm_t comm = nullptr;
+  REQUIRE_MESSAGE(mkCommInitRank(&comm, 1, id, 0) == mkSuccess, mkGetLastError(nullptr));
+  return comm;
+}
+
+mkResult_t settle(mkComm_t comm, double ms) {
+  mkResult_t e = mkInProgress;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (e == mkInProgress && ms_since(t0) < bound_ms(ms)) {
+    REQUIRE(mkCommGetAsyncError(comm, &e) == mkSuccess);
+    if (e == mkInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return e;
 }
 
 void launch_hung(mkComm_t comm, CUstream stream, void* buf) {

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <string>
 
 #include "mk.h"
@@ -39,6 +40,17 @@ mkfake_counts counts();
 mkfake_launch last_launch();
 // Every live count of `a` equals `b` (launches aside); names the differences.
 std::string leaks(const mkfake_counts& before, const mkfake_counts& after);
+
+// Milliseconds since t0.
+double ms_since(std::chrono::steady_clock::time_point t0);
+// A bound on how long a call may take: generous, and much more so under
+// valgrind (MKT_SLOW, set by the memcheck run), where threads crawl.
+double bound_ms(double ms);
+// A one-rank communicator on the current device (REQUIREd to succeed).
+mkComm_t one_rank();
+// Polls mkCommGetAsyncError until `comm` is no longer in progress or
+// bound_ms(ms) passed; returns the last state.
+mkResult_t settle(mkComm_t comm, double ms = 10000);
 
 // A 64-float all-reduce on `buf` whose kernel stays "running" (mkfake_hang)
 // until the communicator's abort word is raised or mkfake_release().

@@ -38,10 +38,7 @@ TEST_CASE("cuModuleLoadData failing: the first all-reduce fails clearly, the nex
   {
     mkt::Device dev(0);
     mkt::Buffer buf(dev, 4096);
-    mkUniqueId id;
-    REQUIRE(mkGetUniqueId(&id) == mkSuccess);
-    mkComm_t comm = nullptr;
-    REQUIRE(mkCommInitRank(&comm, 1, id, 0) == mkSuccess);
+    mkComm_t comm = mkt::one_rank();
     const int64_t launches = mkt::counts().launches;
     {
       FailNext f("cuModuleLoadData", 1);

@@ -26,10 +26,7 @@ TEST_CASE("one rank: an all-reduce launches one kernel with the call's arguments
   {
     mkt::Device dev(0);
     mkt::Buffer in(dev, 4096), out(dev, 4096);
-    mkUniqueId id;
-    REQUIRE(mkGetUniqueId(&id) == mkSuccess);
-    mkComm_t comm = nullptr;
-    REQUIRE_MESSAGE(mkCommInitRank(&comm, 1, id, 0) == mkSuccess, mkGetLastError(nullptr));
+    mkComm_t comm = mkt::one_rank();
     const int64_t launches = mkt::counts().launches;
     REQUIRE_MESSAGE(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat32, mkSum, comm, dev.stream) == mkSuccess,
                     mkGetLastError(comm));
@@ -154,10 +151,7 @@ TEST_CASE("a hung kernel ends when mkCommAbort raises the abort word") {
   auto running = mkt::require_fn<decltype(mkfake_running)>("mkfake_running");
   mkt::Device dev(0);
   mkt::Buffer buf(dev, 4096);
-  mkUniqueId id;
-  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
-  mkComm_t comm = nullptr;
-  REQUIRE(mkCommInitRank(&comm, 1, id, 0) == mkSuccess);
+  mkComm_t comm = mkt::one_rank();
   mkt::launch_hung(comm, dev.stream, buf.ptr());
   CHECK(running() == 1);
   CHECK(cu().cuStreamQuery(dev.stream) == CUDA_ERROR_NOT_READY);

@@ -18,19 +18,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-double bound_ms(double ms) { return std::getenv("MKT_SLOW") ? ms * 30 : ms; }
-
-// Polls until `comm` is no longer in progress; returns its state.
-mkResult_t settle(mkComm_t comm, double ms = 10000) {
-  mkResult_t e = mkInProgress;
-  const auto t0 = Clock::now();
-  while (e == mkInProgress && ms_since(t0) < bound_ms(ms)) {
-    REQUIRE(mkCommGetAsyncError(comm, &e) == mkSuccess);
-    if (e == mkInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return e;
-}
+using mkt::bound_ms;
+using mkt::ms_since;
+using mkt::settle;
 
 // Where a launched kernel's flags and scratch of `rank` are, as addresses
 // (read from the tables the launch's Args point at).
