@@ -79,11 +79,18 @@ TEST_CASE("abort from another thread while threads are inside calls: no freed me
         std::this_thread::yield();
       }
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // Abort only once every thread is demonstrably running: under valgrind, which runs one thread
+    // at a time, a fixed sleep could pass before the watchdog had polled even once.
+    const auto started = Clock::now();
+    while ((polls.load() == 0 || ok.load() == 0) && ms_since(started) < bound_ms(10000))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const auto t0 = Clock::now();
     CHECK_MESSAGE(mkCommAbort(comm) == mkSuccess, mkGetLastError(nullptr));
     CHECK(ms_since(t0) < bound_ms(5000));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto aborted = Clock::now();  // and let the callers see the dead handle before they stop
+    while (failed.load() == 0 && ms_since(aborted) < bound_ms(10000))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     go = false;
     for (auto& t : callers) t.join();
     watchdog.join();
