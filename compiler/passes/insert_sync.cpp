@@ -6,8 +6,9 @@
 // in-place count as one chunk, so one plan serves both modes). Program order
 // inside a thread block already orders ops of one block. For the rest, a
 // signal after i and a wait before j, unless i already happens before j
-// through edges added so far (checked with a bitset closure, taking the
-// latest dependency first so the nearest edge implies the older ones).
+// through edges added so far (taking the latest dependency first so the
+// nearest edge implies the older ones; vector clocks over thread blocks in
+// bounded memory answer "already happens before", see sync_edges).
 //
 // Across steps, scratch is reused `depth` steps later: every access of a
 // scratch slot at step g must happen before each write of it at g + depth.
@@ -31,7 +32,7 @@
 #include <tuple>
 
 #include "compiler/passes/passes.hpp"
-#include "compiler/verify/bitset.hpp"
+#include "compiler/verify/clocks.hpp"
 #include "compiler/verify/hb.hpp"
 
 namespace mk::passes {
@@ -39,54 +40,121 @@ namespace mk::passes {
 using ir::Op;
 using ir::OpKind;
 
-ir::Schedule insert_sync(ir::Schedule s) {
-  MK_CHECK(!s.synced, "insert_sync ran twice");
+namespace {
+
+// The edges, from clocks over the data ops' chains (thread blocks): step g
+// first (clocks of step-g positions, own included; dependencies decided
+// against them), then step g + depth (clocks that hold step-g positions: what
+// of step g happens before this op depth steps later; scratch reuse decided
+// against them). The chain's running clock carries over between the two: step
+// g's whole chain precedes the chain at g + depth.
+template <class T>
+void decide(const ir::Schedule& s, const std::vector<int32_t>& chain, const std::vector<int32_t>& pos,
+            size_t nchains, const std::vector<std::vector<size_t>>& dep, const std::vector<std::vector<size_t>>& need,
+            size_t budget, std::vector<SyncEdge>& edges) {
   const size_t n = s.ops.size();
-  for (const Op& op : s.ops) MK_CHECK(op.tb >= 0, "insert_sync needs thread blocks assigned");
-  for (const Op& op : s.ops)
-    MK_CHECK(op.kind != OpKind::signal && op.kind != OpKind::wait, "schedule already has sync ops");
-
-  std::vector<int32_t> di(n, -1);  // dense data index
-  size_t nd = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (s.ops[i].is_data()) di[i] = int32_t(nd++);
-
-  // Thread-block neighbours in program order.
-  std::vector<int64_t> prev_in_tb(n, -1), last_of_tb_if_first(n, -1);
-  std::vector<int32_t> local_index(n, 0);  // index in its thread block's program
-  {
-    std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> by_tb;
-    for (size_t i = 0; i < n; ++i) {
-      if (!s.ops[i].is_data()) continue;
-      auto& list = by_tb[{s.ops[i].rank, s.ops[i].tb}];
-      local_index[i] = int32_t(list.size());
-      list.push_back(i);
-    }
-    for (auto& [k, list] : by_tb) {
-      for (size_t t = 1; t < list.size(); ++t) prev_in_tb[list[t]] = int64_t(list[t - 1]);
-      last_of_tb_if_first[list.front()] = int64_t(list.back());
-    }
+  // Reads of each op's step-g clock (as a dependency, and as a reuse
+  // candidate) and of its step-(g + depth) clock (as a dependency).
+  std::vector<int32_t> uses_now(n, 0), uses_later(n, 0);
+  for (size_t j = 0; j < n; ++j) {
+    for (size_t i : dep[j]) ++uses_now[i], ++uses_later[i];
+    for (size_t a : need[j]) ++uses_now[a];
   }
+  verify::for_each_chain_block<T>(nchains, budget, [&](verify::ClockPool<T>& pool) {
+    std::vector<int32_t> now(n, -1), later(n, -1);
+    for (size_t j = 0; j < n; ++j) {
+      if (chain[j] < 0) continue;
+      T* clock = pool.running(size_t(chain[j]));
+      for (size_t i : dep[j]) {
+        const size_t c = size_t(chain[i]);
+        if (pool.covers(c) && pool.has(clock, c, T(pos[i]))) {
+          pool.drop(now[i]);  // already before j: its clock adds nothing
+          continue;
+        }
+        if (pool.covers(c)) edges.push_back({i, j, 0});
+        pool.join_from(clock, now[i]);
+      }
+      pool.set_own(clock, size_t(chain[j]), T(pos[j]));
+      if (uses_now[j] > 0) now[j] = pool.snapshot(clock, uses_now[j]);
+    }
+    for (size_t j = 0; j < n; ++j) {
+      if (chain[j] < 0) continue;
+      T* clock = pool.running(size_t(chain[j]));
+      for (size_t i : dep[j]) pool.join_from(clock, later[i]);
+      for (size_t a : need[j]) {
+        const size_t c = size_t(chain[a]);
+        if (pool.covers(c) && pool.has(clock, c, T(pos[a]))) {
+          pool.drop(now[a]);
+          continue;
+        }
+        if (pool.covers(c)) edges.push_back({a, j, -s.depth});
+        pool.join_from(clock, now[a]);
+      }
+      if (uses_later[j] > 0) later[j] = pool.snapshot(clock, uses_later[j]);
+    }
+  });
+}
 
+}  // namespace
+
+// Op j needs an edge from i unless i already happens before j through
+// program order and the dependencies taken so far, the latest first (so the
+// nearest edge implies the older ones). A dependency left out is implied by
+// the others, so what happens before j is the same with all of them: the
+// decision for each is a question about the closure of the full dependency
+// graph, answered with vector clocks in bounded memory (verify/clocks.hpp).
+std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, size_t budget) {
+  std::vector<std::vector<size_t>> dep = needs.within;
+  const auto& need = needs.reuse;
+  const size_t n = s.ops.size();
+  std::map<std::pair<int32_t, int32_t>, int32_t> chain_of;
+  std::vector<int32_t> chain(n, -1), pos(n, 0), length;
+  for (size_t i = 0; i < n; ++i) {
+    if (!s.ops[i].is_data()) continue;
+    auto [it, fresh] = chain_of.emplace(std::make_pair(s.ops[i].rank, s.ops[i].tb), int32_t(length.size()));
+    if (fresh) length.push_back(0);
+    chain[i] = it->second;
+    pos[i] = ++length[size_t(it->second)];
+  }
+  // Program order already gives a dependency within the thread block.
+  for (size_t j = 0; j < n; ++j) {
+    for (size_t i : dep[j])
+      MK_CHECK(chain[i] != chain[j] || i < j, "a dependency points forward in its thread block");
+    std::erase_if(dep[j], [&](size_t i) { return chain[i] == chain[j]; });
+  }
+  const int32_t longest = length.empty() ? 0 : *std::max_element(length.begin(), length.end());
+  std::vector<SyncEdge> edges;
+  verify::with_entry_type(size_t(longest), [&](auto entry) {
+    decide<decltype(entry)>(s, chain, pos, length.size(), dep, need, budget, edges);
+  });
+  // The blocks found them chain block by chain block; emit in a fixed order.
+  std::sort(edges.begin(), edges.end(), [](const SyncEdge& x, const SyncEdge& y) {
+    return std::tie(x.to, x.iter, x.from) < std::tie(y.to, y.iter, y.from);
+  });
+  return edges;
+}
+
+SyncNeeds sync_needs(const ir::Schedule& s) {
+  const size_t n = s.ops.size();
   // Required dependencies (within a step), from chunk accesses, in both
   // aliasing modes (one plan serves in-place and out-of-place calls).
   const bool ll = s.proto == ir::Proto::ll;
-  std::vector<std::set<size_t>> deps(n);
+  std::vector<std::vector<size_t>> deps(n);
   for (bool inplace : {false, true}) {
     for (const auto& [key, list] : verify::accesses(s, inplace)) {
       int64_t last_write = -1;
       std::vector<size_t> reads;
       for (const auto& a : list) {
         if (a.write) {
-          if (last_write >= 0) deps[a.op].insert(size_t(last_write));
+          if (last_write >= 0) deps[a.op].push_back(size_t(last_write));
           for (size_t r : reads)
-            if (r != a.op) deps[a.op].insert(r);
+            if (r != a.op) deps[a.op].push_back(r);
           last_write = int64_t(a.op);
           reads.clear();
         } else {
           bool in_band = ll && key.space == 2;
           if (last_write >= 0 && size_t(last_write) != a.op && !in_band)
-            deps[a.op].insert(size_t(last_write));
+            deps[a.op].push_back(size_t(last_write));
           reads.push_back(a.op);
         }
       }
@@ -94,62 +162,40 @@ ir::Schedule insert_sync(ir::Schedule s) {
   }
   const auto acc = verify::accesses(s, false);  // scratch is the same in both modes
 
-  // Edges: (from, to, iter).
-  struct Edge {
-    size_t from, to;
-    int32_t iter;
-  };
-  std::vector<Edge> edges;
-  std::vector<std::vector<size_t>> within_in(n);
-  verify::BitRows C(n, nd);
-  auto absorb = [&](verify::BitRows& rows, size_t v, size_t src) {
-    rows.or_from(v, C, src);
-    rows.set(v, size_t(di[src]));
-  };
-  for (size_t j = 0; j < n; ++j) {
-    if (di[j] < 0) continue;
-    if (prev_in_tb[j] >= 0) absorb(C, j, size_t(prev_in_tb[j]));
-    std::vector<size_t> need(deps[j].begin(), deps[j].end());
-    std::sort(need.rbegin(), need.rend());
-    for (size_t i : need) {
-      if (C.test(j, size_t(di[i]))) continue;
-      MK_CHECK(!(s.ops[i].rank == s.ops[j].rank && s.ops[i].tb == s.ops[j].tb),
-               "program order should imply same-block dependencies");
-      edges.push_back({i, j, 0});
-      within_in[j].push_back(i);
-      absorb(C, j, i);
-    }
-  }
-
-  // Scratch reuse across steps.
-  std::map<size_t, std::vector<size_t>> scratch_accesses_by_writer;  // writer -> accesses of its slots
+  std::vector<std::vector<size_t>> need(n);  // scratch reuse: accessors of the slots j writes
   for (const auto& [key, list] : acc) {
     if (key.space != 2) continue;
-    for (const auto& w : list) {
-      if (!w.write) continue;
-      auto& v = scratch_accesses_by_writer[w.op];
-      for (const auto& a : list) v.push_back(a.op);
-    }
+    for (const auto& w : list)
+      if (w.write)
+        for (const auto& a : list) need[w.op].push_back(a.op);
   }
-  verify::BitRows R(n, nd);
-  for (size_t j = 0; j < n; ++j) {
-    if (di[j] < 0) continue;
-    if (prev_in_tb[j] >= 0) R.or_into(j, size_t(prev_in_tb[j]));
-    for (size_t i : within_in[j]) R.or_into(j, i);
-    if (last_of_tb_if_first[j] >= 0) absorb(R, j, size_t(last_of_tb_if_first[j]));
-    auto it = scratch_accesses_by_writer.find(j);
-    if (it == scratch_accesses_by_writer.end()) continue;
-    std::vector<size_t> need = it->second;
-    std::sort(need.begin(), need.end());
-    need.erase(std::unique(need.begin(), need.end()), need.end());
-    std::sort(need.rbegin(), need.rend());
-    for (size_t a : need) {
-      if (R.test(j, size_t(di[a]))) continue;
-      edges.push_back({a, j, -s.depth});
-      absorb(R, j, a);
+  for (auto* lists : {&deps, &need})
+    for (auto& v : *lists) {  // latest first, once each
+      std::sort(v.rbegin(), v.rend());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
     }
+  return {std::move(deps), std::move(need)};
+}
+
+
+ir::Schedule insert_sync(ir::Schedule s) { return insert_sync(std::move(s), verify::kClockBudget); }
+
+ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
+  MK_CHECK(!s.synced, "insert_sync ran twice");
+  const size_t n = s.ops.size();
+  for (const Op& op : s.ops) MK_CHECK(op.tb >= 0, "insert_sync needs thread blocks assigned");
+  for (const Op& op : s.ops)
+    MK_CHECK(op.kind != OpKind::signal && op.kind != OpKind::wait, "schedule already has sync ops");
+
+  // Each data op's index in its thread block's program.
+  std::vector<int32_t> local_index(n, 0);
+  {
+    std::map<std::pair<int32_t, int32_t>, int32_t> next;
+    for (size_t i = 0; i < n; ++i)
+      if (s.ops[i].is_data()) local_index[i] = next[{s.ops[i].rank, s.ops[i].tb}]++;
   }
 
+  std::vector<SyncEdge> edges = sync_edges(s, sync_needs(s), clock_budget);
   // Slots: per receiving rank, ordered by where the first waiting op sits
   // (its thread block, its place there), then the signaller's relative rank,
   // thread block and place. Keys are thread-block-local and rank-relative, so
@@ -158,7 +204,7 @@ ir::Schedule insert_sync(ir::Schedule s) {
   {
     using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>;
     std::map<std::pair<size_t, int32_t>, Key> wants;
-    for (const Edge& e : edges) {
+    for (const SyncEdge& e : edges) {
       int32_t rr = s.ops[e.to].rank;
       auto key = std::make_pair(e.from, rr);
       Key k{s.ops[e.to].tb, local_index[e.to], (s.ops[e.from].rank - rr + s.nranks) % s.nranks, s.ops[e.from].tb,
@@ -183,7 +229,7 @@ ir::Schedule insert_sync(ir::Schedule s) {
   // then one signal per receiving rank.
   std::vector<std::map<int32_t, int32_t>> waits_of(n);  // op -> slot -> iter
   std::vector<std::set<int32_t>> signal_ranks(n);
-  for (const Edge& e : edges) {
+  for (const SyncEdge& e : edges) {
     int32_t rr = s.ops[e.to].rank;
     int32_t slot = slot_of.at({e.from, rr});
     auto [it, fresh] = waits_of[e.to].emplace(slot, e.iter);

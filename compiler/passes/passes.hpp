@@ -48,5 +48,23 @@ std::vector<Bucket> plan_buckets(const ir::Schedule& s, int64_t min_bytes, int64
                                  const ProtocolOptions& o);
 ir::Schedule choose_protocol(ir::Schedule s, const Bucket& b);
 ir::Schedule insert_sync(ir::Schedule s);
+// With an explicit clock budget in bytes (tests force several chain blocks).
+ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget);
+
+// insert_sync's two halves, for tests. What must be ordered, per data op j,
+// latest first: the earlier ops it conflicts with in a step (within), and the
+// accessors of the scratch slots it writes, whose step-g accesses must come
+// before its write at g + depth (reuse).
+struct SyncNeeds {
+  std::vector<std::vector<size_t>> within, reuse;
+};
+SyncNeeds sync_needs(const ir::Schedule& s);
+// Which of those get a signal/wait: iter 0 within a step, -depth for reuse.
+// Sorted by (to, iter, from).
+struct SyncEdge {
+  size_t from, to;
+  int32_t iter;
+};
+std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, size_t clock_budget);
 
 }  // namespace mk::passes

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
+#include <queue>
 #include <set>
 
+#include "compiler/verify/clocks.hpp"
 #include "compiler/verify/verify.hpp"
 
 namespace mk::verify {
@@ -72,29 +75,15 @@ AccessMap accesses(const Schedule& s, bool inplace) {
   return out;
 }
 
-bool HB::before(size_t a, size_t b) const {
-  int32_t da = data_index[a], db = data_index[b];
-  return da >= 0 && db >= 0 && a != b && within.test(size_t(db), size_t(da));
-}
-
-bool HB::before_reuse(size_t a, size_t b) const {
-  int32_t da = data_index[a], db = data_index[b];
-  return da >= 0 && db >= 0 && cross.test(size_t(db), size_t(da));
-}
-
 namespace {
 
 std::string tb_name(const Op& op) { return fmt::format("rank {} tb {}", op.rank, op.tb); }
 
 }  // namespace
 
-HB build_hb(const Schedule& s) {
+SyncGraph build_sync_graph(const Schedule& s) {
   const size_t n = s.ops.size();
-  HB hb;
-  hb.data_index.assign(n, -1);
-  size_t ndata = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (s.ops[i].is_data()) hb.data_index[i] = int32_t(ndata++);
+  SyncGraph g;
 
   // Signals and waits by (rank, slot).
   std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> signals, waits;
@@ -124,21 +113,38 @@ HB build_hb(const Schedule& s) {
                   fmt::format("{}: {} signals slot {} of rank {}, but nothing waits on it", s.name,
                               describe_op(s, ss[0]), key.second, key.first),
                   s.ops[ss[0]].loc);
+  g.signal.assign(n, -1);
+  for (auto& [key, ws] : waits)
+    for (size_t w : ws) g.signal[w] = int64_t(signals[key][0]);
+
+  // Chains and positions.
+  {
+    std::map<std::pair<int32_t, int32_t>, int32_t> chain_of;
+    std::vector<int32_t> length;
+    g.chain.resize(n);
+    g.pos.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto [it, fresh] = chain_of.emplace(std::make_pair(s.ops[i].rank, s.ops[i].tb), int32_t(length.size()));
+      if (fresh) length.push_back(0);
+      g.chain[i] = it->second;
+      g.pos[i] = ++length[size_t(it->second)];
+    }
+    g.nchains = length.size();
+    for (int32_t l : length) g.longest = std::max(g.longest, size_t(l));
+  }
 
   // Edges. `hb_preds` carry ordering; `gate_preds` (LL) only block.
   std::vector<std::vector<size_t>> hb_preds(n), gate_preds(n);
   {
-    std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> by_tb;
-    for (size_t i = 0; i < n; ++i) by_tb[{s.ops[i].rank, s.ops[i].tb}].push_back(i);
-    for (auto& [key, list] : by_tb) {
-      for (size_t k = 1; k < list.size(); ++k) hb_preds[list[k]].push_back(list[k - 1]);
+    std::vector<int64_t> last(g.nchains, -1);
+    for (size_t i = 0; i < n; ++i) {
+      int64_t& l = last[size_t(g.chain[i])];
+      if (l >= 0) hb_preds[i].push_back(size_t(l));
+      l = int64_t(i);
     }
   }
-  for (auto& [key, ws] : waits) {
-    size_t sig = signals[key][0];
-    for (size_t w : ws)
-      if (s.ops[w].iter == 0) hb_preds[w].push_back(sig);
-  }
+  for (size_t w = 0; w < n; ++w)
+    if (g.signal[w] >= 0 && s.ops[w].iter == 0) hb_preds[w].push_back(size_t(g.signal[w]));
   if (s.proto == ir::Proto::ll) {
     // LL: the unique writer of a scratch slot in a step gates its readers.
     for (auto& [key, acc] : accesses(s, false)) {
@@ -157,7 +163,9 @@ HB build_hb(const Schedule& s) {
     }
   }
 
-  // Topological order over all edges (deadlock check).
+  // Topological order over all edges (deadlock check); lowest index first, so
+  // a schedule whose program order is already one keeps it (clocks then live
+  // briefly).
   std::vector<std::vector<size_t>> succ(n);
   std::vector<size_t> indeg(n, 0);
   for (size_t v = 0; v < n; ++v)
@@ -166,18 +174,18 @@ HB build_hb(const Schedule& s) {
         succ[p].push_back(v);
         ++indeg[v];
       }
-  std::vector<size_t> ready;
+  std::priority_queue<size_t, std::vector<size_t>, std::greater<>> ready;
   for (size_t v = 0; v < n; ++v)
-    if (indeg[v] == 0) ready.push_back(v);
-  std::reverse(ready.begin(), ready.end());
+    if (indeg[v] == 0) ready.push(v);
+  g.topo.reserve(n);
   while (!ready.empty()) {
-    size_t v = ready.back();
-    ready.pop_back();
-    hb.topo.push_back(v);
+    size_t v = ready.top();
+    ready.pop();
+    g.topo.push_back(v);
     for (size_t w : succ[v])
-      if (--indeg[w] == 0) ready.push_back(w);
+      if (--indeg[w] == 0) ready.push(w);
   }
-  if (hb.topo.size() != n) {
+  if (g.topo.size() != n) {
     // Find a cycle among the ops that never became ready.
     std::vector<int> state(n, 0);  // 0 unseen, 1 on stack, 2 done
     std::vector<size_t> stack;
@@ -211,138 +219,206 @@ HB build_hb(const Schedule& s) {
                 n ? s.ops[at].loc : SrcLoc{},
                 "a thread block waits for something that itself waits for that thread block");
   }
-
-  // Closures, in topological order, stored for data ops only. Each thread
-  // block keeps a running row ("everything that happened before here"); a data
-  // op snapshots it; a signal shares the snapshot of the data op before it
-  // unless waits came in between (then it gets a row of its own).
-  std::map<std::pair<int32_t, int32_t>, size_t> chain_of;
-  for (size_t i = 0; i < n; ++i) chain_of.emplace(std::make_pair(s.ops[i].rank, s.ops[i].tb), chain_of.size());
-  const size_t nchains = chain_of.size();
-  std::vector<size_t> chain(n);
-  for (size_t i = 0; i < n; ++i) chain[i] = chain_of[{s.ops[i].rank, s.ops[i].tb}];
-
-  // Pass 1: within a step.
-  hb.within.assign(ndata, ndata);
-  BitRows run(nchains, ndata), extra(0, ndata);
-  std::vector<int64_t> last_data(nchains, -1);  // row (dense index) of the chain's last data op
-  std::vector<bool> dirty(nchains, false);      // waits since that data op
-  // signal -> (is_extra, row)
-  std::vector<std::pair<bool, size_t>> sig_row(n, {false, 0});
-  auto row_of = [&](size_t sig) -> std::pair<const BitRows*, size_t> {
-    auto [ex, r] = sig_row[sig];
-    return {ex ? &extra : &hb.within, r};
-  };
-  std::map<std::pair<int32_t, int32_t>, size_t> signal_at;
-  for (auto& [key, ss] : signals) signal_at[key] = ss[0];
-  auto snapshot_signal = [&](size_t v, size_t ch, BitRows& rows, std::vector<std::pair<bool, size_t>>& where,
-                             BitRows& extras, const std::vector<int64_t>& last, const std::vector<bool>& dirt,
-                             BitRows& running) {
-    if (!dirt[ch] && last[ch] >= 0) {
-      where[v] = {false, size_t(last[ch])};
-    } else {
-      size_t r = extras.add_row();
-      extras.copy_row(r, running, ch);
-      where[v] = {true, r};
-    }
-    (void)rows;
-  };
-  for (size_t v : hb.topo) {
-    const Op& op = s.ops[v];
-    const size_t ch = chain[v];
-    if (op.kind == OpKind::wait && op.iter == 0) {
-      auto [rows, r] = row_of(signal_at[{op.rank, op.slot}]);
-      run.or_from(ch, *rows, r);
-      dirty[ch] = true;
-    } else if (op.is_data()) {
-      const size_t d = size_t(hb.data_index[v]);
-      run.set(ch, d);
-      hb.within.copy_row(d, run, ch);
-      last_data[ch] = int64_t(d);
-      dirty[ch] = false;
-    } else if (op.kind == OpKind::signal) {
-      snapshot_signal(v, ch, hb.within, sig_row, extra, last_data, dirty, run);
-    }
-  }
-  // Gate (LL) edges give no ordering, so nothing to add for them.
-
-  // Pass 2: across steps. cross row = data ops of step g that happen before
-  // this op at step g + depth: the whole chain of step g (program order runs on
-  // into the next steps), plus what waits bring: iter 0 waits the signaller's
-  // cross row, iter < 0 waits the signaller's within row.
-  hb.cross.assign(ndata, ndata);
-  BitRows xrun(nchains, ndata), xextra(0, ndata);
-  for (size_t ch = 0; ch < nchains; ++ch) xrun.copy_row(ch, run, ch);  // run holds each chain's final clock
-  std::vector<int64_t> xlast(nchains, -1);
-  std::vector<bool> xdirty(nchains, true);
-  std::vector<std::pair<bool, size_t>> xsig_row(n, {false, 0});
-  for (size_t v : hb.topo) {
-    const Op& op = s.ops[v];
-    const size_t ch = chain[v];
-    if (op.kind == OpKind::wait) {
-      size_t sig = signal_at[{op.rank, op.slot}];
-      if (op.iter == 0) {
-        auto [ex, r] = xsig_row[sig];
-        xrun.or_from(ch, ex ? xextra : hb.cross, r);
-      } else {
-        auto [rows, r] = row_of(sig);
-        xrun.or_from(ch, *rows, r);
-      }
-      xdirty[ch] = true;
-    } else if (op.is_data()) {
-      const size_t d = size_t(hb.data_index[v]);
-      hb.cross.copy_row(d, xrun, ch);
-      xlast[ch] = int64_t(d);
-      xdirty[ch] = false;
-    } else if (op.kind == OpKind::signal) {
-      snapshot_signal(v, ch, hb.cross, xsig_row, xextra, xlast, xdirty, xrun);
-    }
-  }
   for (const Op& op : s.ops)
     if (op.kind == OpKind::wait && op.iter < 0 && op.iter != -1 && op.iter != -s.depth)
       throw Error(ErrId::verify_E011,
                   fmt::format("{}: a wait reaches back {} steps; only 1 or the depth ({}) are allowed", s.name,
                               -op.iter, s.depth),
                   op.loc);
+  return g;
+}
+
+namespace {
+
+// How many reads each signal's clocks get: at step g (by every wait; iter 0
+// ones in step g, the others in step g + depth) and at step g + depth (iter 0).
+struct SignalUses {
+  std::vector<int32_t> at_step, at_later;
+};
+SignalUses signal_uses(const Schedule& s, const SyncGraph& g) {
+  SignalUses u;
+  u.at_step.assign(s.ops.size(), 0);
+  u.at_later.assign(s.ops.size(), 0);
+  for (size_t w = 0; w < s.ops.size(); ++w) {
+    if (g.signal[w] < 0) continue;
+    ++u.at_step[size_t(g.signal[w])];
+    if (s.ops[w].iter == 0) ++u.at_later[size_t(g.signal[w])];
+  }
+  return u;
+}
+
+// The walk over one chain block: step g (clocks of step-g positions, each op's
+// own included), then step g + depth (clocks that still hold step-g
+// positions: "which ops of step g happen before this op, depth steps later").
+// A chain's running clock carries over: step g's whole chain precedes the
+// chain at g + depth. `at(step, op, clock)` sees every data op's clock.
+template <class T, class At>
+void walk(const Schedule& s, const SyncGraph& g, const SignalUses& u, ClockPool<T>& pool, At&& at) {
+  const size_t n = s.ops.size();
+  std::vector<int32_t> now(n, -1), later(n, -1);  // signal -> snapshot slot
+  for (size_t v : g.topo) {
+    const Op& op = s.ops[v];
+    const size_t ch = size_t(g.chain[v]);
+    T* run = pool.running(ch);
+    if (op.kind == OpKind::wait && op.iter == 0) pool.join_from(run, now[size_t(g.signal[v])]);
+    pool.set_own(run, ch, T(g.pos[v]));
+    if (op.is_data())
+      at(0, v, static_cast<const T*>(run));
+    else if (op.kind == OpKind::signal && u.at_step[v] > 0)
+      now[v] = pool.snapshot(run, u.at_step[v]);
+  }
+  for (size_t v : g.topo) {
+    const Op& op = s.ops[v];
+    T* run = pool.running(size_t(g.chain[v]));
+    if (op.kind == OpKind::wait) {
+      const size_t sig = size_t(g.signal[v]);
+      pool.join_from(run, op.iter == 0 ? later[sig] : now[sig]);
+    }
+    if (op.is_data())
+      at(1, v, static_cast<const T*>(run));
+    else if (op.kind == OpKind::signal && u.at_later[v] > 0)
+      later[v] = pool.snapshot(run, u.at_later[v]);
+  }
+}
+
+// Within one step, along program order and iter-0 waits: does `from` reach `to`?
+// (Only for messages: a plain search.)
+bool reaches(const Schedule& s, const SyncGraph& g, size_t from, size_t to) {
+  const size_t n = s.ops.size();
+  std::vector<std::vector<size_t>> succ(n);
+  std::vector<int64_t> last(g.nchains, -1);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t& l = last[size_t(g.chain[i])];
+    if (l >= 0) succ[size_t(l)].push_back(i);
+    l = int64_t(i);
+    if (g.signal[i] >= 0 && s.ops[i].iter == 0) succ[size_t(g.signal[i])].push_back(i);
+  }
+  std::vector<bool> seen(n, false);
+  std::vector<size_t> todo{from};
+  seen[from] = true;
+  while (!todo.empty()) {
+    size_t v = todo.back();
+    todo.pop_back();
+    if (v == to) return true;
+    for (size_t w : succ[v])
+      if (!seen[w]) {
+        seen[w] = true;
+        todo.push_back(w);
+      }
+  }
+  return false;
+}
+
+// One ordering verify_sync needs: op a before op b (the op the query sits at).
+struct Query {
+  uint32_t a;
+  uint32_t loc;  // index into the location table
+  uint8_t kind;  // 0 within a step, 1 within a step in-place, 2 scratch reuse
+};
+
+struct Failure {
+  std::tuple<int, uint32_t, int, size_t, size_t> order;  // as the old all-pairs scan met them
+  Query q;
+  size_t b;
+};
+
+template <class T>
+std::optional<Failure> find_race(const Schedule& s, const SyncGraph& g, const std::vector<std::vector<Query>>& at,
+                                 size_t budget) {
+  const SignalUses u = signal_uses(s, g);
+  std::optional<Failure> first;
+  for_each_chain_block<T>(g.nchains, budget, [&](ClockPool<T>& pool) {
+    walk(s, g, u, pool, [&](int step, size_t b, const T* clock) {
+      for (const Query& q : at[b]) {
+        if ((q.kind == 2) != (step == 1)) continue;
+        const size_t c = size_t(g.chain[q.a]);
+        if (!pool.covers(c) || pool.has(clock, c, T(g.pos[q.a]))) continue;
+        Failure f{{q.kind == 1, q.loc, q.kind == 2, q.a, b}, q, b};
+        if (!first || f.order < first->order) first = f;
+      }
+    });
+  });
+  return first;
+}
+
+}  // namespace
+
+void verify_sync(const Schedule& s) { verify_sync_budget(s, kClockBudget); }
+
+void verify_sync_budget(const Schedule& s, size_t clock_budget) {
+  verify_bounds(s);
+  const SyncGraph g = build_sync_graph(s);
+  const bool ll = s.proto == ir::Proto::ll;
+  // The orderings to check, per location, in program order. Every two accesses
+  // with a write among them must be ordered; by transitivity it is enough that
+  // each write follows the previous write and the reads since it, and each
+  // read follows the previous write (LL scratch reads are gated in-band). For
+  // reuse, every access of step g must precede the first write of step
+  // g + depth (the later writes follow that one within the step).
+  std::vector<LocKey> locs;
+  std::vector<std::vector<Query>> at(s.ops.size());
+  for (bool inplace : {false, true}) {
+    for (auto& [key, acc] : accesses(s, inplace)) {
+      const uint32_t li = uint32_t(locs.size());
+      locs.push_back(key);
+      const uint8_t kind = inplace ? 1 : 0;
+      int64_t last_write = -1;
+      std::vector<size_t> reads;
+      for (const Access& x : acc) {
+        if (x.write) {
+          if (last_write >= 0) at[x.op].push_back({uint32_t(last_write), li, kind});
+          for (size_t r : reads) at[x.op].push_back({uint32_t(r), li, kind});
+          reads.clear();
+          last_write = int64_t(x.op);
+        } else {
+          if (last_write >= 0 && !(ll && key.space == 2)) at[x.op].push_back({uint32_t(last_write), li, kind});
+          reads.push_back(x.op);
+        }
+      }
+      if (key.space != 2 || inplace) continue;
+      auto w = std::find_if(acc.begin(), acc.end(), [](const Access& x) { return x.write; });
+      if (w == acc.end()) continue;
+      for (const Access& x : acc) at[w->op].push_back({uint32_t(x.op), li, 2});
+    }
+  }
+  std::optional<Failure> race;
+  with_entry_type(g.longest, [&](auto entry) { race = find_race<decltype(entry)>(s, g, at, clock_budget); });
+  if (!race) return;
+  static const char* spaces[] = {"in", "out", "sc"};
+  static const char* what[] = {"within a step", "within a step (in-place)", "between steps (scratch reuse)"};
+  const LocKey& key = locs[race->q.loc];
+  const size_t a = race->q.a, b = race->b;
+  throw Error(ErrId::verify_E004,
+              fmt::format("{}: race on r{}.{}[{}] {}: {} and {} are not ordered by signal/wait{}", s.name, key.rank,
+                          spaces[key.space], key.index, what[race->q.kind], describe_op(s, a), describe_op(s, b),
+                          reaches(s, g, b, a) ? " (they are ordered, but against program order)" : ""),
+              s.ops[b].loc,
+              "insert_sync orders every conflict; a hand-written or imported schedule needs a dependency here");
+}
+
+HB build_hb(const Schedule& s) {
+  HB hb;
+  hb.g_ = build_sync_graph(s);
+  hb.topo = hb.g_.topo;
+  const size_t n = s.ops.size();
+  hb.width_ = (hb.g_.nchains + 15) / 16 * 16;
+  hb.within_.assign(n * hb.width_, 0);
+  hb.cross_.assign(n * hb.width_, 0);
+  hb.data_.resize(n);
+  for (size_t i = 0; i < n; ++i) hb.data_[i] = s.ops[i].is_data();
+  ClockPool<int32_t> pool(0, hb.width_, hb.g_.nchains);
+  walk(s, hb.g_, signal_uses(s, hb.g_), pool, [&](int step, size_t v, const int32_t* clock) {
+    std::copy_n(clock, hb.width_, (step == 0 ? hb.within_ : hb.cross_).begin() + std::ptrdiff_t(v * hb.width_));
+  });
   return hb;
 }
 
-void verify_sync(const Schedule& s) {
-  verify_bounds(s);
-  HB hb = build_hb(s);
-  const bool ll = s.proto == ir::Proto::ll;
-  auto race = [&](size_t a, size_t b, const LocKey& key, const char* what) {
-    static const char* spaces[] = {"in", "out", "sc"};
-    throw Error(ErrId::verify_E004,
-                fmt::format("{}: race on r{}.{}[{}] {}: {} and {} are not ordered by "
-                            "signal/wait{}",
-                            s.name, key.rank, spaces[key.space], key.index, what,
-                            describe_op(s, a), describe_op(s, b),
-                            hb.before(b, a) ? " (they are ordered, but against program order)" : ""),
-                s.ops[b].loc, "insert_sync orders every conflict; a hand-written or imported "
-                              "schedule needs a dependency here");
-  };
-  for (bool inplace : {false, true}) {
-    for (auto& [key, acc] : accesses(s, inplace)) {
-      for (size_t i = 0; i < acc.size(); ++i)
-        for (size_t j = i + 1; j < acc.size(); ++j) {
-          const Access &a = acc[i], &b = acc[j];
-          if (!a.write && !b.write) continue;
-          if (a.op == b.op) continue;
-          if (ll && key.space == 2 && a.write && !b.write) continue;  // gated in-band
-          if (!hb.before(a.op, b.op))
-            race(a.op, b.op, key, inplace ? "within a step (in-place)" : "within a step");
-        }
-      if (key.space != 2 || inplace) continue;
-      // Scratch is reused `depth` steps later: every access of step g must
-      // happen before every write of step g + depth.
-      for (const Access& w : acc) {
-        if (!w.write) continue;
-        for (const Access& a : acc)
-          if (!hb.before_reuse(a.op, w.op)) race(a.op, w.op, key, "between steps (scratch reuse)");
-      }
-    }
-  }
+bool HB::before(size_t a, size_t b) const {
+  return a != b && data_[a] && data_[b] && within_[b * width_ + size_t(g_.chain[a])] >= g_.pos[a];
+}
+
+bool HB::before_reuse(size_t a, size_t b) const {
+  return data_[a] && data_[b] && cross_[b * width_ + size_t(g_.chain[a])] >= g_.pos[a];
 }
 
 }  // namespace mk::verify

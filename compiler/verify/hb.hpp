@@ -4,6 +4,7 @@
 // along (1) program order inside a thread block and (2) signal -> wait(iter 0)
 // on the same rank and slot. LL scratch writes also gate their readers, but
 // carry no ordering for other memory, so they count for deadlock only.
+// Computed with vector clocks over chains (clocks.hpp).
 #pragma once
 
 #include <map>
@@ -11,7 +12,6 @@
 #include <vector>
 
 #include "compiler/ir/ir.hpp"
-#include "compiler/verify/bitset.hpp"
 
 namespace mk::verify {
 
@@ -36,19 +36,46 @@ struct Access {
 using AccessMap = std::vector<std::pair<LocKey, std::vector<Access>>>;  // sorted by key
 AccessMap accesses(const ir::Schedule& s, bool inplace);
 
-struct HB {
-  std::vector<size_t> topo;            // a topological order of all ops (deadlock-free)
-  std::vector<int32_t> data_index;     // op -> dense data-op index, -1 for sync ops
-  // Rows per data op (dense index), columns data ops:
-  BitRows within;  // data ops that happen before it in the same step, and itself
-  // data ops a with a@g happening before it@(g+depth), for every g
-  // (conservative: found through program order across steps and iter<0 waits)
-  BitRows cross;
+// The within-step happens-before graph of a synced schedule: chains (one per
+// rank and thread block, in program order) and the signal each wait pairs with.
+struct SyncGraph {
+  std::vector<size_t> topo;     // a topological order of all ops (deadlock-free)
+  std::vector<int32_t> chain;   // op -> its chain
+  std::vector<int32_t> pos;     // op -> 1-based position in its chain
+  std::vector<int64_t> signal;  // wait op -> the signal it pairs with, -1 otherwise
+  size_t nchains = 0;
+  size_t longest = 0;  // the longest chain
+};
+// Builds it; throws mk.verify.E011 (unpaired sync, a wait reaching back other
+// than 1 or depth steps), E014 (an LL slot written twice) or E005 (cycle).
+SyncGraph build_sync_graph(const ir::Schedule& s);
+
+// Happens-before with every data op's clocks kept: for tests and small
+// schedules (memory n x chains). verify_sync answers the same questions in
+// bounded memory (clocks.hpp).
+class HB {
+ public:
+  std::vector<size_t> topo;
   bool before(size_t a, size_t b) const;        // op a before op b in a step (both data ops, a != b)
   bool before_reuse(size_t a, size_t b) const;  // a@g before b@(g+depth)
-};
+  // Within one step, op a happens before op b when a path leads from a to b
+  // along program order inside a thread block and signal -> wait(iter 0).
+  // Across steps (a@g before b@(g+depth)): the whole chain of step g, plus
+  // what waits bring in the later step (iter 0: the signaller's clock there;
+  // iter < 0: its clock at step g). Conservative: a wait reaching back 1 step
+  // counts as reaching back `depth`, which orders less.
+  friend HB build_hb(const ir::Schedule& s);
 
-// Builds happens-before; throws mk.verify.E011 (unpaired sync) or E005 (cycle).
+ private:
+  SyncGraph g_;
+  size_t width_ = 0;
+  std::vector<int32_t> within_, cross_;  // op x chains (data ops only)
+  std::vector<bool> data_;
+};
 HB build_hb(const ir::Schedule& s);
+
+// verify_sync with an explicit clock budget in bytes (tests force several
+// chain blocks with a small one).
+void verify_sync_budget(const ir::Schedule& s, size_t clock_budget);
 
 }  // namespace mk::verify

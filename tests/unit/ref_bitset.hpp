@@ -1,12 +1,12 @@
-// A dense matrix of bits: row v is a set over [0, cols). Used for
-// happens-before closures (row = op, column = data op).
+// Test-only: a dense bit matrix (row = op, column = data op), the data
+// structure of the reference happens-before closures in ref_sync.cpp.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
-namespace mk::verify {
+namespace mk::test_ref {
 
 class BitRows {
  public:
@@ -86,4 +86,4 @@ class BitRows {
   std::vector<uint64_t> bits_;
 };
 
-}  // namespace mk::verify
+}  // namespace mk::test_ref
