@@ -5,10 +5,17 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
+#include <string>
+#include <tuple>
 
 #include "compiler/passes/passes.hpp"
+#include "compiler/verify/flat_map.hpp"
+#include "compiler/verify/hb.hpp"
+#include "compiler/verify/verify.hpp"
+#include "mk/error.hpp"
 
 using namespace mk;
 
@@ -118,5 +125,83 @@ TEST_CASE("pass assign_tbs: the latest-access index picks the blocks a scan of e
     }
     REQUIRE(got == assign_tbs_reference(s, max_tbs));
     CHECK(a.tbs == most);
+  }
+}
+
+TEST_CASE("verify FlatMap: the same answers as std::map on random keys") {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    verify::FlatMap f;
+    std::map<uint64_t, uint32_t> ref;
+    const uint64_t range = trial % 2 ? 64 : ~0ull;  // dense collisions, or anything (0 and ~0 included)
+    for (int i = 0; i < 5000; ++i) {
+      uint64_t key = rng() % range;
+      if (i % 97 == 0) key = i % 2 ? 0 : ~0ull;
+      const uint32_t value = uint32_t(rng());
+      auto [it, fresh] = ref.try_emplace(key, value);
+      const auto got = f.try_emplace(key, value);
+      REQUIRE(got.first == it->second);
+      REQUIRE(got.second == fresh);
+      const uint64_t probe = rng() % range;
+      const uint32_t* found = f.find(probe);
+      auto want = ref.find(probe);
+      REQUIRE((found != nullptr) == (want != ref.end()));
+      if (found) REQUIRE(*found == want->second);
+    }
+    CHECK(f.size() == ref.size());
+  }
+}
+
+// check_overlaps (in verify_bounds) skips its sort when no two refs can name
+// one location: against every pair of chunks of random ops, in both aliasings.
+TEST_CASE("verify_bounds: E004 exactly when two chunks of one op collide (brute force, both aliasings)") {
+  std::mt19937 rng(99);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int trial = 0; trial < 4000; ++trial) {
+    CAPTURE(trial);
+    ir::Schedule s;
+    s.coll = trial % 3 == 0 ? Collective::allreduce : trial % 3 == 1 ? Collective::allgather : Collective::reducescatter;
+    s.nranks = pick(1, 3);
+    s.chunks = pick(2, 3);  // every buffer holds a 2-chunk ref
+    s.scratch = 6;
+    ir::Op op;
+    op.id = 0;
+    op.rank = 0;
+    op.kind = pick(0, 1) ? ir::OpKind::copy : ir::OpKind::reduce;
+    const int32_t count = pick(1, 2);
+    auto ref = [&]() {
+      ir::Ref r;
+      r.rank = pick(0, s.nranks - 1);
+      r.buf = ir::Buf(pick(0, 2));
+      r.index = pick(0, ir::buf_chunks(s, r.buf) - count);
+      r.count = count;
+      return r;
+    };
+    for (int k = 0, n = op.kind == ir::OpKind::reduce ? pick(2, 3) : 1; k < n; ++k) op.srcs.push_back(ref());
+    for (int k = 0, n = pick(1, 3); k < n; ++k) op.dsts.push_back(ref());
+    s.ops.push_back(op);
+    bool collide = false;
+    for (bool inplace : {false, true}) {
+      std::vector<std::tuple<verify::LocKey, bool, int32_t>> t;  // location, destination, chunk
+      for (const auto* list : {&op.srcs, &op.dsts})
+        for (const ir::Ref& r : *list)
+          for (int32_t k = 0; k < r.count; ++k) t.emplace_back(verify::loc_key(s, r.at(k), inplace), list == &op.dsts, k);
+      for (size_t i = 0; i < t.size(); ++i)
+        for (size_t j = 0; j < t.size(); ++j)
+          if (i != j && std::get<0>(t[i]) == std::get<0>(t[j]) && std::get<1>(t[j]) &&
+              (std::get<1>(t[i]) || std::get<2>(t[i]) != std::get<2>(t[j])))
+            collide = true;
+    }
+    std::optional<ErrId> id;
+    std::string what;
+    try {
+      verify::verify_bounds(s);
+    } catch (const Error& e) {
+      id = e.id();
+      what = e.what();
+    }
+    CAPTURE(what);
+    CHECK(collide == (id == ErrId::verify_E004));
+    CHECK((collide || !id));
   }
 }
