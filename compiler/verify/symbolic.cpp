@@ -227,7 +227,10 @@ std::string trail(const Schedule& s, bool inplace, int32_t rank, int32_t chunk, 
 
 // Runs the schedule symbolically; throws on the first problem. With `watch`
 // it only runs (no final check), for trail().
-Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
+// With `orders`, it also follows how each reduction is combined and fills
+// Outcome::nondeterministic (interning every reduction step's tree is a
+// large part of a run's time at scale, and only verify_deterministic asks).
+Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}, bool orders = false) {
   const char* mode = inplace ? "in-place" : "out-of-place";
   Machine m(s, inplace);
   Outcome out;
@@ -235,7 +238,7 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
   facts.resize(s.ops.size());
   const bool reducing = collective_reduces(s.coll);
   std::vector<Value> result;    // one op's values, per chunk
-  std::vector<uint32_t> merged;  // scratch for a reduction's union
+  std::vector<uint32_t> merged, spare;  // a reduction's union so far, and the next one
   for (size_t oi = 0; oi < s.ops.size(); ++oi) {
     const Op& op = s.ops[oi];
     if (!op.is_data()) continue;
@@ -292,13 +295,18 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
         if (!acc.init) {
           acc.syms = v.syms;  // shared until a second source comes
         } else {
-          const auto &a = Machine::set_of(acc), &b = Machine::set_of(v);
-          merged.clear();
-          merged.reserve(a.size() + b.size());
-          std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(merged));
-          acc.syms = std::make_shared<const std::vector<uint32_t>>(merged.begin(), merged.end());
+          // The union so far is built in `merged`; one shared set per chunk
+          // once every source is in.
+          const auto& a = si == 1 ? Machine::set_of(acc) : merged;
+          const auto& b = Machine::set_of(v);
+          spare.clear();
+          spare.reserve(a.size() + b.size());
+          std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(spare));
+          std::swap(merged, spare);
+          if (si + 1 == op.srcs.size())
+            acc.syms = std::make_shared<const std::vector<uint32_t>>(merged.begin(), merged.end());
         }
-        acc.tree = acc.init ? m.combine(acc.tree, v.tree) : v.tree;
+        if (orders) acc.tree = acc.init ? m.combine(acc.tree, v.tree) : v.tree;
         acc.init = true;
         acc.pos = v.pos;
       }
@@ -349,7 +357,7 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
       const Value& v = m.at(c);
       if (m.holds_expected(r, i, v)) {
         const BlockSource src = m.source(r, i);
-        if (src.from != BlockSource::kAllRanks || !out.nondeterministic.empty()) continue;
+        if (!orders || src.from != BlockSource::kAllRanks || !out.nondeterministic.empty()) continue;
         auto& seen = tree_of[size_t(src.in_block)];
         const bool first = seen.first < 0;
         if (first) seen = {r, v.tree};
@@ -601,7 +609,7 @@ namespace mk::verify {
 
 void verify_deterministic(const Schedule& s) {
   // One aliasing suffices: in-place and out-of-place run the same ops.
-  const std::string why = run(s, false).nondeterministic;
+  const std::string why = run(s, false, {}, true).nondeterministic;
   if (!why.empty())
     throw Error(ErrId::verify_E015, why, s.loc,
                 "reduce each chunk once and copy the result to the other ranks, or list every rank's sources in "
