@@ -15,6 +15,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "compiler/verify/flat_map.hpp"
 #include "compiler/verify/hb.hpp"
 #include "compiler/verify/verify.hpp"
 
@@ -53,26 +54,76 @@ class Machine {
     // Scratch cells for the slots in use only: slot numbers may be sparse
     // (compact_scratch renumbers them after this proof, which keeps the
     // author's numbers in its messages).
-    for (const Op& op : s.ops)
-      for (const auto* list : {&op.srcs, &op.dsts})
-        for (const Ref& r : *list)
-          if (r.buf == Buf::scratch)
-            for (int32_t k = 0; k < r.count; ++k) slots_.push_back(r.index + k);
-    std::sort(slots_.begin(), slots_.end());
-    slots_.erase(std::unique(slots_.begin(), slots_.end()), slots_.end());
-    csc_ = int32_t(slots_.size());
+    collect_slots();
     per_rank_ = cin_ + cout_ + csc_;
-    cells_.resize(size_t(per_rank_) * s.nranks);
+    // Per-rank and per-input-chunk facts the inner loop asks for every chunk,
+    // asked once.
     for (int32_t r = 0; r < s.nranks; ++r) {
-      if (!ir::has_input(s, r)) continue;
+      has_in_.push_back(ir::has_input(s, r));
+      has_out_.push_back(ir::has_output(s, r));
+    }
+    if (inplace_) {
+      in_cell_.resize(size_t(s.nranks) * cin_);
+      for (int32_t r = 0; r < s.nranks; ++r)
+        for (int32_t j = 0; j < cin_; ++j) {
+          auto o = ir::inplace_output_of_input(s_, r, j);
+          in_cell_[size_t(r) * cin_ + j] = o ? cin_ + *o : j;
+        }
+    }
+    cells_.resize(size_t(per_rank_) * s.nranks);
+    // The initial one-symbol sets live in one block that every cell shares
+    // ownership of (a million separate allocations at 1024 ranks).
+    auto singles = std::make_shared<std::vector<std::vector<uint32_t>>>(size_t(s.nranks) * cin_);
+    for (int32_t r = 0; r < s.nranks; ++r) {
+      if (!has_in_[size_t(r)]) continue;
       for (int32_t j = 0; j < cin_; ++j) {
         Value& v = cells_[cell(Ref{r, Buf::input, j, 1})];
+        std::vector<uint32_t>& one = (*singles)[size_t(sym(r, j))];
+        one.assign(1, sym(r, j));
         v.init = true;
         v.pos = j % s.chunks;
-        v.syms = std::make_shared<const std::vector<uint32_t>>(1, sym(r, j));
+        v.syms = Syms(singles, &one);
         v.tree = sym(r, j);
       }
     }
+  }
+
+  // slots_ (and slot_cell_ where the numbers are not too sparse for a
+  // table): marked in a table when they are dense enough, else sorted.
+  void collect_slots() {
+    int64_t top = -1, chunks = 0;
+    bool negative = false;
+    for (const Op& op : s_.ops)
+      for (const auto* list : {&op.srcs, &op.dsts})
+        for (const Ref& r : *list)
+          if (r.buf == Buf::scratch) {
+            top = std::max(top, int64_t(r.index) + r.count - 1);
+            chunks += r.count;
+            negative |= r.index < 0;
+          }
+    if (!negative && top < 8 * chunks + 4096) {
+      std::vector<uint8_t> used(size_t(top + 1), 0);
+      for (const Op& op : s_.ops)
+        for (const auto* list : {&op.srcs, &op.dsts})
+          for (const Ref& r : *list)
+            if (r.buf == Buf::scratch)
+              for (int32_t k = 0; k < r.count; ++k) used[size_t(r.index + k)] = 1;
+      slot_cell_.assign(size_t(top + 1), -1);
+      for (int64_t i = 0; i <= top; ++i)
+        if (used[size_t(i)]) {
+          slot_cell_[size_t(i)] = int32_t(slots_.size());
+          slots_.push_back(int32_t(i));
+        }
+    } else {
+      for (const Op& op : s_.ops)
+        for (const auto* list : {&op.srcs, &op.dsts})
+          for (const Ref& r : *list)
+            if (r.buf == Buf::scratch)
+              for (int32_t k = 0; k < r.count; ++k) slots_.push_back(r.index + k);
+      std::sort(slots_.begin(), slots_.end());
+      slots_.erase(std::unique(slots_.begin(), slots_.end()), slots_.end());
+    }
+    csc_ = int32_t(slots_.size());
   }
 
   uint32_t sym(int32_t rank, int32_t in_chunk) const { return uint32_t(rank) * cin_ + in_chunk; }
@@ -86,20 +137,19 @@ class Machine {
   // associative, so the tree is kept up to the order of two operands only.
   uint32_t combine(uint32_t a, uint32_t b) {
     const uint64_t key = (uint64_t(std::min(a, b)) << 32) | std::max(a, b);
-    return nodes_.try_emplace(key, uint32_t(uint32_t(s_.nranks) * cin_ + nodes_.size())).first->second;
+    return nodes_.try_emplace(key, uint32_t(uint32_t(s_.nranks) * cin_ + nodes_.size())).first;
   }
 
   size_t cell(const Ref& r) const {
-    int32_t base = r.rank * per_rank_;
+    const size_t base = size_t(r.rank) * per_rank_;
     switch (r.buf) {
-      case Buf::input:
-        if (inplace_) {
-          if (auto o = ir::inplace_output_of_input(s_, r.rank, r.index)) return base + cin_ + *o;
-        }
-        return base + r.index;
+      case Buf::input: return base + (inplace_ ? in_cell_[size_t(r.rank) * cin_ + r.index] : r.index);
       case Buf::output: return base + cin_ + r.index;
       case Buf::scratch:
-        return base + cin_ + cout_ + (std::lower_bound(slots_.begin(), slots_.end(), r.index) - slots_.begin());
+        return base + cin_ + cout_ +
+               (size_t(r.index) < slot_cell_.size()
+                    ? slot_cell_[size_t(r.index)]
+                    : std::lower_bound(slots_.begin(), slots_.end(), r.index) - slots_.begin());
     }
     return 0;
   }
@@ -134,11 +184,11 @@ class Machine {
     const BlockSource src = source(r, i);
     const std::vector<uint32_t>& got = set_of(v);
     if (src.from != BlockSource::kAllRanks) return got.size() == 1 && got[0] == sym(src.from, src.in_block);
-    auto [it, fresh] = matched_.try_emplace(&got, src.in_block);
-    if (!fresh) return it->second == src.in_block;
+    const uint64_t key = uint64_t(reinterpret_cast<uintptr_t>(&got));
+    if (const uint32_t* m = matched_.find(key)) return int32_t(*m) == src.in_block;
     bool ok = int32_t(got.size()) == s_.nranks;
     for (int32_t q = 0; ok && q < s_.nranks; ++q) ok = got[size_t(q)] == sym(q, src.in_block);
-    if (!ok) matched_.erase(it);
+    if (ok) matched_.try_emplace(key, uint32_t(src.in_block));
     return ok;
   }
 
@@ -152,8 +202,11 @@ class Machine {
   int32_t cin_, cout_, csc_, per_rank_;
   std::vector<Value> cells_;
   std::vector<int32_t> slots_;  // scratch slots in use, sorted
-  std::unordered_map<uint64_t, uint32_t> nodes_;
-  std::unordered_map<const std::vector<uint32_t>*, int32_t> matched_;  // set -> input chunk it matched
+  std::vector<int32_t> slot_cell_;  // slot -> index in slots_ (empty when the numbers are sparse)
+  std::vector<bool> has_in_, has_out_;  // per rank
+  std::vector<int32_t> in_cell_;    // in-place: input chunk (rank-major) -> its cell within the rank
+  FlatMap nodes_;    // (tree, tree) -> tree combining them
+  FlatMap matched_;  // set (its address) -> input chunk it matched
 };
 
 struct OpFacts {
@@ -174,13 +227,18 @@ std::string trail(const Schedule& s, bool inplace, int32_t rank, int32_t chunk, 
 
 // Runs the schedule symbolically; throws on the first problem. With `watch`
 // it only runs (no final check), for trail().
-Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
+// With `orders`, it also follows how each reduction is combined and fills
+// Outcome::nondeterministic (interning every reduction step's tree is a
+// large part of a run's time at scale, and only verify_deterministic asks).
+Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}, bool orders = false) {
   const char* mode = inplace ? "in-place" : "out-of-place";
   Machine m(s, inplace);
   Outcome out;
   std::vector<OpFacts>& facts = out.facts;
   facts.resize(s.ops.size());
   const bool reducing = collective_reduces(s.coll);
+  std::vector<Value> result;    // one op's values, per chunk
+  std::vector<uint32_t> merged, spare;  // a reduction's union so far, and the next one
   for (size_t oi = 0; oi < s.ops.size(); ++oi) {
     const Op& op = s.ops[oi];
     if (!op.is_data()) continue;
@@ -189,31 +247,31 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
       return fmt::format("{}: {} reads/writes {}", coll_context(s, mode), describe_op(s, oi),
                          ir::to_string(r.at(k)));
     };
+    // Whether a buffer exists does not depend on the chunk: checked once per
+    // ref, reported at its first chunk.
     for (const Ref& r : op.srcs)
-      for (int32_t k = 0; k < n; ++k)
-        if (r.buf != Buf::scratch && !(r.buf == Buf::input ? ir::has_input(s, r.rank)
-                                                           : ir::has_output(s, r.rank)))
+      if (n > 0 && r.buf != Buf::scratch && !(r.buf == Buf::input ? m.has_in_[size_t(r.rank)]
+                                                                  : m.has_out_[size_t(r.rank)]))
           throw Error(ErrId::verify_E010,
-                      where(r, k) + fmt::format(": rank {} has no {} buffer in a {} rooted at {}",
+                      where(r, 0) + fmt::format(": rank {} has no {} buffer in a {} rooted at {}",
                                                 r.rank, r.buf == Buf::input ? "send" : "receive",
                                                 name(s.coll), s.root),
                       op.loc);
     for (const Ref& r : op.dsts)
-      for (int32_t k = 0; k < n; ++k) {
+      if (n > 0) {
         if (r.buf == Buf::input)
           throw Error(ErrId::verify_E009,
-                      where(r, k) + ": input buffers are read-only (the caller's send buffer)",
+                      where(r, 0) + ": input buffers are read-only (the caller's send buffer)",
                       op.loc, "write into output or scratch instead");
-        if (r.buf == Buf::output && !ir::has_output(s, r.rank))
+        if (r.buf == Buf::output && !m.has_out_[size_t(r.rank)])
           throw Error(ErrId::verify_E009,
-                      where(r, k) + fmt::format(": rank {} has no receive buffer in a {} rooted at {}",
+                      where(r, 0) + fmt::format(": rank {} has no receive buffer in a {} rooted at {}",
                                                 r.rank, name(s.coll), s.root),
                       op.loc);
       }
     OpFacts& f = facts[oi];
     f.pos.assign(n, -1);
-    std::vector<Value> result(n);
-    std::vector<uint32_t> merged;
+    result.assign(size_t(n), Value{});
     for (int32_t k = 0; k < n; ++k) {
       Value acc;
       for (size_t si = 0; si < op.srcs.size(); ++si) {
@@ -237,18 +295,25 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
         if (!acc.init) {
           acc.syms = v.syms;  // shared until a second source comes
         } else {
-          const auto &a = Machine::set_of(acc), &b = Machine::set_of(v);
-          merged.clear();
-          merged.reserve(a.size() + b.size());
-          std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(merged));
-          acc.syms = std::make_shared<const std::vector<uint32_t>>(merged);
+          // The union so far is built in `merged`; one shared set per chunk
+          // once every source is in.
+          const auto& a = si == 1 ? Machine::set_of(acc) : merged;
+          const auto& b = Machine::set_of(v);
+          spare.clear();
+          spare.reserve(a.size() + b.size());
+          std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(spare));
+          std::swap(merged, spare);
+          if (si + 1 == op.srcs.size())
+            acc.syms = std::make_shared<const std::vector<uint32_t>>(merged.begin(), merged.end());
         }
-        acc.tree = acc.init ? m.combine(acc.tree, v.tree) : v.tree;
+        if (orders) acc.tree = acc.init ? m.combine(acc.tree, v.tree) : v.tree;
         acc.init = true;
         acc.pos = v.pos;
       }
       const std::vector<uint32_t>& syms = Machine::set_of(acc);
-      auto dup = std::adjacent_find(syms.begin(), syms.end());
+      // One source's set was checked when it was made (every set is a
+      // singleton or the result of a merge below): only a union can repeat.
+      auto dup = op.srcs.size() > 1 ? std::adjacent_find(syms.begin(), syms.end()) : syms.end();
       if (dup != syms.end())
         throw Error(ErrId::verify_E002,
                     fmt::format("{}: {} counts the contribution of {} twice (chunk {})",
@@ -283,7 +348,8 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
   }
   if (watch) return out;
   // Final state of every output chunk.
-  std::unordered_map<int32_t, std::pair<int32_t, uint32_t>> tree_of;  // input chunk -> (first rank, tree)
+  // input chunk -> (first rank whose output reduces it, its tree); rank -1: none yet
+  std::vector<std::pair<int32_t, uint32_t>> tree_of(size_t(m.cin_), {-1, 0});
   for (int32_t r = 0; r < s.nranks; ++r) {
     if (!ir::has_output(s, r)) continue;
     for (int32_t i = 0; i < m.cout_; ++i) {
@@ -291,14 +357,17 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}) {
       const Value& v = m.at(c);
       if (m.holds_expected(r, i, v)) {
         const BlockSource src = m.source(r, i);
-        if (src.from != BlockSource::kAllRanks || !out.nondeterministic.empty()) continue;
-        auto [it, first] = tree_of.try_emplace(src.in_block, r, v.tree);
-        if (!first && it->second.second != v.tree)
+        if (!orders || src.from != BlockSource::kAllRanks || !out.nondeterministic.empty()) continue;
+        auto& seen = tree_of[size_t(src.in_block)];
+        const bool first = seen.first < 0;
+        if (first) seen = {r, v.tree};
+        auto* it = &seen;
+        if (!first && it->second != v.tree)
           out.nondeterministic = fmt::format(
               "{}: ranks {} and {} combine the contributions to input chunk {} in different orders (rank {}'s "
               "output chunk {}, last written by {}): floating-point sums and products then differ bit-wise "
               "between ranks",
-              coll_context(s, mode), it->second.first, r, src.in_block, r, i, describe_op(s, size_t(v.writer)));
+              coll_context(s, mode), it->first, r, src.in_block, r, i, describe_op(s, size_t(v.writer)));
         continue;
       }
       const auto exp = m.expected(r, i);
@@ -380,8 +449,29 @@ std::string trail(const Schedule& s, bool inplace, int32_t rank, int32_t chunk, 
 // chunk (two writes in no defined order), and a destination chunk that is
 // *another* position's source chunk would be read and written in no defined
 // order. Checked for both aliasings; sorting keeps it O(n log n) per op.
+// Whether two refs of an op, one of them a destination, can name one
+// location in either aliasing: a ref's own chunks never do (aliasing maps
+// distinct chunks to distinct locations), refs of different ranks or spaces
+// never do, and refs of one buffer do when their ranges overlap; input and
+// output of one rank may alias in place.
+bool may_collide(const Op& op) {
+  auto meet = [](const Ref& a, const Ref& b) {
+    if (a.rank != b.rank) return false;
+    if (a.buf == b.buf) return a.index < b.index + b.count && b.index < a.index + a.count;
+    return a.buf != Buf::scratch && b.buf != Buf::scratch;
+  };
+  for (size_t i = 0; i < op.dsts.size(); ++i) {
+    for (size_t j = i + 1; j < op.dsts.size(); ++j)
+      if (meet(op.dsts[i], op.dsts[j])) return true;
+    for (const Ref& src : op.srcs)
+      if (meet(op.dsts[i], src)) return true;
+  }
+  return false;
+}
+
 void check_overlaps(const Schedule& s, size_t oi, const std::string& ctx) {
   const Op& op = s.ops[oi];
+  if (!may_collide(op)) return;  // the common case at scale, without sorting every chunk
   struct Touch {
     std::tuple<int32_t, int32_t, int32_t> key;  // rank, space, index (aliasing applied)
     bool dst;
@@ -519,7 +609,7 @@ namespace mk::verify {
 
 void verify_deterministic(const Schedule& s) {
   // One aliasing suffices: in-place and out-of-place run the same ops.
-  const std::string why = run(s, false).nondeterministic;
+  const std::string why = run(s, false, {}, true).nondeterministic;
   if (!why.empty())
     throw Error(ErrId::verify_E015, why, s.loc,
                 "reduce each chunk once and copy the result to the other ranks, or list every rank's sources in "
