@@ -36,8 +36,12 @@ int32_t mod(int64_t a, int64_t m) { return int32_t(((a % m) + m) % m); }
 // same shapes share one code path (a rank class); the numbers of its members
 // are kept side by side (member-major), and a number becomes a compile-time
 // constant where every member agrees and a rank-indexed table entry where they
-// do not. Runs of items whose numbers form arithmetic progressions become
-// loops (rerolling), which keeps kernels for many ranks as small as for few.
+// do not. At emission, consecutive chunks of a data op whose numbers step
+// evenly become one item with a chunk count (a loop over the chunks, the
+// count and the steps being numbers too), and runs of groups of items of the
+// same shapes become loops whose per-iteration numbers step evenly or come
+// from tables (rerolling), which keeps kernels for many ranks as small as for
+// few.
 struct RefShape {
   int kind;  // 0 input, 1 output, 2 scratch
   bool rot_b, rot_p;
@@ -60,13 +64,21 @@ struct Item {
   std::vector<RefShape> refs;  // per chunk k: srcs then dsts (none if wide)
   bool pos_rot = false;
   std::string comment;
-  // waits (slot, iter, peer)*, then refs (a, b)*, pos, then signals (peer,
-  // slot)*: `len` numbers per class member, members one after another
+  // waits (slot, iter, peer)*, then the data numbers (refs (a, b)* or the
+  // encoded operands, then pos: `ndata` numbers), then signals (peer, slot)*,
+  // then, once counted (count_chunks), the chunk count and the data numbers'
+  // steps per chunk: `len` numbers per class member, members one after another
   std::vector<int64_t> nums;
   size_t len = 0;
-  std::string shape() const {
-    std::string t = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", nwait, nsig, data, ns, nd, red, fin, wide, sll,
-                                dll, pos_rot, refs.size());
+  int ndata = 0;
+  bool counted = false;
+  size_t data_at() const { return size_t(3 * nwait); }
+  size_t count_at() const { return data_at() + size_t(ndata) + size_t(2 * nsig); }
+  std::string shape() const { return fmt::format("{}|{}|", nwait, nsig) + data_shape(); }
+  // The shape without the waits and signals.
+  std::string data_shape() const {
+    std::string t = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", data, ns, nd, red, fin, wide, sll, dll, pos_rot,
+                                counted, refs.size());
     for (auto& r : refs) t += fmt::format("/{}{}{}", r.kind, r.rot_b, r.rot_p);
     return t;
   }
@@ -126,6 +138,7 @@ class Splitter {
             for (int i = 0; i < cur.nd; ++i)
               if (op->dsts[size_t(i)].buf == Buf::scratch) cur.dll |= 1u << i;
           }
+          const size_t data_from = cur.nums.size();
           for (const auto* list : {&op->srcs, &op->dsts})
             for (const Ref& r : *list) {
               const auto [shape, nums] = ref_numbers(*op, r, k, v0);
@@ -141,6 +154,7 @@ class Splitter {
           const int32_t p = op->pos.at(size_t(k));
           cur.pos_rot = M_ != 0;
           cur.nums.push_back(M_ ? mod(p - int64_t(v0) * M_, K) : p);
+          cur.ndata = int(cur.nums.size() - data_from);
           if (comments) cur.comment = ir::print_op(*op) + (op->loc.valid() ? "  (" + op->loc.str() + ")" : "");
         }
       }
@@ -274,35 +288,100 @@ ClassPlan plan_classes(const Schedule& s, int32_t M, bool generic) {
 }
 
 // The numbers a class's members disagree on: one row per member, one column
-// per distinct list of values.
+// per distinct list of values, or per distinct block of adjacent columns
+// that a rerolled loop indexes by its counter. With one member: the numbers
+// a loop reads per iteration that every member agrees on (kU<bucket>).
 class Table {
  public:
   explicit Table(size_t members) : members_(members) {}
-  int col(std::vector<int64_t> vals) {
-    auto [it, fresh] = index_.emplace(std::move(vals), int(cols_.size()));
-    if (fresh) cols_.push_back(&it->first);
+  int col(const std::vector<int64_t>& vals) { return block({vals}); }
+  // The first of cols.size() adjacent columns holding `cols`.
+  int block(const std::vector<std::vector<int64_t>>& cols) {
+    auto [it, fresh] = index_.emplace(cols, int(cols_.size()));
+    if (fresh) cols_.insert(cols_.end(), cols.begin(), cols.end());
     return it->second;
   }
   size_t width() const { return cols_.size(); }
   size_t members() const { return members_; }
-  int64_t at(size_t m, size_t c) const { return (*cols_[c])[m]; }
+  int64_t at(size_t m, size_t c) const { return cols_[c][m]; }
 
  private:
   size_t members_;
-  std::map<std::vector<int64_t>, int> index_;
-  std::vector<const std::vector<int64_t>*> cols_;
+  std::map<std::vector<std::vector<int64_t>>, int> index_;
+  std::vector<std::vector<int64_t>> cols_;
 };
+
+// Consecutive data items of one data shape, with no signal before and no
+// wait after the first, whose data numbers step evenly (per member) from one
+// to the next (the chunks of one op, or of ops a DSL loop wrote) become one
+// counted item: the first's waits, a loop over `count` chunks, the last's
+// signals; the statements run in the same order as before. Every data item
+// gets a count and steps (1 and 0 where nothing merged), so that merged and
+// single items have one shape and can reroll together. `merge` false: none
+// merge (straight-line code).
+std::vector<Item> count_chunks(const std::vector<Item>& items, size_t members, bool merge) {
+  std::vector<Item> out;
+  for (size_t i = 0; i < items.size();) {
+    const Item& a = items[i];
+    if (!a.data) {
+      out.push_back(a);
+      ++i;
+      continue;
+    }
+    const size_t D = size_t(a.ndata);
+    auto data = [&](size_t j, size_t m, size_t x) { return items[j].nums[m * items[j].len + items[j].data_at() + x]; };
+    auto joins = [&](size_t j) {  // items[j] may continue the run that items[j - 1] ends
+      const Item& b = items[j];
+      return b.data && b.nwait == 0 && items[j - 1].nsig == 0 && b.data_shape() == a.data_shape();
+    };
+    std::vector<int64_t> step(members * D, 0);
+    size_t e = i + 1;
+    if (merge && e < items.size() && joins(e)) {
+      for (size_t m = 0; m < members; ++m)
+        for (size_t x = 0; x < D; ++x) step[m * D + x] = data(e, m, x) - data(i, m, x);
+      for (++e; e < items.size() && joins(e); ++e) {
+        bool even = true;
+        for (size_t m = 0; m < members && even; ++m)
+          for (size_t x = 0; x < D && even; ++x) even = data(e, m, x) - data(e - 1, m, x) == step[m * D + x];
+        if (!even) break;
+      }
+    }
+    const Item& z = items[e - 1];
+    Item c = a;
+    c.nsig = z.nsig;
+    c.counted = true;
+    c.nums.clear();
+    for (size_t m = 0; m < members; ++m) {
+      const auto from = a.nums.begin() + int64_t(m * a.len);
+      c.nums.insert(c.nums.end(), from, from + int64_t(a.data_at() + D));  // waits and data
+      const auto sig = z.nums.begin() + int64_t(m * z.len + z.data_at() + D);
+      c.nums.insert(c.nums.end(), sig, sig + 2 * z.nsig);
+      c.nums.push_back(int64_t(e - i));
+      c.nums.insert(c.nums.end(), step.begin() + int64_t(m * D), step.begin() + int64_t((m + 1) * D));
+    }
+    c.len = c.nums.size() / members;
+    out.push_back(std::move(c));
+    i = e;
+  }
+  return out;
+}
+
+// Groups of at most this many items reroll.
+constexpr size_t kMaxGroup = 8;
 
 class Emitter {
  public:
   // `served`: per class, whether to emit it (empty: every class).
-  Emitter(const Schedule& s, int32_t bucket, const ClassPlan& cp, std::string& out, std::vector<char> served = {})
-      : s_(s), b_(bucket), cp_(cp), o_(out), served_(std::move(served)) {
+  Emitter(const Schedule& s, int32_t bucket, const ClassPlan& cp, std::string& out, std::vector<char> served = {},
+          bool reroll = true)
+      : s_(s), b_(bucket), cp_(cp), o_(out), served_(std::move(served)), reroll_(reroll) {
     if (served_.empty()) served_.assign(cp_.items.size(), 1);
   }
 
   std::string P() const { return fmt::format("P{}", b_); }
 
+  // `e`: an expression per number of the item (Item::nums' order). A counted
+  // item of more than one chunk loops over its chunks (k).
   std::string render(const Item& it, const std::vector<std::string>& e, const std::string& ind) {
     std::string o;
     count_size(it);
@@ -315,51 +394,68 @@ class Emitter {
     }
     if (it.data) {
       if (!it.comment.empty()) o += ind + "// " + it.comment + "\n";
-      std::string refs[2], wide;
-      for (int w = 0; it.wide && w < it.ns + it.nd; ++w, k += 2)
-        wide += fmt::format("{}mk::dev::ref_halves({}, {})", w ? ", " : "", e[k], e[k + 1]);
-      for (size_t r = 0; r < it.refs.size(); ++r) {
-        const RefShape& sh = it.refs[r];
-        std::string x;
-        if (sh.kind == 2) {
-          x = fmt::format("mk::dev::scratch_ref({}, {})", e[k], e[k + 1]);
-          k += 2;
-        } else if (s_.zero_copy) {  // any rank's user buffer
-          x = fmt::format("mk::dev::peer_data_ref(mk::dev::{}, {}, {}, {}, {}, {})", sh.kind == 0 ? "kRefIn" : "kRefOut",
-                          e[k], e[k + 1], sh.rot_b ? "true" : "false", e[k + 2], sh.rot_p ? "true" : "false");
-          k += 3;
-        } else {
-          x = fmt::format("mk::dev::data_ref(mk::dev::{}, {}, {}, {}, {})", sh.kind == 0 ? "kRefIn" : "kRefOut", e[k],
-                          sh.rot_b ? "true" : "false", e[k + 1], sh.rot_p ? "true" : "false");
-          k += 2;
-        }
-        std::string& list = refs[r < size_t(it.ns) ? 0 : 1];
-        list += (list.empty() ? "" : ", ") + x;
+      std::vector<std::string> d(e.begin() + int64_t(k), e.begin() + int64_t(k) + it.ndata);
+      const std::string count = it.counted ? e[it.count_at()] : "1";
+      std::string in = ind;
+      if (count != "1") {
+        for (size_t x = 0; x < d.size(); ++x) d[x] = chunk(d[x], e[it.count_at() + 1 + x]);
+        o += ind + fmt::format("#pragma unroll 1\n{}for (int k = 0; k < {}; ++k) {{\n", ind, count);
+        in += "  ";
       }
-      if (it.wide)
-        o += ind + fmt::format("{{\n{0}  const uint64_t r[{1}] = {{{2}}};\n{0}  if (!c.template op_wide<{3}, {4}>(r, {5}, {6}, "
-                               "mk::dev::pos_code({7}, {8}))) return;\n{0}}}\n",
-                               ind, it.ns + it.nd, wide, it.red ? "true" : "false", it.fin ? "true" : "false", it.ns,
-                               it.nd, e[k], it.pos_rot ? "true" : "false");
-      else
-        o += ind + fmt::format("if (!c.template op<{}, {}, {}, {}, {}u, {}u>({{{}}}, {{{}}}, mk::dev::pos_code({}, {}))) return;\n",
-                               it.ns, it.nd, it.red ? "true" : "false", it.fin ? "true" : "false", it.sll, it.dll, refs[0],
-                               refs[1], e[k], it.pos_rot ? "true" : "false");
-      ++k;
+      o += op_call(it, d, in);
+      if (count != "1") o += ind + "}\n";
+      k += size_t(it.ndata);
     }
     if (it.nsig) {
       std::string list;
       for (int g = 0; g < it.nsig; ++g, k += 2) list += fmt::format("{}{{{}, {}}}", g ? ", " : "", e[k], e[k + 1]);
       o += ind + "c.signal_all({" + list + "});\n";
     }
+    if (it.counted) k += 1 + size_t(it.ndata);
     MK_CHECK(k == it.len, "codegen: item numbers and shape disagree");
     return o;
+  }
+
+  // The data op of an item, from its data numbers `d`.
+  std::string op_call(const Item& it, const std::vector<std::string>& d, const std::string& ind) const {
+    size_t k = 0;
+    std::string refs[2], wide;
+    for (int w = 0; it.wide && w < it.ns + it.nd; ++w, k += 2)
+      wide += fmt::format("{}mk::dev::ref_halves({}, {})", w ? ", " : "", d[k], d[k + 1]);
+    for (size_t r = 0; r < it.refs.size(); ++r) {
+      const RefShape& sh = it.refs[r];
+      std::string x;
+      if (sh.kind == 2) {
+        x = fmt::format("mk::dev::scratch_ref({}, {})", d[k], d[k + 1]);
+        k += 2;
+      } else if (s_.zero_copy) {  // any rank's user buffer
+        x = fmt::format("mk::dev::peer_data_ref(mk::dev::{}, {}, {}, {}, {}, {})", sh.kind == 0 ? "kRefIn" : "kRefOut",
+                        d[k], d[k + 1], sh.rot_b ? "true" : "false", d[k + 2], sh.rot_p ? "true" : "false");
+        k += 3;
+      } else {
+        x = fmt::format("mk::dev::data_ref(mk::dev::{}, {}, {}, {}, {})", sh.kind == 0 ? "kRefIn" : "kRefOut", d[k],
+                        sh.rot_b ? "true" : "false", d[k + 1], sh.rot_p ? "true" : "false");
+        k += 2;
+      }
+      std::string& list = refs[r < size_t(it.ns) ? 0 : 1];
+      list += (list.empty() ? "" : ", ") + x;
+    }
+    MK_CHECK(k + 1 == d.size(), "codegen: item data numbers and shape disagree");
+    if (it.wide)
+      return ind + fmt::format("{{\n{0}  const uint64_t r[{1}] = {{{2}}};\n{0}  if (!c.template op_wide<{3}, {4}>(r, {5}, {6}, "
+                               "mk::dev::pos_code({7}, {8}))) return;\n{0}}}\n",
+                               ind, it.ns + it.nd, wide, it.red ? "true" : "false", it.fin ? "true" : "false", it.ns,
+                               it.nd, d[k], it.pos_rot ? "true" : "false");
+    return ind + fmt::format("if (!c.template op<{}, {}, {}, {}, {}u, {}u>({{{}}}, {{{}}}, mk::dev::pos_code({}, {}))) return;\n",
+                             it.ns, it.nd, it.red ? "true" : "false", it.fin ? "true" : "false", it.sll, it.dll, refs[0],
+                             refs[1], d[k], it.pos_rot ? "true" : "false");
   }
 
   // NVRTC's cost, roughly: every operand of every statement, and much more
   // for every distinct instantiation of the data primitive (each is unrolled
   // over its operands and compiled separately; a wide op's loop bodies
   // handle any number of operands, so it weighs as two, whatever ns and nd).
+  // A loop's body (over chunks or over groups) counts once.
   void count_size(const Item& it) {
     const int64_t operands = it.data ? it.ns + it.nd : 1;
     size_ += operands;
@@ -370,88 +466,111 @@ class Emitter {
     if (instances_.insert(inst).second) size_ += 32 * unrolled;
   }
 
-  // Number k of an item: a constant where all members agree, else a table
-  // entry. `delta` (rerolled loops): the members' steps per iteration.
-  std::string number(const Item& it, size_t k, const int64_t* delta, Table& t) {
-    const size_t n = t.members();
-    auto values = [&](auto f) {
-      std::vector<int64_t> v(n);
-      for (size_t m = 0; m < n; ++m) v[m] = f(m);
-      return v;
-    };
-    auto show = [&](const std::vector<int64_t>& v) {
-      for (int64_t x : v)
-        if (x != v[0]) return fmt::format("t[{}]", t.col(v));
-      return std::to_string(v[0]);
-    };
-    const std::string base = show(values([&](size_t m) { return it.nums[m * it.len + k]; }));
-    if (!delta) return base;
-    const auto d = values([&](size_t m) { return delta[m * it.len + k]; });
-    const std::string ds = show(d);
-    if (ds == "0") return base;
-    if (ds == "1") return base + " + i";
-    if (ds == "-1") return base + " - i";
-    return fmt::format("{} + ({}) * i", base, ds);
+  // `base` plus `step` per chunk k.
+  static std::string chunk(const std::string& base, const std::string& step) {
+    if (step == "0") return base;
+    if (step == "1") return base + " + k";
+    if (step == "-1") return base + " - k";
+    return fmt::format("{} + ({}) * k", base, step);
   }
 
-  std::vector<std::string> numbers(const Item& it, const int64_t* delta, Table& t) {
+  // A number, given per member (member-major) and loop iteration (R of them,
+  // 1 outside loops): a constant where all agree; a rank-table entry where
+  // only members differ; where iterations differ and step evenly, the first
+  // iteration's plus the loop counter i times the step (each a constant or a
+  // rank-table entry); else an entry of a block of table columns indexed by
+  // i (of the rank table where members differ, of the loop table kU where
+  // they agree).
+  std::string expr(const std::vector<int64_t>& v, size_t R, Table& t) {
+    const size_t M = t.members();
+    auto show = [&](const std::vector<int64_t>& w) {
+      for (int64_t x : w)
+        if (x != w[0]) return fmt::format("t[{}]", t.col(w));
+      return std::to_string(w[0]);
+    };
+    auto iteration = [&](size_t r) {
+      std::vector<int64_t> w(M);
+      for (size_t m = 0; m < M; ++m) w[m] = v[m * R + r];
+      return w;
+    };
+    if (R == 1) return show(iteration(0));
+    std::vector<int64_t> d(M);
+    bool even = true, agree = true;
+    for (size_t m = 0; m < M; ++m) d[m] = v[m * R + 1] - v[m * R];
+    for (size_t m = 0; m < M; ++m)
+      for (size_t r = 0; r < R; ++r) {
+        even = even && (r == 0 || v[m * R + r] - v[m * R + r - 1] == d[m]);
+        agree = agree && v[m * R + r] == v[r];
+      }
+    if (even) {
+      const std::string base = show(iteration(0)), ds = show(d);
+      if (ds == "0") return base;
+      if (ds == "1") return base + " + i";
+      if (ds == "-1") return base + " - i";
+      return fmt::format("{} + ({}) * i", base, ds);
+    }
+    if (agree) {
+      std::vector<std::vector<int64_t>> cols;
+      for (size_t r = 0; r < R; ++r) cols.push_back({v[r]});
+      return fmt::format("kU{}[{} + i]", b_, loop_.block(cols));
+    }
+    std::vector<std::vector<int64_t>> cols;
+    for (size_t r = 0; r < R; ++r) cols.push_back(iteration(r));
+    return fmt::format("t[{} + i]", t.block(cols));
+  }
+
+  // The expressions of items[at]'s numbers; R > 1: in a loop whose
+  // iteration r runs items[at + r * stride].
+  std::vector<std::string> numbers(const std::vector<Item>& items, size_t at, size_t stride, size_t R, Table& t) {
+    const Item& it = items[at];
+    const size_t M = t.members();
     std::vector<std::string> e;
-    for (size_t k = 0; k < it.len; ++k) e.push_back(number(it, k, delta, t));
+    std::vector<int64_t> v(M * R);
+    for (size_t k = 0; k < it.len; ++k) {
+      for (size_t m = 0; m < M; ++m)
+        for (size_t r = 0; r < R; ++r) v[m * R + r] = items[at + r * stride].nums[m * it.len + k];
+      e.push_back(expr(v, R, t));
+    }
     return e;
   }
 
-  // Emits items, rerolling runs of groups of P items (P = 1..4) that repeat
-  // with a constant numeric stride (per member), at least 3 times.
-  std::string emit_items(const std::vector<Item>& items, Table& t) {
+  // Emits items: chunks merged (count_chunks), then runs of at least 3
+  // groups of P items (P = 1..kMaxGroup) of the same shapes as one loop,
+  // whose numbers step evenly or come from tables.
+  std::string emit_items(const std::vector<Item>& raw, Table& t) {
+    const std::vector<Item> items = count_chunks(raw, t.members(), reroll_);
+    std::vector<int> sid;  // shapes, interned
+    std::map<std::string, int> ids;
+    for (const Item& it : items) sid.push_back(ids.emplace(it.shape(), int(ids.size())).first->second);
+    auto same = [&](size_t a, size_t b, size_t P) { return std::equal(sid.begin() + int64_t(a), sid.begin() + int64_t(a + P), sid.begin() + int64_t(b)); };
     const std::string ind = "    ";
     std::string o;
     size_t i = 0;
     while (i < items.size()) {
       size_t best_p = 0, best_r = 0;
-      std::vector<int64_t> best_delta;
-      for (size_t P = 1; P <= 4 && i + 2 * P <= items.size(); ++P) {
-        auto group_nums = [&](size_t at) {
-          std::vector<int64_t> v;
-          for (size_t j = 0; j < P; ++j) v.insert(v.end(), items[at + j].nums.begin(), items[at + j].nums.end());
-          return v;
-        };
-        auto same_shape = [&](size_t a, size_t b) {
-          for (size_t j = 0; j < P; ++j)
-            if (items[a + j].shape() != items[b + j].shape()) return false;
-          return true;
-        };
-        if (!same_shape(i, i + P)) continue;
-        auto g0 = group_nums(i), g1 = group_nums(i + P);
-        std::vector<int64_t> delta(g0.size());
-        for (size_t k = 0; k < g0.size(); ++k) delta[k] = g1[k] - g0[k];
-        size_t R = 2;
-        while (i + (R + 1) * P <= items.size() && same_shape(i, i + R * P)) {
-          auto gr = group_nums(i + R * P), gp = group_nums(i + (R - 1) * P);
-          bool ok = true;
-          for (size_t k = 0; k < gr.size() && ok; ++k) ok = gr[k] - gp[k] == delta[k];
-          if (!ok) break;
-          ++R;
-        }
+      for (size_t P = 1; reroll_ && P <= kMaxGroup && i + 3 * P <= items.size(); ++P) {
+        size_t R = 1;
+        while (i + (R + 1) * P <= items.size() && same(i, i + R * P, P)) ++R;
         if (R >= 3 && R * P > best_r * best_p) {
           best_p = P;
           best_r = R;
-          best_delta = delta;
         }
       }
       if (best_r == 0) {
-        o += render(items[i], numbers(items[i], nullptr, t), ind);
+        o += render(items[i], numbers(items, i, 0, 1, t), ind);
         ++i;
         continue;
       }
-      o += fmt::format("{}for (int i = 0; i < {}; ++i) {{  // {} x {} op group(s)\n", ind, best_r, best_r, best_p);
-      size_t off = 0;
+      // Not unrolled: NVRTC's time is what the loops are for (unrolled, a 64-rank
+      // halving-doubling kernel compiled 1.4x slower), and a tile's work
+      // dwarfs the loop's.
+      o += fmt::format("{0}#pragma unroll 1\n{0}for (int i = 0; i < {1}; ++i) {{  // {1} x {2} op group(s)\n", ind, best_r,
+                       best_p);
       for (size_t j = 0; j < best_p; ++j) {
         const Item& it = items[i + j];
-        const auto e = numbers(it, best_delta.data() + off, t);
-        off += it.nums.size();
+        const auto e = numbers(items, i + j, best_p, best_r, t);
         Item shown = it;
-        shown.comment = "first of " + std::to_string(best_r) + ": " + it.comment;
-        if (!it.data) shown.comment.clear();
+        shown.comment = it.data ? "first of " + std::to_string(best_r) + ": " + it.comment : "";
         o += render(shown, e, ind + "  ");
       }
       o += ind + "}\n";
@@ -463,19 +582,30 @@ class Emitter {
   void emit_tb(int32_t cls, int32_t tb, const std::vector<Item>& items, bool inline_fn, Table& t) {
     const std::string body = emit_items(items, t);
     const bool tabled = t.width() > 0;  // the class's table so far; rows are per member, so any column needs it
-    o_ += fmt::format("static __device__ {} void b{}_c{}_tb{}(mk::dev::Ctx<{}>& c{}) {{\n",
-                      inline_fn ? "__forceinline__" : "__noinline__", b_, cls, tb, P(), tabled ? ", const int* t" : "");
-    o_ += "  do {\n" + body + "  } while (c.next());\n}\n\n";
+    fns_ += fmt::format("static __device__ {} void b{}_c{}_tb{}(mk::dev::Ctx<{}>& c{}) {{\n",
+                        inline_fn ? "__forceinline__" : "__noinline__", b_, cls, tb, P(), tabled ? ", const int* t" : "");
+    fns_ += "  do {\n" + body + "  } while (c.next());\n}\n\n";
     tabled_[{cls, tb}] = tabled;
   }
 
-  // The classes' tables: constant memory while they fit, else global memory.
+  // The classes' tables and the loop table (before the functions, which
+  // read the loop table): constant memory while they fit, else global memory.
   void emit_tables(const std::vector<Table>& tables) {
-    size_t bytes = 0;
+    size_t bytes = loop_.width() * sizeof(int32_t);
     for (const Table& t : tables) bytes += t.members() * t.width() * sizeof(int32_t);
     table_bytes_ = int64_t(bytes);
     if (bytes == 0) return;
     const char* space = bytes <= (32u << 10) ? "__constant__" : "__device__";
+    if (loop_.width()) {
+      o_ += fmt::format("// per loop iteration: numbers every rank agrees on\nstatic {} const int kU{}[{}] = {{", space, b_,
+                        loop_.width());
+      for (size_t k = 0; k < loop_.width(); ++k) o_ += fmt::format("{}{}", k ? "," : "", loop_.at(0, k));
+      o_ += "};\n";
+    }
+    if (bytes == loop_.width() * sizeof(int32_t)) {
+      o_ += "\n";
+      return;
+    }
     std::string member;
     for (int32_t v = 0; v < s_.nranks; ++v) {
       const auto& mem = cp_.members[size_t(cp_.rc.class_of[size_t(v)])];
@@ -512,6 +642,7 @@ class Emitter {
           emit_tb(c, tb, cp_.items[size_t(c)][size_t(tb)], inline_fns, tables.back());
     }
     emit_tables(tables);
+    o_ += fns_;
     check_size(lim);
 
     const int32_t threads = s_.proto == ir::Proto::ll ? 256 : 512;
@@ -583,6 +714,9 @@ class Emitter {
   std::string& o_;
   int64_t size_ = 0, table_bytes_ = 0;
   std::vector<char> served_;
+  bool reroll_;
+  Table loop_{1};
+  std::string fns_;  // the thread blocks' functions, emitted after the tables
   std::set<std::string> instances_;
   std::map<std::pair<int32_t, int32_t>, bool> tabled_;
 };
@@ -689,7 +823,7 @@ std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, R
         std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot, cp.wide,
         s.tile_bytes, s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
         s.zero_copy ? "true" : "false");
-    Emitter e(s, int32_t(b), cp, o, served);
+    Emitter e(s, int32_t(b), cp, o, served, lim.reroll);
     u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);
     units.push_back(std::move(u));
   }

@@ -66,6 +66,9 @@ struct KernelInfo {
 struct Limits {
   int64_t max_size = 8192;
   int64_t max_table_bytes = 16ll << 20;
+  // false: no loops, every chunk of every op its own statement (the same
+  // statements in the same order: tests compare the rerolled code with it)
+  bool reroll = true;
 };
 
 // One compilation unit per size bucket (compiled in parallel).

@@ -13,6 +13,13 @@ struct P0 {
   static constexpr bool kLL = true, kRooted = true, kZeroCopy = false;
 };
 
+// per rank: its row in its class's table
+static __constant__ const short kMember0[3] = {0,0,1};
+static __constant__ const int kT0_c1[2][2] = {
+  {2,0},
+  {1,1},
+};
+
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {
   do {
     // %0 copy r0.in[0] -> r0.out[0]  (broadcast_direct.cpp:11)
@@ -43,13 +50,6 @@ static __device__ __forceinline__ void b0_c1_tb0(mk::dev::Ctx<P0>& c, const int*
     c.signal_all({{t[0], t[1]}});
   } while (c.next());
 }
-
-// per rank: its row in its class's table
-static __constant__ const short kMember0[3] = {0,0,1};
-static __constant__ const int kT0_c1[2][2] = {
-  {2,0},
-  {1,1},
-};
 
 extern "C" __global__ void __launch_bounds__(256, 1) mk_broadcast_direct_n3_bf16_sum_b0(const mk::dev::Args a) {
   __shared__ mk::dev::Shared<3> sh;

@@ -13,6 +13,13 @@ struct P1 {
   static constexpr bool kLL = false, kRooted = true, kZeroCopy = false;
 };
 
+// per rank: its row in its class's table
+static __constant__ const short kMember1[3] = {0,0,1};
+static __constant__ const int kT1_c1[2][2] = {
+  {2,0},
+  {1,1},
+};
+
 static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {
   do {
     // %0 copy r0.in[0] -> r0.out[0]  (broadcast_direct.cpp:11)
@@ -46,13 +53,6 @@ static __device__ __forceinline__ void b1_c1_tb0(mk::dev::Ctx<P1>& c, const int*
     c.signal_all({{t[0], t[1]}});
   } while (c.next());
 }
-
-// per rank: its row in its class's table
-static __constant__ const short kMember1[3] = {0,0,1};
-static __constant__ const int kT1_c1[2][2] = {
-  {2,0},
-  {1,1},
-};
 
 extern "C" __global__ void __launch_bounds__(512, 1) mk_broadcast_direct_n3_bf16_sum_b1(const mk::dev::Args a) {
   __shared__ mk::dev::Shared<3> sh;

@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <thread>
+#include <functional>
+#include <map>
+#include <random>
 #include <regex>
+#include <sstream>
 #include <set>
 
 #include <fmt/format.h>
@@ -655,4 +659,227 @@ TEST_CASE("codegen: print_classes lists each class's ranks and why it differs") 
         "2 rank class(es) (one code path each)\n"
         "  class 0: ranks 0,3\n"
         "  class 1: ranks 1-2,4; rank 1 differs from rank 0 in thread block 0, step 0: x vs y\n");
+}
+
+namespace {
+
+// ---- a reading of generated code: the statements one rank's thread block
+// runs per tile, with every number evaluated (loops run, table entries
+// looked up, arithmetic done), so that rerolled code can be compared with
+// straight-line code (Limits::reroll = false) statement by statement.
+struct Tables {
+  std::map<std::string, std::vector<std::vector<long long>>> rows;  // name -> rows (1 row for 1-d arrays)
+};
+
+std::vector<long long> ints(std::string s) {
+  std::vector<long long> v;
+  for (char& c : s)
+    if (c == ',' || c == '{' || c == '}' || c == ';') c = ' ';
+  std::istringstream in(s);
+  for (long long x; in >> x;) v.push_back(x);
+  return v;
+}
+
+// The source's tables, read line by line (std::regex recurses per
+// character and overflows the stack on long ones).
+Tables read_tables(const std::string& src) {
+  Tables t;
+  std::istringstream in(src);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find(" const ");
+    if (line.rfind("static ", 0) != 0 || at == std::string::npos) continue;
+    const size_t name = line.find(' ', at + 7) + 1, end = line.find('[', name);
+    if (end == std::string::npos || line.find("] = {") == std::string::npos) continue;
+    const std::string key = line.substr(name, end - name);
+    if (line.find("][") == std::string::npos) {  // one row: "... = {1,2,3};"
+      t.rows[key] = {ints(line.substr(line.find("] = {") + 5))};
+      continue;
+    }
+    std::vector<std::vector<long long>> rows;
+    while (std::getline(in, line) && line != "};") rows.push_back(ints(line));
+    t.rows[key] = rows;
+  }
+  return t;
+}
+
+// Evaluates the arithmetic the generator writes: loop counters, t[...] and
+// kU<b>[...] entries, (n), n * m, n + m and n - m.
+std::string evaluate(std::string s, const std::map<std::string, long long>& vars, const std::vector<long long>* row,
+                     const Tables& tabs) {
+  for (const auto& [v, x] : vars) s = std::regex_replace(s, std::regex("\\b" + v + "\\b"), std::to_string(x));
+  static const std::regex entry(R"(\b(t|kU\d+)\[(-?\d+)\])"), paren(R"(([^\w>])\((-?\d+)\))"),
+      mul(R"((-?\d+) \* (-?\d+))"), add(R"((-?\d+) ([-+]) (-?\d+)(?! \*))");
+  for (bool again = true; again;) {
+    again = false;
+    std::smatch m;
+    if (std::regex_search(s, m, entry)) {
+      const auto& r = m[1] == "t" ? *row : tabs.rows.at(m[1]).at(0);
+      s = m.prefix().str() + std::to_string(r.at(size_t(std::stoll(m[2])))) + m.suffix().str();
+    } else if (std::regex_search(s, m, paren)) {
+      s = m.prefix().str() + m[1].str() + m[2].str() + m.suffix().str();
+    } else if (std::regex_search(s, m, mul)) {
+      s = m.prefix().str() + std::to_string(std::stoll(m[1]) * std::stoll(m[2])) + m.suffix().str();
+    } else if (std::regex_search(s, m, add)) {
+      const long long a = std::stoll(m[1]), b = std::stoll(m[3]);
+      s = m.prefix().str() + std::to_string(m[2] == "+" ? a + b : a - b) + m.suffix().str();
+    } else {
+      continue;
+    }
+    again = true;
+  }
+  return s;
+}
+
+// The body of function `fn` in `src`, run for one rank (its row of the
+// class's table, if any): the statements in order, comments left out.
+std::vector<std::string> trace(const std::string& src, const std::string& fn, const std::vector<long long>* row,
+                               const Tables& tabs) {
+  const size_t at = src.find("void " + fn + "(");
+  REQUIRE(at != std::string::npos);
+  std::vector<std::string> lines;
+  std::istringstream in(src.substr(at));
+  std::string line;
+  std::getline(in, line);  // the signature
+  while (std::getline(in, line) && line != "}") {
+    line.erase(0, line.find_first_not_of(' '));
+    if (line.rfind("//", 0) == 0 || line.rfind("#pragma", 0) == 0 || line == "do {" || line == "} while (c.next());")
+      continue;
+    lines.push_back(line);
+  }
+  std::vector<std::string> out;
+  std::map<std::string, long long> vars;
+  static const std::regex loop(R"(for \(int (\w+) = 0; \1 < (.+); \+\+\1\) \{.*)");
+  // Runs lines[from..) up to the '}' that closes the block; returns the index after it.
+  std::function<size_t(size_t)> run = [&](size_t from) {
+    size_t i = from;
+    while (i < lines.size()) {
+      std::smatch m;
+      if (lines[i] == "}") return i + 1;
+      if (std::regex_match(lines[i], m, loop)) {
+        const std::string v = m[1];
+        const long long n = std::stoll(evaluate(m[2], vars, row, tabs));
+        size_t end = i + 1;
+        for (long long x = 0; x < n; ++x) {
+          vars[v] = x;
+          end = run(i + 1);
+        }
+        if (n == 0) FAIL("a loop that never runs: " << lines[i]);
+        vars.erase(v);
+        i = end;
+        continue;
+      }
+      if (lines[i] == "{") {  // a wide op's operand list
+        i = run(i + 1);
+        continue;
+      }
+      out.push_back(evaluate(lines[i], vars, row, tabs));
+      ++i;
+    }
+    return i;
+  };
+  run(0);
+  return out;
+}
+
+// Per rank and thread block of every unit, the statements it runs.
+std::vector<std::string> traces(const std::vector<codegen::Unit>& units, int n, int tbs) {
+  std::vector<std::string> all;
+  for (size_t b = 0; b < units.size(); ++b) {
+    const std::string& src = units[b].source;
+    const Tables tabs = read_tables(src);
+    const size_t at = src.find("kClassOf[");
+    REQUIRE(at != std::string::npos);
+    const size_t from = src.find("= {", at) + 3;
+    const auto class_of = ints(src.substr(from, src.find('}', from) - from));
+    for (int v = 0; v < n; ++v)
+      for (int tb = 0; tb < tbs; ++tb) {
+        const std::string fn = fmt::format("b{}_c{}_tb{}", b, class_of.at(size_t(v)), tb);
+        if (src.find("void " + fn + "(") == std::string::npos) continue;
+        const auto kT = tabs.rows.find(fmt::format("kT{}_c{}", b, class_of.at(size_t(v))));
+        const std::vector<long long>* row = nullptr;
+        if (kT != tabs.rows.end())
+          row = &kT->second.at(size_t(tabs.rows.at(fmt::format("kMember{}", b)).at(0).at(size_t(v))));
+        all.push_back(fmt::format("bucket {} rank {} tb {}:", b, v, tb));
+        for (auto& s : trace(src, fn, row, tabs)) all.push_back(std::move(s));
+      }
+  }
+  return all;
+}
+
+void check_reroll_keeps_statements(const std::vector<ir::Schedule>& variants, const std::string& what) {
+  CAPTURE(what);
+  codegen::Limits straight;
+  straight.reroll = false;
+  const auto rolled = codegen::generate(variants, DType::fp32, RedOp::sum, "t");
+  const auto flat = codegen::generate(variants, DType::fp32, RedOp::sum, "t", straight);
+  CHECK_FALSE(contains(flat[0].source, "for (int"));
+  const auto a = traces(rolled, variants[0].nranks, variants[0].tbs), b = traces(flat, variants[0].nranks, variants[0].tbs);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(a[i] == b[i]);
+  }
+}
+
+// An all-gather whose ranks send to their peers in a scrambled order: the
+// steps have one shape, the peer distances follow no stride, and odd ranks
+// use another order than even ones (numbers the rank table holds).
+ir::Schedule scrambled_allgather(int n) {
+  dsl::Program p(Collective::allgather, n, 0, "test.scrambled");
+  std::vector<int> d(size_t(n - 1));
+  for (int s = 0; s < n - 1; ++s) d[size_t(s)] = s + 1;
+  std::mt19937 g(7);
+  std::shuffle(d.begin(), d.end(), g);
+  for (int r = 0; r < n; ++r) {
+    p.copy(p.output(r, r), p.input(r, 0));
+    for (int s = 0; s < n - 1; ++s) {
+      const int q = (r + d[size_t((s + (r % 2) * 3) % (n - 1))]) % n;
+      p.copy(p.output(q, r), p.input(r, 0));
+    }
+  }
+  return std::move(p.ir());
+}
+
+}  // namespace
+
+// Steps of one shape whose numbers follow no stride become one loop whose
+// numbers come from tables indexed by the loop counter, so the kernel does
+// not grow with the step count (regression: only constant strides rerolled,
+// so hierarchical and halving-doubling kernels grew with the rank count).
+TEST_CASE("codegen: same-shape steps with unrelated numbers are one loop over a table") {
+  std::map<int, int64_t> size;
+  for (int n : {16, 32}) {
+    CAPTURE(n);
+    compiler::LowerOptions o;
+    o.max_tbs = 2;  // the thread-block count does not grow with n either
+    auto l = compiler::lower(scrambled_allgather(n), o);
+    REQUIRE(codegen::rank_classes(l.variants.back()).representative.size() == 1);
+    const auto units = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t");
+    for (const auto& u : units) {
+      CHECK(contains(u.source, "#pragma unroll 1\n"));
+      CHECK(contains(u.source, "+ i]"));  // a table entry per iteration
+      CHECK(contains(u.source, fmt::format("for (int i = 0; i < {}; ++i)", n - 1)));
+    }
+    size[n] = units.back().kernel.size;
+  }
+  CHECK(size[32] == size[16]);
+}
+
+// The loops run exactly the statements of straight-line code, in its order
+// (so every rank's reduction order, E015, is the schedule's), with the same
+// numbers, for each rank: loops over chunks, groups, tables, strides.
+TEST_CASE("codegen: rerolled code runs the statements of straight-line code in the same order") {
+  for (int n : {5, 16})
+    check_reroll_keeps_statements(compiler::lower(scrambled_allgather(n), compiler::LowerOptions{}).variants,
+                                  fmt::format("scrambled allgather, {} ranks", n));
+  for (std::string s : {"allreduce.halving_doubling", "allreduce.ring", "allreduce.one_shot", "broadcast.direct",
+                        "reducescatter.ring", "alltoall.direct"})
+    for (int n : {4, 16}) check_reroll_keeps_statements(lower_builtin(s, n).variants, fmt::format("{}, {} ranks", s, n));
+  for (std::string s : {"allreduce.hier", "allgather.hier", "reducescatter.hier"})
+    for (const char* t : {"2x4:direct", "8x8:direct"}) {
+      const auto topo = topology::parse(t, 0);
+      check_reroll_keeps_statements(
+          compiler::lower(dsl::build(*dsl::find_schedule(s), topo), compiler::LowerOptions{}).variants,
+          fmt::format("{}, {}", s, t));
+    }
 }
