@@ -28,7 +28,7 @@ namespace mk::passes {
 namespace {
 
 bool ll_possible(const ir::Schedule& s) {
-  for (auto& [key, acc] : verify::accesses(s, false)) {
+  for (const auto& [key, acc] : verify::accesses(s, false)) {
     if (key.space != 2) continue;
     int writes = 0;
     for (auto& a : acc) writes += a.write;

@@ -32,47 +32,62 @@ LocKey loc_key(const Schedule& s, const Ref& c, bool inplace) {
 }
 
 AccessMap accesses(const Schedule& s, bool inplace) {
-  // Dense location index: rank-major, then input, output, scratch.
+  // Dense location index: rank-major, then input, output, scratch (the order
+  // of LocKey).
   const int32_t cin = ir::buf_chunks(s, Buf::input), cout = ir::buf_chunks(s, Buf::output);
   const int64_t per_rank = int64_t(cin) + cout + s.scratch;
   auto dense = [&](const LocKey& k) {
     int64_t off = k.space == 0 ? 0 : k.space == 1 ? cin : int64_t(cin) + cout;
     return size_t(int64_t(k.rank) * per_rank + off + k.index);
   };
-  std::vector<std::vector<Access>> by_loc(size_t(per_rank * s.nranks));
-  std::vector<std::pair<LocKey, bool>> mine;
+  MK_CHECK(s.ops.size() < (size_t(1) << 32), "too many ops for the access table");
+  // Each op's locations once (a write wins over a read), in op order.
+  struct Touch {
+    size_t loc;
+    Access a;
+  };
+  std::vector<Touch> touches;
+  std::vector<std::pair<size_t, bool>> mine;
   for (size_t oi = 0; oi < s.ops.size(); ++oi) {
     const Op& op = s.ops[oi];
     if (!op.is_data()) continue;
-    // One access per location per op; a write wins over a read.
     mine.clear();
     for (const Ref& r : op.srcs)
-      for (int32_t k = 0; k < r.count; ++k) mine.push_back({loc_key(s, r.at(k), inplace), false});
+      for (int32_t k = 0; k < r.count; ++k) mine.push_back({dense(loc_key(s, r.at(k), inplace)), false});
     for (const Ref& r : op.dsts)
       for (int32_t k = 0; k < r.count; ++k) {
         LocKey key = loc_key(s, r.at(k), inplace);
         if (op.kind == OpKind::copy && key == loc_key(s, op.srcs[0].at(k), inplace)) continue;
-        mine.push_back({key, true});
+        mine.push_back({dense(key), true});
       }
     std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) {
       return a.first < b.first || (a.first == b.first && a.second > b.second);
     });
     for (size_t i = 0; i < mine.size(); ++i) {
       if (i && mine[i].first == mine[i - 1].first) continue;  // writes sort first
-      by_loc[dense(mine[i].first)].push_back({oi, mine[i].second});
+      touches.push_back({mine[i].first, {uint32_t(oi), mine[i].second}});
     }
   }
-  AccessMap out;
-  for (int32_t r = 0; r < s.nranks; ++r)
-    for (int32_t space = 0; space < 3; ++space) {
-      int32_t size = space == 0 ? cin : space == 1 ? cout : s.scratch;
-      for (int32_t i = 0; i < size; ++i) {
-        LocKey k{r, space, i};
-        auto& v = by_loc[dense(k)];
-        if (!v.empty()) out.emplace_back(k, std::move(v));
-      }
-    }
-  return out;
+  // Counting sort by location (stable: program order within each).
+  const size_t nlocs = size_t(per_rank) * size_t(s.nranks);
+  std::vector<size_t> count(nlocs + 1, 0);
+  for (const Touch& t : touches) ++count[t.loc + 1];
+  AccessMap m;
+  for (size_t l = 0; l < nlocs; ++l) {
+    if (count[l + 1] == 0) continue;
+    const int32_t rank = int32_t(l / size_t(per_rank));
+    const int64_t off = int64_t(l % size_t(per_rank));
+    const int32_t space = off < cin ? 0 : off < int64_t(cin) + cout ? 1 : 2;
+    const int32_t index = int32_t(space == 0 ? off : space == 1 ? off - cin : off - cin - cout);
+    m.keys_.push_back({rank, space, index});
+  }
+  for (size_t l = 0; l < nlocs; ++l) count[l + 1] += count[l];  // count[l]: where location l starts
+  m.begin_.reserve(m.keys_.size() + 1);
+  for (const LocKey& k : m.keys_) m.begin_.push_back(count[dense(k)]);
+  m.begin_.push_back(touches.size());
+  m.all_.resize(touches.size());
+  for (const Touch& t : touches) m.all_[count[t.loc]++] = t.a;
+  return m;
 }
 
 namespace {
@@ -147,7 +162,7 @@ SyncGraph build_sync_graph(const Schedule& s) {
     if (g.signal[w] >= 0 && s.ops[w].iter == 0) hb_preds[w].push_back(size_t(g.signal[w]));
   if (s.proto == ir::Proto::ll) {
     // LL: the unique writer of a scratch slot in a step gates its readers.
-    for (auto& [key, acc] : accesses(s, false)) {
+    for (const auto& [key, acc] : accesses(s, false)) {
       if (key.space != 2) continue;
       std::vector<size_t> writers;
       for (auto& a : acc)
@@ -358,7 +373,7 @@ void verify_sync_budget(const Schedule& s, size_t clock_budget) {
   std::vector<LocKey> locs;
   std::vector<std::vector<Query>> at(s.ops.size());
   for (bool inplace : {false, true}) {
-    for (auto& [key, acc] : accesses(s, inplace)) {
+    for (const auto& [key, acc] : accesses(s, inplace)) {
       const uint32_t li = uint32_t(locs.size());
       locs.push_back(key);
       const uint8_t kind = inplace ? 1 : 0;

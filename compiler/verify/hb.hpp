@@ -8,6 +8,7 @@
 #pragma once
 
 #include <map>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -27,13 +28,47 @@ struct LocKey {
 LocKey loc_key(const ir::Schedule& s, const ir::Ref& chunk, bool inplace);
 
 struct Access {
-  size_t op;
+  uint32_t op;
   bool write;
 };
-// Every chunk-level access of every data op, by location, in program order.
-// In-place, a copy onto its own source (e.g. all-gather's "own block" copy)
-// does nothing (the kernel skips it: same address), so it counts as a read.
-using AccessMap = std::vector<std::pair<LocKey, std::vector<Access>>>;  // sorted by key
+// Every chunk-level access of every data op, by location, in program order;
+// locations sorted by key, only those something touches. In-place, a copy
+// onto its own source (e.g. all-gather's "own block" copy) does nothing (the
+// kernel skips it: same address), so it counts as a read. One flat array
+// (1024 ranks: tens of millions of accesses).
+class AccessMap {
+ public:
+  struct Loc {
+    LocKey key;
+    std::span<const Access> acc;
+  };
+  size_t size() const { return keys_.size(); }
+  Loc operator[](size_t i) const {
+    return {keys_[i], std::span<const Access>(all_.data() + begin_[i], begin_[i + 1] - begin_[i])};
+  }
+  class iterator {
+   public:
+    iterator(const AccessMap* m, size_t i) : m_(m), i_(i) {}
+    Loc operator*() const { return (*m_)[i_]; }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const iterator& o) const { return i_ != o.i_; }
+
+   private:
+    const AccessMap* m_;
+    size_t i_;
+  };
+  iterator begin() const { return {this, 0}; }
+  iterator end() const { return {this, size()}; }
+
+ private:
+  friend AccessMap accesses(const ir::Schedule& s, bool inplace);
+  std::vector<LocKey> keys_;
+  std::vector<size_t> begin_;  // size() + 1 offsets into all_
+  std::vector<Access> all_;
+};
 AccessMap accesses(const ir::Schedule& s, bool inplace);
 
 // The within-step happens-before graph of a synced schedule: chains (one per

@@ -129,7 +129,7 @@ void ref_verify_sync(const Schedule& s) {
   };
   // Every pair of accesses with a write among them, in both modes.
   for (bool inplace : {false, true}) {
-    for (auto& [key, acc] : verify::accesses(s, inplace)) {
+    for (const auto& [key, acc] : verify::accesses(s, inplace)) {
       for (size_t i = 0; i < acc.size(); ++i)
         for (size_t j = i + 1; j < acc.size(); ++j) {
           const verify::Access &a = acc[i], &b = acc[j];
