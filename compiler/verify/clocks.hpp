@@ -47,6 +47,15 @@ class ClockPool {
     store_.assign(nchains * w_, 0);
     uses_.reserve(snapshots);
   }
+  // Starts the next block of chains, keeping the memory (faulting in a few
+  // hundred megabytes again per block costs more than the block's work).
+  void restart(size_t lo) {
+    lo_ = lo;
+    store_.resize(nchains_ * w_);
+    std::fill(store_.begin(), store_.end(), T(0));
+    uses_.clear();
+    free_.clear();
+  }
   size_t lo() const { return lo_; }
   size_t width() const { return w_; }
   bool covers(size_t chain) const { return chain >= lo_ && chain < lo_ + w_; }
@@ -121,8 +130,9 @@ void for_each_chain_block(size_t nchains, size_t budget, Pass&& pass) {
   size_t width = budget / (slots * sizeof(T));
   width = std::max<size_t>(16, width / 16 * 16);
   width = std::min(width, (nchains + 15) / 16 * 16);
+  ClockPool<T> pool(0, width, nchains, live);
   for (size_t lo = 0; lo < nchains; lo += width) {
-    ClockPool<T> pool(lo, width, nchains, live);
+    if (lo) pool.restart(lo);
     pass(pool);
   }
 }
