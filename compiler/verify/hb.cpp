@@ -100,37 +100,49 @@ SyncGraph build_sync_graph(const Schedule& s) {
   const size_t n = s.ops.size();
   SyncGraph g;
 
-  // Signals and waits by (rank, slot).
-  std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> signals, waits;
+  // Signals and waits by (rank, slot), sorted by it.
+  using Keyed = std::pair<std::pair<int32_t, int32_t>, size_t>;
+  std::vector<Keyed> signals, waits;
   for (size_t i = 0; i < n; ++i) {
     const Op& op = s.ops[i];
-    if (op.kind == OpKind::signal) signals[{op.peer, op.slot}].push_back(i);
-    if (op.kind == OpKind::wait) waits[{op.rank, op.slot}].push_back(i);
+    if (op.kind == OpKind::signal) signals.push_back({{op.peer, op.slot}, i});
+    if (op.kind == OpKind::wait) waits.push_back({{op.rank, op.slot}, i});
   }
-  for (auto& [key, ws] : waits) {
-    auto it = signals.find(key);
-    if (it == signals.end())
+  std::sort(signals.begin(), signals.end());
+  std::sort(waits.begin(), waits.end());
+  auto range = [](const std::vector<Keyed>& v, std::pair<int32_t, int32_t> key) {
+    auto lo = std::lower_bound(v.begin(), v.end(), Keyed{key, 0});
+    auto hi = lo;
+    while (hi != v.end() && hi->first == key) ++hi;
+    return std::make_pair(lo, hi);
+  };
+  g.signal.assign(n, -1);
+  for (size_t k = 0; k < waits.size();) {
+    const auto key = waits[k].first;
+    const size_t w0 = waits[k].second;
+    auto [lo, hi] = range(signals, key);
+    if (lo == hi)
       throw Error(ErrId::verify_E011,
                   fmt::format("{}: {} waits on slot {} of rank {}, which nothing signals", s.name,
-                              describe_op(s, ws[0]), key.second, key.first),
-                  s.ops[ws[0]].loc, "the wait would spin forever");
-    if (it->second.size() != 1)
+                              describe_op(s, w0), key.second, key.first),
+                  s.ops[w0].loc, "the wait would spin forever");
+    if (hi - lo != 1)
       throw Error(ErrId::verify_E011,
                   fmt::format("{}: slot {} of rank {} is signalled by {} ops ({} and {}); each "
                               "slot needs exactly one signaller",
-                              s.name, key.second, key.first, it->second.size(),
-                              describe_op(s, it->second[0]), describe_op(s, it->second[1])),
-                  s.ops[it->second[1]].loc);
+                              s.name, key.second, key.first, hi - lo, describe_op(s, lo->second),
+                              describe_op(s, (lo + 1)->second)),
+                  s.ops[(lo + 1)->second].loc);
+    for (; k < waits.size() && waits[k].first == key; ++k) g.signal[waits[k].second] = int64_t(lo->second);
   }
-  for (auto& [key, ss] : signals)
-    if (!waits.count(key))
+  for (const auto& [key, sig] : signals) {
+    auto [lo, hi] = range(waits, key);
+    if (lo == hi)
       throw Error(ErrId::verify_E011,
                   fmt::format("{}: {} signals slot {} of rank {}, but nothing waits on it", s.name,
-                              describe_op(s, ss[0]), key.second, key.first),
-                  s.ops[ss[0]].loc);
-  g.signal.assign(n, -1);
-  for (auto& [key, ws] : waits)
-    for (size_t w : ws) g.signal[w] = int64_t(signals[key][0]);
+                              describe_op(s, sig), key.second, key.first),
+                  s.ops[sig].loc);
+  }
 
   // Chains and positions.
   {
@@ -148,20 +160,20 @@ SyncGraph build_sync_graph(const Schedule& s) {
     for (int32_t l : length) g.longest = std::max(g.longest, size_t(l));
   }
 
-  // Edges. `hb_preds` carry ordering; `gate_preds` (LL) only block.
-  std::vector<std::vector<size_t>> hb_preds(n), gate_preds(n);
+  // Edges: program order and signal -> wait (iter 0) carry ordering; in LL
+  // the unique writer of a scratch slot in a step also gates its readers
+  // (which only blocks: deadlock, no ordering).
+  std::vector<int64_t> prev(n, -1);
   {
     std::vector<int64_t> last(g.nchains, -1);
     for (size_t i = 0; i < n; ++i) {
       int64_t& l = last[size_t(g.chain[i])];
-      if (l >= 0) hb_preds[i].push_back(size_t(l));
+      prev[i] = l;
       l = int64_t(i);
     }
   }
-  for (size_t w = 0; w < n; ++w)
-    if (g.signal[w] >= 0 && s.ops[w].iter == 0) hb_preds[w].push_back(size_t(g.signal[w]));
+  std::vector<std::pair<size_t, size_t>> gate;  // (reader, writer), by reader
   if (s.proto == ir::Proto::ll) {
-    // LL: the unique writer of a scratch slot in a step gates its readers.
     for (const auto& [key, acc] : accesses(s, false)) {
       if (key.space != 2) continue;
       std::vector<size_t> writers;
@@ -174,31 +186,48 @@ SyncGraph build_sync_graph(const Schedule& s) {
                                 describe_op(s, writers[1])),
                     s.ops[writers[1]].loc, "use the simple protocol, or one slot per write");
       for (auto& a : acc)
-        if (!a.write && !writers.empty() && a.op != writers[0]) gate_preds[a.op].push_back(writers[0]);
+        if (!a.write && !writers.empty() && a.op != writers[0]) gate.push_back({a.op, writers[0]});
     }
+    std::sort(gate.begin(), gate.end());
   }
+  std::vector<size_t> gate_at(gate.empty() ? 0 : n + 1, 0);  // CSR offsets into gate
+  if (!gate.empty()) {
+    for (const auto& e : gate) ++gate_at[e.first + 1];
+    for (size_t v = 0; v < n; ++v) gate_at[v + 1] += gate_at[v];
+  }
+  auto for_preds = [&](size_t v, auto&& f) {
+    if (prev[v] >= 0) f(size_t(prev[v]));
+    if (g.signal[v] >= 0 && s.ops[v].iter == 0) f(size_t(g.signal[v]));
+    if (!gate.empty())
+      for (size_t k = gate_at[v]; k < gate_at[v + 1]; ++k) f(gate[k].second);
+  };
 
-  // Topological order over all edges (deadlock check); lowest index first, so
-  // a schedule whose program order is already one keeps it (clocks then live
-  // briefly).
-  std::vector<std::vector<size_t>> succ(n);
+  // Topological order over all edges (deadlock check): program order when
+  // every edge points back in it (insert_sync's output), else lowest index
+  // first (clocks then live briefly).
+  bool backwards = true;
+  for (size_t v = 0; v < n && backwards; ++v) for_preds(v, [&](size_t p) { backwards = backwards && p < v; });
   std::vector<size_t> indeg(n, 0);
-  for (size_t v = 0; v < n; ++v)
-    for (const auto* preds : {&hb_preds[v], &gate_preds[v]})
-      for (size_t p : *preds) {
+  g.topo.reserve(n);
+  if (backwards) {
+    for (size_t v = 0; v < n; ++v) g.topo.push_back(v);
+  } else {
+    std::vector<std::vector<size_t>> succ(n);
+    for (size_t v = 0; v < n; ++v)
+      for_preds(v, [&](size_t p) {
         succ[p].push_back(v);
         ++indeg[v];
-      }
-  std::priority_queue<size_t, std::vector<size_t>, std::greater<>> ready;
-  for (size_t v = 0; v < n; ++v)
-    if (indeg[v] == 0) ready.push(v);
-  g.topo.reserve(n);
-  while (!ready.empty()) {
-    size_t v = ready.top();
-    ready.pop();
-    g.topo.push_back(v);
-    for (size_t w : succ[v])
-      if (--indeg[w] == 0) ready.push(w);
+      });
+    std::priority_queue<size_t, std::vector<size_t>, std::greater<>> ready;
+    for (size_t v = 0; v < n; ++v)
+      if (indeg[v] == 0) ready.push(v);
+    while (!ready.empty()) {
+      size_t v = ready.top();
+      ready.pop();
+      g.topo.push_back(v);
+      for (size_t w : succ[v])
+        if (--indeg[w] == 0) ready.push(w);
+    }
   }
   if (g.topo.size() != n) {
     // Find a cycle among the ops that never became ready.
@@ -208,16 +237,18 @@ SyncGraph build_sync_graph(const Schedule& s) {
     std::function<bool(size_t)> dfs = [&](size_t v) -> bool {
       state[v] = 1;
       stack.push_back(v);
-      for (const auto* preds : {&hb_preds[v], &gate_preds[v]})
-        for (size_t p : *preds) {
-          if (indeg[p] == 0 && state[p] == 0) continue;
-          if (state[p] == 1) {
-            auto it = std::find(stack.begin(), stack.end(), p);
-            cycle.assign(it, stack.end());
-            return true;
-          }
-          if (state[p] == 0 && dfs(p)) return true;
+      bool found = false;
+      for_preds(v, [&](size_t p) {
+        if (found || (indeg[p] == 0 && state[p] == 0)) return;
+        if (state[p] == 1) {
+          auto it = std::find(stack.begin(), stack.end(), p);
+          cycle.assign(it, stack.end());
+          found = true;
+        } else if (state[p] == 0 && dfs(p)) {
+          found = true;
         }
+      });
+      if (found) return true;
       stack.pop_back();
       state[v] = 2;
       return false;
@@ -327,8 +358,47 @@ bool reaches(const Schedule& s, const SyncGraph& g, size_t from, size_t to) {
 // One ordering verify_sync needs: op a before op b (the op the query sits at).
 struct Query {
   uint32_t a;
-  uint32_t loc;  // index into the location table
-  uint8_t kind;  // 0 within a step, 1 within a step in-place, 2 scratch reuse
+  uint32_t loc;    // index into the location table
+  uint32_t chain;  // a's
+  uint8_t kind;    // 0 within a step, 1 within a step in-place, 2 scratch reuse
+};
+
+// The queries by the op they are asked at and the step they are asked in
+// (within: step g, reuse: g + depth), each op's sorted by a's chain so that a
+// chain block finds its own with a binary search.
+class Queries {
+ public:
+  explicit Queries(size_t n) : n_(n) {}
+  void add(size_t b, Query q) { raw_.push_back({uint32_t(b), q}); }
+  void finish() {
+    at_.assign(2 * n_ + 1, 0);
+    for (const auto& [b, q] : raw_) ++at_[slot(b, q) + 1];
+    for (size_t k = 0; k < 2 * n_; ++k) at_[k + 1] += at_[k];
+    q_.resize(raw_.size());
+    std::vector<size_t> next(at_.begin(), at_.end() - 1);
+    for (const auto& [b, q] : raw_) q_[next[slot(b, q)]++] = q;
+    raw_.clear();
+    raw_.shrink_to_fit();
+    for (size_t k = 0; k < 2 * n_; ++k)
+      std::sort(q_.begin() + std::ptrdiff_t(at_[k]), q_.begin() + std::ptrdiff_t(at_[k + 1]),
+                [](const Query& x, const Query& y) { return x.chain < y.chain; });
+  }
+  // Those at op b in `step` whose chain is in [lo, hi).
+  std::span<const Query> at(size_t b, int step, size_t lo, size_t hi) const {
+    const Query* first = q_.data() + at_[size_t(step) * n_ + b];
+    const Query* last = q_.data() + at_[size_t(step) * n_ + b + 1];
+    auto by_chain = [](const Query& x, size_t c) { return x.chain < c; };
+    const Query* from = std::lower_bound(first, last, lo, by_chain);
+    const Query* to = std::lower_bound(from, last, hi, by_chain);
+    return {from, size_t(to - from)};
+  }
+
+ private:
+  size_t slot(uint32_t b, const Query& q) const { return (q.kind == 2 ? n_ : 0) + b; }
+  size_t n_;
+  std::vector<std::pair<uint32_t, Query>> raw_;
+  std::vector<size_t> at_;
+  std::vector<Query> q_;
 };
 
 struct Failure {
@@ -338,16 +408,14 @@ struct Failure {
 };
 
 template <class T>
-std::optional<Failure> find_race(const Schedule& s, const SyncGraph& g, const std::vector<std::vector<Query>>& at,
-                                 size_t budget) {
+std::optional<Failure> find_race(const Schedule& s, const SyncGraph& g, const Queries& at, size_t budget) {
   const SignalUses u = signal_uses(s, g);
   std::optional<Failure> first;
   for_each_chain_block<T>(g.nchains, budget, [&](ClockPool<T>& pool) {
+    if (pool.width() == 0) return walk(s, g, u, pool, [](int, size_t, const T*) {});  // counting
     walk(s, g, u, pool, [&](int step, size_t b, const T* clock) {
-      for (const Query& q : at[b]) {
-        if ((q.kind == 2) != (step == 1)) continue;
-        const size_t c = size_t(g.chain[q.a]);
-        if (!pool.covers(c) || pool.has(clock, c, T(g.pos[q.a]))) continue;
+      for (const Query& q : at.at(b, step, pool.lo(), pool.lo() + pool.width())) {
+        if (pool.has(clock, q.chain, T(g.pos[q.a]))) continue;
         Failure f{{q.kind == 1, q.loc, q.kind == 2, q.a, b}, q, b};
         if (!first || f.order < first->order) first = f;
       }
@@ -371,7 +439,10 @@ void verify_sync_budget(const Schedule& s, size_t clock_budget) {
   // reuse, every access of step g must precede the first write of step
   // g + depth (the later writes follow that one within the step).
   std::vector<LocKey> locs;
-  std::vector<std::vector<Query>> at(s.ops.size());
+  Queries at(s.ops.size());
+  auto ask = [&](size_t b, size_t a, uint32_t li, uint8_t kind) {
+    at.add(b, {uint32_t(a), li, uint32_t(g.chain[a]), kind});
+  };
   for (bool inplace : {false, true}) {
     for (const auto& [key, acc] : accesses(s, inplace)) {
       const uint32_t li = uint32_t(locs.size());
@@ -381,21 +452,22 @@ void verify_sync_budget(const Schedule& s, size_t clock_budget) {
       std::vector<size_t> reads;
       for (const Access& x : acc) {
         if (x.write) {
-          if (last_write >= 0) at[x.op].push_back({uint32_t(last_write), li, kind});
-          for (size_t r : reads) at[x.op].push_back({uint32_t(r), li, kind});
+          if (last_write >= 0) ask(x.op, size_t(last_write), li, kind);
+          for (size_t r : reads) ask(x.op, r, li, kind);
           reads.clear();
           last_write = int64_t(x.op);
         } else {
-          if (last_write >= 0 && !(ll && key.space == 2)) at[x.op].push_back({uint32_t(last_write), li, kind});
+          if (last_write >= 0 && !(ll && key.space == 2)) ask(x.op, size_t(last_write), li, kind);
           reads.push_back(x.op);
         }
       }
       if (key.space != 2 || inplace) continue;
       auto w = std::find_if(acc.begin(), acc.end(), [](const Access& x) { return x.write; });
       if (w == acc.end()) continue;
-      for (const Access& x : acc) at[w->op].push_back({uint32_t(x.op), li, 2});
+      for (const Access& x : acc) ask(w->op, x.op, li, 2);
     }
   }
+  at.finish();
   std::optional<Failure> race;
   with_entry_type(g.longest, [&](auto entry) { race = find_race<decltype(entry)>(s, g, at, clock_budget); });
   if (!race) return;
