@@ -44,22 +44,6 @@ void check_after(std::string_view pass, const ir::Schedule& s) {
   }
 }
 
-// Whether `a` and `b` run the same data ops in the same order (kind, rank,
-// operands, final flag, positions), whatever their thread blocks and sync ops.
-bool same_data_ops(const ir::Schedule& a, const ir::Schedule& b) {
-  if (a.nranks != b.nranks || a.coll != b.coll || a.chunks != b.chunks || a.scratch != b.scratch) return false;
-  size_t i = 0, j = 0;
-  for (;; ++i, ++j) {
-    while (i < a.ops.size() && !a.ops[i].is_data()) ++i;
-    while (j < b.ops.size() && !b.ops[j].is_data()) ++j;
-    if (i == a.ops.size() || j == b.ops.size()) return i == a.ops.size() && j == b.ops.size();
-    const ir::Op &x = a.ops[i], &y = b.ops[j];
-    if (x.kind != y.kind || x.rank != y.rank || x.srcs != y.srcs || x.dsts != y.dsts || x.final != y.final ||
-        x.pos != y.pos)
-      return false;
-  }
-}
-
 }  // namespace
 
 static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_view* done) {
@@ -159,7 +143,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
       // and insert_sync may only add sync ops: when the data ops are still
       // exactly those of `s`, proving the meaning again would repeat the same
       // symbolic run (seconds at 1024 ranks).
-      if (!same_data_ops(v, s)) verify::verify_semantics(v);
+      if (!ir::same_data_ops(v, s)) verify::verify_semantics(v);
       verify::verify_sync_budget(v, budget);
     } catch (...) {
       failed[b] = std::current_exception();

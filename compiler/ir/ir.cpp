@@ -182,4 +182,18 @@ std::string print(const Schedule& s) {
   return out;
 }
 
+bool same_data_ops(const Schedule& a, const Schedule& b) {
+  if (a.nranks != b.nranks || a.coll != b.coll || a.chunks != b.chunks || a.scratch != b.scratch) return false;
+  size_t i = 0, j = 0;
+  for (;; ++i, ++j) {
+    while (i < a.ops.size() && !a.ops[i].is_data()) ++i;
+    while (j < b.ops.size() && !b.ops[j].is_data()) ++j;
+    if (i == a.ops.size() || j == b.ops.size()) return i == a.ops.size() && j == b.ops.size();
+    const Op &x = a.ops[i], &y = b.ops[j];
+    if (x.kind != y.kind || x.rank != y.rank || x.srcs != y.srcs || x.dsts != y.dsts || x.final != y.final ||
+        x.pos != y.pos)
+      return false;
+  }
+}
+
 }  // namespace mk::ir

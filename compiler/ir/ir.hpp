@@ -132,6 +132,11 @@ std::string print_op(const Op& op);
 
 // JSON round trip with a schema version.
 std::string to_json(const Schedule& s, int indent = 1);
+
+// Whether `a` and `b` run the same data ops in the same order (kind, rank,
+// operands, final flag, positions), whatever their thread blocks and sync ops:
+// what a proof of meaning depends on.
+bool same_data_ops(const Schedule& a, const Schedule& b);
 Schedule from_json(std::string_view text);  // throws Error(ir_E001/E002)
 
 }  // namespace mk::ir
