@@ -90,10 +90,14 @@ class Shapes {
  public:
   // `it`: an item without numbers (its len and ndata set).
   int32_t intern(const Item& it) {
-    auto [pos, fresh] = ids_.emplace(it.shape(), int32_t(items_.size()));
+    std::string key = data_key(it);
+    const int32_t d = data_ids_.emplace(key, int32_t(data_ids_.size())).first->second;
+    key += pack(it.nwait);
+    key += pack(it.nsig);
+    auto [pos, fresh] = ids_.emplace(std::move(key), int32_t(items_.size()));
     if (fresh) {
       items_.push_back(it);
-      data_.push_back(data_ids_.emplace(it.data_shape(), int32_t(data_ids_.size())).first->second);
+      data_.push_back(d);
     }
     return pos->second;
   }
@@ -109,6 +113,16 @@ class Shapes {
   }
 
  private:
+  // Item::shape() and data_shape() as bytes, without formatting: interned
+  // once per op of every rank.
+  static std::string pack(int64_t x) { return std::string(reinterpret_cast<const char*>(&x), sizeof x); }
+  static std::string data_key(const Item& it) {
+    std::string k = pack(it.ns) + pack(it.nd) + pack(it.sll) + pack(it.dll) + pack(int64_t(it.refs.size()));
+    for (bool b : {it.data, it.red, it.fin, it.wide, it.pos_rot, it.counted}) k += char(b);
+    for (const RefShape& r : it.refs) k += {char(r.kind), char(r.rot_b), char(r.rot_p)};
+    return k;
+  }
+
   std::map<std::string, int32_t> ids_, data_ids_;
   std::vector<Item> items_;
   std::vector<int32_t> data_;
