@@ -84,6 +84,70 @@ struct Item {
   }
 };
 
+// Item shapes, interned: ranks compare their item lists by id, and a
+// class's items are stored once per rank as numbers only (Stream).
+class Shapes {
+ public:
+  // `it`: an item without numbers (its len and ndata set).
+  int32_t intern(const Item& it) {
+    std::string key = data_key(it);
+    const int32_t d = data_ids_.emplace(key, int32_t(data_ids_.size())).first->second;
+    key += pack(it.nwait);
+    key += pack(it.nsig);
+    auto [pos, fresh] = ids_.emplace(std::move(key), int32_t(items_.size()));
+    if (fresh) {
+      items_.push_back(it);
+      data_.push_back(d);
+    }
+    return pos->second;
+  }
+  const Item& operator[](int32_t id) const { return items_[size_t(id)]; }
+  // Equal for items of equal Item::data_shape().
+  int32_t data_id(int32_t id) const { return data_[size_t(id)]; }
+  // Operands of the widest wide op.
+  int32_t widest() const {
+    int32_t w = 0;
+    for (const Item& it : items_)
+      if (it.wide) w = std::max(w, int32_t(it.ns + it.nd));
+    return w;
+  }
+
+ private:
+  // Item::shape() and data_shape() as bytes, without formatting: interned
+  // once per op of every rank.
+  static std::string pack(int64_t x) { return std::string(reinterpret_cast<const char*>(&x), sizeof x); }
+  static std::string data_key(const Item& it) {
+    std::string k = pack(it.ns) + pack(it.nd) + pack(it.sll) + pack(it.dll) + pack(int64_t(it.refs.size()));
+    for (bool b : {it.data, it.red, it.fin, it.wide, it.pos_rot, it.counted}) k += char(b);
+    for (const RefShape& r : it.refs) k += {char(r.kind), char(r.rot_b), char(r.rot_p)};
+    return k;
+  }
+
+  std::map<std::string, int32_t> ids_, data_ids_;
+  std::vector<Item> items_;
+  std::vector<int32_t> data_;
+};
+
+// One rank's items of one thread block, flat (one chunk of a data op is one
+// item): item j has shape shape[j] and numbers nums[at[j] .. at[j + 1]).
+// Flat because there are ranks x chunks of them: an Item each (vectors,
+// shape strings) made code generation for 1024 ranks take 20-30 s.
+struct Stream {
+  std::vector<int32_t> shape;
+  std::vector<size_t> at{0};
+  std::vector<int64_t> nums;
+  std::vector<const Op*> op;  // per item: its data op, for comments (nullptr: none)
+  size_t size() const { return shape.size(); }
+  bool empty() const { return shape.empty(); }
+  int64_t num(size_t j, size_t x) const { return nums[at[j] + x]; }
+};
+
+// The source comment of a data op's statement.
+std::string comment_of(const Op* op) {
+  if (!op) return "";
+  return ir::print_op(*op) + (op->loc.valid() ? "  (" + op->loc.str() + ")" : "");
+}
+
 // Splits one rank's ops into items, numbers relative to that rank (peers
 // rotated by the rank, chunk positions by rank x pos_rot). `generic`: every
 // reduce of two or more sources is wide too, so ranks whose reduces read
@@ -96,86 +160,129 @@ class Splitter {
       if (op.kind == OpKind::signal) signaller_[{op.peer, op.slot}] = op.rank;
   }
 
-  // A data op of count > 1 becomes one item per chunk.
-  std::vector<Item> items_of(const std::vector<const Op*>& ops, int32_t v0, bool comments) const {
-    std::vector<Item> out;
-    Item cur;
-    const int32_t K = s_.chunks;
+  // Appends the items of `ops` (one thread block of rank v0) to `out`; a
+  // data op of count > 1 becomes one item per chunk.
+  void items_of(const std::vector<const Op*>& ops, int32_t v0, Shapes& shapes, Stream& out) const {
+    int nwait = 0, nsig = 0;
+    const Op* data = nullptr;  // the open item's data op
+    Item shape;                // data's shape (per op: equal for its chunks)
+    // The chunks of one op after the first share a shape: intern it once.
+    const Op* last_op = nullptr;
+    int last_nwait = -1, last_nsig = -1;
+    int32_t last_id = -1;
     auto close = [&] {
-      cur.len = cur.nums.size();
-      out.push_back(std::move(cur));
-      cur = Item{};
+      int32_t id = last_id;
+      if (!data || data != last_op || nwait != last_nwait || nsig != last_nsig) {
+        Item it = data ? shape : Item{};
+        it.nwait = nwait;
+        it.nsig = nsig;
+        it.len = out.nums.size() - out.at.back();
+        id = shapes.intern(it);
+        last_op = data;
+        last_nwait = nwait;
+        last_nsig = nsig;
+        last_id = id;
+      }
+      out.shape.push_back(id);
+      out.at.push_back(out.nums.size());
+      out.op.push_back(data);
+      nwait = nsig = 0;
+      data = nullptr;
     };
     for (const Op* op : ops) {
       if (op->kind == OpKind::wait) {
-        if (cur.data || cur.nsig) close();
-        ++cur.nwait;
-        cur.nums.push_back(op->slot);
-        cur.nums.push_back(op->iter);
-        cur.nums.push_back(waiter_peer(*op, v0));
+        if (data || nsig) close();
+        ++nwait;
+        out.nums.push_back(op->slot);
+        out.nums.push_back(op->iter);
+        out.nums.push_back(waiter_peer(*op, v0));
       } else if (op->kind == OpKind::signal) {
-        ++cur.nsig;
-        cur.nums.push_back(mod(op->peer - v0, s_.nranks));
-        cur.nums.push_back(op->slot);
+        ++nsig;
+        out.nums.push_back(mod(op->peer - v0, s_.nranks));
+        out.nums.push_back(op->slot);
       } else if (op->is_data()) {
+        if (data || nsig) close();  // before `shape` changes
+        shape = data_shape(*op);
         for (int32_t k = 0; k < op->count(); ++k) {
-          if (cur.data || cur.nsig) close();
-          cur.data = true;
-          cur.ns = int(op->srcs.size());
-          cur.nd = int(op->dsts.size());
-          cur.red = op->kind == OpKind::reduce;
-          cur.fin = op->final;
-          cur.wide = cur.ns > kWideFrom || cur.nd > kWideFrom || (generic_ && cur.red && cur.ns >= 2);
-          if (cur.ns + cur.nd > kWideMax)
-            throw Error(ErrId::jit_E005,
-                        fmt::format("schedule '{}': op %{} has {} sources and {} destinations; a kernel's op has at "
-                                    "most {} in all",
-                                    s_.name, op->id, cur.ns, cur.nd, kWideMax),
-                        op->loc, "split the op into several with fewer operands");
-          if (s_.proto == ir::Proto::ll && !cur.wide) {  // a wide op's kernel tells from the operand
-            for (int i = 0; i < cur.ns; ++i)
-              if (op->srcs[size_t(i)].buf == Buf::scratch) cur.sll |= 1u << i;
-            for (int i = 0; i < cur.nd; ++i)
-              if (op->dsts[size_t(i)].buf == Buf::scratch) cur.dll |= 1u << i;
-          }
-          const size_t data_from = cur.nums.size();
+          if (data || nsig) close();
+          data = op;
+          const size_t data_from = out.nums.size();
           for (const auto* list : {&op->srcs, &op->dsts})
             for (const Ref& r : *list) {
-              const auto [shape, nums] = ref_numbers(*op, r, k, v0);
-              if (!cur.wide) {
-                cur.refs.push_back(shape);
-                cur.nums.insert(cur.nums.end(), nums.begin(), nums.end());
+              int64_t n[3];
+              const RefShape sh = ref_numbers(*op, r, k, v0, n);
+              if (!shape.wide) {
+                out.nums.insert(out.nums.end(), n, n + nums_of(sh));
                 continue;
               }
-              const uint64_t e = encode(shape, nums);
-              cur.nums.push_back(int32_t(uint32_t(e)));
-              cur.nums.push_back(int32_t(uint32_t(e >> 32)));
+              const uint64_t e = encode(sh, n);
+              out.nums.push_back(int32_t(uint32_t(e)));
+              out.nums.push_back(int32_t(uint32_t(e >> 32)));
             }
           const int32_t p = op->pos.at(size_t(k));
-          cur.pos_rot = M_ != 0;
-          cur.nums.push_back(M_ ? mod(p - int64_t(v0) * M_, K) : p);
-          cur.ndata = int(cur.nums.size() - data_from);
-          if (comments) cur.comment = ir::print_op(*op) + (op->loc.valid() ? "  (" + op->loc.str() + ")" : "");
+          out.nums.push_back(M_ ? mod(p - int64_t(v0) * M_, s_.chunks) : p);
+          shape.ndata = int(out.nums.size() - data_from);
         }
       }
     }
-    if (cur.data || cur.nwait || cur.nsig) close();
-    return out;
+    if (data || nwait || nsig) close();
   }
 
  private:
+  // A data op's item shape, without waits and signals (equal for its chunks).
+  Item data_shape(const Op& op) const {
+    Item it;
+    it.data = true;
+    it.ns = int(op.srcs.size());
+    it.nd = int(op.dsts.size());
+    it.red = op.kind == OpKind::reduce;
+    it.fin = op.final;
+    it.wide = it.ns > kWideFrom || it.nd > kWideFrom || (generic_ && it.red && it.ns >= 2);
+    if (it.ns + it.nd > kWideMax)
+      throw Error(ErrId::jit_E005,
+                  fmt::format("schedule '{}': op %{} has {} sources and {} destinations; a kernel's op has at "
+                              "most {} in all",
+                              s_.name, op.id, it.ns, it.nd, kWideMax),
+                  op.loc, "split the op into several with fewer operands");
+    if (s_.proto == ir::Proto::ll && !it.wide) {  // a wide op's kernel tells from the operand
+      for (int i = 0; i < it.ns; ++i)
+        if (op.srcs[size_t(i)].buf == Buf::scratch) it.sll |= 1u << i;
+      for (int i = 0; i < it.nd; ++i)
+        if (op.dsts[size_t(i)].buf == Buf::scratch) it.dll |= 1u << i;
+    }
+    if (!it.wide)
+      for (const auto* list : {&op.srcs, &op.dsts})
+        for (const Ref& r : *list) it.refs.push_back(ref_shape(r));
+    it.pos_rot = M_ != 0;
+    return it;
+  }
+
+  RefShape ref_shape(const Ref& r) const {
+    if (r.buf == Buf::scratch) return RefShape{2, false, false};
+    const bool rot_b = ir::buf_blocks(s_.coll, s_.nranks, r.buf) == s_.nranks && s_.nranks > 1;
+    return RefShape{r.buf == Buf::input ? 0 : 1, rot_b, M_ != 0};
+  }
+  // How many numbers a reference of this shape has.
+  size_t nums_of(const RefShape& sh) const { return sh.kind == 2 ? 2 : s_.zero_copy ? 3 : 2; }
+
   // The operand as the kernel's data_ref/peer_data_ref/scratch_ref (ref.cuh)
   // would build it from these numbers (the order render() passes them in).
-  uint64_t encode(const RefShape& sh, const std::vector<int64_t>& n) const {
-    auto i = [&](size_t k) { return int(n.at(k)); };
+  uint64_t encode(const RefShape& sh, const int64_t* n) const {
+    auto i = [&](size_t k) { return int(n[k]); };
     if (sh.kind == 2) return dev::scratch_ref(i(0), i(1));
     if (s_.zero_copy) return dev::peer_data_ref(sh.kind, i(0), i(1), sh.rot_b, i(2), sh.rot_p);
     return dev::data_ref(sh.kind, i(0), sh.rot_b, i(1), sh.rot_p);
   }
 
-  std::pair<RefShape, std::vector<int64_t>> ref_numbers(const Op& op, const Ref& r, int32_t k, int32_t v0) const {
+  // The reference's shape; its nums_of(shape) numbers into `n`.
+  RefShape ref_numbers(const Op& op, const Ref& r, int32_t k, int32_t v0, int64_t* n) const {
     const int32_t N = s_.nranks, K = s_.chunks;
-    if (r.buf == Buf::scratch) return {RefShape{2, false, false}, {mod(r.rank - v0, N), r.index + k}};
+    const RefShape sh = ref_shape(r);
+    if (r.buf == Buf::scratch) {
+      n[0] = mod(r.rank - v0, N);
+      n[1] = r.index + k;
+      return sh;
+    }
     if (r.rank != op.rank && !s_.zero_copy)
       throw InternalError("codegen: op %" + std::to_string(op.id) +
                           " touches another rank's user buffer (stage_remote must run first)");
@@ -186,12 +293,11 @@ class Splitter {
     if (p != op.pos.at(size_t(k)))
       throw InternalError("codegen: op %" + std::to_string(op.id) + " addresses chunk position " + std::to_string(p) +
                           " but its data has position " + std::to_string(op.pos.at(size_t(k))));
-    const bool rot_b = ir::buf_blocks(s_.coll, N, r.buf) == N && N > 1;
-    std::vector<int64_t> nums;
-    if (s_.zero_copy) nums.push_back(mod(r.rank - v0, N));  // whose buffer, relative
-    nums.push_back(rot_b ? mod(b - v0, N) : b);
-    nums.push_back(M_ ? mod(p - int64_t(v0) * M_, K) : p);
-    return {RefShape{r.buf == Buf::input ? 0 : 1, rot_b, M_ != 0}, nums};
+    size_t x = 0;
+    if (s_.zero_copy) n[x++] = mod(r.rank - v0, N);  // whose buffer, relative
+    n[x++] = sh.rot_b ? mod(b - v0, N) : b;
+    n[x++] = M_ ? mod(p - int64_t(v0) * M_, K) : p;
+    return sh;
   }
 
   // For error reports: which rank (relative) should signal this wait.
@@ -206,27 +312,29 @@ class Splitter {
   std::map<std::pair<int32_t, int32_t>, int32_t> signaller_;
 };
 
-// Rank classes and, per class and thread block, the members' merged items.
+// Rank classes and every rank's items.
 struct ClassPlan {
   RankClasses rc;
-  std::vector<std::vector<std::vector<Item>>> items;  // [class][tb]
-  std::vector<std::vector<int32_t>> members;          // [class]: virtual ranks
-  int64_t varying = 0;                                 // numbers the members disagree on
-  int32_t wide = 0;                                    // operands of the widest wide op
+  Shapes shapes;
+  std::vector<std::vector<Stream>> items;    // [virtual rank][tb]
+  std::vector<std::vector<int32_t>> members;  // [class]: virtual ranks
+  int32_t wide = 0;                           // operands of the widest wide op
+  // Items of class c's code path in thread block tb (every member has the same shapes).
+  const Stream& path(size_t c, size_t tb) const { return items[size_t(members[c][0])][tb]; }
 };
 
-// Why rank `v`'s items (`mine`) cannot share rank `v0`'s code path (`theirs`).
-std::string why_apart(int32_t v, int32_t v0, const std::vector<std::vector<Item>>& mine,
-                      const std::vector<std::vector<Item>>& theirs) {
+// Why rank `v`'s items cannot share rank `v0`'s code path.
+std::string why_apart(const ClassPlan& cp, int32_t v, int32_t v0) {
+  const auto &mine = cp.items[size_t(v)], &theirs = cp.items[size_t(v0)];
   for (size_t tb = 0; tb < mine.size(); ++tb) {
-    const auto &a = mine[tb], &b = theirs[tb];
+    const Stream &a = mine[tb], &b = theirs[tb];
     for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-      if (i < a.size() && i < b.size() && a[i].shape() == b[i].shape()) continue;
-      auto what = [](const std::vector<Item>& x, size_t j) {
+      if (i < a.size() && i < b.size() && a.shape[i] == b.shape[i]) continue;
+      auto what = [&](const Stream& x, size_t j) {
         if (j >= x.size()) return std::string("nothing");
-        const Item& it = x[j];
+        const Item& it = cp.shapes[x.shape[j]];
         std::string w = fmt::format("{} wait(s), {} signal(s)", it.nwait, it.nsig);
-        if (it.data) w += ", " + (it.comment.empty() ? std::string("a data op") : "`" + it.comment + "`");
+        if (it.data) w += ", `" + comment_of(x.op[j]) + "`";
         return w;
       };
       return fmt::format("rank {} differs from rank {} in thread block {}, step {}: {} vs {}", v, v0, tb, i,
@@ -245,45 +353,27 @@ ClassPlan plan_classes(const Schedule& s, int32_t M, bool generic) {
     if (op.kind != OpKind::nop) ops[size_t(op.rank)][size_t(std::max(op.tb, 0))].push_back(&op);
   ClassPlan cp;
   cp.rc.pos_rot = M;
-  std::map<std::string, int32_t> seen;
-  std::vector<std::vector<std::vector<Item>>> per_rank(static_cast<size_t>(N));  // items without comments
+  cp.items.resize(size_t(N));
+  std::map<std::vector<int32_t>, int32_t> seen;  // per thread block: -1, then its items' shapes
   for (int32_t v = 0; v < N; ++v) {
-    auto& mine = per_rank[size_t(v)];
-    std::string key;
+    auto& mine = cp.items[size_t(v)];
+    mine.resize(size_t(tbs));
+    std::vector<int32_t> key;
     for (int32_t tb = 0; tb < tbs; ++tb) {
-      mine.push_back(sp.items_of(ops[size_t(v)][size_t(tb)], v, false));
-      key += fmt::format("#{}", tb);
-      for (const Item& it : mine.back()) key += ";" + it.shape();
+      sp.items_of(ops[size_t(v)][size_t(tb)], v, cp.shapes, mine[size_t(tb)]);
+      key.push_back(-1);
+      key.insert(key.end(), mine[size_t(tb)].shape.begin(), mine[size_t(tb)].shape.end());
     }
     auto [found, fresh] = seen.emplace(std::move(key), int32_t(cp.rc.representative.size()));
     if (fresh) {
-      std::vector<std::vector<Item>> shown;  // the representative's items carry the source comments
-      for (int32_t tb = 0; tb < tbs; ++tb) shown.push_back(sp.items_of(ops[size_t(v)][size_t(tb)], v, true));
-      cp.rc.why.push_back(cp.items.empty() ? "" : why_apart(v, cp.rc.representative[0], shown, cp.items[0]));
+      cp.rc.why.push_back(cp.members.empty() ? "" : why_apart(cp, v, cp.rc.representative[0]));
       cp.rc.representative.push_back(v);
-      cp.items.push_back(std::move(shown));
       cp.members.emplace_back();
     }
     cp.rc.class_of.push_back(found->second);
     cp.members[size_t(found->second)].push_back(v);
   }
-  for (size_t c = 0; c < cp.items.size(); ++c)
-    for (size_t tb = 0; tb < cp.items[c].size(); ++tb)
-      for (size_t i = 0; i < cp.items[c][tb].size(); ++i) {
-        Item& it = cp.items[c][tb][i];
-        it.nums.clear();
-        for (int32_t v : cp.members[c]) {
-          const auto& n = per_rank[size_t(v)][tb][i].nums;
-          it.nums.insert(it.nums.end(), n.begin(), n.end());
-        }
-        if (it.wide) cp.wide = std::max(cp.wide, int32_t(it.ns + it.nd));
-        for (size_t k = 0; k < it.len; ++k)
-          for (size_t m = 1; m < cp.members[c].size(); ++m)
-            if (it.nums[m * it.len + k] != it.nums[k]) {
-              ++cp.varying;
-              break;
-            }
-      }
+  cp.wide = cp.shapes.widest();
   return cp;
 }
 
@@ -311,50 +401,59 @@ class Table {
   std::vector<std::vector<int64_t>> cols_;
 };
 
-// Consecutive data items of one data shape, with no signal before and no
-// wait after the first, whose data numbers step evenly (per member) from one
-// to the next (the chunks of one op, or of ops a DSL loop wrote) become one
-// counted item: the first's waits, a loop over `count` chunks, the last's
-// signals; the statements run in the same order as before. Every data item
-// gets a count and steps (1 and 0 where nothing merged), so that merged and
-// single items have one shape and can reroll together. `merge` false: none
-// merge (straight-line code).
-std::vector<Item> count_chunks(const std::vector<Item>& items, size_t members, bool merge) {
+// Class c's items in thread block tb, the members' numbers side by side
+// (member-major). Consecutive data items of one data shape, with no signal
+// before and no wait after the first, whose data numbers step evenly (per
+// member) from one to the next (the chunks of one op, or of ops a DSL loop
+// wrote) become one counted item: the first's waits, a loop over `count`
+// chunks, the last's signals; the statements run in the same order as
+// before. Every data item gets a count and steps (1 and 0 where nothing
+// merged), so that merged and single items have one shape and can reroll
+// together. `merge` false: none merge (straight-line code). The
+// representative's items carry the source comments.
+std::vector<Item> count_chunks(const ClassPlan& cp, size_t c, size_t tb, bool merge) {
+  std::vector<const Stream*> st;
+  for (int32_t v : cp.members[c]) st.push_back(&cp.items[size_t(v)][tb]);
+  const size_t members = st.size();
+  const Stream& rep = *st[0];
+  auto shape = [&](size_t j) -> const Item& { return cp.shapes[rep.shape[j]]; };
   std::vector<Item> out;
-  for (size_t i = 0; i < items.size();) {
-    const Item& a = items[i];
+  for (size_t i = 0; i < rep.size();) {
+    const Item& a = shape(i);
+    Item c = a;
+    c.comment = a.data ? comment_of(rep.op[i]) : "";
     if (!a.data) {
-      out.push_back(a);
+      for (const Stream* m : st) c.nums.insert(c.nums.end(), m->nums.begin() + int64_t(m->at[i]), m->nums.begin() + int64_t(m->at[i + 1]));
+      out.push_back(std::move(c));
       ++i;
       continue;
     }
     const size_t D = size_t(a.ndata);
-    auto data = [&](size_t j, size_t m, size_t x) { return items[j].nums[m * items[j].len + items[j].data_at() + x]; };
+    const int32_t dshape = cp.shapes.data_id(rep.shape[i]);
+    auto data = [&](size_t j, size_t m, size_t x) { return st[m]->num(j, shape(j).data_at() + x); };
     auto joins = [&](size_t j) {  // items[j] may continue the run that items[j - 1] ends
-      const Item& b = items[j];
-      return b.data && b.nwait == 0 && items[j - 1].nsig == 0 && b.data_shape() == a.data_shape();
+      const Item& b = shape(j);
+      return b.data && b.nwait == 0 && shape(j - 1).nsig == 0 && cp.shapes.data_id(rep.shape[j]) == dshape;
     };
     std::vector<int64_t> step(members * D, 0);
     size_t e = i + 1;
-    if (merge && e < items.size() && joins(e)) {
+    if (merge && e < rep.size() && joins(e)) {
       for (size_t m = 0; m < members; ++m)
         for (size_t x = 0; x < D; ++x) step[m * D + x] = data(e, m, x) - data(i, m, x);
-      for (++e; e < items.size() && joins(e); ++e) {
+      for (++e; e < rep.size() && joins(e); ++e) {
         bool even = true;
         for (size_t m = 0; m < members && even; ++m)
           for (size_t x = 0; x < D && even; ++x) even = data(e, m, x) - data(e - 1, m, x) == step[m * D + x];
         if (!even) break;
       }
     }
-    const Item& z = items[e - 1];
-    Item c = a;
+    const Item& z = shape(e - 1);
     c.nsig = z.nsig;
     c.counted = true;
-    c.nums.clear();
     for (size_t m = 0; m < members; ++m) {
-      const auto from = a.nums.begin() + int64_t(m * a.len);
+      const auto from = st[m]->nums.begin() + int64_t(st[m]->at[i]);
       c.nums.insert(c.nums.end(), from, from + int64_t(a.data_at() + D));  // waits and data
-      const auto sig = z.nums.begin() + int64_t(m * z.len + z.data_at() + D);
+      const auto sig = st[m]->nums.begin() + int64_t(st[m]->at[e - 1] + z.data_at() + D);
       c.nums.insert(c.nums.end(), sig, sig + 2 * z.nsig);
       c.nums.push_back(int64_t(e - i));
       c.nums.insert(c.nums.end(), step.begin() + int64_t(m * D), step.begin() + int64_t((m + 1) * D));
@@ -365,7 +464,6 @@ std::vector<Item> count_chunks(const std::vector<Item>& items, size_t members, b
   }
   return out;
 }
-
 // Groups of at most this many items reroll.
 constexpr size_t kMaxGroup = 8;
 
@@ -375,7 +473,7 @@ class Emitter {
   Emitter(const Schedule& s, int32_t bucket, const ClassPlan& cp, std::string& out, std::vector<char> served = {},
           bool reroll = true)
       : s_(s), b_(bucket), cp_(cp), o_(out), served_(std::move(served)), reroll_(reroll) {
-    if (served_.empty()) served_.assign(cp_.items.size(), 1);
+    if (served_.empty()) served_.assign(cp_.members.size(), 1);
   }
 
   std::string P() const { return fmt::format("P{}", b_); }
@@ -537,8 +635,7 @@ class Emitter {
   // Emits items: chunks merged (count_chunks), then runs of at least 3
   // groups of P items (P = 1..kMaxGroup) of the same shapes as one loop,
   // whose numbers step evenly or come from tables.
-  std::string emit_items(const std::vector<Item>& raw, Table& t) {
-    const std::vector<Item> items = count_chunks(raw, t.members(), reroll_);
+  std::string emit_items(const std::vector<Item>& items, Table& t) {
     std::vector<int> sid;  // shapes, interned
     std::map<std::string, int> ids;
     for (const Item& it : items) sid.push_back(ids.emplace(it.shape(), int(ids.size())).first->second);
@@ -579,8 +676,8 @@ class Emitter {
     return o;
   }
 
-  void emit_tb(int32_t cls, int32_t tb, const std::vector<Item>& items, bool inline_fn, Table& t) {
-    const std::string body = emit_items(items, t);
+  void emit_tb(int32_t cls, int32_t tb, bool inline_fn, Table& t) {
+    const std::string body = emit_items(count_chunks(cp_, size_t(cls), size_t(tb), reroll_), t);
     const bool tabled = t.width() > 0;  // the class's table so far; rows are per member, so any column needs it
     fns_ += fmt::format("static __device__ {} void b{}_c{}_tb{}(mk::dev::Ctx<{}>& c{}) {{\n",
                         inline_fn ? "__forceinline__" : "__noinline__", b_, cls, tb, P(), tabled ? ", const int* t" : "");
@@ -630,16 +727,15 @@ class Emitter {
   KernelInfo emit(const std::string& kernel_name, const Limits& lim) {
     const int32_t nclasses = int32_t(cp_.rc.representative.size());
     size_t total_items = 0;
-    for (size_t c = 0; c < cp_.items.size(); ++c)
-      for (const auto& tb : cp_.items[c]) total_items += served_[c] ? tb.size() : 0;
+    for (size_t c = 0; c < cp_.members.size(); ++c)
+      for (size_t tb = 0; served_[c] && tb < cp_.items[0].size(); ++tb) total_items += cp_.path(c, tb).size();
     const bool inline_fns = total_items <= 64;
     std::vector<Table> tables;
     for (int32_t c = 0; c < nclasses; ++c) {
       tables.emplace_back(cp_.members[size_t(c)].size());
       if (!served_[size_t(c)]) continue;
-      for (int32_t tb = 0; tb < int32_t(cp_.items[size_t(c)].size()); ++tb)
-        if (!cp_.items[size_t(c)][size_t(tb)].empty())
-          emit_tb(c, tb, cp_.items[size_t(c)][size_t(tb)], inline_fns, tables.back());
+      for (int32_t tb = 0; tb < int32_t(cp_.items[0].size()); ++tb)
+        if (!cp_.path(size_t(c), size_t(tb)).empty()) emit_tb(c, tb, inline_fns, tables.back());
     }
     emit_tables(tables);
     o_ += fns_;
@@ -664,8 +760,8 @@ class Emitter {
     for (int32_t c = 0; c < nclasses; ++c) {
       if (!served_[size_t(c)]) continue;
       o_ += fmt::format("    case {}:\n      switch (c.tb) {{\n", c);
-      for (int32_t tb = 0; tb < int32_t(cp_.items[size_t(c)].size()); ++tb) {
-        if (cp_.items[size_t(c)][size_t(tb)].empty()) continue;
+      for (int32_t tb = 0; tb < int32_t(cp_.items[0].size()); ++tb) {
+        if (cp_.path(size_t(c), size_t(tb)).empty()) continue;
         const std::string row = tabled_[{c, tb}] ? fmt::format(", kT{}_c{}[kMember{}[c.vrank]]", b_, c, b_) : "";
         o_ += fmt::format("        case {}: b{}_c{}_tb{}(c{}); break;\n", tb, b_, c, tb, row);
       }
