@@ -140,8 +140,10 @@ SyncNeeds sync_needs(const ir::Schedule& s) {
   // aliasing modes (one plan serves in-place and out-of-place calls).
   const bool ll = s.proto == ir::Proto::ll;
   std::vector<std::vector<size_t>> deps(n);
+  const verify::AccessMap acc = verify::accesses(s, false);  // scratch is the same in both modes
   for (bool inplace : {false, true}) {
-    for (const auto& [key, list] : verify::accesses(s, inplace)) {
+    const verify::AccessMap in_place = inplace ? verify::accesses(s, true) : verify::AccessMap{};
+    for (const auto& [key, list] : inplace ? in_place : acc) {
       int64_t last_write = -1;
       std::vector<size_t> reads;
       for (const auto& a : list) {
@@ -160,7 +162,6 @@ SyncNeeds sync_needs(const ir::Schedule& s) {
       }
     }
   }
-  const auto acc = verify::accesses(s, false);  // scratch is the same in both modes
 
   std::vector<std::vector<size_t>> need(n);  // scratch reuse: accessors of the slots j writes
   for (const auto& [key, list] : acc) {

@@ -96,7 +96,9 @@ std::string tb_name(const Op& op) { return fmt::format("rank {} tb {}", op.rank,
 
 }  // namespace
 
-SyncGraph build_sync_graph(const Schedule& s) {
+SyncGraph build_sync_graph(const Schedule& s) { return build_sync_graph(s, nullptr); }
+
+SyncGraph build_sync_graph(const Schedule& s, const AccessMap* out_of_place) {
   const size_t n = s.ops.size();
   SyncGraph g;
 
@@ -174,7 +176,8 @@ SyncGraph build_sync_graph(const Schedule& s) {
   }
   std::vector<std::pair<size_t, size_t>> gate;  // (reader, writer), by reader
   if (s.proto == ir::Proto::ll) {
-    for (const auto& [key, acc] : accesses(s, false)) {
+    const AccessMap own = out_of_place ? AccessMap{} : accesses(s, false);
+    for (const auto& [key, acc] : out_of_place ? *out_of_place : own) {
       if (key.space != 2) continue;
       std::vector<size_t> writers;
       for (auto& a : acc)
@@ -430,7 +433,8 @@ void verify_sync(const Schedule& s) { verify_sync_budget(s, kClockBudget); }
 
 void verify_sync_budget(const Schedule& s, size_t clock_budget) {
   verify_bounds(s);
-  const SyncGraph g = build_sync_graph(s);
+  AccessMap out_of_place = accesses(s, false);
+  const SyncGraph g = build_sync_graph(s, &out_of_place);
   const bool ll = s.proto == ir::Proto::ll;
   // The orderings to check, per location, in program order. Every two accesses
   // with a write among them must be ordered; by transitivity it is enough that
@@ -444,7 +448,9 @@ void verify_sync_budget(const Schedule& s, size_t clock_budget) {
     at.add(b, {uint32_t(a), li, uint32_t(g.chain[a]), kind});
   };
   for (bool inplace : {false, true}) {
-    for (const auto& [key, acc] : accesses(s, inplace)) {
+    if (inplace) out_of_place = AccessMap{};  // done with it: one table at a time
+    const AccessMap in_place = inplace ? accesses(s, true) : AccessMap{};
+    for (const auto& [key, acc] : inplace ? in_place : out_of_place) {
       const uint32_t li = uint32_t(locs.size());
       locs.push_back(key);
       const uint8_t kind = inplace ? 1 : 0;

@@ -84,6 +84,8 @@ struct SyncGraph {
 // Builds it; throws mk.verify.E011 (unpaired sync, a wait reaching back other
 // than 1 or depth steps), E014 (an LL slot written twice) or E005 (cycle).
 SyncGraph build_sync_graph(const ir::Schedule& s);
+// ... reusing the schedule's out-of-place accesses (LL gating reads them).
+SyncGraph build_sync_graph(const ir::Schedule& s, const AccessMap* out_of_place);
 
 // Happens-before with every data op's clocks kept: for tests and small
 // schedules (memory n x chains). verify_sync answers the same questions in
