@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <exception>
+#include <system_error>
 #include <new>
 #include <thread>
 
@@ -151,9 +152,16 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     ms[b] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
   };
   if (todo.size() > 1 && std::thread::hardware_concurrency() > 1) {
-    std::thread other(sync, todo[1]);
+    std::thread other;
+    try {
+      other = std::thread(sync, todo[1]);
+    } catch (const std::system_error&) {  // no thread to be had: one after the other
+    }
     sync(todo[0]);
-    other.join();
+    if (other.joinable())
+      other.join();
+    else
+      sync(todo[1]);
     for (size_t k = 2; k < todo.size(); ++k) sync(todo[k]);
   } else {
     for (size_t b : todo) sync(b);
