@@ -95,43 +95,39 @@ void decide(const ir::Schedule& s, const std::vector<int32_t>& chain, const std:
   });
 }
 
-}  // namespace
-
 // Op j needs an edge from i unless i already happens before j through
 // program order and the dependencies taken so far, the latest first (so the
 // nearest edge implies the older ones). A dependency left out is implied by
 // the others, so what happens before j is the same with all of them: the
 // decision for each is a question about the closure of the full dependency
 // graph, answered with vector clocks in bounded memory (verify/clocks.hpp).
-std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, size_t budget) {
+std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, const verify::Chains& c,
+                                 size_t budget) {
   std::vector<std::vector<size_t>> dep = needs.within;
   const auto& need = needs.reuse;
   const size_t n = s.ops.size();
-  std::map<std::pair<int32_t, int32_t>, int32_t> chain_of;
-  std::vector<int32_t> chain(n, -1), pos(n, 0), length;
-  for (size_t i = 0; i < n; ++i) {
-    if (!s.ops[i].is_data()) continue;
-    auto [it, fresh] = chain_of.emplace(std::make_pair(s.ops[i].rank, s.ops[i].tb), int32_t(length.size()));
-    if (fresh) length.push_back(0);
-    chain[i] = it->second;
-    pos[i] = ++length[size_t(it->second)];
-  }
+  const auto& chain = c.chain;
   // Program order already gives a dependency within the thread block.
   for (size_t j = 0; j < n; ++j) {
     for (size_t i : dep[j])
       MK_CHECK(chain[i] != chain[j] || i < j, "a dependency points forward in its thread block");
     std::erase_if(dep[j], [&](size_t i) { return chain[i] == chain[j]; });
   }
-  const int32_t longest = length.empty() ? 0 : *std::max_element(length.begin(), length.end());
   std::vector<SyncEdge> edges;
-  verify::with_entry_type(size_t(longest), [&](auto entry) {
-    decide<decltype(entry)>(s, chain, pos, length.size(), dep, need, budget, edges);
+  verify::with_entry_type(c.longest, [&](auto entry) {
+    decide<decltype(entry)>(s, chain, c.pos, c.count, dep, need, budget, edges);
   });
   // The blocks found them chain block by chain block; emit in a fixed order.
   std::sort(edges.begin(), edges.end(), [](const SyncEdge& x, const SyncEdge& y) {
     return std::tie(x.to, x.iter, x.from) < std::tie(y.to, y.iter, y.from);
   });
   return edges;
+}
+
+}  // namespace
+
+std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, size_t budget) {
+  return sync_edges(s, needs, verify::number_chains(s, true), budget);
 }
 
 SyncNeeds sync_needs(const ir::Schedule& s) {
@@ -188,15 +184,10 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
   for (const Op& op : s.ops)
     MK_CHECK(op.kind != OpKind::signal && op.kind != OpKind::wait, "schedule already has sync ops");
 
+  const verify::Chains chains = verify::number_chains(s, true);
+  std::vector<SyncEdge> edges = sync_edges(s, sync_needs(s), chains, clock_budget);
   // Each data op's index in its thread block's program.
-  std::vector<int32_t> local_index(n, 0);
-  {
-    std::map<std::pair<int32_t, int32_t>, int32_t> next;
-    for (size_t i = 0; i < n; ++i)
-      if (s.ops[i].is_data()) local_index[i] = next[{s.ops[i].rank, s.ops[i].tb}]++;
-  }
-
-  std::vector<SyncEdge> edges = sync_edges(s, sync_needs(s), clock_budget);
+  auto local_index = [&](size_t i) { return chains.pos[i] - 1; };
   // Slots: per receiving rank, ordered by where the first waiting op sits
   // (its thread block, its place there), then the signaller's relative rank,
   // thread block and place. Keys are thread-block-local and rank-relative, so
@@ -208,8 +199,8 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
     for (const SyncEdge& e : edges) {
       int32_t rr = s.ops[e.to].rank;
       auto key = std::make_pair(e.from, rr);
-      Key k{s.ops[e.to].tb, local_index[e.to], (s.ops[e.from].rank - rr + s.nranks) % s.nranks, s.ops[e.from].tb,
-            local_index[e.from]};
+      Key k{s.ops[e.to].tb, local_index(e.to), (s.ops[e.from].rank - rr + s.nranks) % s.nranks, s.ops[e.from].tb,
+            local_index(e.from)};
       auto it = wants.find(key);
       if (it == wants.end())
         wants.emplace(key, k);

@@ -96,6 +96,25 @@ std::string tb_name(const Op& op) { return fmt::format("rank {} tb {}", op.rank,
 
 }  // namespace
 
+Chains number_chains(const Schedule& s, bool data_only) {
+  const size_t n = s.ops.size();
+  Chains c;
+  c.chain.assign(n, -1);
+  c.pos.assign(n, 0);
+  std::map<std::pair<int32_t, int32_t>, int32_t> chain_of;
+  std::vector<int32_t> length;
+  for (size_t i = 0; i < n; ++i) {
+    if (data_only && !s.ops[i].is_data()) continue;
+    auto [it, fresh] = chain_of.emplace(std::make_pair(s.ops[i].rank, s.ops[i].tb), int32_t(length.size()));
+    if (fresh) length.push_back(0);
+    c.chain[i] = it->second;
+    c.pos[i] = ++length[size_t(it->second)];
+  }
+  c.count = length.size();
+  for (int32_t l : length) c.longest = std::max(c.longest, size_t(l));
+  return c;
+}
+
 SyncGraph build_sync_graph(const Schedule& s) { return build_sync_graph(s, nullptr); }
 
 SyncGraph build_sync_graph(const Schedule& s, const AccessMap* out_of_place) {
@@ -146,20 +165,12 @@ SyncGraph build_sync_graph(const Schedule& s, const AccessMap* out_of_place) {
                   s.ops[sig].loc);
   }
 
-  // Chains and positions.
   {
-    std::map<std::pair<int32_t, int32_t>, int32_t> chain_of;
-    std::vector<int32_t> length;
-    g.chain.resize(n);
-    g.pos.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      auto [it, fresh] = chain_of.emplace(std::make_pair(s.ops[i].rank, s.ops[i].tb), int32_t(length.size()));
-      if (fresh) length.push_back(0);
-      g.chain[i] = it->second;
-      g.pos[i] = ++length[size_t(it->second)];
-    }
-    g.nchains = length.size();
-    for (int32_t l : length) g.longest = std::max(g.longest, size_t(l));
+    Chains c = number_chains(s, false);
+    g.chain = std::move(c.chain);
+    g.pos = std::move(c.pos);
+    g.nchains = c.count;
+    g.longest = c.longest;
   }
 
   // Edges: program order and signal -> wait (iter 0) carry ordering; in LL

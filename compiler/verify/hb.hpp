@@ -71,6 +71,16 @@ class AccessMap {
 };
 AccessMap accesses(const ir::Schedule& s, bool inplace);
 
+// Ops of one (rank, thread block) in program order: each op's chain (dense,
+// in order of first appearance) and 1-based position in it. With `data_only`,
+// other ops get chain -1 and position 0 and are not counted.
+struct Chains {
+  std::vector<int32_t> chain, pos;
+  size_t count = 0;
+  size_t longest = 0;
+};
+Chains number_chains(const ir::Schedule& s, bool data_only);
+
 // The within-step happens-before graph of a synced schedule: chains (one per
 // rank and thread block, in program order) and the signal each wait pairs with.
 struct SyncGraph {
