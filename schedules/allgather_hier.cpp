@@ -24,15 +24,17 @@ static void allgather_hier(Program& p) {
       const int b = p.rank_of(mod(p.node(r) - u, N), p.local(r));
       p.copy(p.output(next(r), b), u == 0 ? p.input(r, 0) : p.output(r, b));
     }
-  // blocks in the order they arrive (node(r), node(r)-1, ...), so every rank's
-  // program is the same relative to its node: one code path for all ranks
+  // blocks in the order they arrive (node(r), node(r)-1, ...), and each
+  // block to the local peers in order of distance, so every rank's program,
+  // sending and receiving, is the same relative to its node: one code path
+  // for all ranks, and one rank per class for the sync analyses (fuse merges
+  // a block's copies into the op that received it)
   for (int u = 0; u < N; ++u)
-    for (int r = 0; r < n; ++r) {
-      const int b = p.rank_of(mod(p.node(r) - u, N), p.local(r));
-      std::vector<Chunk> dsts;
-      for (int d = 1; d < G; ++d) dsts.push_back(p.output(p.rank_of(p.node(r), mod(p.local(r) + d, G)), b));
-      if (!dsts.empty()) p.copy(dsts, b == r ? p.input(r, 0) : p.output(r, b));
-    }
+    for (int d = 1; d < G; ++d)
+      for (int r = 0; r < n; ++r) {
+        const int b = p.rank_of(mod(p.node(r) - u, N), p.local(r));
+        p.copy(p.output(p.rank_of(p.node(r), mod(p.local(r) + d, G)), b), b == r ? p.input(r, 0) : p.output(r, b));
+      }
 }
 
 MK_SCHEDULE("allgather.hier", allgather, allgather_hier,

@@ -68,13 +68,13 @@ static void allreduce_hier(Program& p) {
       p.copy(Chunk{next(r), Buf::output, c.index, 1}, c);
     }
 
-  // 3. intra-node all-gather of the parts
-  for (int r = 0; r < n; ++r) {
-    std::vector<Chunk> dsts;
-    for (int d = 1; d < G; ++d)
-      dsts.push_back(part(p.output(p.rank_of(p.node(r), mod(p.local(r) + d, G)), 0), p.local(r)));
-    if (!dsts.empty()) p.copy(dsts, part(p.output(r, 0), p.local(r)));
-  }
+  // 3. intra-node all-gather of the parts, to the local peers in order of
+  //    distance (every rank's sends and receives the same relative to its
+  //    node: one rank per class for the sync analyses)
+  for (int d = 1; d < G; ++d)
+    for (int r = 0; r < n; ++r)
+      p.copy(part(p.output(p.rank_of(p.node(r), mod(p.local(r) + d, G)), 0), p.local(r)),
+             part(p.output(r, 0), p.local(r)));
 }
 
 MK_SCHEDULE("allreduce.hier", allreduce, allreduce_hier,

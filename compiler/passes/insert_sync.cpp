@@ -95,6 +95,105 @@ void decide(const ir::Schedule& s, const std::vector<int32_t>& chain, const std:
   });
 }
 
+// decide, by symmetry (verify/symmetry.hpp): when the dependency graph maps
+// onto itself under a group of rank permutations, the decisions are made for
+// the ops of one representative rank per class, against clocks read through
+// the permutation, and each edge is copied to every rank of its class. The
+// edges are the same: "already before" does not depend on the order in which
+// one op's dependencies are taken, as long as it is latest first along
+// happens-before, which every symmetry preserves. false when it does not apply
+// (trivial symmetry, clocks over the budget); `edges` is then untouched.
+template <class T>
+bool decide_sym(const ir::Schedule& s, const verify::Chains& c, const std::vector<std::vector<size_t>>& dep,
+                const std::vector<std::vector<size_t>>& need, size_t budget, std::vector<SyncEdge>& edges,
+                verify::RankSymmetry* found) {
+  const size_t n = s.ops.size();
+  const verify::ChainIndex ci(s, c.chain, c.pos, c.count);
+  auto same = [&](size_t u, size_t v) { return s.ops[u].kind == s.ops[v].kind; };
+  auto edge_list = [&](size_t v, std::vector<std::pair<int64_t, int32_t>>& out) {
+    for (size_t i : dep[v]) out.push_back({int64_t(i), 0});
+    for (size_t a : need[v]) out.push_back({int64_t(a), 1});
+  };
+  if (found) *found = verify::SymmetryFinder::find(s, ci, same, edge_list);
+  const verify::RankSymmetry local = found ? verify::RankSymmetry{} : verify::SymmetryFinder::find(s, ci, same, edge_list);
+  const verify::RankSymmetry& sym = found ? *found : local;
+  if (sym.trivial()) return false;
+  auto is_rep = [&](size_t v) { return sym.rep(s.ops[v].rank) == s.ops[v].rank; };
+  auto rho = [&](size_t v) { return is_rep(v) ? v : size_t(ci.image(v, sym.from(s.ops[v].rank))); };
+  std::vector<int64_t> run_slot(c.count, -1), snap_slot(n, -1);
+  size_t slots = 0;
+  for (size_t k = 0; k < c.count; ++k)
+    if (sym.rep(ci.rank(k)) == ci.rank(k)) run_slot[k] = int64_t(slots++);
+  std::vector<uint32_t> reps;
+  for (size_t v = 0; v < n; ++v)
+    if (c.chain[v] >= 0 && is_rep(v)) {
+      reps.push_back(uint32_t(v));
+      snap_slot[v] = int64_t(slots);
+      slots += 2;  // clocks at step g and at step g + depth
+    }
+  const size_t w = (c.count + 15) / 16 * 16;
+  if (slots * w * sizeof(T) > budget) return false;
+  // Representatives in a topological order of the quotient: program order and
+  // the dependencies' representatives.
+  std::vector<int32_t> indeg(n, 0);
+  std::vector<std::vector<uint32_t>> succ(n);
+  for (uint32_t v : reps) {
+    auto pred = [&](size_t p) {
+      succ[p].push_back(v);
+      ++indeg[v];
+    };
+    if (c.pos[v] > 1) pred(ci.op(size_t(c.chain[v]), c.pos[v] - 1));
+    for (size_t i : dep[v]) pred(rho(i));
+  }
+  std::vector<uint32_t> order;
+  order.reserve(reps.size());
+  for (uint32_t v : reps)
+    if (indeg[v] == 0) order.push_back(v);
+  for (size_t k = 0; k < order.size(); ++k)
+    for (uint32_t x : succ[order[k]])
+      if (--indeg[x] == 0) order.push_back(x);
+  MK_CHECK(order.size() == reps.size(), "insert_sync: the dependencies have a cycle");
+  succ = {};
+  std::vector<T> store(slots * w, T(0));
+  auto slot = [&](int64_t k) { return store.data() + size_t(k) * w; };
+  // A representative's own clock is in the schedule's coordinates.
+  auto sees = [&](const T* clock, size_t i) { return clock[size_t(c.chain[i])] >= T(c.pos[i]); };
+  std::vector<SyncEdge> mine;  // for the representatives
+  for (uint32_t j : order) {
+    T* run = slot(run_slot[size_t(c.chain[j])]);
+    for (size_t i : dep[j]) {
+      if (sees(run, i)) continue;
+      mine.push_back({i, j, 0});
+      verify::join_permuted(run, slot(snap_slot[rho(i)]), ci, sym, s.ops[i].rank);
+    }
+    run[size_t(c.chain[j])] = T(c.pos[j]);
+    std::copy_n(run, w, slot(snap_slot[j]));
+  }
+  for (uint32_t j : order) {
+    T* run = slot(run_slot[size_t(c.chain[j])]);
+    for (size_t i : dep[j]) verify::join_permuted(run, slot(snap_slot[rho(i)] + 1), ci, sym, s.ops[i].rank);
+    for (size_t a : need[j]) {
+      if (sees(run, a)) continue;
+      mine.push_back({a, j, -s.depth});
+      verify::join_permuted(run, slot(snap_slot[rho(a)]), ci, sym, s.ops[a].rank);
+    }
+    std::copy_n(run, w, slot(snap_slot[j] + 1));
+  }
+  // Every rank's edges: g_r of its representative's.
+  std::vector<size_t> members;
+  for (const SyncEdge& e : mine) {
+    const int32_t rep = s.ops[e.to].rank;
+    for (int32_t r = 0; r < s.nranks; ++r) {
+      if (sym.rep(r) != rep) continue;
+      const int32_t* g = sym.to(r);
+      const int64_t from = ci.image(e.from, g), to = ci.image(e.to, g);
+      MK_CHECK(from >= 0 && to >= 0, "insert_sync: an edge's image is missing");
+      edges.push_back({size_t(from), size_t(to), e.iter});
+    }
+  }
+  return true;
+}
+
 // Op j needs an edge from i unless i already happens before j through
 // program order and the dependencies taken so far, the latest first (so the
 // nearest edge implies the older ones). A dependency left out is implied by
@@ -102,7 +201,7 @@ void decide(const ir::Schedule& s, const std::vector<int32_t>& chain, const std:
 // decision for each is a question about the closure of the full dependency
 // graph, answered with vector clocks in bounded memory (verify/clocks.hpp).
 std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, const verify::Chains& c,
-                                 size_t budget) {
+                                 size_t budget, verify::SymMode mode, verify::RankSymmetry* found) {
   std::vector<std::vector<size_t>> dep = needs.within;
   const auto& need = needs.reuse;
   const size_t n = s.ops.size();
@@ -115,7 +214,10 @@ std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, 
   }
   std::vector<SyncEdge> edges;
   verify::with_entry_type(c.longest, [&](auto entry) {
-    decide<decltype(entry)>(s, chain, c.pos, c.count, dep, need, budget, edges);
+    using T = decltype(entry);
+    const bool by_symmetry = mode != verify::SymMode::off && decide_sym<T>(s, c, dep, need, budget, edges, found);
+    MK_CHECK(mode != verify::SymMode::required || by_symmetry, "insert_sync: the symmetric decision does not apply");
+    if (!by_symmetry) decide<T>(s, chain, c.pos, c.count, dep, need, budget, edges);
   });
   // The blocks found them chain block by chain block; emit in a fixed order.
   std::sort(edges.begin(), edges.end(), [](const SyncEdge& x, const SyncEdge& y) {
@@ -126,8 +228,9 @@ std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, 
 
 }  // namespace
 
-std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, size_t budget) {
-  return sync_edges(s, needs, verify::number_chains(s, true), budget);
+std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, size_t budget,
+                                 verify::SymMode mode) {
+  return sync_edges(s, needs, verify::number_chains(s, true), budget, mode, nullptr);
 }
 
 SyncNeeds sync_needs(const ir::Schedule& s) {
@@ -185,7 +288,17 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
     MK_CHECK(op.kind != OpKind::signal && op.kind != OpKind::wait, "schedule already has sync ops");
 
   const verify::Chains chains = verify::number_chains(s, true);
-  std::vector<SyncEdge> edges = sync_edges(s, sync_needs(s), chains, clock_budget);
+  verify::RankSymmetry sym;  // trivial unless the dependencies have one
+  std::vector<SyncEdge> edges = sync_edges(s, sync_needs(s), chains, clock_budget, verify::SymMode::automatic, &sym);
+  // A rank's position relative to a rank of class representative `q0`, seen
+  // from the representative: (g^-1(r) - q0) mod n for the element g taking q0
+  // to the class member. Without a symmetry, plain (r - q) mod n. Keys and
+  // orders built from it map onto each other under the symmetry, so the ops
+  // insert_sync adds keep it (verify_sync then walks one rank per class).
+  auto relative = [&](int32_t q, int32_t r) {
+    if (sym.trivial()) return (r - q + s.nranks) % s.nranks;
+    return (sym.from(q)[r] - sym.rep(q) + s.nranks) % s.nranks;
+  };
   // Each data op's index in its thread block's program.
   auto local_index = [&](size_t i) { return chains.pos[i] - 1; };
   // Slots: per receiving rank, ordered by where the first waiting op sits
@@ -199,7 +312,7 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
     for (const SyncEdge& e : edges) {
       int32_t rr = s.ops[e.to].rank;
       auto key = std::make_pair(e.from, rr);
-      Key k{s.ops[e.to].tb, local_index(e.to), (s.ops[e.from].rank - rr + s.nranks) % s.nranks, s.ops[e.from].tb,
+      Key k{s.ops[e.to].tb, local_index(e.to), relative(rr, s.ops[e.from].rank), s.ops[e.from].tb,
             local_index(e.from)};
       auto it = wants.find(key);
       if (it == wants.end())
@@ -247,9 +360,8 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
     out.push_back(op);
     // signal ranks ordered relative to the signaller, for symmetry
     std::vector<int32_t> targets(signal_ranks[j].begin(), signal_ranks[j].end());
-    std::sort(targets.begin(), targets.end(), [&](int32_t a, int32_t b) {
-      return (a - op.rank + s.nranks) % s.nranks < (b - op.rank + s.nranks) % s.nranks;
-    });
+    std::sort(targets.begin(), targets.end(),
+              [&](int32_t a, int32_t b) { return relative(op.rank, a) < relative(op.rank, b); });
     for (int32_t rr : targets) {
       Op g;
       g.id = next_id++;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "compiler/ir/ir.hpp"
+#include "compiler/verify/symmetry.hpp"
 
 namespace mk::passes {
 
@@ -65,6 +66,9 @@ struct SyncEdge {
   size_t from, to;
   int32_t iter;
 };
-std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, size_t clock_budget);
+// `mode`: whether the decisions may be made once per rank class, by the
+// dependency graph's rank symmetry (verify/symmetry.hpp); the edges are the same.
+std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, size_t clock_budget,
+                                 verify::SymMode mode = verify::SymMode::automatic);
 
 }  // namespace mk::passes

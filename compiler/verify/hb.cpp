@@ -438,11 +438,101 @@ std::optional<Failure> find_race(const Schedule& s, const SyncGraph& g, const Qu
   return first;
 }
 
+// find_race by symmetry (symmetry.hpp): the walk runs over the ops of one
+// representative rank per class, and each query reads the representative's
+// clock through the permutation. nullopt when the symmetry is trivial, the
+// quotient has no order (the plain walk then reports the cycle) or its
+// clocks do not fit the budget.
+template <class T>
+std::optional<std::optional<Failure>> find_race_sym(const Schedule& s, const SyncGraph& g, const Queries& at,
+                                                    size_t budget) {
+  const ChainIndex ci(s, g.chain, g.pos, g.nchains);
+  auto same = [&](size_t u, size_t v) { return s.ops[u].kind == s.ops[v].kind && s.ops[u].iter == s.ops[v].iter; };
+  auto edges = [&](size_t v, std::vector<std::pair<int64_t, int32_t>>& out) {
+    if (g.signal[v] >= 0) out.push_back({g.signal[v], 0});
+  };
+  const RankSymmetry sym = SymmetryFinder::find(s, ci, same, edges);
+  if (sym.trivial()) return std::nullopt;
+  const size_t n = s.ops.size();
+  auto is_rep = [&](size_t v) { return sym.rep(s.ops[v].rank) == s.ops[v].rank; };
+  // v's representative: g_r^-1(v) for v on rank r
+  auto rho = [&](size_t v) { return is_rep(v) ? v : size_t(ci.image(v, sym.from(s.ops[v].rank))); };
+  // Slots: a running clock per representative chain, two snapshots (step g,
+  // step g + depth) per representative signal. Data ops' queries are
+  // answered while the walk is at their representative.
+  std::vector<int64_t> run_slot(g.nchains, -1), snap_slot(n, -1);
+  size_t slots = 0;
+  for (size_t c = 0; c < g.nchains; ++c)
+    if (sym.rep(ci.rank(c)) == ci.rank(c)) run_slot[c] = int64_t(slots++);
+  std::vector<uint32_t> reps;
+  for (size_t v = 0; v < n; ++v) {
+    if (!is_rep(v)) continue;
+    reps.push_back(uint32_t(v));
+    if (s.ops[v].kind == OpKind::signal) {
+      snap_slot[v] = int64_t(slots);
+      slots += 2;
+    }
+  }
+  const size_t w = (g.nchains + 15) / 16 * 16;
+  if (slots * w * sizeof(T) > budget) return std::nullopt;
+  std::vector<std::vector<int32_t>> members(size_t(s.nranks));  // representative -> its class
+  for (int32_t r = 0; r < s.nranks; ++r) members[size_t(sym.rep(r))].push_back(r);
+  // A topological order of the representatives: program order and, for a
+  // wait within the step, its signal's representative.
+  std::vector<int32_t> indeg(n, 0);
+  std::vector<std::vector<uint32_t>> succ(n);
+  auto for_preds = [&](size_t v, auto&& f) {
+    if (g.pos[v] > 1) f(size_t(ci.op(size_t(g.chain[v]), g.pos[v] - 1)));
+    if (g.signal[v] >= 0 && s.ops[v].iter == 0) f(rho(size_t(g.signal[v])));
+  };
+  for (uint32_t v : reps) for_preds(v, [&](size_t p) {
+      succ[p].push_back(v);
+      ++indeg[v];
+    });
+  std::vector<uint32_t> order;
+  order.reserve(reps.size());
+  for (uint32_t v : reps)
+    if (indeg[v] == 0) order.push_back(v);
+  for (size_t k = 0; k < order.size(); ++k)
+    for (uint32_t x : succ[order[k]])
+      if (--indeg[x] == 0) order.push_back(x);
+  if (order.size() != reps.size()) return std::nullopt;
+  succ = {};
+  std::vector<T> store(slots * w, T(0));
+  auto slot = [&](int64_t k) { return store.data() + size_t(k) * w; };
+  std::optional<Failure> first;
+  for (int step = 0; step < 2; ++step)
+    for (uint32_t v : order) {
+      const Op& op = s.ops[v];
+      T* run = slot(run_slot[size_t(g.chain[v])]);
+      if (op.kind == OpKind::wait && (step == 1 || op.iter == 0)) {
+        const size_t sig = size_t(g.signal[v]);
+        // iter 0: the signal in the same step; iter < 0 (in the later step):
+        // its clock at step g
+        const int use = step == 1 && op.iter == 0 ? 1 : 0;
+        join_permuted(run, slot(snap_slot[rho(sig)] + use), ci, sym, s.ops[sig].rank);
+      }
+      if (step == 0) run[size_t(g.chain[v])] = T(g.pos[v]);
+      if (snap_slot[v] >= 0) std::copy_n(run, w, slot(snap_slot[v] + step));
+      if (!op.is_data()) continue;
+      // run is v's clock; b = g_r(v) sees chain c where v sees g_r^-1(c)
+      for (int32_t r : members[size_t(op.rank)]) {
+        const size_t b = r == op.rank ? v : size_t(ci.image(v, sym.to(r)));
+        for (const Query& q : at.at(b, step, 0, g.nchains)) {
+          if (run[permuted_entry(ci, sym, r, q.chain)] >= T(g.pos[q.a])) continue;
+          Failure f{{q.kind == 1, q.loc, q.kind == 2, q.a, b}, q, b};
+          if (!first || f.order < first->order) first = f;
+        }
+      }
+    }
+  return first;
+}
+
 }  // namespace
 
 void verify_sync(const Schedule& s) { verify_sync_budget(s, kClockBudget); }
 
-void verify_sync_budget(const Schedule& s, size_t clock_budget) {
+void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode) {
   verify_bounds(s);
   AccessMap out_of_place = accesses(s, false);
   const SyncGraph g = build_sync_graph(s, &out_of_place);
@@ -486,7 +576,13 @@ void verify_sync_budget(const Schedule& s, size_t clock_budget) {
   }
   at.finish();
   std::optional<Failure> race;
-  with_entry_type(g.longest, [&](auto entry) { race = find_race<decltype(entry)>(s, g, at, clock_budget); });
+  with_entry_type(g.longest, [&](auto entry) {
+    using T = decltype(entry);
+    std::optional<std::optional<Failure>> by_symmetry;
+    if (mode != SymMode::off) by_symmetry = find_race_sym<T>(s, g, at, clock_budget);
+    MK_CHECK(mode != SymMode::required || by_symmetry, "verify_sync: the walk by symmetry does not apply here");
+    race = by_symmetry ? *by_symmetry : find_race<T>(s, g, at, clock_budget);
+  });
   if (!race) return;
   static const char* spaces[] = {"in", "out", "sc"};
   static const char* what[] = {"within a step", "within a step (in-place)", "between steps (scratch reuse)"};

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "compiler/ir/ir.hpp"
+#include "compiler/verify/symmetry.hpp"
 
 namespace mk::verify {
 
@@ -122,7 +123,7 @@ class HB {
 HB build_hb(const ir::Schedule& s);
 
 // verify_sync with an explicit clock budget in bytes (tests force several
-// chain blocks with a small one).
-void verify_sync_budget(const ir::Schedule& s, size_t clock_budget);
+// chain blocks with a small one) and use of rank symmetry (symmetry.hpp).
+void verify_sync_budget(const ir::Schedule& s, size_t clock_budget, SymMode mode = SymMode::automatic);
 
 }  // namespace mk::verify
