@@ -305,72 +305,101 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
   // (its thread block, its place there), then the signaller's relative rank,
   // thread block and place. Keys are thread-block-local and rank-relative, so
   // symmetric schedules get the same numbering on every rank.
-  std::map<std::pair<size_t, int32_t>, int32_t> slot_of;  // (signaller, receiving rank) -> slot
+  // Flat arrays throughout (1024 ranks: millions of edges).
+  using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>;
+  struct Want {
+    size_t from;     // signaller
+    int32_t rr;      // receiving rank
+    Key key;         // the least over its edges
+    int32_t slot = -1;
+  };
+  std::vector<Want> wants;  // one per (signaller, receiving rank), sorted by it
   {
-    using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>;
-    std::map<std::pair<size_t, int32_t>, Key> wants;
+    wants.reserve(edges.size());
     for (const SyncEdge& e : edges) {
-      int32_t rr = s.ops[e.to].rank;
-      auto key = std::make_pair(e.from, rr);
-      Key k{s.ops[e.to].tb, local_index(e.to), relative(rr, s.ops[e.from].rank), s.ops[e.from].tb,
-            local_index(e.from)};
-      auto it = wants.find(key);
-      if (it == wants.end())
-        wants.emplace(key, k);
-      else
-        it->second = std::min(it->second, k);
+      const int32_t rr = s.ops[e.to].rank;
+      wants.push_back({e.from, rr,
+                       Key{s.ops[e.to].tb, local_index(e.to), relative(rr, s.ops[e.from].rank), s.ops[e.from].tb,
+                           local_index(e.from)}});
     }
-    std::vector<std::vector<std::pair<Key, std::pair<size_t, int32_t>>>> per_rank(s.nranks);
-    for (auto& [key, k] : wants) per_rank[key.second].push_back({k, key});
+    std::sort(wants.begin(), wants.end(),
+              [](const Want& a, const Want& b) { return std::tie(a.from, a.rr, a.key) < std::tie(b.from, b.rr, b.key); });
+    wants.erase(std::unique(wants.begin(), wants.end(),
+                            [](const Want& a, const Want& b) { return a.from == b.from && a.rr == b.rr; }),
+                wants.end());
+    // per receiving rank, slots in key order
+    std::vector<uint32_t> by_rank(wants.size());
+    for (size_t k = 0; k < wants.size(); ++k) by_rank[k] = uint32_t(k);
+    std::sort(by_rank.begin(), by_rank.end(), [&](uint32_t a, uint32_t b) {
+      return std::tie(wants[a].rr, wants[a].key, a) < std::tie(wants[b].rr, wants[b].key, b);
+    });
     s.slots = 0;
-    for (auto& list : per_rank) {
-      std::sort(list.begin(), list.end());
-      for (size_t k = 0; k < list.size(); ++k) slot_of[list[k].second] = int32_t(k);
-      s.slots = std::max<int32_t>(s.slots, int32_t(list.size()));
+    int32_t slot = 0;
+    for (size_t k = 0; k < by_rank.size(); ++k) {
+      Want& w = wants[by_rank[k]];
+      slot = k && wants[by_rank[k - 1]].rr == w.rr ? slot + 1 : 0;
+      w.slot = slot;
+      s.slots = std::max(s.slots, slot + 1);
     }
   }
+  auto slot_of = [&](size_t from, int32_t rr) {
+    auto it = std::lower_bound(wants.begin(), wants.end(), std::make_pair(from, rr), [](const Want& w, const auto& k) {
+      return std::tie(w.from, w.rr) < std::tie(k.first, k.second);
+    });
+    MK_CHECK(it != wants.end() && it->from == from && it->rr == rr, "insert_sync: an edge without a slot");
+    return it->slot;
+  };
 
   // Emit: waits before their op (one per slot, the strictest iter), the op,
   // then one signal per receiving rank.
-  std::vector<std::map<int32_t, int32_t>> waits_of(n);  // op -> slot -> iter
-  std::vector<std::set<int32_t>> signal_ranks(n);
-  for (const SyncEdge& e : edges) {
-    int32_t rr = s.ops[e.to].rank;
-    int32_t slot = slot_of.at({e.from, rr});
-    auto [it, fresh] = waits_of[e.to].emplace(slot, e.iter);
-    if (!fresh) it->second = std::max(it->second, e.iter);
-    signal_ranks[e.from].insert(rr);
-  }
+  struct Wait {
+    size_t to;
+    int32_t slot, iter;
+  };
+  std::vector<Wait> waits;
+  waits.reserve(edges.size());
+  for (const SyncEdge& e : edges) waits.push_back({e.to, slot_of(e.from, s.ops[e.to].rank), e.iter});
+  // by op and slot, the strictest (largest) iter first
+  std::sort(waits.begin(), waits.end(), [](const Wait& a, const Wait& b) {
+    return a.to != b.to ? a.to < b.to : a.slot != b.slot ? a.slot < b.slot : a.iter > b.iter;
+  });
+  waits.erase(std::unique(waits.begin(), waits.end(),
+                          [](const Wait& a, const Wait& b) { return a.to == b.to && a.slot == b.slot; }),
+              waits.end());
   int32_t next_id = s.next_id();
   std::vector<Op> out;
-  out.reserve(n + 2 * edges.size());
+  out.reserve(n + waits.size() + wants.size());
+  size_t wk = 0, sk = 0;
+  std::vector<const Want*> targets;
   for (size_t j = 0; j < n; ++j) {
-    const Op& op = s.ops[j];
-    for (auto [slot, iter] : waits_of[j]) {
+    const int32_t rank = s.ops[j].rank, tb = s.ops[j].tb;
+    for (; wk < waits.size() && waits[wk].to == j; ++wk) {
       Op w;
       w.id = next_id++;
       w.kind = OpKind::wait;
-      w.rank = op.rank;
-      w.tb = op.tb;
-      w.slot = slot;
-      w.iter = iter;
-      w.loc = op.loc;
+      w.rank = rank;
+      w.tb = tb;
+      w.slot = waits[wk].slot;
+      w.iter = waits[wk].iter;
+      w.loc = s.ops[j].loc;
       out.push_back(std::move(w));
     }
-    out.push_back(op);
+    out.push_back(std::move(s.ops[j]));
+    const SrcLoc& loc = out.back().loc;
     // signal ranks ordered relative to the signaller, for symmetry
-    std::vector<int32_t> targets(signal_ranks[j].begin(), signal_ranks[j].end());
+    targets.clear();
+    for (; sk < wants.size() && wants[sk].from == j; ++sk) targets.push_back(&wants[sk]);
     std::sort(targets.begin(), targets.end(),
-              [&](int32_t a, int32_t b) { return relative(op.rank, a) < relative(op.rank, b); });
-    for (int32_t rr : targets) {
+              [&](const Want* a, const Want* b) { return relative(rank, a->rr) < relative(rank, b->rr); });
+    for (const Want* x : targets) {
       Op g;
       g.id = next_id++;
       g.kind = OpKind::signal;
-      g.rank = op.rank;
-      g.tb = op.tb;
-      g.peer = rr;
-      g.slot = slot_of.at({j, rr});
-      g.loc = op.loc;
+      g.rank = rank;
+      g.tb = tb;
+      g.peer = x->rr;
+      g.slot = x->slot;
+      g.loc = loc;
       out.push_back(std::move(g));
     }
   }
