@@ -466,15 +466,22 @@ std::vector<Item> count_chunks(const ClassPlan& cp, size_t c, size_t tb, bool me
 }
 // Groups of at most this many items reroll.
 constexpr size_t kMaxGroup = 8;
+// A plan for one rank (generate's `rank`) whose class's rank tables exceed
+// this holds only that rank's rows.
+constexpr size_t kRowOnlyBytes = 64u << 10;
 
 class Emitter {
  public:
   // `served`: per class, whether to emit it (empty: every class).
+  // `only`: the one rank a plan is for (generate's `rank`), or -1; when its
+  // class's tables would be large, only that rank's rows are emitted (row_only()).
   Emitter(const Schedule& s, int32_t bucket, const ClassPlan& cp, std::string& out, std::vector<char> served = {},
-          bool reroll = true)
-      : s_(s), b_(bucket), cp_(cp), o_(out), served_(std::move(served)), reroll_(reroll) {
+          bool reroll = true, int32_t only = -1)
+      : s_(s), b_(bucket), cp_(cp), o_(out), served_(std::move(served)), reroll_(reroll), only_(only) {
     if (served_.empty()) served_.assign(cp_.members.size(), 1);
   }
+  // The kernel holds one rank's table rows and serves that rank alone.
+  bool row_only() const { return row_only_; }
 
   std::string P() const { return fmt::format("P{}", b_); }
 
@@ -690,6 +697,16 @@ class Emitter {
   void emit_tables(const std::vector<Table>& tables) {
     size_t bytes = loop_.width() * sizeof(int32_t);
     for (const Table& t : tables) bytes += t.members() * t.width() * sizeof(int32_t);
+    // Rank tables of a big class (1024 ranks: megabytes of initialisers,
+    // which NVRTC parses slowly) shrink to the one rank the plan is for.
+    int64_t row = -1;  // that rank's row in its class's table
+    if (only_ >= 0 && bytes > kRowOnlyBytes) {
+      const auto& mem = cp_.members[size_t(cp_.rc.class_of[size_t(only_)])];
+      row = std::find(mem.begin(), mem.end(), only_) - mem.begin();
+      row_only_ = true;
+      bytes = loop_.width() * sizeof(int32_t);
+      for (const Table& t : tables) bytes += t.width() * sizeof(int32_t);
+    }
     table_bytes_ = int64_t(bytes);
     if (bytes == 0) return;
     const char* space = bytes <= (32u << 10) ? "__constant__" : "__device__";
@@ -706,15 +723,17 @@ class Emitter {
     std::string member;
     for (int32_t v = 0; v < s_.nranks; ++v) {
       const auto& mem = cp_.members[size_t(cp_.rc.class_of[size_t(v)])];
-      member += fmt::format("{}{}", v ? "," : "", std::find(mem.begin(), mem.end(), v) - mem.begin());
+      member += fmt::format("{}{}", v ? "," : "", row_only_ ? 0 : std::find(mem.begin(), mem.end(), v) - mem.begin());
     }
-    o_ += fmt::format("// per rank: its row in its class's table\nstatic {} const short kMember{}[{}] = {{{}}};\n", space,
-                      b_, s_.nranks, member);
+    o_ += fmt::format("// per rank: its row in its class's table{}\nstatic {} const short kMember{}[{}] = {{{}}};\n",
+                      row_only_ ? fmt::format(" (only rank {}'s row is here)", only_) : "", space, b_, s_.nranks,
+                      member);
     for (size_t c = 0; c < tables.size(); ++c) {
       const Table& t = tables[c];
       if (!t.width()) continue;
-      o_ += fmt::format("static {} const int kT{}_c{}[{}][{}] = {{\n", space, b_, c, t.members(), t.width());
-      for (size_t m = 0; m < t.members(); ++m) {
+      const size_t rows = row_only_ ? 1 : t.members();
+      o_ += fmt::format("static {} const int kT{}_c{}[{}][{}] = {{\n", space, b_, c, rows, t.width());
+      for (size_t m = row_only_ ? size_t(row) : 0; m < (row_only_ ? size_t(row) + 1 : t.members()); ++m) {
         o_ += "  {";
         for (size_t k = 0; k < t.width(); ++k) o_ += fmt::format("{}{}", k ? "," : "", t.at(m, k));
         o_ += "},\n";
@@ -753,7 +772,7 @@ class Emitter {
     std::string cls;  // -1: a class this kernel was not generated for
     for (int32_t v = 0; v < s_.nranks; ++v) {
       const int32_t c = cp_.rc.class_of[size_t(v)];
-      cls += (v ? "," : "") + std::to_string(served_[size_t(c)] ? c : -1);
+      cls += (v ? "," : "") + std::to_string(served_[size_t(c)] && (!row_only_ || v == only_) ? c : -1);
     }
     o_ += fmt::format("  static constexpr short kClassOf[{}] = {{{}}};\n", s_.nranks, cls);
     o_ += "  switch (kClassOf[c.vrank]) {\n";
@@ -811,6 +830,8 @@ class Emitter {
   int64_t size_ = 0, table_bytes_ = 0;
   std::vector<char> served_;
   bool reroll_;
+  int32_t only_ = -1;
+  bool row_only_ = false;
   Table loop_{1};
   std::string fns_;  // the thread blocks' functions, emitted after the tables
   std::set<std::string> instances_;
@@ -919,8 +940,9 @@ std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, R
         std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot, cp.wide,
         s.tile_bytes, s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
         s.zero_copy ? "true" : "false");
-    Emitter e(s, int32_t(b), cp, o, served, lim.reroll);
+    Emitter e(s, int32_t(b), cp, o, served, lim.reroll, rooted ? -1 : rank);
     u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);
+    if (e.row_only()) u.serves = {rank};
     units.push_back(std::move(u));
   }
   return units;
