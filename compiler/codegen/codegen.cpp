@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <exception>
 #include <limits>
 #include <map>
 #include <tuple>
 #include <set>
+#include <system_error>
+#include <thread>
 
 #include "templates/abi.cuh"
 #include "templates/ref.cuh"
@@ -156,8 +159,11 @@ std::string comment_of(const Op* op) {
 class Splitter {
  public:
   Splitter(const Schedule& s, int32_t pos_rot, bool generic) : s_(s), M_(pos_rot), generic_(generic) {
+    slots_ = std::max(s_.slots, 1);
+    signaller_.assign(size_t(s_.nranks) * size_t(slots_), -1);
     for (const Op& op : s_.ops)
-      if (op.kind == OpKind::signal) signaller_[{op.peer, op.slot}] = op.rank;
+      if (op.kind == OpKind::signal && op.peer >= 0 && op.peer < s_.nranks && op.slot >= 0 && op.slot < slots_)
+        signaller_[size_t(op.peer) * size_t(slots_) + size_t(op.slot)] = op.rank;
   }
 
   // Appends the items of `ops` (one thread block of rank v0) to `out`; a
@@ -302,14 +308,16 @@ class Splitter {
 
   // For error reports: which rank (relative) should signal this wait.
   int32_t waiter_peer(const Op& w, int32_t v0) const {
-    auto it = signaller_.find({w.rank, w.slot});
-    return it == signaller_.end() ? 0 : mod(it->second - v0, s_.nranks);
+    if (w.slot < 0 || w.slot >= slots_) return 0;
+    const int32_t r = signaller_[size_t(w.rank) * size_t(slots_) + size_t(w.slot)];
+    return r < 0 ? 0 : mod(r - v0, s_.nranks);
   }
 
   const Schedule& s_;
   int32_t M_;
   bool generic_;
-  std::map<std::pair<int32_t, int32_t>, int32_t> signaller_;
+  int32_t slots_ = 1;
+  std::vector<int32_t> signaller_;  // (rank, slot) -> the rank signalling it, -1 for none
 };
 
 // Rank classes and every rank's items.
@@ -900,9 +908,8 @@ std::string print_classes(const RankClasses& rc) {
 std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, RedOp op, const std::string& tag,
                            const Limits& lim, int32_t rank) {
   MK_CHECK(!variants.empty(), "nothing to generate");
-  std::vector<Unit> units;
   const Schedule& first = variants.front();
-  for (size_t b = 0; b < variants.size(); ++b) {
+  auto one = [&](size_t b) {
     const Schedule& s = variants[b];
     MK_CHECK(s.synced && s.tbs > 0 && s.tile_bytes > 0, "codegen needs lowered schedules");
     MK_CHECK(s.nranks == first.nranks && s.coll == first.coll, "variants of one plan differ");
@@ -943,8 +950,31 @@ std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, R
     Emitter e(s, int32_t(b), cp, o, served, lim.reroll, rooted ? -1 : rank);
     u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);
     if (e.row_only()) u.serves = {rank};
-    units.push_back(std::move(u));
-  }
+    return u;
+  };
+  // Buckets side by side (two cores: codegen of a 1024-rank plan takes seconds
+  // per bucket), the first failure in bucket order reported.
+  const size_t nb = variants.size();
+  std::vector<Unit> units(nb);
+  std::vector<std::exception_ptr> failed(nb);
+  auto run = [&](size_t b) {
+    try {
+      units[b] = one(b);
+    } catch (...) {
+      failed[b] = std::current_exception();
+    }
+  };
+  std::thread other;
+  if (nb > 1 && std::thread::hardware_concurrency() > 1) try {
+      other = std::thread(run, 1);
+    } catch (const std::system_error&) {  // no thread to be had: one after the other
+    }
+  const bool side = other.joinable();
+  run(0);
+  if (side) other.join();
+  for (size_t b = side ? 2 : 1; b < nb; ++b) run(b);
+  for (size_t b = 0; b < nb; ++b)
+    if (failed[b]) std::rethrow_exception(failed[b]);
   return units;
 }
 
