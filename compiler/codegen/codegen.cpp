@@ -474,9 +474,6 @@ std::vector<Item> count_chunks(const ClassPlan& cp, size_t c, size_t tb, bool me
 }
 // Groups of at most this many items reroll.
 constexpr size_t kMaxGroup = 8;
-// A plan for one rank (generate's `rank`) whose class's rank tables exceed
-// this holds only that rank's rows.
-constexpr size_t kRowOnlyBytes = 64u << 10;
 
 class Emitter {
  public:
@@ -484,8 +481,15 @@ class Emitter {
   // `only`: the one rank a plan is for (generate's `rank`), or -1; when its
   // class's tables would be large, only that rank's rows are emitted (row_only()).
   Emitter(const Schedule& s, int32_t bucket, const ClassPlan& cp, std::string& out, std::vector<char> served = {},
-          bool reroll = true, int32_t only = -1)
-      : s_(s), b_(bucket), cp_(cp), o_(out), served_(std::move(served)), reroll_(reroll), only_(only) {
+          bool reroll = true, int32_t only = -1, int64_t row_only_bytes = 0)
+      : s_(s),
+        b_(bucket),
+        cp_(cp),
+        o_(out),
+        served_(std::move(served)),
+        reroll_(reroll),
+        only_(only),
+        row_only_bytes_(row_only_bytes) {
     if (served_.empty()) served_.assign(cp_.members.size(), 1);
   }
   // The kernel holds one rank's table rows and serves that rank alone.
@@ -708,7 +712,7 @@ class Emitter {
     // Rank tables of a big class (1024 ranks: megabytes of initialisers,
     // which NVRTC parses slowly) shrink to the one rank the plan is for.
     int64_t row = -1;  // that rank's row in its class's table
-    if (only_ >= 0 && bytes > kRowOnlyBytes) {
+    if (only_ >= 0 && int64_t(bytes) > row_only_bytes_) {
       const auto& mem = cp_.members[size_t(cp_.rc.class_of[size_t(only_)])];
       row = std::find(mem.begin(), mem.end(), only_) - mem.begin();
       row_only_ = true;
@@ -839,6 +843,7 @@ class Emitter {
   std::vector<char> served_;
   bool reroll_;
   int32_t only_ = -1;
+  int64_t row_only_bytes_ = 0;
   bool row_only_ = false;
   Table loop_{1};
   std::string fns_;  // the thread blocks' functions, emitted after the tables
@@ -947,7 +952,7 @@ std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, R
         std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot, cp.wide,
         s.tile_bytes, s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
         s.zero_copy ? "true" : "false");
-    Emitter e(s, int32_t(b), cp, o, served, lim.reroll, rooted ? -1 : rank);
+    Emitter e(s, int32_t(b), cp, o, served, lim.reroll, rooted ? -1 : rank, lim.row_only_bytes);
     u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);
     if (e.row_only()) u.serves = {rank};
     return u;

@@ -69,6 +69,10 @@ struct Limits {
   // false: no loops, every chunk of every op its own statement (the same
   // statements in the same order: tests compare the rerolled code with it)
   bool reroll = true;
+  // A plan for one rank (`generate`'s rank) whose class's rank tables pass
+  // this many bytes holds only that rank's rows and serves that rank alone
+  // (1024 ranks: megabytes of initialisers NVRTC parses for seconds).
+  int64_t row_only_bytes = 64 << 10;
 };
 
 // One compilation unit per size bucket (compiled in parallel).

@@ -311,6 +311,53 @@ TEST_CASE("codegen: --rank generates only that rank's class, plans say which ran
     CHECK(u.serves.empty());
 }
 
+TEST_CASE("codegen: a one-rank plan with big rank tables holds only that rank's rows") {
+  // Forced at 16 ranks (row_only_bytes 0); by default it starts at 64 KiB of
+  // tables (1024-rank hierarchical plans).
+  auto l = lower_builtin("allreduce.halving_doubling", 16);
+  codegen::Limits rows;
+  rows.row_only_bytes = 0;
+  const auto full = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t", {}, 5);
+  const auto one = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t", rows, 5);
+  REQUIRE(one.size() == full.size());
+  for (size_t b = 0; b < one.size(); ++b) {
+    CAPTURE(b);
+    CHECK(full[b].serves.size() == 16);  // one class: the default keeps every row
+    CHECK(one[b].serves == std::vector<int32_t>{5});
+    CHECK(one[b].kernel.table_bytes * 8 < full[b].kernel.table_bytes);
+    // The one row is rank 5's row of the full table.
+    const std::string head = fmt::format("kT{}_c0[", b);
+    auto rows_of = [&](const std::string& src) {
+      std::vector<std::string> out;
+      size_t at = src.find(head);
+      REQUIRE(at != std::string::npos);
+      at = src.find("{\n", at) + 2;
+      for (size_t end; src.compare(at, 2, "};") != 0; at = end + 1) {
+        end = src.find('\n', at);
+        out.push_back(src.substr(at, end - at));
+      }
+      return out;
+    };
+    const auto all_rows = rows_of(full[b].source);
+    const auto my_rows = rows_of(one[b].source);
+    REQUIRE(all_rows.size() == 16);
+    REQUIRE(my_rows.size() == 1);
+    CHECK(my_rows[0] == all_rows[5]);
+    // Rank 5 reads row 0, and no other rank runs the kernel.
+    CHECK(contains(one[b].source, "kMember" + std::to_string(b) + "[16] = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}"));
+    CHECK(contains(one[b].source, "kClassOf[16] = {-1,-1,-1,-1,-1,0,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1}"));
+    // The code is the same.
+    const auto code = [](const std::string& src) {
+      const size_t from = src.find("static __device__ __forceinline__ void b");
+      const size_t to = src.find("static constexpr short kClassOf");
+      REQUIRE(from != std::string::npos);
+      REQUIRE(to != std::string::npos);
+      return src.substr(from, to - from);
+    };
+    CHECK(code(one[b].source) == code(full[b].source));
+  }
+}
+
 TEST_CASE("compile: --rank R makes a plan serving R's class, a rank out of range is cli E004" *
           doctest::skip(!have_nvrtc())) {
   mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
