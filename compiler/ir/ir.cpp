@@ -117,11 +117,17 @@ int32_t buf_chunks(const Schedule& s, Buf b) {
 bool has_input(const Schedule& s, int32_t rank) { return mk::has_input(s.coll, rank, s.root); }
 bool has_output(const Schedule& s, int32_t rank) { return mk::has_output(s.coll, rank, s.root); }
 
-std::optional<int32_t> inplace_output_of_input(const Schedule& s, int32_t rank, int32_t index) {
+std::optional<int32_t> inplace_shift(const Schedule& s, int32_t rank) {
   if (inplace_rule(s.coll) == InPlace::unsupported || !has_input(s, rank) || !has_output(s, rank))
     return std::nullopt;
   // both buffers sit in one allocation, each from its in-place block on
-  const int32_t at = index + (inplace_input_block(s.coll, rank) - inplace_output_block(s.coll, rank)) * s.chunks;
+  return (inplace_input_block(s.coll, rank) - inplace_output_block(s.coll, rank)) * s.chunks;
+}
+
+std::optional<int32_t> inplace_output_of_input(const Schedule& s, int32_t rank, int32_t index) {
+  const auto shift = inplace_shift(s, rank);
+  if (!shift) return std::nullopt;
+  const int32_t at = index + *shift;
   if (at < 0 || at >= buf_chunks(s, Buf::output)) return std::nullopt;
   return at;
 }

@@ -122,6 +122,9 @@ bool has_output(const Schedule& s, int32_t rank);
 // (mk::inplace_rule; none where the rank lacks a buffer or the collective has
 // no in-place form).
 std::optional<int32_t> inplace_output_of_input(const Schedule& s, int32_t rank, int32_t index);
+// The same as a shift: input chunk i of `rank` is output chunk i + shift when
+// 0 <= i + shift < output chunks; nullopt when nothing aliases there.
+std::optional<int32_t> inplace_shift(const Schedule& s, int32_t rank);
 
 // The schedule's topology, or one NVLink node of s.nranks GPUs when unset.
 topology::Topology topology_of(const Schedule& s);

@@ -28,13 +28,8 @@ namespace mk::passes {
 namespace {
 
 bool ll_possible(const ir::Schedule& s) {
-  for (const auto& [key, acc] : verify::accesses(s, false)) {
-    if (key.space != 2) continue;
-    int writes = 0;
-    for (auto& a : acc) writes += a.write;
-    if (writes > 1) return false;
-  }
-  return true;
+  // LL scratch slots have one writer a step
+  return !verify::access_needs(s, false, true).double_write;
 }
 
 // Tiles are whole 16-byte vectors; from 4 KiB up, whole 4 KiB pages (tidy

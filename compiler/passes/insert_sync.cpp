@@ -236,38 +236,16 @@ std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, 
 SyncNeeds sync_needs(const ir::Schedule& s) {
   const size_t n = s.ops.size();
   // Required dependencies (within a step), from chunk accesses, in both
-  // aliasing modes (one plan serves in-place and out-of-place calls).
+  // aliasing modes (one plan serves in-place and out-of-place calls); scratch
+  // reuse (the same in both): the accessors of each slot j writes first in a
+  // step (a later write of it follows that one within the step, so the
+  // accessors precede it too).
   const bool ll = s.proto == ir::Proto::ll;
-  std::vector<std::vector<size_t>> deps(n);
-  const verify::AccessMap acc = verify::accesses(s, false);  // scratch is the same in both modes
+  std::vector<std::vector<size_t>> deps(n), need(n);
   for (bool inplace : {false, true}) {
-    const verify::AccessMap in_place = inplace ? verify::accesses(s, true) : verify::AccessMap{};
-    for (const auto& [key, list] : inplace ? in_place : acc) {
-      int64_t last_write = -1;
-      std::vector<size_t> reads;
-      for (const auto& a : list) {
-        if (a.write) {
-          if (last_write >= 0) deps[a.op].push_back(size_t(last_write));
-          for (size_t r : reads)
-            if (r != a.op) deps[a.op].push_back(r);
-          last_write = int64_t(a.op);
-          reads.clear();
-        } else {
-          bool in_band = ll && key.space == 2;
-          if (last_write >= 0 && size_t(last_write) != a.op && !in_band)
-            deps[a.op].push_back(size_t(last_write));
-          reads.push_back(a.op);
-        }
-      }
-    }
-  }
-
-  std::vector<std::vector<size_t>> need(n);  // scratch reuse: accessors of the slots j writes
-  for (const auto& [key, list] : acc) {
-    if (key.space != 2) continue;
-    for (const auto& w : list)
-      if (w.write)
-        for (const auto& a : list) need[w.op].push_back(a.op);
+    const verify::AccessNeeds acc = verify::access_needs(s, inplace, ll);
+    for (const verify::Need& x : acc.within) deps[x.b].push_back(x.a);
+    for (const verify::Need& x : acc.reuse) need[x.b].push_back(x.a);
   }
   for (auto* lists : {&deps, &need})
     for (auto& v : *lists) {  // latest first, once each

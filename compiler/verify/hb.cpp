@@ -126,7 +126,7 @@ Chains number_chains(const Schedule& s, bool data_only) {
 
 SyncGraph build_sync_graph(const Schedule& s) { return build_sync_graph(s, nullptr); }
 
-SyncGraph build_sync_graph(const Schedule& s, const AccessMap* out_of_place) {
+SyncGraph build_sync_graph(const Schedule& s, const AccessNeeds* out_of_place) {
   const size_t n = s.ops.size();
   SyncGraph g;
 
@@ -196,21 +196,14 @@ SyncGraph build_sync_graph(const Schedule& s, const AccessMap* out_of_place) {
   }
   std::vector<std::pair<size_t, size_t>> gate;  // (reader, writer), by reader
   if (s.proto == ir::Proto::ll) {
-    const AccessMap own = out_of_place ? AccessMap{} : accesses(s, false);
-    for (const auto& [key, acc] : out_of_place ? *out_of_place : own) {
-      if (key.space != 2) continue;
-      std::vector<size_t> writers;
-      for (auto& a : acc)
-        if (a.write) writers.push_back(a.op);
-      if (writers.size() > 1)
-        throw Error(ErrId::verify_E014,
-                    fmt::format("{}: LL scratch slot r{}.sc[{}] is written by {} and {} in one step",
-                                s.name, key.rank, key.index, describe_op(s, writers[0]),
-                                describe_op(s, writers[1])),
-                    s.ops[writers[1]].loc, "use the simple protocol, or one slot per write");
-      for (auto& a : acc)
-        if (!a.write && !writers.empty() && a.op != writers[0]) gate.push_back({a.op, writers[0]});
-    }
+    const AccessNeeds own = out_of_place ? AccessNeeds{} : access_needs(s, false, true);
+    const AccessNeeds& acc = out_of_place ? *out_of_place : own;
+    if (const auto& d = acc.double_write)
+      throw Error(ErrId::verify_E014,
+                  fmt::format("{}: LL scratch slot r{}.sc[{}] is written by {} and {} in one step", s.name,
+                              d->at.rank, d->at.index, describe_op(s, d->a), describe_op(s, d->b)),
+                  s.ops[d->b].loc, "use the simple protocol, or one slot per write");
+    for (const Need& x : acc.gates) gate.push_back({x.a, x.b});
     std::sort(gate.begin(), gate.end());
   }
   std::vector<size_t> gate_at(gate.empty() ? 0 : n + 1, 0);  // CSR offsets into gate
@@ -381,8 +374,8 @@ bool reaches(const Schedule& s, const SyncGraph& g, size_t from, size_t to) {
 // One ordering verify_sync needs: op a before op b (the op the query sits at).
 struct Query {
   uint32_t a;
-  uint32_t loc;    // index into the location table
   uint32_t chain;  // a's
+  LocKey loc;      // the least location needing it
   uint8_t kind;    // 0 within a step, 1 within a step in-place, 2 scratch reuse
 };
 
@@ -425,7 +418,7 @@ class Queries {
 };
 
 struct Failure {
-  std::tuple<int, uint32_t, int, size_t, size_t> order;  // as the old all-pairs scan met them
+  std::tuple<int, LocKey, int, size_t, size_t> order;  // as the old all-pairs scan met them
   Query q;
   size_t b;
 };
@@ -543,46 +536,22 @@ void verify_sync(const Schedule& s) { verify_sync_budget(s, kClockBudget); }
 
 void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode) {
   verify_bounds(s);
-  AccessMap out_of_place = accesses(s, false);
-  const SyncGraph g = build_sync_graph(s, &out_of_place);
   const bool ll = s.proto == ir::Proto::ll;
-  // The orderings to check, per location, in program order. Every two accesses
-  // with a write among them must be ordered; by transitivity it is enough that
-  // each write follows the previous write and the reads since it, and each
-  // read follows the previous write (LL scratch reads are gated in-band). For
-  // reuse, every access of step g must precede the first write of step
-  // g + depth (the later writes follow that one within the step).
-  std::vector<LocKey> locs;
+  AccessNeeds out_of_place = access_needs(s, false, ll);
+  const SyncGraph g = build_sync_graph(s, &out_of_place);
+  // The orderings to check (access_needs): per location in program order,
+  // every two accesses with a write among them must be ordered; by
+  // transitivity it is enough that each write follows the previous write and
+  // the reads since it, and each read follows the previous write (LL scratch
+  // reads are gated in-band). For reuse, every access of step g must precede
+  // the first write of step g + depth (the later writes follow that one
+  // within the step).
   Queries at(s.ops.size());
-  auto ask = [&](size_t b, size_t a, uint32_t li, uint8_t kind) {
-    at.add(b, {uint32_t(a), li, uint32_t(g.chain[a]), kind});
-  };
-  for (bool inplace : {false, true}) {
-    if (inplace) out_of_place = AccessMap{};  // done with it: one table at a time
-    const AccessMap in_place = inplace ? accesses(s, true) : AccessMap{};
-    for (const auto& [key, acc] : inplace ? in_place : out_of_place) {
-      const uint32_t li = uint32_t(locs.size());
-      locs.push_back(key);
-      const uint8_t kind = inplace ? 1 : 0;
-      int64_t last_write = -1;
-      std::vector<size_t> reads;
-      for (const Access& x : acc) {
-        if (x.write) {
-          if (last_write >= 0) ask(x.op, size_t(last_write), li, kind);
-          for (size_t r : reads) ask(x.op, r, li, kind);
-          reads.clear();
-          last_write = int64_t(x.op);
-        } else {
-          if (last_write >= 0 && !(ll && key.space == 2)) ask(x.op, size_t(last_write), li, kind);
-          reads.push_back(x.op);
-        }
-      }
-      if (key.space != 2 || inplace) continue;
-      auto w = std::find_if(acc.begin(), acc.end(), [](const Access& x) { return x.write; });
-      if (w == acc.end()) continue;
-      for (const Access& x : acc) ask(w->op, x.op, li, 2);
-    }
-  }
+  auto ask = [&](const Need& x, uint8_t kind) { at.add(x.b, {x.a, uint32_t(g.chain[x.a]), x.at, kind}); };
+  for (const Need& x : out_of_place.within) ask(x, 0);
+  for (const Need& x : out_of_place.reuse) ask(x, 2);
+  out_of_place = AccessNeeds{};  // one at a time
+  for (const Need& x : access_needs(s, true, ll).within) ask(x, 1);
   at.finish();
   std::optional<Failure> race;
   with_entry_type(g.longest, [&](auto entry) {
@@ -595,7 +564,7 @@ void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode) {
   if (!race) return;
   static const char* spaces[] = {"in", "out", "sc"};
   static const char* what[] = {"within a step", "within a step (in-place)", "between steps (scratch reuse)"};
-  const LocKey& key = locs[race->q.loc];
+  const LocKey& key = race->q.loc;
   const size_t a = race->q.a, b = race->b;
   throw Error(ErrId::verify_E004,
               fmt::format("{}: race on r{}.{}[{}] {}: {} and {} are not ordered by signal/wait{}", s.name, key.rank,

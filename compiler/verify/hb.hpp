@@ -8,6 +8,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <span>
 #include <tuple>
 #include <vector>
@@ -72,6 +73,38 @@ class AccessMap {
 };
 AccessMap accesses(const ir::Schedule& s, bool inplace);
 
+// The orderings chunk accesses require (compiler/verify/sweep.cpp). Where
+// ops span many chunks, from one sweep over ranges: each op's refs are
+// ranges, kept per buffer in an interval map whose segments merge while
+// their histories agree, so an op moving 512 chunks is one update, not 512
+// table entries; otherwise from the chunk-level table (accesses()). Both
+// give the same pairs, each with the least location that needs it (tested
+// against each other).
+struct Need {
+  uint32_t a, b;  // a must happen before b
+  LocKey at;      // the least location needing it
+};
+struct AccessNeeds {
+  // Within a step, per location in program order: each write after the
+  // previous write and the reads since it, each read after the previous
+  // write (LL scratch reads excepted: their data carries its own flags).
+  // Sorted by (b, a), once each.
+  std::vector<Need> within;
+  // Scratch, out-of-place only: every access a of a slot at step g before
+  // the slot's first write b at step g + depth.
+  std::vector<Need> reuse;
+  // Scratch: reader a of a slot written by b, its first writer (LL gating).
+  std::vector<Need> gates;
+  // The least scratch location written twice: its first two writers (a, b).
+  std::optional<Need> double_write;
+};
+// `ll`: the schedule's protocol is LL (scratch reads take no within pair).
+AccessNeeds access_needs(const ir::Schedule& s, bool inplace, bool ll);
+// The two ways it is computed (it picks by the schedule's mean ref span):
+// the interval sweep, and the chunk-level table (accesses()).
+AccessNeeds access_needs_by_ranges(const ir::Schedule& s, bool inplace, bool ll);
+AccessNeeds access_needs_by_chunks(const ir::Schedule& s, bool inplace, bool ll);
+
 // Ops of one (rank, thread block) in program order: each op's chain (dense,
 // in order of first appearance) and 1-based position in it. With `data_only`,
 // other ops get chain -1 and position 0 and are not counted.
@@ -95,8 +128,8 @@ struct SyncGraph {
 // Builds it; throws mk.verify.E011 (unpaired sync, a wait reaching back other
 // than 1 or depth steps), E014 (an LL slot written twice) or E005 (cycle).
 SyncGraph build_sync_graph(const ir::Schedule& s);
-// ... reusing the schedule's out-of-place accesses (LL gating reads them).
-SyncGraph build_sync_graph(const ir::Schedule& s, const AccessMap* out_of_place);
+// ... reusing the schedule's out-of-place access needs (LL gating reads them).
+SyncGraph build_sync_graph(const ir::Schedule& s, const AccessNeeds* out_of_place);
 
 // Happens-before with every data op's clocks kept: for tests and small
 // schedules (memory n x chains). verify_sync answers the same questions in

@@ -2,6 +2,7 @@
 // symmetries are found, and that deciding and checking once per rank class
 // gives the same edges and verdicts as the walk over every op.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <random>
 
@@ -242,4 +243,105 @@ TEST_CASE("verify_sync by symmetry: a race on one rank only is found") {
   CHECK(verdict([&] { verify::verify_sync(s); }) == "mk.verify.E004");
   CHECK_THROWS_AS(verify::verify_sync_budget(s, verify::kClockBudget, SymMode::required), InternalError);
   CHECK(sync_symmetry(s).orbits() > 1);
+}
+
+namespace {
+
+// The chunk-level table (every chunk of every op its own entry), the way
+// verify_sync and insert_sync used it before ranges.
+verify::AccessNeeds needs_by_chunk(const ir::Schedule& s, bool inplace, bool ll) {
+  return verify::access_needs_by_chunks(s, inplace, ll);
+}
+
+std::string show(const std::vector<verify::Need>& v, size_t k) {
+  if (k >= v.size()) return "nothing";
+  return fmt::format("{} -> {} at r{} space {} [{}]", v[k].a, v[k].b, v[k].at.rank, v[k].at.space, v[k].at.index);
+}
+
+void same_needs(const verify::AccessNeeds& got, const verify::AccessNeeds& want) {
+  for (auto [g, w, what] : {std::tuple{&got.within, &want.within, "within"}, std::tuple{&got.reuse, &want.reuse, "reuse"},
+                            std::tuple{&got.gates, &want.gates, "gates"}}) {
+    CAPTURE(what);
+    CHECK(g->size() == w->size());
+    for (size_t k = 0; k < std::max(g->size(), w->size()); ++k)
+      if (k >= g->size() || k >= w->size() || (*g)[k].a != (*w)[k].a || (*g)[k].b != (*w)[k].b ||
+          !((*g)[k].at == (*w)[k].at)) {
+        FAIL_CHECK("pair " << k << ": " << show(*g, k) << ", by chunk " << show(*w, k));
+        break;
+      }
+  }
+  CHECK(got.double_write.has_value() == want.double_write.has_value());
+  if (got.double_write && want.double_write) {
+    CHECK(got.double_write->a == want.double_write->a);
+    CHECK(got.double_write->b == want.double_write->b);
+    CHECK(got.double_write->at == want.double_write->at);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("access_needs: by ranges the same pairs as the chunk-level table, for every built-in and both aliasings") {
+  std::vector<Case> cases;
+  for (const auto& info : dsl::registered_schedules())
+    for (int n : {2, 3, 4, 5, 8, 16}) cases.push_back({info.name, n, ""});
+  for (const char* name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"})
+    for (const char* topo : {"2x2:direct", "2x4:direct", "3x4:direct"}) cases.push_back({name, 0, topo});
+  cases.push_back({"allreduce.halving_doubling", 64, ""});
+  int pairs = 0;
+  for (const Case& c : cases) {
+    const int n = c.n ? c.n : topology::parse(c.topo, 0).nranks();
+    CAPTURE(c.name);
+    CAPTURE(n);
+    CAPTURE(c.topo);
+    for (const ir::Schedule& s : before_sync(c.name, n, c.topo))
+      for (bool inplace : {false, true})
+        for (bool ll : {false, true}) {
+          CAPTURE(inplace);
+          CAPTURE(ll);
+          const verify::AccessNeeds want = needs_by_chunk(s, inplace, ll);
+          same_needs(verify::access_needs_by_ranges(s, inplace, ll), want);
+          pairs += int(want.within.size());
+        }
+  }
+  CHECK(pairs > 10000);
+}
+
+TEST_CASE("access_needs: overlapping refs, copies onto themselves and partial in-place aliasing") {
+  // Hand-made ops over ranges that overlap in every way: one op reading and
+  // writing the same chunks, a copy whose destination is partly its own
+  // source in-place, a reduce-scatter input range straddling the aliased part.
+  ir::Schedule s;
+  s.name = "ranges";
+  s.coll = Collective::reducescatter;
+  s.nranks = 2;
+  s.chunks = 4;
+  s.scratch = 8;
+  auto op = [&](ir::OpKind k, int32_t rank, std::vector<ir::Ref> srcs, std::vector<ir::Ref> dsts) {
+    ir::Op o;
+    o.id = int32_t(s.ops.size());
+    o.kind = k;
+    o.rank = rank;
+    o.tb = 0;
+    o.srcs = std::move(srcs);
+    o.dsts = std::move(dsts);
+    s.ops.push_back(std::move(o));
+  };
+  using ir::Buf;
+  auto R = [](Buf b, int32_t rank, int32_t index, int32_t count) { return ir::Ref{rank, b, index, count}; };
+  op(ir::OpKind::copy, 0, {R(Buf::input, 0, 0, 6)}, {R(Buf::scratch, 0, 1, 6)});
+  op(ir::OpKind::reduce, 0, {R(Buf::scratch, 0, 0, 4), R(Buf::scratch, 0, 2, 4)}, {R(Buf::scratch, 0, 2, 4)});
+  op(ir::OpKind::copy, 1, {R(Buf::input, 1, 2, 4)}, {R(Buf::output, 1, 0, 4)});  // in-place: half onto itself
+  op(ir::OpKind::copy, 1, {R(Buf::input, 1, 4, 4)}, {R(Buf::output, 1, 0, 4)});  // in-place: onto itself
+  op(ir::OpKind::copy, 0, {R(Buf::scratch, 0, 3, 3)}, {R(Buf::scratch, 0, 0, 3), R(Buf::scratch, 0, 5, 3)});
+  op(ir::OpKind::reduce, 1, {R(Buf::input, 1, 0, 8), R(Buf::output, 1, 0, 4)}, {R(Buf::output, 1, 0, 4)});
+  op(ir::OpKind::copy, 0, {R(Buf::scratch, 0, 0, 8)}, {R(Buf::output, 0, 0, 4), R(Buf::scratch, 0, 4, 4)});
+  for (bool inplace : {false, true})
+    for (bool ll : {false, true}) {
+      CAPTURE(inplace);
+      CAPTURE(ll);
+      const verify::AccessNeeds want = needs_by_chunk(s, inplace, ll);
+      CHECK(!want.within.empty());
+      CHECK(want.double_write.has_value());
+      same_needs(verify::access_needs_by_ranges(s, inplace, ll), want);
+    }
 }
