@@ -243,3 +243,20 @@ TEST_CASE("verify_sync by symmetry: a race on one rank only is found") {
   CHECK_THROWS_AS(verify::verify_sync_budget(s, verify::kClockBudget, SymMode::required), InternalError);
   CHECK(sync_symmetry(s).orbits() > 1);
 }
+
+TEST_CASE("verify_sync by symmetry: ops without a thread block (tb -1) are a chain of their own") {
+  // A synced schedule read from JSON may leave tb at -1: number_chains gives
+  // those ops a chain per rank, and the symmetry must index it like any other
+  // (it read and wrote before its table, or aliased the previous rank's last
+  // thread block).
+  for (int32_t moved : {0, 1}) {
+    ir::Schedule s = passes::insert_sync(before_sync("allgather.ring", 4).back());
+    for (ir::Op& op : s.ops)
+      if (op.tb == moved) op.tb = -1;
+    CAPTURE(moved);
+    const std::string want = verdict([&] { test_ref::ref_verify_sync(s); });
+    CHECK(verdict([&] { verify::verify_sync_budget(s, verify::kClockBudget, SymMode::off); }) == want);
+    CHECK(verdict([&] { verify::verify_sync_budget(s, verify::kClockBudget, SymMode::required); }) == want);
+    CHECK(sync_symmetry(s).orbits() == 1);
+  }
+}
