@@ -3,7 +3,9 @@
 // gives the same edges and verdicts as the walk over every op.
 #include <doctest/doctest.h>
 
+#include <map>
 #include <random>
+#include <tuple>
 
 #include "compiler/passes/passes.hpp"
 #include "compiler/pipeline.hpp"
@@ -259,4 +261,63 @@ TEST_CASE("verify_sync by symmetry: ops without a thread block (tb -1) are a cha
     CHECK(verdict([&] { verify::verify_sync_budget(s, verify::kClockBudget, SymMode::required); }) == want);
     CHECK(sync_symmetry(s).orbits() == 1);
   }
+}
+
+TEST_CASE("verify_sync by symmetry: races on every rank alike are found as by the dense closure") {
+  // The symmetric walk must not prove what is racy: the same change at the
+  // same place of every rank's thread block keeps the schedule symmetric, so
+  // the walk by symmetry applies and its verdict must be the dense closure's.
+  std::mt19937 rng(5);
+  int races = 0, fine = 0;
+  for (const Case& c : std::vector<Case>{{"allreduce.ring", 4, ""},
+                                         {"allgather.ring", 5, ""},
+                                         {"allreduce.two_shot", 4, ""},
+                                         {"allreduce.halving_doubling", 8, ""},
+                                         {"alltoall.direct", 4, ""},
+                                         {"allreduce.hier", 8, "2x4:direct"},
+                                         {"allgather.hier", 8, "4x2:direct"},
+                                         {"reducescatter.hier", 8, "4x2:direct"}}) {
+    for (const ir::Schedule& pre : before_sync(c.name, c.n, c.topo)) {
+      const ir::Schedule s = passes::insert_sync(pre);
+      CAPTURE(c.name);
+      const verify::Chains ch = verify::number_chains(s, false);
+      // op index by (rank, tb, place)
+      std::map<std::tuple<int32_t, int32_t, int32_t>, size_t> at;
+      for (size_t i = 0; i < s.ops.size(); ++i) at[{s.ops[i].rank, s.ops[i].tb, ch.pos[i]}] = i;
+      std::vector<size_t> rank0;
+      for (size_t i = 0; i < s.ops.size(); ++i)
+        if (s.ops[i].rank == 0 && !s.ops[i].is_data()) rank0.push_back(i);
+      for (int trial = 0; trial < 12 && !rank0.empty(); ++trial) {
+        const size_t pick = rank0[rng() % rank0.size()];
+        const int32_t tb = s.ops[pick].tb, pos = ch.pos[pick];
+        ir::Schedule t = s;
+        bool changed = false;
+        for (int32_t r = 0; r < s.nranks; ++r) {
+          auto it = at.find({r, tb, pos});
+          if (it == at.end() || t.ops[it->second].kind != s.ops[pick].kind) continue;
+          const size_t i = it->second;
+          if (trial % 3 == 0 && t.ops[i].kind == ir::OpKind::wait) {
+            t.ops[i].iter = t.ops[i].iter == 0 ? -t.depth : 0;
+            changed = true;
+            continue;
+          }
+          // swap with the next (waits) or previous (signals) op of the thread block
+          auto other = at.find({r, tb, t.ops[i].kind == ir::OpKind::wait ? pos + 1 : pos - 1});
+          if (other == at.end()) continue;
+          std::swap(t.ops[i], t.ops[other->second]);
+          changed = true;
+        }
+        if (!changed) continue;
+        const std::string want = verdict([&] { test_ref::ref_verify_sync(t); });
+        CAPTURE(trial);
+        CAPTURE(want);
+        CHECK(verdict([&] { verify::verify_sync_budget(t, verify::kClockBudget, SymMode::required); }) == want);
+        CHECK(verdict([&] { verify::verify_sync_budget(t, verify::kClockBudget, SymMode::off); }) == want);
+        (want.empty() ? fine : races)++;
+      }
+    }
+  }
+  MESSAGE("symmetric mutations: " << races << " racy, " << fine << " fine");
+  CHECK(races > 10);
+  CHECK(fine > 0);
 }
