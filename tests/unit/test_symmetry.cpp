@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <limits>
 #include <map>
 #include <random>
 #include <tuple>
@@ -445,4 +446,20 @@ TEST_CASE("sync by symmetry: random schedules every rank runs alike, and with on
   CHECK(symmetric > 150);
   CHECK(broken > 30);
   CHECK(proved_by_symmetry > 150);
+}
+
+TEST_CASE("verify_sync: a thread block outside -1..tbs-1 is verify E006, before any table is sized by it") {
+  // Chains are numbered through a (rank, tb) table: a tb read from JSON must
+  // be bounded first (tb -2 was an internal error, tb 2^31-1 overflowed the
+  // table's width).
+  const ir::Schedule synced = passes::insert_sync(before_sync("allgather.ring", 4).back());
+  for (int32_t tb : {-2, synced.tbs, 1 << 20, std::numeric_limits<int32_t>::max()}) {
+    CAPTURE(tb);
+    ir::Schedule s = synced;
+    s.ops[s.ops.size() / 2].tb = tb;
+    CHECK(verdict([&] { verify::verify_sync(s); }) == "mk.verify.E006");
+    CHECK(verdict([&] { verify::verify_all(s); }) == "mk.verify.E006");
+    s.tbs = 0;  // synced, yet no thread blocks: only tb -1 is in range
+    CHECK(verdict([&] { verify::verify_sync(s); }) == "mk.verify.E006");
+  }
 }
