@@ -265,6 +265,43 @@ TEST_CASE("verify_sync by symmetry: ops without a thread block (tb -1) are a cha
   }
 }
 
+namespace {
+
+// The same change at the same place (thread block, position) of every rank:
+// a sync op of rank 0 is picked; a wait's iter is flipped (0 <-> -depth), or
+// a wait is swapped with the op after it, a signal with the op before it.
+// false when nothing changed.
+bool change_everywhere(const ir::Schedule& s, std::mt19937& rng, int trial, ir::Schedule& t) {
+  const verify::Chains ch = verify::number_chains(s, false);
+  std::map<std::tuple<int32_t, int32_t, int32_t>, size_t> at;  // (rank, tb, place) -> op
+  for (size_t i = 0; i < s.ops.size(); ++i) at[{s.ops[i].rank, s.ops[i].tb, ch.pos[i]}] = i;
+  std::vector<size_t> rank0;
+  for (size_t i = 0; i < s.ops.size(); ++i)
+    if (s.ops[i].rank == 0 && !s.ops[i].is_data()) rank0.push_back(i);
+  if (rank0.empty()) return false;
+  const size_t pick = rank0[rng() % rank0.size()];
+  const int32_t tb = s.ops[pick].tb, pos = ch.pos[pick];
+  t = s;
+  bool changed = false;
+  for (int32_t r = 0; r < s.nranks; ++r) {
+    auto it = at.find({r, tb, pos});
+    if (it == at.end() || t.ops[it->second].kind != s.ops[pick].kind) continue;
+    const size_t i = it->second;
+    if (trial % 3 == 0 && t.ops[i].kind == ir::OpKind::wait) {
+      t.ops[i].iter = t.ops[i].iter == 0 ? -t.depth : 0;
+      changed = true;
+      continue;
+    }
+    auto other = at.find({r, tb, t.ops[i].kind == ir::OpKind::wait ? pos + 1 : pos - 1});
+    if (other == at.end()) continue;
+    std::swap(t.ops[i], t.ops[other->second]);
+    changed = true;
+  }
+  return changed;
+}
+
+}  // namespace
+
 TEST_CASE("verify_sync by symmetry: races on every rank alike are found as by the dense closure") {
   // The symmetric walk must not prove what is racy: the same change at the
   // same place of every rank's thread block keeps the schedule symmetric, so
@@ -282,34 +319,9 @@ TEST_CASE("verify_sync by symmetry: races on every rank alike are found as by th
     for (const ir::Schedule& pre : before_sync(c.name, c.n, c.topo)) {
       const ir::Schedule s = passes::insert_sync(pre);
       CAPTURE(c.name);
-      const verify::Chains ch = verify::number_chains(s, false);
-      // op index by (rank, tb, place)
-      std::map<std::tuple<int32_t, int32_t, int32_t>, size_t> at;
-      for (size_t i = 0; i < s.ops.size(); ++i) at[{s.ops[i].rank, s.ops[i].tb, ch.pos[i]}] = i;
-      std::vector<size_t> rank0;
-      for (size_t i = 0; i < s.ops.size(); ++i)
-        if (s.ops[i].rank == 0 && !s.ops[i].is_data()) rank0.push_back(i);
-      for (int trial = 0; trial < 12 && !rank0.empty(); ++trial) {
-        const size_t pick = rank0[rng() % rank0.size()];
-        const int32_t tb = s.ops[pick].tb, pos = ch.pos[pick];
-        ir::Schedule t = s;
-        bool changed = false;
-        for (int32_t r = 0; r < s.nranks; ++r) {
-          auto it = at.find({r, tb, pos});
-          if (it == at.end() || t.ops[it->second].kind != s.ops[pick].kind) continue;
-          const size_t i = it->second;
-          if (trial % 3 == 0 && t.ops[i].kind == ir::OpKind::wait) {
-            t.ops[i].iter = t.ops[i].iter == 0 ? -t.depth : 0;
-            changed = true;
-            continue;
-          }
-          // swap with the next (waits) or previous (signals) op of the thread block
-          auto other = at.find({r, tb, t.ops[i].kind == ir::OpKind::wait ? pos + 1 : pos - 1});
-          if (other == at.end()) continue;
-          std::swap(t.ops[i], t.ops[other->second]);
-          changed = true;
-        }
-        if (!changed) continue;
+      for (int trial = 0; trial < 12; ++trial) {
+        ir::Schedule t;
+        if (!change_everywhere(s, rng, trial, t)) continue;
         const std::string want = verdict([&] { test_ref::ref_verify_sync(t); });
         CAPTURE(trial);
         CAPTURE(want);
@@ -405,7 +417,7 @@ TEST_CASE("sync by symmetry: random schedules every rank runs alike, and with on
   // The same edges as the plain walk and the dense closure, and the synced
   // schedule proved by both walks.
   std::mt19937 rng(23);
-  int symmetric = 0, proved_by_symmetry = 0, broken = 0;
+  int symmetric = 0, proved_by_symmetry = 0, broken = 0, changed_racy = 0;
   for (int trial = 0; trial < 600; ++trial) {
     const int mode = trial % 3;
     const bool break_one = trial % 5 == 4;
@@ -440,12 +452,21 @@ TEST_CASE("sync by symmetry: random schedules every rank runs alike, and with on
       ++proved_by_symmetry;
     } catch (const InternalError&) {
     }
+    // and changed alike on every rank: the verdict of the dense closure
+    ir::Schedule u;
+    if (!change_everywhere(t, rng, trial, u)) continue;
+    const std::string want = verdict([&] { test_ref::ref_verify_sync(u); });
+    CAPTURE(want);
+    CHECK(verdict([&] { verify::verify_sync(u); }) == want);
+    CHECK(verdict([&] { verify::verify_sync_budget(u, verify::kClockBudget, SymMode::off); }) == want);
+    changed_racy += !want.empty();
   }
   MESSAGE("random: " << symmetric << " symmetric, " << broken << " broken ones seen as such, " << proved_by_symmetry
-                     << " proved by symmetry");
+                     << " proved by symmetry, " << changed_racy << " changed ones racy");
   CHECK(symmetric > 150);
   CHECK(broken > 30);
   CHECK(proved_by_symmetry > 150);
+  CHECK(changed_racy > 50);
 }
 
 TEST_CASE("verify_sync: a thread block outside -1..tbs-1 is verify E006, before any table is sized by it") {
