@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <tuple>
 
 #include "compiler/passes/passes.hpp"
@@ -445,6 +446,18 @@ TEST_CASE("sync by symmetry: random schedules every rank runs alike, and with on
     symmetric += sym;
     broken += break_one && !sym;
     const ir::Schedule t = passes::insert_sync(s);
+    CHECK(ir::print(passes::insert_sync(s)) == ir::print(t));  // deterministic
+    {  // slots dense per receiving rank, s.slots their most
+      std::vector<std::set<int32_t>> slots(size_t(t.nranks));
+      for (const ir::Op& op : t.ops)
+        if (op.kind == ir::OpKind::wait) slots[size_t(op.rank)].insert(op.slot);
+      size_t most = 0;
+      for (const auto& v : slots) {
+        CHECK((v.empty() || (*v.begin() == 0 && size_t(*v.rbegin()) == v.size() - 1)));
+        most = std::max(most, v.size());
+      }
+      CHECK(size_t(t.slots) == most);
+    }
     CHECK(verdict([&] { test_ref::ref_verify_sync(t); }) == "");
     CHECK(verdict([&] { verify::verify_sync(t); }) == "");
     try {
