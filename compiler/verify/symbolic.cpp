@@ -532,6 +532,14 @@ void verify_bounds(const Schedule& s) {
                   fmt::format("{}: op %{} executes on rank {}, outside 0..{}", ctx, op.id, op.rank,
                               s.nranks - 1),
                   op.loc);
+    // -1: not assigned yet; once assigned (tbs set, or synced) below s.tbs.
+    // Bounded before the sync analyses size their (rank, thread block)
+    // tables by it.
+    if (op.tb < -1 || ((s.tbs > 0 || s.synced) && op.tb >= s.tbs))
+      throw Error(ErrId::verify_E006,
+                  fmt::format("{}: {} runs on thread block {}, outside -1..{} (the schedule has tbs = {})", ctx,
+                              describe_op(s, oi), op.tb, s.tbs - 1, s.tbs),
+                  op.loc, "tb is -1 (the compiler chooses) or below the schedule's tbs");
     if (int(op.srcs.size()) < ir::min_srcs(op.kind) || int(op.dsts.size()) < ir::min_dsts(op.kind))
       throw Error(ErrId::verify_E006,
                   fmt::format("{}: {} has too few sources or destinations", ctx, describe_op(s, oi)),

@@ -17,15 +17,15 @@ ChainIndex::ChainIndex(const ir::Schedule& s, const std::vector<int32_t>& chain,
     const size_t c = size_t(chain[i]);
     rank_[c] = s.ops[i].rank;
     tb_[c] = s.ops[i].tb;
-    max_tb_ = std::max(max_tb_, s.ops[i].tb + 1);
+    width_ = std::max(width_, s.ops[i].tb + 2);
     ++begin_[c + 1];
   }
   for (size_t c = 0; c < nchains; ++c) begin_[c + 1] += begin_[c];
   ops_.resize(begin_[nchains]);
   for (size_t i = 0; i < s.ops.size(); ++i)
     if (chain[i] >= 0) ops_[begin_[size_t(chain[i])] + size_t(pos[i]) - 1] = uint32_t(i);
-  key_.assign(size_t(s.nranks) * size_t(max_tb_), -1);
-  for (size_t c = 0; c < nchains; ++c) key_[size_t(rank_[c]) * size_t(max_tb_) + size_t(tb_[c])] = int32_t(c);
+  key_.assign(size_t(s.nranks) * size_t(width_), -1);
+  for (size_t c = 0; c < nchains; ++c) key_[size_t(rank_[c]) * size_t(width_) + size_t(tb_[c] + 1)] = int32_t(c);
 }
 
 std::vector<std::pair<std::string, std::vector<int32_t>>> candidate_generators(const ir::Schedule& s) {
@@ -70,6 +70,12 @@ int32_t SymmetryFinder::find_root(int32_t x) {
 }
 
 bool SymmetryFinder::transitive() const { return orbits_ == 1; }
+
+bool SymmetryFinder::merges(const std::vector<int32_t>& pi) {
+  for (int32_t r = 0; r < n_; ++r)
+    if (find_root(r) != find_root(pi[size_t(r)])) return true;
+  return false;
+}
 
 void SymmetryFinder::accept(std::string name, std::vector<int32_t> pi) {
   for (int32_t r = 0; r < n_; ++r) {

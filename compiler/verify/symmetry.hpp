@@ -51,9 +51,10 @@ class ChainIndex {
   int32_t rank(size_t c) const { return rank_[c]; }
   int32_t tb(size_t c) const { return tb_[c]; }
   int32_t length(size_t c) const { return int32_t(begin_[c + 1] - begin_[c]); }
-  // The chain of (rank, tb), or -1.
+  // The chain of (rank, tb), or -1; tb -1 (unassigned) is a chain too, as in
+  // number_chains.
   int32_t at(int32_t rank, int32_t tb) const {
-    return tb < max_tb_ ? key_[size_t(rank) * size_t(max_tb_) + size_t(tb)] : -1;
+    return tb >= -1 && tb + 1 < width_ ? key_[size_t(rank) * size_t(width_) + size_t(tb + 1)] : -1;
   }
   uint32_t op(size_t c, int32_t pos) const { return ops_[begin_[c] + size_t(pos) - 1]; }
   // The op at op's place on chain (pi[rank], tb), or -1 when that chain is
@@ -70,8 +71,8 @@ class ChainIndex {
  private:
   const std::vector<int32_t>& chain_;
   const std::vector<int32_t>& pos_;
-  int32_t max_tb_ = 0;
-  std::vector<int32_t> key_;  // rank * max_tb + tb -> chain
+  int32_t width_ = 0;         // thread blocks per rank, tb -1 included
+  std::vector<int32_t> key_;  // rank * width + tb + 1 -> chain
   std::vector<int32_t> rank_, tb_;
   std::vector<size_t> begin_;
   std::vector<uint32_t> ops_;
@@ -115,7 +116,9 @@ class SymmetryFinder {
     if (s.nranks > 1 && s.nranks <= kSymmetryMaxRanks)
       for (auto& [name, pi] : candidate_generators(s)) {
         if (f.transitive()) break;
-        if (holds(ci, pi, same, edges)) f.accept(name, std::move(pi));
+        // one that merges no classes would only add elements between the same
+        // ranks (insert_sync's representative-relative order could then not carry over)
+        if (f.merges(pi) && holds(ci, pi, same, edges)) f.accept(name, std::move(pi));
       }
     return f.finish();
   }
@@ -123,6 +126,7 @@ class SymmetryFinder {
  private:
   explicit SymmetryFinder(int32_t n);
   bool transitive() const;
+  bool merges(const std::vector<int32_t>& pi);
   void accept(std::string name, std::vector<int32_t> pi);
   RankSymmetry finish();
 

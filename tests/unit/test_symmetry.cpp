@@ -4,7 +4,11 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <limits>
+#include <map>
 #include <random>
+#include <set>
+#include <tuple>
 
 #include "compiler/passes/passes.hpp"
 #include "compiler/pipeline.hpp"
@@ -344,4 +348,253 @@ TEST_CASE("access_needs: overlapping refs, copies onto themselves and partial in
       CHECK(want.double_write.has_value());
       same_needs(verify::access_needs_by_ranges(s, inplace, ll), want);
     }
+}
+
+TEST_CASE("verify_sync by symmetry: ops without a thread block (tb -1) are a chain of their own") {
+  // A synced schedule read from JSON may leave tb at -1: number_chains gives
+  // those ops a chain per rank, and the symmetry must index it like any other
+  // (it read and wrote before its table, or aliased the previous rank's last
+  // thread block).
+  for (int32_t moved : {0, 1}) {
+    ir::Schedule s = passes::insert_sync(before_sync("allgather.ring", 4).back());
+    for (ir::Op& op : s.ops)
+      if (op.tb == moved) op.tb = -1;
+    CAPTURE(moved);
+    const std::string want = verdict([&] { test_ref::ref_verify_sync(s); });
+    CHECK(verdict([&] { verify::verify_sync_budget(s, verify::kClockBudget, SymMode::off); }) == want);
+    CHECK(verdict([&] { verify::verify_sync_budget(s, verify::kClockBudget, SymMode::required); }) == want);
+    CHECK(sync_symmetry(s).orbits() == 1);
+  }
+}
+
+namespace {
+
+// The same change at the same place (thread block, position) of every rank:
+// a sync op of rank 0 is picked; a wait's iter is flipped (0 <-> -depth), or
+// a wait is swapped with the op after it, a signal with the op before it.
+// false when nothing changed.
+bool change_everywhere(const ir::Schedule& s, std::mt19937& rng, int trial, ir::Schedule& t) {
+  const verify::Chains ch = verify::number_chains(s, false);
+  std::map<std::tuple<int32_t, int32_t, int32_t>, size_t> at;  // (rank, tb, place) -> op
+  for (size_t i = 0; i < s.ops.size(); ++i) at[{s.ops[i].rank, s.ops[i].tb, ch.pos[i]}] = i;
+  std::vector<size_t> rank0;
+  for (size_t i = 0; i < s.ops.size(); ++i)
+    if (s.ops[i].rank == 0 && !s.ops[i].is_data()) rank0.push_back(i);
+  if (rank0.empty()) return false;
+  const size_t pick = rank0[rng() % rank0.size()];
+  const int32_t tb = s.ops[pick].tb, pos = ch.pos[pick];
+  t = s;
+  bool changed = false;
+  for (int32_t r = 0; r < s.nranks; ++r) {
+    auto it = at.find({r, tb, pos});
+    if (it == at.end() || t.ops[it->second].kind != s.ops[pick].kind) continue;
+    const size_t i = it->second;
+    if (trial % 3 == 0 && t.ops[i].kind == ir::OpKind::wait) {
+      t.ops[i].iter = t.ops[i].iter == 0 ? -t.depth : 0;
+      changed = true;
+      continue;
+    }
+    auto other = at.find({r, tb, t.ops[i].kind == ir::OpKind::wait ? pos + 1 : pos - 1});
+    if (other == at.end()) continue;
+    std::swap(t.ops[i], t.ops[other->second]);
+    changed = true;
+  }
+  return changed;
+}
+
+}  // namespace
+
+TEST_CASE("verify_sync by symmetry: races on every rank alike are found as by the dense closure") {
+  // The symmetric walk must not prove what is racy: the same change at the
+  // same place of every rank's thread block keeps the schedule symmetric, so
+  // the walk by symmetry applies and its verdict must be the dense closure's.
+  std::mt19937 rng(5);
+  int races = 0, fine = 0;
+  for (const Case& c : std::vector<Case>{{"allreduce.ring", 4, ""},
+                                         {"allgather.ring", 5, ""},
+                                         {"allreduce.two_shot", 4, ""},
+                                         {"allreduce.halving_doubling", 8, ""},
+                                         {"alltoall.direct", 4, ""},
+                                         {"allreduce.hier", 8, "2x4:direct"},
+                                         {"allgather.hier", 8, "4x2:direct"},
+                                         {"reducescatter.hier", 8, "4x2:direct"}}) {
+    for (const ir::Schedule& pre : before_sync(c.name, c.n, c.topo)) {
+      const ir::Schedule s = passes::insert_sync(pre);
+      CAPTURE(c.name);
+      for (int trial = 0; trial < 12; ++trial) {
+        ir::Schedule t;
+        if (!change_everywhere(s, rng, trial, t)) continue;
+        const std::string want = verdict([&] { test_ref::ref_verify_sync(t); });
+        CAPTURE(trial);
+        CAPTURE(want);
+        CHECK(verdict([&] { verify::verify_sync_budget(t, verify::kClockBudget, SymMode::required); }) == want);
+        CHECK(verdict([&] { verify::verify_sync_budget(t, verify::kClockBudget, SymMode::off); }) == want);
+        (want.empty() ? fine : races)++;
+      }
+    }
+  }
+  MESSAGE("symmetric mutations: " << races << " racy, " << fine << " fine");
+  CHECK(races > 10);
+  CHECK(fine > 0);
+}
+
+namespace {
+
+// A random schedule before sync that every rank runs alike: a template of
+// data ops, each emitted for every rank in turn, its refs on ranks relative to
+// the executing one by rotation (mode 0), xor (1) or node and in-node rotation
+// (2). `break_one`: one op of rank 1 reads another chunk, so rank 1 no longer
+// maps onto the others.
+ir::Schedule symmetric_random(std::mt19937& rng, int mode, bool break_one) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  ir::Schedule s;
+  s.name = "random";
+  int nodes = 1, g = 1;
+  if (mode == 0) s.nranks = pick(3, 6);
+  if (mode == 1) s.nranks = pick(0, 1) ? 4 : 8;
+  if (mode == 2) {
+    nodes = pick(2, 3), g = pick(2, 3);
+    s.nranks = nodes * g;
+    s.topology = topology::parse(fmt::format("{}x{}:direct", nodes, g), s.nranks);
+  }
+  const int32_t n = s.nranks;
+  s.chunks = pick(1, 2);
+  s.scratch = pick(1, 4);
+  s.depth = pick(1, 2);
+  s.tbs = pick(1, 3);
+  auto peer = [&](int32_t r, int32_t d) {
+    if (mode == 0) return (r + d) % n;
+    if (mode == 1) return r ^ d;
+    return ((r / g + d / g) % nodes) * g + (r % g + d % g) % g;
+  };
+  struct Tmpl {
+    ir::OpKind kind;
+    int32_t tb;
+    std::vector<std::pair<int32_t, ir::Ref>> srcs, dsts;  // (relative rank, ref)
+  };
+  std::vector<Tmpl> program;
+  for (int k = 0, nops = pick(2, 10); k < nops; ++k) {
+    Tmpl t{pick(0, 2) ? ir::OpKind::copy : ir::OpKind::reduce, int32_t(pick(0, s.tbs - 1)), {}, {}};
+    auto ref = [&](bool dst) {
+      ir::Ref r;
+      r.buf = dst ? ir::Buf(pick(1, 2)) : ir::Buf(pick(0, 2));
+      r.index = pick(0, ir::buf_chunks(s, r.buf) - 1);
+      return std::make_pair(int32_t(pick(0, 2) ? 0 : pick(1, n - 1)), r);
+    };
+    for (int i = 0, m = t.kind == ir::OpKind::reduce ? 2 : 1; i < m; ++i) t.srcs.push_back(ref(false));
+    t.dsts.push_back(ref(true));
+    program.push_back(std::move(t));
+  }
+  const int broken = break_one ? pick(0, int(program.size()) - 1) : -1;
+  for (size_t k = 0; k < program.size(); ++k)
+    for (int32_t r = 0; r < n; ++r) {
+      ir::Op op;
+      op.id = int32_t(s.ops.size());
+      op.kind = program[k].kind;
+      op.rank = r;
+      op.tb = program[k].tb;
+      for (auto [d, ref] : program[k].srcs) op.srcs.push_back({peer(r, d), ref.buf, ref.index, 1});
+      for (auto [d, ref] : program[k].dsts) op.dsts.push_back({peer(r, d), ref.buf, ref.index, 1});
+      if (int(k) == broken && r == 1) {
+        ir::Ref& x = op.srcs[0];
+        x.index = (x.index + 1) % ir::buf_chunks(s, x.buf);
+        x.buf = x.index == 0 ? ir::Buf((int(x.buf) + 1) % 3) : x.buf;
+        x.index = std::min(x.index, ir::buf_chunks(s, x.buf) - 1);
+      }
+      s.ops.push_back(std::move(op));
+    }
+  return s;
+}
+
+bool same_edges(const std::vector<passes::SyncEdge>& a, const std::vector<passes::SyncEdge>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k)
+    if (a[k].from != b[k].from || a[k].to != b[k].to || a[k].iter != b[k].iter) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("sync by symmetry: random schedules every rank runs alike, and with one rank changed") {
+  // The same edges as the plain walk and the dense closure, and the synced
+  // schedule proved by both walks.
+  std::mt19937 rng(23);
+  int symmetric = 0, proved_by_symmetry = 0, broken = 0, changed_racy = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const int mode = trial % 3;
+    const bool break_one = trial % 5 == 4;
+    const ir::Schedule s = symmetric_random(rng, mode, break_one);
+    CAPTURE(trial);
+    CAPTURE(ir::print(s));
+    const passes::SyncNeeds needs = passes::sync_needs(s);
+    const auto plain = passes::sync_edges(s, needs, verify::kClockBudget, SymMode::off);
+    CHECK(same_edges(passes::sync_edges(s, needs, verify::kClockBudget, SymMode::automatic), plain));
+    std::vector<passes::SyncEdge> ref = test_ref::ref_sync_edges(s, needs);
+    std::sort(ref.begin(), ref.end(), [](const passes::SyncEdge& x, const passes::SyncEdge& y) {
+      return std::tie(x.to, x.iter, x.from) < std::tie(y.to, y.iter, y.from);
+    });
+    CHECK(same_edges(ref, plain));
+    // (copies of one template op on different ranks that conflict are
+    // ordered by rank, which most symmetries do not keep: those fall back)
+    bool sym = true;
+    std::vector<passes::SyncEdge> by_symmetry;
+    try {
+      by_symmetry = passes::sync_edges(s, needs, verify::kClockBudget, SymMode::required);
+    } catch (const InternalError&) {
+      sym = false;
+    }
+    if (sym) CHECK(same_edges(by_symmetry, plain));
+    symmetric += sym;
+    broken += break_one && !sym;
+    const ir::Schedule t = passes::insert_sync(s);
+    CHECK(ir::print(passes::insert_sync(s)) == ir::print(t));  // deterministic
+    {  // slots dense per receiving rank, s.slots their most
+      std::vector<std::set<int32_t>> slots(size_t(t.nranks));
+      for (const ir::Op& op : t.ops)
+        if (op.kind == ir::OpKind::wait) slots[size_t(op.rank)].insert(op.slot);
+      size_t most = 0;
+      for (const auto& v : slots) {
+        CHECK((v.empty() || (*v.begin() == 0 && size_t(*v.rbegin()) == v.size() - 1)));
+        most = std::max(most, v.size());
+      }
+      CHECK(size_t(t.slots) == most);
+    }
+    CHECK(verdict([&] { test_ref::ref_verify_sync(t); }) == "");
+    CHECK(verdict([&] { verify::verify_sync(t); }) == "");
+    try {
+      verify::verify_sync_budget(t, verify::kClockBudget, SymMode::required);
+      ++proved_by_symmetry;
+    } catch (const InternalError&) {
+    }
+    // and changed alike on every rank: the verdict of the dense closure
+    ir::Schedule u;
+    if (!change_everywhere(t, rng, trial, u)) continue;
+    const std::string want = verdict([&] { test_ref::ref_verify_sync(u); });
+    CAPTURE(want);
+    CHECK(verdict([&] { verify::verify_sync(u); }) == want);
+    CHECK(verdict([&] { verify::verify_sync_budget(u, verify::kClockBudget, SymMode::off); }) == want);
+    changed_racy += !want.empty();
+  }
+  MESSAGE("random: " << symmetric << " symmetric, " << broken << " broken ones seen as such, " << proved_by_symmetry
+                     << " proved by symmetry, " << changed_racy << " changed ones racy");
+  CHECK(symmetric > 150);
+  CHECK(broken > 30);
+  CHECK(proved_by_symmetry > 150);
+  CHECK(changed_racy > 50);
+}
+
+TEST_CASE("verify_sync: a thread block outside -1..tbs-1 is verify E006, before any table is sized by it") {
+  // Chains are numbered through a (rank, tb) table: a tb read from JSON must
+  // be bounded first (tb -2 was an internal error, tb 2^31-1 overflowed the
+  // table's width).
+  const ir::Schedule synced = passes::insert_sync(before_sync("allgather.ring", 4).back());
+  for (int32_t tb : {-2, synced.tbs, 1 << 20, std::numeric_limits<int32_t>::max()}) {
+    CAPTURE(tb);
+    ir::Schedule s = synced;
+    s.ops[s.ops.size() / 2].tb = tb;
+    CHECK(verdict([&] { verify::verify_sync(s); }) == "mk.verify.E006");
+    CHECK(verdict([&] { verify::verify_all(s); }) == "mk.verify.E006");
+    s.tbs = 0;  // synced, yet no thread blocks: only tb -1 is in range
+    CHECK(verdict([&] { verify::verify_sync(s); }) == "mk.verify.E006");
+  }
 }
