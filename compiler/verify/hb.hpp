@@ -88,7 +88,8 @@ struct AccessNeeds {
   // Within a step, per location in program order: each write after the
   // previous write and the reads since it, each read after the previous
   // write (LL scratch reads excepted: their data carries its own flags).
-  // Sorted by (b, a), once each.
+  // In no particular order; a pair may repeat, each time with another
+  // location needing it (consumers sort per op anyway).
   std::vector<Need> within;
   // Scratch, out-of-place only: every access a of a slot at step g before
   // the slot's first write b at step g + depth.

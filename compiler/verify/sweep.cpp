@@ -288,8 +288,7 @@ AccessNeeds access_needs_by_chunks(const Schedule& s, bool inplace, bool ll) {
     }
     if (second_write >= 0 && !n.double_write) n.double_write = Need{fw, uint32_t(second_write), key};  // keys ascend
   }
-  for (auto* v : {&n.within, &n.reuse, &n.gates}) Sweep::finish(*v);
-  return n;
+  return n;  // unsorted, a pair once per location needing it: sorting tens of millions costs seconds
 }
 
 AccessNeeds access_needs(const Schedule& s, bool inplace, bool ll) {

@@ -262,7 +262,21 @@ std::string show(const std::vector<verify::Need>& v, size_t k) {
   return fmt::format("{} -> {} at r{} space {} [{}]", v[k].a, v[k].b, v[k].at.rank, v[k].at.space, v[k].at.index);
 }
 
-void same_needs(const verify::AccessNeeds& got, const verify::AccessNeeds& want) {
+// Sorted by (b, a), once each with its least location.
+verify::AccessNeeds normal(verify::AccessNeeds n) {
+  for (auto* v : {&n.within, &n.reuse, &n.gates}) {
+    std::sort(v->begin(), v->end(), [](const verify::Need& x, const verify::Need& y) {
+      return std::tie(x.b, x.a, x.at) < std::tie(y.b, y.a, y.at);
+    });
+    v->erase(std::unique(v->begin(), v->end(),
+                         [](const verify::Need& x, const verify::Need& y) { return x.a == y.a && x.b == y.b; }),
+             v->end());
+  }
+  return n;
+}
+
+void same_needs(const verify::AccessNeeds& got_raw, const verify::AccessNeeds& want_raw) {
+  const verify::AccessNeeds got = normal(got_raw), want = normal(want_raw);
   for (auto [g, w, what] : {std::tuple{&got.within, &want.within, "within"}, std::tuple{&got.reuse, &want.reuse, "reuse"},
                             std::tuple{&got.gates, &want.gates, "gates"}}) {
     CAPTURE(what);
