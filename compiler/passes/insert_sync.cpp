@@ -118,49 +118,28 @@ bool decide_sym(const ir::Schedule& s, const verify::Chains& c, const std::vecto
   const verify::RankSymmetry local = found ? verify::RankSymmetry{} : verify::SymmetryFinder::find(s, ci, same, edge_list);
   const verify::RankSymmetry& sym = found ? *found : local;
   if (sym.trivial()) return false;
-  auto is_rep = [&](size_t v) { return sym.rep(s.ops[v].rank) == s.ops[v].rank; };
-  auto rho = [&](size_t v) { return is_rep(v) ? v : size_t(ci.image(v, sym.from(s.ops[v].rank))); };
-  std::vector<int64_t> run_slot(c.count, -1), snap_slot(n, -1);
-  size_t slots = 0;
-  for (size_t k = 0; k < c.count; ++k)
-    if (sym.rep(ci.rank(k)) == ci.rank(k)) run_slot[k] = int64_t(slots++);
-  std::vector<uint32_t> reps;
-  for (size_t v = 0; v < n; ++v)
-    if (c.chain[v] >= 0 && is_rep(v)) {
-      reps.push_back(uint32_t(v));
-      snap_slot[v] = int64_t(slots);
-      slots += 2;  // clocks at step g and at step g + depth
-    }
+  const verify::Representatives reps(s, ci, sym);
+  auto rho = [&](size_t v) { return reps.rho(v); };
+  std::vector<int64_t> snap_slot(n, -1);
+  size_t slots = reps.runs();
+  for (uint32_t v : reps.ops()) {
+    snap_slot[v] = int64_t(slots);
+    slots += 2;  // clocks at step g and at step g + depth
+  }
   const size_t w = (c.count + 15) / 16 * 16;
   if (slots * w * sizeof(T) > budget) return false;
-  // Representatives in a topological order of the quotient: program order and
-  // the dependencies' representatives.
-  std::vector<int32_t> indeg(n, 0);
-  std::vector<std::vector<uint32_t>> succ(n);
-  for (uint32_t v : reps) {
-    auto pred = [&](size_t p) {
-      succ[p].push_back(v);
-      ++indeg[v];
-    };
-    if (c.pos[v] > 1) pred(ci.op(size_t(c.chain[v]), c.pos[v] - 1));
-    for (size_t i : dep[v]) pred(rho(i));
-  }
-  std::vector<uint32_t> order;
-  order.reserve(reps.size());
-  for (uint32_t v : reps)
-    if (indeg[v] == 0) order.push_back(v);
-  for (size_t k = 0; k < order.size(); ++k)
-    for (uint32_t x : succ[order[k]])
-      if (--indeg[x] == 0) order.push_back(x);
-  MK_CHECK(order.size() == reps.size(), "insert_sync: the dependencies have a cycle");
-  succ = {};
+  // Along program order and the dependencies' representatives.
+  const std::vector<uint32_t> order = reps.order([&](size_t v, auto&& edge) {
+    for (size_t i : dep[v]) edge(rho(i));
+  });
+  MK_CHECK(!order.empty() || reps.ops().empty(), "insert_sync: the dependencies have a cycle");
   std::vector<T> store(slots * w, T(0));
   auto slot = [&](int64_t k) { return store.data() + size_t(k) * w; };
   // A representative's own clock is in the schedule's coordinates.
   auto sees = [&](const T* clock, size_t i) { return clock[size_t(c.chain[i])] >= T(c.pos[i]); };
   std::vector<SyncEdge> mine;  // for the representatives
   for (uint32_t j : order) {
-    T* run = slot(run_slot[size_t(c.chain[j])]);
+    T* run = slot(reps.run_slot(size_t(c.chain[j])));
     for (size_t i : dep[j]) {
       if (sees(run, i)) continue;
       mine.push_back({i, j, 0});
@@ -170,7 +149,7 @@ bool decide_sym(const ir::Schedule& s, const verify::Chains& c, const std::vecto
     std::copy_n(run, w, slot(snap_slot[j]));
   }
   for (uint32_t j : order) {
-    T* run = slot(run_slot[size_t(c.chain[j])]);
+    T* run = slot(reps.run_slot(size_t(c.chain[j])));
     for (size_t i : dep[j]) verify::join_permuted(run, slot(snap_slot[rho(i)] + 1), ci, sym, s.ops[i].rank);
     for (size_t a : need[j]) {
       if (sees(run, a)) continue;

@@ -456,57 +456,34 @@ std::optional<std::optional<Failure>> find_race_sym(const Schedule& s, const Syn
   const RankSymmetry sym = SymmetryFinder::find(s, ci, same, edges);
   if (sym.trivial()) return std::nullopt;
   const size_t n = s.ops.size();
-  auto is_rep = [&](size_t v) { return sym.rep(s.ops[v].rank) == s.ops[v].rank; };
-  // v's representative: g_r^-1(v) for v on rank r
-  auto rho = [&](size_t v) { return is_rep(v) ? v : size_t(ci.image(v, sym.from(s.ops[v].rank))); };
+  const Representatives reps(s, ci, sym);
+  auto rho = [&](size_t v) { return reps.rho(v); };
   // Slots: a running clock per representative chain, two snapshots (step g,
   // step g + depth) per representative signal. Data ops' queries are
   // answered while the walk is at their representative.
-  std::vector<int64_t> run_slot(g.nchains, -1), snap_slot(n, -1);
-  size_t slots = 0;
-  for (size_t c = 0; c < g.nchains; ++c)
-    if (sym.rep(ci.rank(c)) == ci.rank(c)) run_slot[c] = int64_t(slots++);
-  std::vector<uint32_t> reps;
-  for (size_t v = 0; v < n; ++v) {
-    if (!is_rep(v)) continue;
-    reps.push_back(uint32_t(v));
+  std::vector<int64_t> snap_slot(n, -1);
+  size_t slots = reps.runs();
+  for (uint32_t v : reps.ops())
     if (s.ops[v].kind == OpKind::signal) {
       snap_slot[v] = int64_t(slots);
       slots += 2;
     }
-  }
   const size_t w = (g.nchains + 15) / 16 * 16;
   if (slots * w * sizeof(T) > budget) return std::nullopt;
   std::vector<std::vector<int32_t>> members(size_t(s.nranks));  // representative -> its class
   for (int32_t r = 0; r < s.nranks; ++r) members[size_t(sym.rep(r))].push_back(r);
-  // A topological order of the representatives: program order and, for a
-  // wait within the step, its signal's representative.
-  std::vector<int32_t> indeg(n, 0);
-  std::vector<std::vector<uint32_t>> succ(n);
-  auto for_preds = [&](size_t v, auto&& f) {
-    if (g.pos[v] > 1) f(size_t(ci.op(size_t(g.chain[v]), g.pos[v] - 1)));
-    if (g.signal[v] >= 0 && s.ops[v].iter == 0) f(rho(size_t(g.signal[v])));
-  };
-  for (uint32_t v : reps) for_preds(v, [&](size_t p) {
-      succ[p].push_back(v);
-      ++indeg[v];
-    });
-  std::vector<uint32_t> order;
-  order.reserve(reps.size());
-  for (uint32_t v : reps)
-    if (indeg[v] == 0) order.push_back(v);
-  for (size_t k = 0; k < order.size(); ++k)
-    for (uint32_t x : succ[order[k]])
-      if (--indeg[x] == 0) order.push_back(x);
-  if (order.size() != reps.size()) return std::nullopt;
-  succ = {};
+  // Along program order and, for a wait within the step, its signal's representative.
+  const std::vector<uint32_t> order = reps.order([&](size_t v, auto&& edge) {
+    if (g.signal[v] >= 0 && s.ops[v].iter == 0) edge(rho(size_t(g.signal[v])));
+  });
+  if (order.empty()) return std::nullopt;
   std::vector<T> store(slots * w, T(0));
   auto slot = [&](int64_t k) { return store.data() + size_t(k) * w; };
   std::optional<Failure> first;
   for (int step = 0; step < 2; ++step)
     for (uint32_t v : order) {
       const Op& op = s.ops[v];
-      T* run = slot(run_slot[size_t(g.chain[v])]);
+      T* run = slot(reps.run_slot(size_t(g.chain[v])));
       if (op.kind == OpKind::wait && (step == 1 || op.iter == 0)) {
         const size_t sig = size_t(g.signal[v]);
         // iter 0: the signal in the same step; iter < 0 (in the later step):

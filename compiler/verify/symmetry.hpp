@@ -168,6 +168,62 @@ class SymmetryFinder {
   int32_t find_root(int32_t x);
 };
 
+// The representative ranks' ops, as the walks by symmetry (insert_sync's
+// decisions, verify_sync's check) go over them.
+class Representatives {
+ public:
+  Representatives(const ir::Schedule& s, const ChainIndex& ci, const RankSymmetry& sym) : s_(s), ci_(ci), sym_(sym) {
+    run_slot_.assign(ci.chains(), -1);
+    for (size_t c = 0; c < ci.chains(); ++c)
+      if (sym.rep(ci.rank(c)) == ci.rank(c)) run_slot_[c] = int64_t(runs_++);
+    for (size_t v = 0; v < s.ops.size(); ++v)
+      if (ci.chain()[v] >= 0 && is_rep(v)) ops_.push_back(uint32_t(v));
+  }
+  bool is_rep(size_t v) const { return sym_.rep(s_.ops[v].rank) == s_.ops[v].rank; }
+  // v's representative: g_r^-1(v) for v on rank r
+  size_t rho(size_t v) const { return is_rep(v) ? v : size_t(ci_.image(v, sym_.from(s_.ops[v].rank))); }
+  // The representatives' ops (those with a chain), in program order.
+  const std::vector<uint32_t>& ops() const { return ops_; }
+  // Per chain, its running clock's slot (0 .. runs()-1; -1 off the representatives).
+  int64_t run_slot(size_t chain) const { return run_slot_[chain]; }
+  size_t runs() const { return runs_; }
+  // A topological order of ops() along program order and what `preds(v, f)`
+  // adds (f(u) for a representative u that must come before v); empty when
+  // there is none (a cycle).
+  template <class Preds>
+  std::vector<uint32_t> order(Preds&& preds) const {
+    const size_t n = s_.ops.size();
+    std::vector<int32_t> indeg(n, 0);
+    std::vector<std::vector<uint32_t>> succ(n);
+    for (uint32_t v : ops_) {
+      auto edge = [&](size_t u) {
+        succ[u].push_back(v);
+        ++indeg[v];
+      };
+      const int32_t pos = ci_.pos()[v];
+      if (pos > 1) edge(ci_.op(size_t(ci_.chain()[v]), pos - 1));
+      preds(v, edge);
+    }
+    std::vector<uint32_t> out;
+    out.reserve(ops_.size());
+    for (uint32_t v : ops_)
+      if (indeg[v] == 0) out.push_back(v);
+    for (size_t k = 0; k < out.size(); ++k)
+      for (uint32_t x : succ[out[k]])
+        if (--indeg[x] == 0) out.push_back(x);
+    if (out.size() != ops_.size()) out.clear();
+    return out;
+  }
+
+ private:
+  const ir::Schedule& s_;
+  const ChainIndex& ci_;
+  const RankSymmetry& sym_;
+  std::vector<int64_t> run_slot_;
+  size_t runs_ = 0;
+  std::vector<uint32_t> ops_;
+};
+
 // dst[c] = max(dst[c], clock of g_q(v0)[c]) for c < chains, where `src` is
 // v0's clock: src[chain (g_q^-1(rank c), tb c)] (plain max when g_q is the
 // identity). `chains` entries; the rest of a padded clock is left alone.

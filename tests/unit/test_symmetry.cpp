@@ -20,6 +20,7 @@
 #include "mk/dsl.hpp"
 #include "support.hpp"
 #include "tests/unit/ref_sync.hpp"
+#include "tests/unit/sync_util.hpp"
 
 using namespace mk;
 
@@ -27,32 +28,8 @@ namespace {
 
 using verify::SymMode;
 
-// The schedules a built-in gives insert_sync (one per size bucket), for a
-// topology ("" : one node of n).
-std::vector<ir::Schedule> before_sync(const std::string& name, int n, const std::string& topo = "") {
-  const auto* info = dsl::find_schedule(name);
-  REQUIRE(info != nullptr);
-  compiler::LowerOptions o;
-  o.proto.simple_instances = 2;
-  o.proto.ll_instances = 2;
-  std::vector<ir::Schedule> out;
-  o.on_pass = [&](std::string_view pass, const ir::Schedule& s, const compiler::PassInfo&) {
-    if (pass == "protocol") out.push_back(s);
-  };
-  ir::Schedule built = topo.empty() ? dsl::build(*info, n) : dsl::build(*info, topology::parse(topo, n));
-  CHECK_NOTHROW(compiler::lower(std::move(built), o));
-  return out;
-}
-
-template <class F>
-std::string verdict(F&& f) {
-  try {
-    f();
-    return "";
-  } catch (const Error& e) {
-    return err_name(e.id());
-  }
-}
+using test_sync::before_sync;
+using test_sync::verdict;
 
 // The symmetry of a synced schedule's signal -> wait graph, as verify_sync sees it.
 verify::RankSymmetry sync_symmetry(const ir::Schedule& s) {

@@ -14,38 +14,14 @@
 #include "mk/dsl.hpp"
 #include "support.hpp"
 #include "tests/unit/ref_sync.hpp"
+#include "tests/unit/sync_util.hpp"
 
 using namespace mk;
 
 namespace {
 
-// The schedules each built-in gives insert_sync (one per size bucket).
-std::vector<ir::Schedule> before_sync(const std::string& name, int n) {
-  const auto* info = dsl::find_schedule(name);
-  REQUIRE(info != nullptr);
-  compiler::LowerOptions o;
-  o.proto.simple_instances = 2;
-  o.proto.ll_instances = 2;
-  std::vector<ir::Schedule> out;
-  o.on_pass = [&](std::string_view pass, const ir::Schedule& s, const compiler::PassInfo&) {
-    if (pass == "protocol") out.push_back(s);
-  };
-  // The pipeline's own sync and proof run too (and must pass); the
-  // schedules above were captured before them.
-  CHECK_NOTHROW(compiler::lower(dsl::build(*info, n), o));
-  return out;
-}
-
-// Outcome of a verifier: "" or the error id.
-template <class F>
-std::string verdict(F&& f) {
-  try {
-    f();
-    return "";
-  } catch (const Error& e) {
-    return err_name(e.id());
-  }
-}
+using test_sync::before_sync;
+using test_sync::verdict;
 
 }  // namespace
 
