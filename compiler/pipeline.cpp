@@ -3,11 +3,9 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <exception>
-#include <system_error>
 #include <new>
-#include <thread>
 
+#include "compiler/common/side_by_side.hpp"
 #include "compiler/verify/clocks.hpp"
 #include "compiler/verify/hb.hpp"
 #include "compiler/verify/verify.hpp"
@@ -131,43 +129,22 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
   // (LL and simple: about half the time at 1024 ranks), each with its share of
   // the clock memory.
   const size_t budget = verify::kClockBudget / std::max<size_t>(1, todo.size());
-  std::vector<std::exception_ptr> failed(nb);
   std::vector<double> ms(nb, 0);
-  auto sync = [&](size_t b) {
+  side_by_side(todo.size(), [&](size_t k) {
+    const size_t b = todo[k];
     const auto t = std::chrono::steady_clock::now();
-    try {
-      ir::Schedule& v = vs[b];
-      v = passes::insert_sync(std::move(v), budget);
-      // Final proof: meaning, bounds, pairing, no deadlock, no race. Analyze
-      // proved the meaning; parallelize and assign_tbs change no data op
-      // (verify_each re-proves after each in the tests), and choose_protocol
-      // and insert_sync may only add sync ops: when the data ops are still
-      // exactly those of `s`, proving the meaning again would repeat the same
-      // symbolic run (seconds at 1024 ranks).
-      if (!ir::same_data_ops(v, s)) verify::verify_semantics(v);
-      verify::verify_sync_budget(v, budget);
-    } catch (...) {
-      failed[b] = std::current_exception();
-    }
+    ir::Schedule& v = vs[b];
+    v = passes::insert_sync(std::move(v), budget);
+    // Final proof: meaning, bounds, pairing, no deadlock, no race. Analyze
+    // proved the meaning; parallelize and assign_tbs change no data op
+    // (verify_each re-proves after each in the tests), and choose_protocol
+    // and insert_sync may only add sync ops: when the data ops are still
+    // exactly those of `s`, proving the meaning again would repeat the same
+    // symbolic run (seconds at 1024 ranks).
+    if (!ir::same_data_ops(v, s)) verify::verify_semantics(v);
+    verify::verify_sync_budget(v, budget);
     ms[b] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-  };
-  if (todo.size() > 1 && std::thread::hardware_concurrency() > 1) {
-    std::thread other;
-    try {
-      other = std::thread(sync, todo[1]);
-    } catch (const std::system_error&) {  // no thread to be had: one after the other
-    }
-    sync(todo[0]);
-    if (other.joinable())
-      other.join();
-    else
-      sync(todo[1]);
-    for (size_t k = 2; k < todo.size(); ++k) sync(todo[k]);
-  } else {
-    for (size_t b : todo) sync(b);
-  }
-  for (size_t b : todo)  // the first failure in bucket order, whichever finished first
-    if (failed[b]) std::rethrow_exception(failed[b]);
+  });
   for (size_t b = 0; b < nb; ++b) {
     if (source[b] != b) {
       ir::Schedule w = vs[source[b]];

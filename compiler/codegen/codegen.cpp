@@ -4,14 +4,12 @@
 
 #include <algorithm>
 #include <cctype>
-#include <exception>
 #include <limits>
 #include <map>
 #include <tuple>
 #include <set>
-#include <system_error>
-#include <thread>
 
+#include "compiler/common/side_by_side.hpp"
 #include "templates/abi.cuh"
 #include "templates/ref.cuh"
 
@@ -743,9 +741,9 @@ class Emitter {
     for (size_t c = 0; c < tables.size(); ++c) {
       const Table& t = tables[c];
       if (!t.width()) continue;
-      const size_t rows = row_only_ ? 1 : t.members();
+      const size_t first = row_only_ ? size_t(row) : 0, rows = row_only_ ? 1 : t.members();
       o_ += fmt::format("static {} const int kT{}_c{}[{}][{}] = {{\n", space, b_, c, rows, t.width());
-      for (size_t m = row_only_ ? size_t(row) : 0; m < (row_only_ ? size_t(row) + 1 : t.members()); ++m) {
+      for (size_t m = first; m < first + rows; ++m) {
         o_ += "  {";
         for (size_t k = 0; k < t.width(); ++k) o_ += fmt::format("{}{}", k ? "," : "", t.at(m, k));
         o_ += "},\n";
@@ -959,27 +957,8 @@ std::vector<Unit> generate(const std::vector<Schedule>& variants, DType dtype, R
   };
   // Buckets side by side (two cores: codegen of a 1024-rank plan takes seconds
   // per bucket), the first failure in bucket order reported.
-  const size_t nb = variants.size();
-  std::vector<Unit> units(nb);
-  std::vector<std::exception_ptr> failed(nb);
-  auto run = [&](size_t b) {
-    try {
-      units[b] = one(b);
-    } catch (...) {
-      failed[b] = std::current_exception();
-    }
-  };
-  std::thread other;
-  if (nb > 1 && std::thread::hardware_concurrency() > 1) try {
-      other = std::thread(run, 1);
-    } catch (const std::system_error&) {  // no thread to be had: one after the other
-    }
-  const bool side = other.joinable();
-  run(0);
-  if (side) other.join();
-  for (size_t b = side ? 2 : 1; b < nb; ++b) run(b);
-  for (size_t b = 0; b < nb; ++b)
-    if (failed[b]) std::rethrow_exception(failed[b]);
+  std::vector<Unit> units(variants.size());
+  side_by_side(variants.size(), [&](size_t b) { units[b] = one(b); });
   return units;
 }
 

@@ -114,12 +114,11 @@ bool decide_sym(const ir::Schedule& s, const verify::Chains& c, const std::vecto
     for (size_t i : dep[v]) out.push_back({int64_t(i), 0});
     for (size_t a : need[v]) out.push_back({int64_t(a), 1});
   };
-  if (found) *found = verify::SymmetryFinder::find(s, ci, same, edge_list);
-  const verify::RankSymmetry local = found ? verify::RankSymmetry{} : verify::SymmetryFinder::find(s, ci, same, edge_list);
-  const verify::RankSymmetry& sym = found ? *found : local;
+  verify::RankSymmetry local;
+  verify::RankSymmetry& sym = found ? *found : local;
+  sym = verify::SymmetryFinder::find(s, ci, same, edge_list);
   if (sym.trivial()) return false;
   const verify::Representatives reps(s, ci, sym);
-  auto rho = [&](size_t v) { return reps.rho(v); };
   std::vector<int64_t> snap_slot(n, -1);
   size_t slots = reps.runs();
   for (uint32_t v : reps.ops()) {
@@ -130,7 +129,7 @@ bool decide_sym(const ir::Schedule& s, const verify::Chains& c, const std::vecto
   if (slots * w * sizeof(T) > budget) return false;
   // Along program order and the dependencies' representatives.
   const std::vector<uint32_t> order = reps.order([&](size_t v, auto&& edge) {
-    for (size_t i : dep[v]) edge(rho(i));
+    for (size_t i : dep[v]) edge(reps.rho(i));
   });
   MK_CHECK(!order.empty() || reps.ops().empty(), "insert_sync: the dependencies have a cycle");
   std::vector<T> store(slots * w, T(0));
@@ -143,27 +142,24 @@ bool decide_sym(const ir::Schedule& s, const verify::Chains& c, const std::vecto
     for (size_t i : dep[j]) {
       if (sees(run, i)) continue;
       mine.push_back({i, j, 0});
-      verify::join_permuted(run, slot(snap_slot[rho(i)]), ci, sym, s.ops[i].rank);
+      verify::join_permuted(run, slot(snap_slot[reps.rho(i)]), ci, sym, s.ops[i].rank);
     }
     run[size_t(c.chain[j])] = T(c.pos[j]);
     std::copy_n(run, w, slot(snap_slot[j]));
   }
   for (uint32_t j : order) {
     T* run = slot(reps.run_slot(size_t(c.chain[j])));
-    for (size_t i : dep[j]) verify::join_permuted(run, slot(snap_slot[rho(i)] + 1), ci, sym, s.ops[i].rank);
+    for (size_t i : dep[j]) verify::join_permuted(run, slot(snap_slot[reps.rho(i)] + 1), ci, sym, s.ops[i].rank);
     for (size_t a : need[j]) {
       if (sees(run, a)) continue;
       mine.push_back({a, j, -s.depth});
-      verify::join_permuted(run, slot(snap_slot[rho(a)]), ci, sym, s.ops[a].rank);
+      verify::join_permuted(run, slot(snap_slot[reps.rho(a)]), ci, sym, s.ops[a].rank);
     }
     std::copy_n(run, w, slot(snap_slot[j] + 1));
   }
   // Every rank's edges: g_r of its representative's.
-  std::vector<size_t> members;
   for (const SyncEdge& e : mine) {
-    const int32_t rep = s.ops[e.to].rank;
-    for (int32_t r = 0; r < s.nranks; ++r) {
-      if (sym.rep(r) != rep) continue;
+    for (int32_t r : sym.members(s.ops[e.to].rank)) {
       const int32_t* g = sym.to(r);
       const int64_t from = ci.image(e.from, g), to = ci.image(e.to, g);
       MK_CHECK(from >= 0 && to >= 0, "insert_sync: an edge's image is missing");

@@ -457,7 +457,6 @@ std::optional<std::optional<Failure>> find_race_sym(const Schedule& s, const Syn
   if (sym.trivial()) return std::nullopt;
   const size_t n = s.ops.size();
   const Representatives reps(s, ci, sym);
-  auto rho = [&](size_t v) { return reps.rho(v); };
   // Slots: a running clock per representative chain, two snapshots (step g,
   // step g + depth) per representative signal. Data ops' queries are
   // answered while the walk is at their representative.
@@ -470,11 +469,9 @@ std::optional<std::optional<Failure>> find_race_sym(const Schedule& s, const Syn
     }
   const size_t w = (g.nchains + 15) / 16 * 16;
   if (slots * w * sizeof(T) > budget) return std::nullopt;
-  std::vector<std::vector<int32_t>> members(size_t(s.nranks));  // representative -> its class
-  for (int32_t r = 0; r < s.nranks; ++r) members[size_t(sym.rep(r))].push_back(r);
   // Along program order and, for a wait within the step, its signal's representative.
   const std::vector<uint32_t> order = reps.order([&](size_t v, auto&& edge) {
-    if (g.signal[v] >= 0 && s.ops[v].iter == 0) edge(rho(size_t(g.signal[v])));
+    if (g.signal[v] >= 0 && s.ops[v].iter == 0) edge(reps.rho(size_t(g.signal[v])));
   });
   if (order.empty()) return std::nullopt;
   std::vector<T> store(slots * w, T(0));
@@ -489,13 +486,13 @@ std::optional<std::optional<Failure>> find_race_sym(const Schedule& s, const Syn
         // iter 0: the signal in the same step; iter < 0 (in the later step):
         // its clock at step g
         const int use = step == 1 && op.iter == 0 ? 1 : 0;
-        join_permuted(run, slot(snap_slot[rho(sig)] + use), ci, sym, s.ops[sig].rank);
+        join_permuted(run, slot(snap_slot[reps.rho(sig)] + use), ci, sym, s.ops[sig].rank);
       }
       if (step == 0) run[size_t(g.chain[v])] = T(g.pos[v]);
       if (snap_slot[v] >= 0) std::copy_n(run, w, slot(snap_slot[v] + step));
       if (!op.is_data()) continue;
       // run is v's clock; b = g_r(v) sees chain c where v sees g_r^-1(c)
-      for (int32_t r : members[size_t(op.rank)]) {
+      for (int32_t r : sym.members(op.rank)) {
         const size_t b = r == op.rank ? v : size_t(ci.image(v, sym.to(r)));
         for (const Query& q : at.at(b, step, 0, g.nchains)) {
           if (run[permuted_entry(ci, sym, r, q.chain)] >= T(g.pos[q.a])) continue;

@@ -105,6 +105,8 @@ AccessNeeds access_needs(const ir::Schedule& s, bool inplace, bool ll);
 // the interval sweep, and the chunk-level table (accesses()).
 AccessNeeds access_needs_by_ranges(const ir::Schedule& s, bool inplace, bool ll);
 AccessNeeds access_needs_by_chunks(const ir::Schedule& s, bool inplace, bool ll);
+// v[from..]: sorted by (b, a), each pair once with its least location.
+void sort_needs(std::vector<Need>& v, size_t from = 0);
 
 // Ops of one (rank, thread block) in program order: each op's chain (dense,
 // in order of first appearance) and 1-based position in it. With `data_only`,

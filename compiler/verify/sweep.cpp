@@ -79,9 +79,7 @@ class Sweep {
       dedup_tail(out_.reuse, reuse_at_);
       dedup_tail(out_.gates, gates_at_);
     }
-    finish(out_.within);
-    finish(out_.reuse);
-    finish(out_.gates);
+    for (auto* v : {&out_.within, &out_.reuse, &out_.gates}) sort_needs(*v);
     return std::move(out_);
   }
 
@@ -225,25 +223,10 @@ class Sweep {
       out_.gates.push_back({op, fw, at});
     }
   }
-  // The pairs appended since `from` (this op's), once each with its least
-  // location; `from` moves to the end.
+  // The pairs appended since `from` (this op's) once each; `from` moves to the end.
   static void dedup_tail(std::vector<Need>& v, size_t& from) {
-    if (v.size() - from > 1) {
-      auto first = v.begin() + std::ptrdiff_t(from);
-      std::sort(first, v.end(),
-                [](const Need& x, const Need& y) { return std::tie(x.b, x.a, x.at) < std::tie(y.b, y.a, y.at); });
-      v.erase(std::unique(first, v.end(), [](const Need& x, const Need& y) { return x.a == y.a && x.b == y.b; }),
-              v.end());
-    }
+    sort_needs(v, from);
     from = v.size();
-  }
-
- public:
-  // Sorted by (b, a), once each with its least location.
-  static void finish(std::vector<Need>& v) {
-    std::sort(v.begin(), v.end(), [](const Need& x, const Need& y) { return std::tie(x.b, x.a, x.at) < std::tie(y.b, y.a, y.at); });
-    v.erase(std::unique(v.begin(), v.end(), [](const Need& x, const Need& y) { return x.a == y.a && x.b == y.b; }),
-            v.end());
   }
 
  private:
@@ -257,6 +240,12 @@ class Sweep {
 };
 
 }  // namespace
+
+void sort_needs(std::vector<Need>& v, size_t from) {
+  const auto first = v.begin() + std::ptrdiff_t(from);
+  std::sort(first, v.end(), [](const Need& x, const Need& y) { return std::tie(x.b, x.a, x.at) < std::tie(y.b, y.a, y.at); });
+  v.erase(std::unique(first, v.end(), [](const Need& x, const Need& y) { return x.a == y.a && x.b == y.b; }), v.end());
+}
 
 AccessNeeds access_needs_by_ranges(const Schedule& s, bool inplace, bool ll) { return Sweep(s, inplace, ll).run(); }
 

@@ -95,8 +95,12 @@ RankSymmetry SymmetryFinder::finish() {
   sym.rep_.assign(n, -1);
   sym.orbits_ = orbits_;
   sym.gens_ = names_;
+  sym.members_.resize(n);
   if (sym.trivial()) {
-    for (size_t r = 0; r < n; ++r) sym.rep_[r] = int32_t(r);
+    for (size_t r = 0; r < n; ++r) {
+      sym.rep_[r] = int32_t(r);
+      sym.members_[r] = {int32_t(r)};
+    }
     return sym;  // no group elements needed: every rank is its own class
   }
   sym.to_.assign(n * n, 0);
@@ -124,8 +128,10 @@ RankSymmetry SymmetryFinder::finish() {
       }
     }
   }
-  for (size_t r = 0; r < n; ++r)
+  for (size_t r = 0; r < n; ++r) {
+    sym.members_[size_t(sym.rep_[r])].push_back(int32_t(r));
     for (size_t x = 0; x < n; ++x) sym.from_[r * n + size_t(sym.to_[r * n + x])] = int32_t(x);
+  }
   MK_CHECK(find_root(0) == 0, "symmetry: union-find and BFS disagree");
   return sym;
 }

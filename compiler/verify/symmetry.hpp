@@ -88,6 +88,8 @@ class RankSymmetry {
   int32_t rep(int32_t r) const { return rep_[size_t(r)]; }
   const int32_t* to(int32_t r) const { return to_.data() + size_t(r) * nranks(); }      // g_r
   const int32_t* from(int32_t r) const { return from_.data() + size_t(r) * nranks(); }  // g_r^-1
+  // The ranks of representative `rep`'s class, ascending.
+  const std::vector<int32_t>& members(int32_t rep) const { return members_[size_t(rep)]; }
   const std::vector<std::string>& generators() const { return gens_; }
   // "1 class of 1024 ranks (node rotation, rotation in a node)"
   std::string describe() const;
@@ -95,6 +97,7 @@ class RankSymmetry {
  private:
   friend class SymmetryFinder;
   std::vector<int32_t> rep_, to_, from_;
+  std::vector<std::vector<int32_t>> members_;  // per representative (empty for other ranks)
   size_t orbits_ = 0;
   std::vector<std::string> gens_;
 };

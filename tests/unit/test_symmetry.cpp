@@ -48,6 +48,14 @@ struct Case {
   const char* topo;
 };
 
+// The synced built-ins the mutation tests change.
+std::vector<Case> mutated_cases() {
+  return {{"allreduce.ring", 4, ""},          {"allgather.ring", 5, ""},
+          {"allreduce.two_shot", 4, ""},      {"allreduce.halving_doubling", 8, ""},
+          {"alltoall.direct", 4, ""},         {"allreduce.hier", 8, "2x4:direct"},
+          {"allgather.hier", 8, "4x2:direct"}, {"reducescatter.hier", 8, "4x2:direct"}};
+}
+
 }  // namespace
 
 TEST_CASE("symmetry: candidates from the rank count and topology") {
@@ -144,13 +152,7 @@ TEST_CASE("verify_sync by symmetry: the same verdict as the dense closure, with 
   // the broken rank still maps onto the others, give the same verdict anyway.
   std::mt19937 rng(11);
   int races = 0, fine = 0, used = 0;
-  for (const Case& c : std::vector<Case>{{"allreduce.ring", 4, ""},
-                                         {"allgather.ring", 5, ""},
-                                         {"allreduce.two_shot", 4, ""},
-                                         {"allreduce.halving_doubling", 8, ""},
-                                         {"alltoall.direct", 4, ""},
-                                         {"allreduce.hier", 8, "2x4:direct"},
-                                         {"reducescatter.hier", 8, "4x2:direct"}}) {
+  for (const Case& c : mutated_cases()) {
     for (const ir::Schedule& pre : before_sync(c.name, c.n, c.topo)) {
       ir::Schedule s = passes::insert_sync(pre);
       CAPTURE(c.name);
@@ -228,18 +230,13 @@ TEST_CASE("verify_sync by symmetry: a race on one rank only is found") {
 
 namespace {
 
-// The chunk-level table (every chunk of every op its own entry), the way
-// verify_sync and insert_sync used it before ranges.
-verify::AccessNeeds needs_by_chunk(const ir::Schedule& s, bool inplace, bool ll) {
-  return verify::access_needs_by_chunks(s, inplace, ll);
-}
-
 std::string show(const std::vector<verify::Need>& v, size_t k) {
   if (k >= v.size()) return "nothing";
   return fmt::format("{} -> {} at r{} space {} [{}]", v[k].a, v[k].b, v[k].at.rank, v[k].at.space, v[k].at.index);
 }
 
-// Sorted by (b, a), once each with its least location.
+// Sorted by (b, a), once each with its least location (written here, not
+// taken from the code under test).
 verify::AccessNeeds normal(verify::AccessNeeds n) {
   for (auto* v : {&n.within, &n.reuse, &n.gates}) {
     std::sort(v->begin(), v->end(), [](const verify::Need& x, const verify::Need& y) {
@@ -293,7 +290,7 @@ TEST_CASE("access_needs: by ranges the same pairs as the chunk-level table, for 
         for (bool ll : {false, true}) {
           CAPTURE(inplace);
           CAPTURE(ll);
-          const verify::AccessNeeds want = needs_by_chunk(s, inplace, ll);
+          const verify::AccessNeeds want = verify::access_needs_by_chunks(s, inplace, ll);
           same_needs(verify::access_needs_by_ranges(s, inplace, ll), want);
           pairs += int(want.within.size());
         }
@@ -334,7 +331,7 @@ TEST_CASE("access_needs: overlapping refs, copies onto themselves and partial in
     for (bool ll : {false, true}) {
       CAPTURE(inplace);
       CAPTURE(ll);
-      const verify::AccessNeeds want = needs_by_chunk(s, inplace, ll);
+      const verify::AccessNeeds want = verify::access_needs_by_chunks(s, inplace, ll);
       CHECK(!want.within.empty());
       CHECK(want.double_write.has_value());
       same_needs(verify::access_needs_by_ranges(s, inplace, ll), want);
@@ -401,14 +398,7 @@ TEST_CASE("verify_sync by symmetry: races on every rank alike are found as by th
   // the walk by symmetry applies and its verdict must be the dense closure's.
   std::mt19937 rng(5);
   int races = 0, fine = 0;
-  for (const Case& c : std::vector<Case>{{"allreduce.ring", 4, ""},
-                                         {"allgather.ring", 5, ""},
-                                         {"allreduce.two_shot", 4, ""},
-                                         {"allreduce.halving_doubling", 8, ""},
-                                         {"alltoall.direct", 4, ""},
-                                         {"allreduce.hier", 8, "2x4:direct"},
-                                         {"allgather.hier", 8, "4x2:direct"},
-                                         {"reducescatter.hier", 8, "4x2:direct"}}) {
+  for (const Case& c : mutated_cases()) {
     for (const ir::Schedule& pre : before_sync(c.name, c.n, c.topo)) {
       const ir::Schedule s = passes::insert_sync(pre);
       CAPTURE(c.name);
