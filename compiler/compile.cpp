@@ -83,7 +83,7 @@ std::string options_json(const CompileOptions& o) {
 }
 
 std::string plan_key(const ir::Schedule& s, const CompileOptions& o) {
-  std::string k = ir::to_json(s, -1);
+  std::string k = ir::fingerprint(s);
   k += "\n//options " + options_json(o);
   k += "\n//templates " + jit::templates_hash();
   k += "\n//mkernel " MK_VERSION;

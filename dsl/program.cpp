@@ -15,6 +15,24 @@ SrcLoc to_loc(const std::source_location& l) {
   return SrcLoc{l.file_name(), static_cast<uint32_t>(l.line()), l.function_name()};
 }
 
+// The interned position of a call site. A builder's loop calls the same few
+// sites millions of times: the last site is remembered (by the addresses of
+// its static strings and its line), so most calls skip building and hashing
+// the SrcLoc.
+ir::Loc interned(const std::source_location& l) {
+  thread_local const char* file = nullptr;
+  thread_local const char* func = nullptr;
+  thread_local uint32_t line = 0;
+  thread_local ir::Loc last;
+  if (l.file_name() != file || l.function_name() != func || l.line() != line) {
+    last = to_loc(l);
+    file = l.file_name();
+    func = l.function_name();
+    line = l.line();
+  }
+  return last;
+}
+
 ir::Buf to_ir(Buf b) {
   switch (b) {
     case Buf::input: return ir::Buf::input;
@@ -167,7 +185,7 @@ void Program::add(int kind, const std::vector<Chunk>& dsts, const std::vector<Ch
   op.tb = e.tb;
   for (const auto& c : srcs) op.srcs.push_back(to_ref(c));
   for (const auto& c : dsts) op.dsts.push_back(to_ref(c));
-  op.loc = to_loc(loc);
+  op.loc = interned(loc);
   for (const auto& c : srcs)
     if (c.buf == Buf::scratch) s_->scratch = std::max(s_->scratch, c.index + c.count);
   for (const auto& c : dsts)

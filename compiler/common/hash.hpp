@@ -11,15 +11,26 @@ namespace mk {
 
 // Two independent 64-bit FNV-1a streams, as 32 hex digits. Not a
 // cryptographic hash: keys only tell apart inputs nobody chose to collide
-// (the cache directory is private, jit.hpp).
-inline std::string hash_hex(const std::string& data) {
-  uint64_t a = 0xcbf29ce484222325ull, b = 0x84222325cbf29ce4ull;
-  for (unsigned char c : data) {
-    a = (a ^ c) * 0x100000001b3ull;
-    b = (b ^ (c + 0x5bu)) * 0x100000001b3ull;
-    b ^= b >> 29;
+// (the cache directory is private, jit.hpp). Hasher streams what hash_hex
+// takes at once (hash_hex(x) == Hasher().add(x).hex()).
+class Hasher {
+ public:
+  Hasher& add(const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      a_ = (a_ ^ p[i]) * 0x100000001b3ull;
+      b_ = (b_ ^ (p[i] + 0x5bu)) * 0x100000001b3ull;
+      b_ ^= b_ >> 29;
+    }
+    return *this;
   }
-  return fmt::format("{:016x}{:016x}", a, b);
-}
+  Hasher& add(const std::string& s) { return add(s.data(), s.size()); }
+  std::string hex() const { return fmt::format("{:016x}{:016x}", a_, b_); }
+
+ private:
+  uint64_t a_ = 0xcbf29ce484222325ull, b_ = 0x84222325cbf29ce4ull;
+};
+
+inline std::string hash_hex(const std::string& data) { return Hasher().add(data).hex(); }
 
 }  // namespace mk

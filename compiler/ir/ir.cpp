@@ -6,6 +6,8 @@
 #include <array>
 #include <charconv>
 #include <map>
+#include <mutex>
+#include <unordered_set>
 
 namespace mk::ir {
 namespace {
@@ -29,7 +31,32 @@ bool parse_int(std::string_view s, int32_t* out) {
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
+struct LocHash {
+  size_t operator()(const SrcLoc& l) const {
+    size_t h = std::hash<std::string>()(l.file);
+    h = h * 1000003u ^ std::hash<std::string>()(l.func);
+    return h * 1000003u ^ l.line;
+  }
+};
+struct LocEq {
+  bool operator()(const SrcLoc& a, const SrcLoc& b) const {
+    return a.line == b.line && a.file == b.file && a.func == b.func;
+  }
+};
+
 }  // namespace
+
+const SrcLoc Loc::kNone{};
+
+Loc::Loc(const SrcLoc& l) {
+  if (!l.valid() && l.file.empty() && l.func.empty()) return;  // kNone
+  // Never freed: nodes of an unordered_set keep their address, so a Loc read
+  // takes no lock. Bounded by the distinct positions of the programs built.
+  static std::mutex mu;
+  static auto* table = new std::unordered_set<SrcLoc, LocHash, LocEq>();
+  std::lock_guard<std::mutex> lock(mu);
+  p_ = &*table->insert(l).first;
+}
 
 std::string_view name(OpKind k) { return kOpInfo.at(size_t(k)).name; }
 int min_srcs(OpKind k) { return kOpInfo.at(size_t(k)).min_srcs; }

@@ -63,6 +63,26 @@ struct Ref {
 std::string to_string(const Ref& r);            // "r1.sc[3]", "r0.out[2:4]"
 std::optional<Ref> parse_ref(std::string_view s);  // inverse of to_string
 
+// An op's source position, interned: copying one copies a pointer. Every signal
+// and wait carries the position of the op it orders (millions at 1024 ranks),
+// which as a SrcLoc were two heap strings each. Interned positions live for the
+// process; Loc() is the invalid position.
+class Loc {
+ public:
+  Loc() = default;
+  Loc(const SrcLoc& l);  // NOLINT: implicit, so that `op.loc = some_srcloc` interns
+  operator const SrcLoc&() const { return *p_; }  // NOLINT: passes where a SrcLoc is taken
+  const SrcLoc& get() const { return *p_; }
+  const SrcLoc* operator->() const { return p_; }
+  bool valid() const { return p_->valid(); }
+  std::string str() const { return p_->str(); }
+  bool operator==(const Loc& o) const { return p_ == o.p_; }  // interned: same position, same pointer
+
+ private:
+  static const SrcLoc kNone;
+  const SrcLoc* p_ = &kNone;
+};
+
 struct Op {
   int32_t id = -1;  // unique, stable across passes (new ops get fresh ids)
   OpKind kind = OpKind::nop;
@@ -75,7 +95,7 @@ struct Op {
   int32_t iter = 0;   // wait: step offset of the awaited signal (0, or -depth)
   bool final = false;  // reduce whose result is complete: applies avg and the epilogue
   std::vector<int32_t> pos;  // per chunk: its position in the block (set by analyze)
-  SrcLoc loc;
+  Loc loc;
 
   bool is_data() const { return kind == OpKind::copy || kind == OpKind::reduce; }
   int32_t count() const { return dsts.empty() ? 0 : dsts[0].count; }
@@ -135,6 +155,10 @@ std::string print_op(const Op& op);
 
 // JSON round trip with a schema version.
 std::string to_json(const Schedule& s, int indent = 1);
+// What to_json writes, hashed without writing it (32 hex digits, hash.hpp):
+// equal for schedules whose JSON is equal, a cache key. At 1024 ranks the JSON
+// of a million ops took 5 s to build for a key.
+std::string fingerprint(const Schedule& s);
 
 // Whether `a` and `b` run the same data ops in the same order (kind, rank,
 // operands, final flag, positions), whatever their thread blocks and sync ops:

@@ -2,6 +2,9 @@
 // ("r1.sc[3]") so a JSON schedule stays readable and diffable.
 #include <nlohmann/json.hpp>
 
+#include <unordered_map>
+
+#include "compiler/common/hash.hpp"
 #include "compiler/common/json_int.hpp"
 #include "compiler/ir/ir.hpp"
 
@@ -69,7 +72,10 @@ std::vector<Ref> get_refs(const json& j, const char* key, const std::string& pat
 
 }  // namespace
 
-std::string to_json(const Schedule& s, int indent) {
+namespace {
+
+// Everything of the schedule but its ops.
+json header(const Schedule& s) {
   json j;
   j["mk_ir_version"] = Schedule::kVersion;
   j["name"] = s.name;
@@ -88,6 +94,13 @@ std::string to_json(const Schedule& s, int indent) {
   if (s.zero_copy) j["zero_copy"] = true;
   j["synced"] = s.synced;
   if (s.topology) j["topology"] = topology::to_json(*s.topology);
+  return j;
+}
+
+}  // namespace
+
+std::string to_json(const Schedule& s, int indent) {
+  json j = header(s);
   json ops = json::array();
   for (const auto& op : s.ops) {
     json o;
@@ -108,11 +121,37 @@ std::string to_json(const Schedule& s, int indent) {
     if (op.kind == OpKind::wait) o["iter"] = op.iter;
     if (op.final) o["final"] = true;
     if (!op.pos.empty()) o["pos"] = op.pos;
-    if (op.loc.valid()) o["loc"] = {{"file", op.loc.file}, {"line", op.loc.line}};
+    if (op.loc.valid()) o["loc"] = {{"file", op.loc->file}, {"line", op.loc->line}};
     ops.push_back(std::move(o));
   }
   j["ops"] = std::move(ops);
   return j.dump(indent);
+}
+
+std::string fingerprint(const Schedule& s) {
+  Hasher h;
+  h.add(header(s).dump());
+  // Each op as the fields to_json writes, fixed-width, with list lengths so
+  // that no two op lists stream alike; a source position by its file and line
+  // (what to_json keeps of it), hashed once per distinct position.
+  std::unordered_map<const SrcLoc*, std::string> locs;
+  std::vector<int32_t> w;
+  for (const auto& op : s.ops) {
+    w.clear();
+    w.insert(w.end(), {op.id, int32_t(op.kind), op.rank, op.tb, int32_t(op.srcs.size()), int32_t(op.dsts.size())});
+    for (const auto* list : {&op.srcs, &op.dsts})
+      for (const auto& r : *list) w.insert(w.end(), {r.rank, int32_t(r.buf), r.index, r.count});
+    const bool sig = op.kind == OpKind::signal, wait = op.kind == OpKind::wait;
+    w.insert(w.end(), {sig ? op.peer : -1, sig || wait ? op.slot : -1, wait ? op.iter : 0, int32_t(op.final),
+                       int32_t(op.pos.size())});
+    w.insert(w.end(), op.pos.begin(), op.pos.end());
+    h.add(w.data(), w.size() * sizeof(int32_t));
+    auto [it, fresh] = locs.try_emplace(&op.loc.get());
+    if (fresh && op.loc.valid())
+      it->second = Hasher().add(op.loc->file).add(&op.loc->line, sizeof op.loc->line).hex();
+    h.add(it->second);
+  }
+  return h.hex();
 }
 
 Schedule from_json(std::string_view text) {
@@ -187,8 +226,10 @@ Schedule from_json(std::string_view text) {
       }
     }
     if (o.contains("loc")) {
-      op.loc.file = get_str(o["loc"], "file", p + ".loc");
-      op.loc.line = get_num<uint32_t>(o["loc"], "line", p + ".loc");
+      SrcLoc l;
+      l.file = get_str(o["loc"], "file", p + ".loc");
+      l.line = get_num<uint32_t>(o["loc"], "line", p + ".loc");
+      op.loc = l;
     }
     if (int(op.srcs.size()) < min_srcs(op.kind) || int(op.dsts.size()) < min_dsts(op.kind))
       bad(p, "op '" + std::string(name(op.kind)) + "' needs at least " +

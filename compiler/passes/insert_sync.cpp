@@ -338,7 +338,7 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
       out.push_back(std::move(w));
     }
     out.push_back(std::move(s.ops[j]));
-    const SrcLoc& loc = out.back().loc;
+    const ir::Loc loc = out.back().loc;
     // signal ranks ordered relative to the signaller, for symmetry
     targets.clear();
     for (; sk < wants.size() && wants[sk].from == j; ++sk) targets.push_back(&wants[sk]);

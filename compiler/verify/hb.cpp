@@ -278,7 +278,7 @@ SyncGraph build_sync_graph(const Schedule& s, const AccessNeeds* out_of_place) {
     size_t at = cycle.empty() ? 0 : cycle.front();
     throw Error(ErrId::verify_E005,
                 fmt::format("{}: deadlock: a cycle of {} waits:{}", s.name, cycle.size(), chain),
-                n ? s.ops[at].loc : SrcLoc{},
+                n ? s.ops[at].loc.get() : SrcLoc{},
                 "a thread block waits for something that itself waits for that thread block");
   }
   for (const Op& op : s.ops)

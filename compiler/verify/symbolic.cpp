@@ -375,7 +375,7 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}, bool order
       // No writer: point at the schedule's declaration.
       const bool written = v.writer >= 0;
       std::string who = written ? "; last written by " + describe_op(s, size_t(v.writer)) : "; nothing wrote it";
-      SrcLoc loc = written ? s.ops[size_t(v.writer)].loc : s.loc;
+      SrcLoc loc = written ? s.ops[size_t(v.writer)].loc.get() : s.loc;
       for (uint32_t e : exp)
         if (!std::binary_search(syms.begin(), syms.end(), e))
           throw Error(ErrId::verify_E001,

@@ -156,7 +156,7 @@ TEST_CASE("dsl: every operation records the caller's source line") {
   int lines[] = {l1, l2, l3, l4};
   for (size_t i = 0; i < 4; ++i) {
     CAPTURE(i);
-    CHECK(ops[i].loc.line == uint32_t(lines[i]));
+    CHECK(ops[i].loc->line == uint32_t(lines[i]));
     CHECK(is_this_file(ops[i].loc));
     CHECK(ops[i].loc.str() == "test_dsl.cpp:" + std::to_string(lines[i]));
   }

@@ -144,8 +144,8 @@ TEST_CASE("import: a two-rank MSCCL all-reduce becomes one-sided IR ops") {
   int copies = 0, reduces = 0;
   for (const auto& op : s.ops) {
     CHECK(op.tb == -1);
-    CHECK(op.loc.file == "t.xml");
-    CHECK(op.loc.line > 0);
+    CHECK(op.loc->file == "t.xml");
+    CHECK(op.loc->line > 0);
     if (op.kind == ir::OpKind::copy) {
       ++copies;
       CHECK(op.rank == op.srcs[0].rank);

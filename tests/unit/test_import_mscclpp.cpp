@@ -147,16 +147,16 @@ TEST_CASE("import: a two-rank MSCCL++ plan becomes IR ops pointing at the JSON")
   CHECK(info.sync_edges == 4);
   CHECK(s.ops.size() == 6);
   for (const auto& op : s.ops) {
-    CHECK(op.loc.file == "p.json");
-    CHECK(contains(op.loc.func, "$.gpus["));
+    CHECK(op.loc->file == "p.json");
+    CHECK(contains(op.loc->func, "$.gpus["));
   }
   // the reduce of gpu 1 points at its op's line
   const ir::Op* red = nullptr;
   for (const auto& op : s.ops)
     if (op.kind == ir::OpKind::reduce && op.rank == 1) red = &op;
   REQUIRE(red);
-  CHECK(red->loc.func == "$.gpus[1].threadblocks[0].ops[3]");
-  CHECK(red->loc.line == uint32_t(line_with(kPlan, "\"name\": \"re\"", 2)));
+  CHECK(red->loc->func == "$.gpus[1].threadblocks[0].ops[3]");
+  CHECK(red->loc->line == uint32_t(line_with(kPlan, "\"name\": \"re\"", 2)));
   verify::verify_semantics(s);
   mkt::simulate_all(s);
 }

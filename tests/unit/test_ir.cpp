@@ -200,7 +200,7 @@ TEST_CASE("ir json: to_json -> from_json -> to_json is the identity for every bu
           const auto &x = s.ops[i], &y = back.ops[i];
           same_ops = x.id == y.id && x.kind == y.kind && x.rank == y.rank && x.tb == y.tb && x.srcs == y.srcs &&
                      x.dsts == y.dsts && x.peer == y.peer && x.slot == y.slot && x.iter == y.iter &&
-                     x.final == y.final && x.pos == y.pos && x.loc.file == y.loc.file && x.loc.line == y.loc.line;
+                     x.final == y.final && x.pos == y.pos && x.loc->file == y.loc->file && x.loc->line == y.loc->line;
         }
         CHECK(same_ops);
         ++checked;
@@ -208,6 +208,92 @@ TEST_CASE("ir json: to_json -> from_json -> to_json is the identity for every bu
     }
   }
   CHECK(checked > 300);
+}
+
+TEST_CASE("ir: fingerprint is equal where the JSON is, and changes with every field the JSON writes") {
+  int checked = 0;
+  for (const char* name : {"allreduce.ring", "allgather.hier", "broadcast.direct", "reducescatter.hier"}) {
+    for (auto& [pass, s] : all_stages(name, 4)) {
+      CAPTURE(name);
+      CAPTURE(pass);
+      // from_json keeps file and line of a position, not its function: a
+      // different interned Loc, the same JSON, the same fingerprint
+      const ir::Schedule back = ir::from_json(ir::to_json(s));
+      CHECK(ir::fingerprint(back) == ir::fingerprint(s));
+      ++checked;
+    }
+  }
+  CHECK(checked > 20);
+  ir::Schedule base;
+  for (auto& [pass, s] : all_stages("allreduce.two_shot", 3))
+    if (pass == "sync") base = s;
+  REQUIRE(base.synced);
+  size_t sig = 0, data = 0;
+  for (size_t i = 0; i < base.ops.size(); ++i) {
+    if (base.ops[i].kind == ir::OpKind::signal) sig = i;
+    if (base.ops[i].is_data() && !base.ops[i].pos.empty()) data = i;
+  }
+  REQUIRE(base.ops[sig].kind == ir::OpKind::signal);
+  const std::string f0 = ir::fingerprint(base);
+  const std::vector<std::pair<const char*, std::function<void(ir::Schedule&)>>> edits = {
+      {"name", [](auto& x) { x.name += "x"; }},
+      {"chunks", [](auto& x) { ++x.chunks; }},
+      {"tile_bytes", [](auto& x) { x.tile_bytes += 16; }},
+      {"id", [&](auto& x) { x.ops[data].id += 1000; }},
+      {"kind", [&](auto& x) { x.ops[data].kind = x.ops[data].kind == ir::OpKind::copy ? ir::OpKind::reduce : ir::OpKind::copy; }},
+      {"rank", [&](auto& x) { x.ops[data].rank ^= 1; }},
+      {"tb", [&](auto& x) { x.ops[data].tb += 1; }},
+      {"src index", [&](auto& x) { x.ops[data].srcs[0].index += 1; }},
+      {"dst buf", [&](auto& x) { x.ops[data].dsts[0].buf = ir::Buf::scratch; }},
+      {"dst count", [&](auto& x) { x.ops[data].dsts[0].count += 1; }},
+      {"a src more", [&](auto& x) { x.ops[data].srcs.push_back(x.ops[data].srcs[0]); }},
+      {"a src moved to dsts", [&](auto& x) {
+         x.ops[data].dsts.insert(x.ops[data].dsts.begin(), x.ops[data].srcs.back());
+         x.ops[data].srcs.pop_back();
+       }},
+      {"peer", [&](auto& x) { x.ops[sig].peer ^= 1; }},
+      {"slot", [&](auto& x) { x.ops[sig].slot += 1; }},
+      {"final", [&](auto& x) { x.ops[data].final = !x.ops[data].final; }},
+      {"pos", [&](auto& x) { x.ops[data].pos[0] += 1; }},
+      {"loc line", [&](auto& x) {
+         SrcLoc l = x.ops[data].loc;
+         l.line += 1;
+         x.ops[data].loc = l;
+       }},
+      {"loc file", [&](auto& x) {
+         SrcLoc l = x.ops[data].loc;
+         l.file += ".other";
+         x.ops[data].loc = l;
+       }},
+      {"an op less", [&](auto& x) { x.ops.pop_back(); }},
+  };
+  for (const auto& [what, edit] : edits) {
+    CAPTURE(what);
+    ir::Schedule t = base;
+    edit(t);
+    CHECK(ir::to_json(t) != ir::to_json(base));  // the JSON tells them apart
+    CHECK(ir::fingerprint(t) != f0);             // so must the fingerprint
+  }
+}
+
+TEST_CASE("ir: source positions are interned: equal positions share one Loc, copies are pointer copies") {
+  const SrcLoc a{"dir/a.cpp", 12, "f"}, a2{"dir/a.cpp", 12, "f"}, b{"dir/a.cpp", 13, "f"};
+  const ir::Loc la(a), la2(a2), lb(b), none;
+  CHECK(la == la2);
+  CHECK(&la.get() == &la2.get());
+  CHECK(!(la == lb));
+  CHECK(la->line == 12);
+  CHECK(la.str() == "a.cpp:12");
+  CHECK(la->func == "f");
+  CHECK(!none.valid());
+  CHECK(none.str().empty());
+  CHECK(ir::Loc(SrcLoc{}) == none);
+  ir::Op op;
+  op.loc = a;
+  const ir::Op copy = op;
+  CHECK(&copy.loc.get() == &la.get());
+  const SrcLoc& back = copy.loc;  // passes where a SrcLoc is taken
+  CHECK(back.file == "dir/a.cpp");
 }
 
 TEST_CASE("ir json: the output is indented JSON with the schema version") {
