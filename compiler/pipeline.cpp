@@ -134,7 +134,10 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     const size_t b = todo[k];
     const auto t = std::chrono::steady_clock::now();
     ir::Schedule& v = vs[b];
-    v = passes::insert_sync(std::move(v), budget);
+    // The access needs once for the sync and its proof (hb.hpp DataNeeds):
+    // `s`'s ops are those insert_sync starts from, with this bucket's protocol.
+    const verify::DataNeeds needs = verify::data_needs(v, v.proto == ir::Proto::ll);
+    v = passes::insert_sync(std::move(v), budget, &needs);
     // Final proof: meaning, bounds, pairing, no deadlock, no race. Analyze
     // proved the meaning; parallelize and assign_tbs change no data op
     // (verify_each re-proves after each in the tests), and choose_protocol
@@ -142,7 +145,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     // exactly those of `s`, proving the meaning again would repeat the same
     // symbolic run (seconds at 1024 ranks).
     if (!ir::same_data_ops(v, s)) verify::verify_semantics(v);
-    verify::verify_sync_budget(v, budget);
+    verify::verify_sync_budget(v, budget, verify::SymMode::automatic, {&s, &needs});
     ms[b] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
   });
   for (size_t b = 0; b < nb; ++b) {

@@ -208,7 +208,7 @@ std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, 
   return sync_edges(s, needs, verify::number_chains(s, true), budget, mode, nullptr);
 }
 
-SyncNeeds sync_needs(const ir::Schedule& s) {
+SyncNeeds sync_needs(const ir::Schedule& s, const verify::DataNeeds* given) {
   const size_t n = s.ops.size();
   // Required dependencies (within a step), from chunk accesses, in both
   // aliasing modes (one plan serves in-place and out-of-place calls); scratch
@@ -217,8 +217,10 @@ SyncNeeds sync_needs(const ir::Schedule& s) {
   // accessors precede it too).
   const bool ll = s.proto == ir::Proto::ll;
   std::vector<std::vector<size_t>> deps(n), need(n);
+  MK_CHECK(!given || given->ll == ll, "insert_sync: access needs for another protocol");
   for (bool inplace : {false, true}) {
-    const verify::AccessNeeds acc = verify::access_needs(s, inplace, ll);
+    const verify::AccessNeeds own = given ? verify::AccessNeeds{} : verify::access_needs(s, inplace, ll);
+    const verify::AccessNeeds& acc = !given ? own : inplace ? given->in_place : given->out_of_place;
     for (const verify::Need& x : acc.within) deps[x.b].push_back(x.a);
     for (const verify::Need& x : acc.reuse) need[x.b].push_back(x.a);
   }
@@ -233,7 +235,7 @@ SyncNeeds sync_needs(const ir::Schedule& s) {
 
 ir::Schedule insert_sync(ir::Schedule s) { return insert_sync(std::move(s), verify::kClockBudget); }
 
-ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
+ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget, const verify::DataNeeds* given) {
   MK_CHECK(!s.synced, "insert_sync ran twice");
   const size_t n = s.ops.size();
   for (const Op& op : s.ops) MK_CHECK(op.tb >= 0, "insert_sync needs thread blocks assigned");
@@ -242,7 +244,7 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
 
   const verify::Chains chains = verify::number_chains(s, true);
   verify::RankSymmetry sym;  // trivial unless the dependencies have one
-  std::vector<SyncEdge> edges = sync_edges(s, sync_needs(s), chains, clock_budget, verify::SymMode::automatic, &sym);
+  std::vector<SyncEdge> edges = sync_edges(s, sync_needs(s, given), chains, clock_budget, verify::SymMode::automatic, &sym);
   // A rank's position relative to a rank of class representative `q0`, seen
   // from the representative: (g^-1(r) - q0) mod n for the element g taking q0
   // to the class member. Without a symmetry, plain (r - q) mod n. Keys and
@@ -266,41 +268,59 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
     Key key;         // the least over its edges
     int32_t slot = -1;
   };
+  // Linear bucketing and small sorts (one sort over millions of edges was a
+  // fifth of the proof at 1024 ranks): edges by signaller, wants by receiving
+  // rank, waits by the op they precede (edges come sorted by it).
   std::vector<Want> wants;  // one per (signaller, receiving rank), sorted by it
+  std::vector<size_t> want_at(n + 1, 0);  // CSR: the signaller's wants
   {
-    wants.reserve(edges.size());
-    for (const SyncEdge& e : edges) {
-      const int32_t rr = s.ops[e.to].rank;
-      wants.push_back({e.from, rr,
-                       Key{s.ops[e.to].tb, local_index(e.to), relative(rr, s.ops[e.from].rank), s.ops[e.from].tb,
-                           local_index(e.from)}});
+    std::vector<uint32_t> by_from(edges.size());
+    {
+      std::vector<size_t> at(n + 1, 0);
+      for (const SyncEdge& e : edges) ++at[e.from + 1];
+      for (size_t v = 0; v < n; ++v) at[v + 1] += at[v];
+      for (size_t k = 0; k < edges.size(); ++k) by_from[at[edges[k].from]++] = uint32_t(k);
     }
-    std::sort(wants.begin(), wants.end(),
-              [](const Want& a, const Want& b) { return std::tie(a.from, a.rr, a.key) < std::tie(b.from, b.rr, b.key); });
-    wants.erase(std::unique(wants.begin(), wants.end(),
-                            [](const Want& a, const Want& b) { return a.from == b.from && a.rr == b.rr; }),
-                wants.end());
+    wants.reserve(edges.size());
+    for (size_t k = 0; k < by_from.size();) {
+      const size_t from = edges[by_from[k]].from, first = wants.size();
+      for (; k < by_from.size() && edges[by_from[k]].from == from; ++k) {
+        const SyncEdge& e = edges[by_from[k]];
+        const int32_t rr = s.ops[e.to].rank;
+        wants.push_back({e.from, rr,
+                         Key{s.ops[e.to].tb, local_index(e.to), relative(rr, s.ops[e.from].rank), s.ops[e.from].tb,
+                             local_index(e.from)}});
+      }
+      const auto group = wants.begin() + std::ptrdiff_t(first);
+      std::sort(group, wants.end(), [](const Want& a, const Want& b) { return std::tie(a.rr, a.key) < std::tie(b.rr, b.key); });
+      wants.erase(std::unique(group, wants.end(), [](const Want& a, const Want& b) { return a.rr == b.rr; }), wants.end());
+      want_at[from + 1] = wants.size() - first;
+    }
+    for (size_t v = 0; v < n; ++v) want_at[v + 1] += want_at[v];
     // per receiving rank, slots in key order
     std::vector<uint32_t> by_rank(wants.size());
-    for (size_t k = 0; k < wants.size(); ++k) by_rank[k] = uint32_t(k);
-    std::sort(by_rank.begin(), by_rank.end(), [&](uint32_t a, uint32_t b) {
-      return std::tie(wants[a].rr, wants[a].key, a) < std::tie(wants[b].rr, wants[b].key, b);
-    });
+    std::vector<size_t> rank_at(size_t(s.nranks) + 1, 0);
+    for (const Want& w : wants) ++rank_at[size_t(w.rr) + 1];
+    for (int32_t r = 0; r < s.nranks; ++r) rank_at[size_t(r) + 1] += rank_at[size_t(r)];
+    {
+      std::vector<size_t> fill(rank_at.begin(), rank_at.end() - 1);
+      for (size_t k = 0; k < wants.size(); ++k) by_rank[fill[size_t(wants[k].rr)]++] = uint32_t(k);
+    }
     s.slots = 0;
-    int32_t slot = 0;
-    for (size_t k = 0; k < by_rank.size(); ++k) {
-      Want& w = wants[by_rank[k]];
-      slot = k && wants[by_rank[k - 1]].rr == w.rr ? slot + 1 : 0;
-      w.slot = slot;
-      s.slots = std::max(s.slots, slot + 1);
+    for (int32_t r = 0; r < s.nranks; ++r) {
+      const auto lo = by_rank.begin() + std::ptrdiff_t(rank_at[size_t(r)]),
+                 hi = by_rank.begin() + std::ptrdiff_t(rank_at[size_t(r) + 1]);
+      std::sort(lo, hi, [&](uint32_t a, uint32_t b) { return std::tie(wants[a].key, a) < std::tie(wants[b].key, b); });
+      int32_t slot = 0;
+      for (auto it = lo; it != hi; ++it) wants[*it].slot = slot++;
+      s.slots = std::max(s.slots, slot);
     }
   }
   auto slot_of = [&](size_t from, int32_t rr) {
-    auto it = std::lower_bound(wants.begin(), wants.end(), std::make_pair(from, rr), [](const Want& w, const auto& k) {
-      return std::tie(w.from, w.rr) < std::tie(k.first, k.second);
-    });
-    MK_CHECK(it != wants.end() && it->from == from && it->rr == rr, "insert_sync: an edge without a slot");
-    return it->slot;
+    for (size_t k = want_at[from]; k < want_at[from + 1]; ++k)
+      if (wants[k].rr == rr) return wants[k].slot;
+    MK_CHECK(false, "insert_sync: an edge without a slot");
+    return -1;
   };
 
   // Emit: waits before their op (one per slot, the strictest iter), the op,
@@ -311,14 +331,15 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget) {
   };
   std::vector<Wait> waits;
   waits.reserve(edges.size());
-  for (const SyncEdge& e : edges) waits.push_back({e.to, slot_of(e.from, s.ops[e.to].rank), e.iter});
-  // by op and slot, the strictest (largest) iter first
-  std::sort(waits.begin(), waits.end(), [](const Wait& a, const Wait& b) {
-    return a.to != b.to ? a.to < b.to : a.slot != b.slot ? a.slot < b.slot : a.iter > b.iter;
-  });
-  waits.erase(std::unique(waits.begin(), waits.end(),
-                          [](const Wait& a, const Wait& b) { return a.to == b.to && a.slot == b.slot; }),
-              waits.end());
+  for (size_t k = 0; k < edges.size();) {  // edges are sorted by `to`
+    const size_t to = edges[k].to, first = waits.size();
+    for (; k < edges.size() && edges[k].to == to; ++k)
+      waits.push_back({to, slot_of(edges[k].from, s.ops[to].rank), edges[k].iter});
+    // by slot, the strictest (largest) iter first
+    const auto group = waits.begin() + std::ptrdiff_t(first);
+    std::sort(group, waits.end(), [](const Wait& a, const Wait& b) { return a.slot != b.slot ? a.slot < b.slot : a.iter > b.iter; });
+    waits.erase(std::unique(group, waits.end(), [](const Wait& a, const Wait& b) { return a.slot == b.slot; }), waits.end());
+  }
   int32_t next_id = s.next_id();
   std::vector<Op> out;
   out.reserve(n + waits.size() + wants.size());

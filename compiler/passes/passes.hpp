@@ -8,6 +8,10 @@
 #include "compiler/ir/ir.hpp"
 #include "compiler/verify/symmetry.hpp"
 
+namespace mk::verify {
+struct DataNeeds;  // hb.hpp
+}
+
 namespace mk::passes {
 
 ir::Schedule compact_scratch(ir::Schedule s);
@@ -49,8 +53,10 @@ std::vector<Bucket> plan_buckets(const ir::Schedule& s, int64_t min_bytes, int64
                                  const ProtocolOptions& o);
 ir::Schedule choose_protocol(ir::Schedule s, const Bucket& b);
 ir::Schedule insert_sync(ir::Schedule s);
-// With an explicit clock budget in bytes (tests force several chain blocks).
-ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget);
+// With an explicit clock budget in bytes (tests force several chain blocks),
+// and the schedule's access needs where the caller has them
+// (verify::data_needs(s, s.proto == ll), for s as given here).
+ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget, const verify::DataNeeds* needs = nullptr);
 
 // insert_sync's two halves, for tests. What must be ordered, per data op j,
 // latest first: the earlier ops it conflicts with in a step (within), and the
@@ -59,7 +65,7 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget);
 struct SyncNeeds {
   std::vector<std::vector<size_t>> within, reuse;
 };
-SyncNeeds sync_needs(const ir::Schedule& s);
+SyncNeeds sync_needs(const ir::Schedule& s, const verify::DataNeeds* given = nullptr);
 // Which of those get a signal/wait: iter 0 within a step, -depth for reuse.
 // Sorted by (to, iter, from).
 struct SyncEdge {

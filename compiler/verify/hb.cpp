@@ -130,48 +130,96 @@ SyncGraph build_sync_graph(const Schedule& s, const AccessNeeds* out_of_place) {
   const size_t n = s.ops.size();
   SyncGraph g;
 
-  // Signals and waits by (rank, slot), sorted by it.
-  using Keyed = std::pair<std::pair<int32_t, int32_t>, size_t>;
-  std::vector<Keyed> signals, waits;
-  for (size_t i = 0; i < n; ++i) {
-    const Op& op = s.ops[i];
-    if (op.kind == OpKind::signal) signals.push_back({{op.peer, op.slot}, i});
-    if (op.kind == OpKind::wait) waits.push_back({{op.rank, op.slot}, i});
-  }
-  std::sort(signals.begin(), signals.end());
-  std::sort(waits.begin(), waits.end());
-  auto range = [](const std::vector<Keyed>& v, std::pair<int32_t, int32_t> key) {
-    auto lo = std::lower_bound(v.begin(), v.end(), Keyed{key, 0});
-    auto hi = lo;
-    while (hi != v.end() && hi->first == key) ++hi;
-    return std::make_pair(lo, hi);
+  // Each wait's signal: the one signal of its (rank, slot). Errors name the
+  // least (rank, slot) that fails, and its first ops.
+  const auto no_signal = [&](int32_t rank, int32_t slot, size_t w0) {
+    throw Error(ErrId::verify_E011,
+                fmt::format("{}: {} waits on slot {} of rank {}, which nothing signals", s.name, describe_op(s, w0),
+                            slot, rank),
+                s.ops[w0].loc, "the wait would spin forever");
+  };
+  const auto two_signals = [&](int32_t rank, int32_t slot, size_t count, size_t a, size_t b) {
+    throw Error(ErrId::verify_E011,
+                fmt::format("{}: slot {} of rank {} is signalled by {} ops ({} and {}); each "
+                            "slot needs exactly one signaller",
+                            s.name, slot, rank, count, describe_op(s, a), describe_op(s, b)),
+                s.ops[b].loc);
+  };
+  const auto no_wait = [&](int32_t rank, int32_t slot, size_t sig) {
+    throw Error(ErrId::verify_E011,
+                fmt::format("{}: {} signals slot {} of rank {}, but nothing waits on it", s.name, describe_op(s, sig),
+                            slot, rank),
+                s.ops[sig].loc);
   };
   g.signal.assign(n, -1);
-  for (size_t k = 0; k < waits.size();) {
-    const auto key = waits[k].first;
-    const size_t w0 = waits[k].second;
-    auto [lo, hi] = range(signals, key);
-    if (lo == hi)
-      throw Error(ErrId::verify_E011,
-                  fmt::format("{}: {} waits on slot {} of rank {}, which nothing signals", s.name,
-                              describe_op(s, w0), key.second, key.first),
-                  s.ops[w0].loc, "the wait would spin forever");
-    if (hi - lo != 1)
-      throw Error(ErrId::verify_E011,
-                  fmt::format("{}: slot {} of rank {} is signalled by {} ops ({} and {}); each "
-                              "slot needs exactly one signaller",
-                              s.name, key.second, key.first, hi - lo, describe_op(s, lo->second),
-                              describe_op(s, (lo + 1)->second)),
-                  s.ops[(lo + 1)->second].loc);
-    for (; k < waits.size() && waits[k].first == key; ++k) g.signal[waits[k].second] = int64_t(lo->second);
+  // Dense by (rank, slot) where the slots are few (insert_sync's output:
+  // millions of signals, whose sort was a tenth of the proof), else sorted.
+  int64_t max_slot = -1;
+  bool dense = n < (size_t(1) << 32);
+  for (size_t i = 0; i < n && dense; ++i) {
+    const Op& op = s.ops[i];
+    if (op.kind != OpKind::signal && op.kind != OpKind::wait) continue;
+    const int32_t r = op.kind == OpKind::signal ? op.peer : op.rank;
+    dense = r >= 0 && r < s.nranks && op.slot >= 0;
+    max_slot = std::max<int64_t>(max_slot, op.slot);
   }
-  for (const auto& [key, sig] : signals) {
-    auto [lo, hi] = range(waits, key);
-    if (lo == hi)
-      throw Error(ErrId::verify_E011,
-                  fmt::format("{}: {} signals slot {} of rank {}, but nothing waits on it", s.name,
-                              describe_op(s, sig), key.second, key.first),
-                  s.ops[sig].loc);
+  const size_t width = size_t(max_slot + 1);
+  dense = dense && width * size_t(s.nranks) <= 4 * n + 4096;
+  if (dense) {
+    constexpr uint32_t kNone = UINT32_MAX;
+    const size_t keys = width * size_t(s.nranks);
+    std::vector<uint32_t> first(keys, kNone), second(keys, kNone), first_wait(keys, kNone), count(keys, 0);
+    for (size_t i = 0; i < n; ++i) {
+      const Op& op = s.ops[i];
+      if (op.kind == OpKind::signal) {
+        const size_t k = size_t(op.peer) * width + size_t(op.slot);
+        if (first[k] == kNone) first[k] = uint32_t(i);
+        else if (second[k] == kNone) second[k] = uint32_t(i);
+        ++count[k];
+      } else if (op.kind == OpKind::wait) {
+        const size_t k = size_t(op.rank) * width + size_t(op.slot);
+        if (first_wait[k] == kNone) first_wait[k] = uint32_t(i);
+      }
+    }
+    for (size_t k = 0; k < keys; ++k) {
+      if (first_wait[k] == kNone) continue;
+      const int32_t rank = int32_t(k / width), slot = int32_t(k % width);
+      if (first[k] == kNone) no_signal(rank, slot, first_wait[k]);
+      if (count[k] != 1) two_signals(rank, slot, count[k], first[k], second[k]);
+    }
+    for (size_t k = 0; k < keys; ++k)
+      if (first[k] != kNone && first_wait[k] == kNone) no_wait(int32_t(k / width), int32_t(k % width), first[k]);
+    for (size_t i = 0; i < n; ++i) {
+      const Op& op = s.ops[i];
+      if (op.kind == OpKind::wait) g.signal[i] = int64_t(first[size_t(op.rank) * width + size_t(op.slot)]);
+    }
+  } else {
+    using Keyed = std::pair<std::pair<int32_t, int32_t>, size_t>;
+    std::vector<Keyed> signals, waits;
+    for (size_t i = 0; i < n; ++i) {
+      const Op& op = s.ops[i];
+      if (op.kind == OpKind::signal) signals.push_back({{op.peer, op.slot}, i});
+      if (op.kind == OpKind::wait) waits.push_back({{op.rank, op.slot}, i});
+    }
+    std::sort(signals.begin(), signals.end());
+    std::sort(waits.begin(), waits.end());
+    auto range = [](const std::vector<Keyed>& v, std::pair<int32_t, int32_t> key) {
+      auto lo = std::lower_bound(v.begin(), v.end(), Keyed{key, 0});
+      auto hi = lo;
+      while (hi != v.end() && hi->first == key) ++hi;
+      return std::make_pair(lo, hi);
+    };
+    for (size_t k = 0; k < waits.size();) {
+      const auto key = waits[k].first;
+      auto [lo, hi] = range(signals, key);
+      if (lo == hi) no_signal(key.first, key.second, waits[k].second);
+      if (hi - lo != 1) two_signals(key.first, key.second, size_t(hi - lo), lo->second, (lo + 1)->second);
+      for (; k < waits.size() && waits[k].first == key; ++k) g.signal[waits[k].second] = int64_t(lo->second);
+    }
+    for (const auto& [key, sig] : signals) {
+      auto [lo, hi] = range(waits, key);
+      if (lo == hi) no_wait(key.first, key.second, sig);
+    }
   }
 
   {
@@ -508,10 +556,55 @@ std::optional<std::optional<Failure>> find_race_sym(const Schedule& s, const Syn
 
 void verify_sync(const Schedule& s) { verify_sync_budget(s, kClockBudget); }
 
-void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode) {
+DataNeeds data_needs(const Schedule& s, bool ll) {
+  DataNeeds d;
+  d.ll = ll;
+  d.out_of_place = access_needs(s, false, ll);
+  d.in_place = access_needs(s, true, ll);
+  return d;
+}
+
+namespace {
+
+// pre.before's op index -> the synced schedule's, after checking that the
+// needs computed for `before` are the synced schedule's (hb.hpp Presynced).
+std::vector<uint32_t> presynced_index(const Schedule& s, const Presynced& pre) {
+  const Schedule& b = *pre.before;
+  const auto mismatch = [&](const char* what) {
+    throw InternalError(fmt::format("verify_sync: the access needs handed over are not the schedule's ({})", what));
+  };
+  if (pre.needs->ll != (s.proto == ir::Proto::ll)) mismatch("protocol");
+  if (b.root != s.root || !ir::same_data_ops(b, s)) mismatch("data ops");
+  std::vector<uint32_t> at(b.ops.size(), UINT32_MAX);
+  size_t j = 0;
+  for (size_t i = 0; i < b.ops.size(); ++i) {
+    const OpKind k = b.ops[i].kind;
+    if (k == OpKind::signal || k == OpKind::wait) mismatch("sync ops before insert_sync");
+    if (!b.ops[i].is_data()) continue;
+    while (!s.ops[j].is_data()) ++j;  // same_data_ops: there is one
+    at[i] = uint32_t(j++);
+  }
+  return at;
+}
+
+AccessNeeds remapped(const AccessNeeds& a, const std::vector<uint32_t>& at) {
+  auto map = [&](std::vector<Need> v) {
+    for (Need& x : v) x = {at[x.a], at[x.b], x.at};
+    return v;
+  };
+  AccessNeeds out{map(a.within), map(a.reuse), map(a.gates), a.double_write};
+  if (out.double_write) out.double_write = Need{at[a.double_write->a], at[a.double_write->b], a.double_write->at};
+  return out;
+}
+
+}  // namespace
+
+void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode, const Presynced& pre) {
   verify_bounds(s);
   const bool ll = s.proto == ir::Proto::ll;
-  AccessNeeds out_of_place = access_needs(s, false, ll);
+  const bool given = pre.before && pre.needs;
+  const std::vector<uint32_t> at_synced = given ? presynced_index(s, pre) : std::vector<uint32_t>{};
+  AccessNeeds out_of_place = given ? remapped(pre.needs->out_of_place, at_synced) : access_needs(s, false, ll);
   const SyncGraph g = build_sync_graph(s, &out_of_place);
   // The orderings to check (access_needs): per location in program order,
   // every two accesses with a write among them must be ordered; by
@@ -525,7 +618,11 @@ void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode) {
   for (const Need& x : out_of_place.within) ask(x, 0);
   for (const Need& x : out_of_place.reuse) ask(x, 2);
   out_of_place = AccessNeeds{};  // one at a time
-  for (const Need& x : access_needs(s, true, ll).within) ask(x, 1);
+  if (given) {
+    for (const Need& x : pre.needs->in_place.within) ask({at_synced[x.a], at_synced[x.b], x.at}, 1);
+  } else {
+    for (const Need& x : access_needs(s, true, ll).within) ask(x, 1);
+  }
   at.finish();
   std::optional<Failure> race;
   with_entry_type(g.longest, [&](auto entry) {

@@ -108,6 +108,27 @@ AccessNeeds access_needs_by_chunks(const ir::Schedule& s, bool inplace, bool ll)
 // v[from..]: sorted by (b, a), each pair once with its least location.
 void sort_needs(std::vector<Need>& v, size_t from = 0);
 
+// The access needs of a schedule in both aliasing modes: what insert_sync
+// orders and verify_sync checks. Sync ops access nothing, so the needs of a
+// schedule before insert_sync are those after it, up to op indices: the
+// pipeline computes them once per protocol for every bucket's sync and proof
+// (at 1024 ranks four runs of access_needs per bucket were a second each).
+struct DataNeeds {
+  AccessNeeds out_of_place, in_place;
+  bool ll = false;
+};
+DataNeeds data_needs(const ir::Schedule& s, bool ll);  // op indices of `s`
+
+// What verify_sync may take instead of computing the needs itself: the
+// schedule insert_sync started from and its data_needs. verify_sync checks
+// that `before` has no sync op and the same data ops, geometry and root as
+// the synced schedule (needs are a function of those), and that the needs
+// are for its protocol, then maps them to the synced schedule's indices.
+struct Presynced {
+  const ir::Schedule* before = nullptr;
+  const DataNeeds* needs = nullptr;
+};
+
 // Ops of one (rank, thread block) in program order: each op's chain (dense,
 // in order of first appearance) and 1-based position in it. With `data_only`,
 // other ops get chain -1 and position 0 and are not counted.
@@ -160,6 +181,7 @@ HB build_hb(const ir::Schedule& s);
 
 // verify_sync with an explicit clock budget in bytes (tests force several
 // chain blocks with a small one) and use of rank symmetry (symmetry.hpp).
-void verify_sync_budget(const ir::Schedule& s, size_t clock_budget, SymMode mode = SymMode::automatic);
+void verify_sync_budget(const ir::Schedule& s, size_t clock_budget, SymMode mode = SymMode::automatic,
+                        const Presynced& pre = {});
 
 }  // namespace mk::verify
