@@ -17,6 +17,7 @@
 #include "compiler/passes/passes.hpp"
 #include "compiler/verify/executor.hpp"
 #include "compiler/pipeline.hpp"
+#include "compiler/verify/clocks.hpp"
 #include "compiler/verify/hb.hpp"
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
@@ -917,4 +918,69 @@ TEST_CASE("verify: sparse scratch slots are compacted, mk.verify.E016 a plan ove
   CHECK(e.id == "mk.verify.E016");
   CHECK(contains(e.message, fmt::format("{} slot(s)", big.scratch)));
   CHECK(contains(e.message, "MK_SCRATCH_BYTES"));
+}
+
+TEST_CASE("verify: access needs handed to verify_sync are checked to be the schedule's") {
+  // The pipeline computes the needs once, before insert_sync, for the sync and
+  // its proof. verify_sync maps them onto the synced schedule only when the
+  // schedule they came from has its data ops, root and protocol.
+  int races = 0;
+  for (const char* name : {"allreduce.two_shot", "allgather.hier"}) {
+    CAPTURE(name);
+    const auto* info = dsl::find_schedule(name);
+    REQUIRE(info);
+    std::vector<ir::Schedule> before, after;
+    compiler::LowerOptions o;
+    o.on_pass = [&](std::string_view pass, const ir::Schedule& x, const compiler::PassInfo&) {
+      if (pass == "protocol") before.push_back(x);
+      if (pass == "sync") after.push_back(x);
+    };
+    compiler::lower(dsl::build(*info, 4, 0), o);
+    REQUIRE(!before.empty());
+    REQUIRE(before.size() == after.size());
+    for (size_t b = 0; b < before.size(); ++b) {
+      const bool ll = before[b].proto == ir::Proto::ll;
+      const verify::DataNeeds needs = verify::data_needs(before[b], ll);
+      const auto with = [&](const ir::Schedule& s, const ir::Schedule& pre, const verify::DataNeeds& d) {
+        return catch_error([&] { verify::verify_sync_budget(s, verify::kClockBudget, verify::SymMode::automatic, {&pre, &d}); });
+      };
+      CHECK_FALSE(with(after[b], before[b], needs));
+      // a race (a signal/wait pair gone) is found the same with the needs handed over
+      ir::Schedule racy;
+      Caught own;
+      for (size_t i = 0; i < after[b].ops.size() && own.id.empty(); ++i) {
+        if (after[b].ops[i].kind != ir::OpKind::wait || after[b].ops[i].iter != 0) continue;
+        racy = after[b];
+        const int32_t rank = racy.ops[i].rank, slot = racy.ops[i].slot;
+        racy.ops.erase(racy.ops.begin() + std::ptrdiff_t(i));
+        std::erase_if(racy.ops, [&](const ir::Op& op) {
+          return op.kind == ir::OpKind::signal && op.peer == rank && op.slot == slot;
+        });
+        own = catch_error([&] { verify::verify_sync(racy); });
+      }
+      if (!own.id.empty()) {  // LL buckets may have no within-step wait
+        const auto handed = with(racy, before[b], needs);
+        CHECK(own.id == "mk.verify.E004");
+        CHECK(own.id == handed.id);
+        CHECK(own.message == handed.message);
+        ++races;
+      }
+      // needs of another protocol, of other data ops, of another root: refused
+      verify::DataNeeds other = needs;
+      other.ll = !ll;
+      CHECK(with(after[b], before[b], other).internal);
+      ir::Schedule moved = before[b];
+      for (auto& op : moved.ops)
+        if (op.is_data()) {
+          op.srcs[0].index ^= 1;
+          break;
+        }
+      CHECK(with(after[b], moved, needs).internal);
+      ir::Schedule rooted = before[b];
+      rooted.root = 1;
+      CHECK(with(after[b], rooted, needs).internal);
+      CHECK(with(after[b], after[b], needs).internal);  // sync ops in "before"
+    }
+  }
+  CHECK(races >= 2);
 }
