@@ -32,6 +32,7 @@
 #include <iostream>
 
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/common/side_by_side.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/cost/cost.hpp"
 #include "compiler/importers/importers.hpp"
@@ -265,26 +266,37 @@ int verify_one(const Common& o, Loaded in, bool strict) {
   const bool rooted = collective_rooted(in.coll);
   if (rooted && o.root != 0) verify::verify_root(in.raw, o.root);
   std::string determinism = "every rank combines each reduction in the same order (bit-identical results)";
-  // As written and as lowered (what the kernel runs).
-  auto deterministic = [&](const ir::Schedule& s) {
-    try {
-      verify::verify_deterministic(s);
-      return true;
-    } catch (const Error& e) {
-      if (strict || e.id() != ErrId::verify_E015) throw;
-      std::cerr << "mkc: warning: " << e.what() << "\n";
-      determinism = "NOT deterministic across ranks (see the warning; --strict refuses it)";
-      return false;
-    }
-  };
   const ir::Schedule raw = in.raw;
-  auto l = compiler::lower(std::move(in.raw), lower_options(o));  // proves it first
-  bool det = deterministic(raw);
-  for (size_t k = 0; k < l.variants.size(); ++k) {
-    const auto& v = l.variants[k];
-    verify::verify_resources(v);
-    // Variants differ in protocol and sync only: their reductions are the same.
-    if (det && (k == 0 || !ir::same_data_ops(v, l.variants[k - 1]))) det = deterministic(v);
+  // Freed at exit, not here: a 1024-rank schedule's millions of ops take a
+  // second to free.
+  auto& l = *new compiler::Lowered(compiler::lower(std::move(in.raw), lower_options(o)));  // proves it first
+  for (const auto& v : l.variants) verify::verify_resources(v);
+  // Deterministic as written and as lowered (what the kernel runs): one
+  // symbolic run each, side by side. Variants differ in protocol and sync
+  // only: their reductions are those of the first with the same data ops.
+  std::vector<const ir::Schedule*> check{&raw};
+  for (size_t k = 0; k < l.variants.size(); ++k)
+    if (k == 0 || !ir::same_data_ops(l.variants[k], l.variants[k - 1])) check.push_back(&l.variants[k]);
+  std::vector<std::exception_ptr> found(check.size());
+  side_by_side(check.size(), [&](size_t k) {
+    try {
+      verify::verify_deterministic(*check[k]);
+    } catch (const Error& e) {
+      if (e.id() != ErrId::verify_E015) throw;
+      found[k] = std::current_exception();
+    }
+  });
+  // The first one found (as written before as lowered), as a warning or, with --strict, the error.
+  for (const auto& e : found) {
+    if (!e) continue;
+    if (strict) std::rethrow_exception(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& x) {
+      std::cerr << "mkc: warning: " << x.what() << "\n";
+    }
+    determinism = "NOT deterministic across ranks (see the warning; --strict refuses it)";
+    break;
   }
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   size_t pairs = 0;
