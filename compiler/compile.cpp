@@ -141,6 +141,9 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
           errors[i] = std::current_exception();
         }
       });
+    // The plan needs the variants' settings, not their ops: freed while
+    // NVRTC runs (millions at 1024 ranks, most of the memory).
+    for (auto& v : l.variants) std::vector<ir::Op>().swap(v.ops);
     for (auto& t : threads) t.join();
   }
   for (auto& e : errors)

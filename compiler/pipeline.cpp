@@ -114,15 +114,16 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
   const bool watched = o.on_pass || o.verify_each;
   std::vector<ir::Schedule> chosen;
   std::vector<double> chose_ms;
+  vs.resize(nb);
   for (size_t b = 0; b < nb; ++b) {
     const auto t = std::chrono::steady_clock::now();
-    vs.push_back(passes::choose_protocol(s, out.buckets[b]));
+    if (watched) chosen.push_back(passes::choose_protocol(s, out.buckets[b]));
     chose_ms.push_back((b == 0 ? plan_ms : 0) +
                        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
-    if (watched) chosen.push_back(vs[b]);
     source[b] = b;
+    const auto& x = out.buckets[b];
     for (size_t k = 0; k < b; ++k)
-      if (source[k] == k && vs[k].proto == vs[b].proto && vs[k].depth == vs[b].depth) source[b] = k;
+      if (source[k] == k && out.buckets[k].proto == x.proto && out.buckets[k].depth == x.depth) source[b] = k;
     if (source[b] == b) todo.push_back(b);
   }
   // The distinct variants' sync and proof, side by side where there are cores
@@ -134,6 +135,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     const size_t b = todo[k];
     const auto t = std::chrono::steady_clock::now();
     ir::Schedule& v = vs[b];
+    v = passes::choose_protocol(s, out.buckets[b]);  // the copy of `s` here: side by side too
     // The access needs once for the sync and its proof (hb.hpp DataNeeds):
     // `s`'s ops are those insert_sync starts from, with this bucket's protocol.
     const verify::DataNeeds needs = verify::data_needs(v, v.proto == ir::Proto::ll);

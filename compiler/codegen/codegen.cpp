@@ -873,7 +873,10 @@ ClassPlan best_plan(const Schedule& s) {
   auto best_cost = cost(best);
   const bool several = best.rc.representative.size() > 1;
   for (bool generic : {false, true}) {
-    if (generic && !several) break;
+    // Generic plans are for ranks that cannot share a path otherwise; once
+    // one class serves every rank, they are not tried (each try is a
+    // plan_classes and a measuring emit: seconds at 1024 ranks).
+    if (generic && (!several || best.rc.representative.size() == 1)) break;
     for (int32_t M : rots) {
       if (!generic && M == 0) continue;  // the starting point
       ClassPlan c = plan_classes(s, M, generic);

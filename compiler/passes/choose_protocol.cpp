@@ -28,8 +28,27 @@ namespace mk::passes {
 namespace {
 
 bool ll_possible(const ir::Schedule& s) {
-  // LL scratch slots have one writer a step
-  return !verify::access_needs(s, false, true).double_write;
+  // LL scratch slots have one writer a step: access_needs' double_write,
+  // from a table of each scratch chunk's writer (the full needs took a
+  // second at 1024 ranks for this one answer).
+  const size_t cells = size_t(std::max(s.nranks, 1)) * size_t(std::max(s.scratch, 0));
+  if (cells > (size_t(1) << 26)) return !verify::access_needs(s, false, true).double_write;
+  std::vector<int64_t> writer(cells, -1);
+  for (size_t oi = 0; oi < s.ops.size(); ++oi) {
+    const ir::Op& op = s.ops[oi];
+    if (!op.is_data()) continue;
+    for (const ir::Ref& d : op.dsts) {
+      if (d.buf != ir::Buf::scratch) continue;
+      for (int32_t k = 0; k < d.count; ++k) {
+        const ir::Ref at = d.at(k);
+        if (op.kind == ir::OpKind::copy && !op.srcs.empty() && op.srcs[0].at(k) == at) continue;  // writes nothing
+        int64_t& w = writer[size_t(at.rank) * size_t(s.scratch) + size_t(at.index)];
+        if (w >= 0 && w != int64_t(oi)) return false;
+        w = int64_t(oi);
+      }
+    }
+  }
+  return true;
 }
 
 // Tiles are whole 16-byte vectors; from 4 KiB up, whole 4 KiB pages (tidy

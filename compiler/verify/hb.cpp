@@ -271,11 +271,12 @@ SyncGraph build_sync_graph(const Schedule& s, const AccessNeeds* out_of_place) {
   // first (clocks then live briefly).
   bool backwards = true;
   for (size_t v = 0; v < n && backwards; ++v) for_preds(v, [&](size_t p) { backwards = backwards && p < v; });
-  std::vector<size_t> indeg(n, 0);
+  std::vector<size_t> indeg;  // in-degrees, where the order is not program order
   g.topo.reserve(n);
   if (backwards) {
     for (size_t v = 0; v < n; ++v) g.topo.push_back(v);
   } else {
+    indeg.assign(n, 0);
     std::vector<std::vector<size_t>> succ(n);
     for (size_t v = 0; v < n; ++v)
       for_preds(v, [&](size_t p) {

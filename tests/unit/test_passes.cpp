@@ -5,6 +5,7 @@
 
 #include "compiler/passes/passes.hpp"
 #include "compiler/pipeline.hpp"
+#include "compiler/verify/hb.hpp"
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "support.hpp"
@@ -118,6 +119,57 @@ TEST_CASE("pass choose_protocol: tile a multiple of 16, depth and instances set,
     const int64_t bytes = v.tile_bytes * std::max(v.scratch, 1) * v.depth * v.instances * (v.proto == ir::Proto::ll ? 2 : 1);
     CHECK(bytes <= po.scratch_budget);
   }
+}
+
+TEST_CASE("pass plan_buckets: LL is offered exactly where no scratch chunk is written twice (access_needs' double_write)") {
+  // plan_buckets answers from a table of scratch writers; the sync analyses'
+  // access_needs is the definition. Both on every built-in (all single-writer)
+  // and on variants with a second write of a scratch chunk made in a few ways.
+  passes::ProtocolOptions po;
+  int offered = 0, refused = 0;
+  auto agree = [&](const ir::Schedule& a) {
+    const bool ll_def = !verify::access_needs(a, false, true).double_write;
+    bool ll_offered = false;
+    for (const auto& b : passes::plan_buckets(a, 0, -1, po)) ll_offered = ll_offered || b.proto == ir::Proto::ll;
+    CHECK(ll_offered == ll_def);
+    (ll_def ? offered : refused)++;
+  };
+  for (const auto& info : dsl::registered_schedules())
+    for (int n : {2, 3, 4, 8}) {
+      CAPTURE(info.name);
+      CAPTURE(n);
+      compiler::LowerOptions o;
+      ir::Schedule assigned;
+      o.on_pass = [&](std::string_view pass, const ir::Schedule& x, const compiler::PassInfo&) {
+        if (pass == "assign") assigned = x;
+      };
+      compiler::lower(dsl::build(info, n, 0), o);
+      agree(assigned);
+      // a second writer of the first scratch chunk written: a copy of the same
+      // value from another op, appended
+      for (const auto& op : assigned.ops) {
+        const auto it = std::find_if(op.dsts.begin(), op.dsts.end(), [](const ir::Ref& r) { return r.buf == ir::Buf::scratch; });
+        if (!op.is_data() || it == op.dsts.end()) continue;
+        ir::Schedule twice = assigned;
+        ir::Op again = op;
+        again.id = twice.next_id();
+        twice.ops.push_back(again);
+        agree(twice);
+        // a copy of a scratch chunk onto itself writes nothing
+        ir::Schedule self = assigned;
+        ir::Op onto = op;
+        onto.id = self.next_id();
+        onto.kind = ir::OpKind::copy;
+        onto.srcs = {*it};
+        onto.dsts = {*it};
+        onto.final = false;
+        self.ops.push_back(onto);
+        agree(self);
+        break;
+      }
+    }
+  CHECK(offered > 20);
+  CHECK(refused > 10);
 }
 
 TEST_CASE("pass insert_sync: synced, and the synchronisation proves (pairing, no deadlock, no race)") {
