@@ -6,6 +6,7 @@
 #include <cctype>
 #include <limits>
 #include <map>
+#include <unordered_map>
 #include <tuple>
 #include <set>
 
@@ -30,7 +31,14 @@ std::string identifier(std::string_view s) {
 
 namespace {
 
-int32_t mod(int64_t a, int64_t m) { return int32_t(((a % m) + m) % m); }
+// a mod m in 0..m-1 (m > 0); without a division in the common case (a is a
+// difference of two ranks or positions), once per number of every rank's ops.
+int32_t mod(int64_t a, int64_t m) {
+  if (a >= 0 && a < m) return int32_t(a);
+  if (a < 0 && a >= -m) return int32_t(a + m);
+  const int64_t r = a % m;
+  return int32_t(r < 0 ? r + m : r);
+}
 
 // ---- items: a data op with the waits before it and the signals after it.
 // Everything but the numbers is the item's shape. Ranks whose items have the
@@ -89,15 +97,21 @@ struct Item {
 // class's items are stored once per rank as numbers only (Stream).
 class Shapes {
  public:
-  // `it`: an item without numbers (its len and ndata set).
-  int32_t intern(const Item& it) {
-    std::string key = data_key(it);
-    const int32_t d = data_ids_.emplace(key, int32_t(data_ids_.size())).first->second;
-    key += pack(it.nwait);
-    key += pack(it.nsig);
-    auto [pos, fresh] = ids_.emplace(std::move(key), int32_t(items_.size()));
+  // `base` with these waits, signals and numbers: an item without numbers
+  // (base's ndata set). Once per op of every rank: the key is built in a
+  // buffer and the item copied only when new.
+  int32_t intern(const Item& base, int nwait, int nsig, size_t len) {
+    data_key(base, key_);
+    const int32_t d = data_ids_.try_emplace(key_, int32_t(data_ids_.size())).first->second;
+    key_ += pack(nwait);
+    key_ += pack(nsig);
+    auto [pos, fresh] = ids_.try_emplace(key_, int32_t(items_.size()));
     if (fresh) {
-      items_.push_back(it);
+      Item it = base;
+      it.nwait = nwait;
+      it.nsig = nsig;
+      it.len = len;
+      items_.push_back(std::move(it));
       data_.push_back(d);
     }
     return pos->second;
@@ -116,15 +130,16 @@ class Shapes {
  private:
   // Item::shape() and data_shape() as bytes, without formatting: interned
   // once per op of every rank.
-  static std::string pack(int64_t x) { return std::string(reinterpret_cast<const char*>(&x), sizeof x); }
-  static std::string data_key(const Item& it) {
-    std::string k = pack(it.ns) + pack(it.nd) + pack(it.sll) + pack(it.dll) + pack(int64_t(it.refs.size()));
+  static std::string_view pack(const int64_t& x) { return {reinterpret_cast<const char*>(&x), sizeof x}; }
+  static void data_key(const Item& it, std::string& k) {
+    k.clear();
+    for (int64_t x : {int64_t(it.ns), int64_t(it.nd), int64_t(it.sll), int64_t(it.dll), int64_t(it.refs.size())}) k += pack(x);
     for (bool b : {it.data, it.red, it.fin, it.wide, it.pos_rot, it.counted}) k += char(b);
     for (const RefShape& r : it.refs) k += {char(r.kind), char(r.rot_b), char(r.rot_p)};
-    return k;
   }
 
-  std::map<std::string, int32_t> ids_, data_ids_;
+  std::string key_;
+  std::unordered_map<std::string, int32_t> ids_, data_ids_;
   std::vector<Item> items_;
   std::vector<int32_t> data_;
 };
@@ -177,11 +192,8 @@ class Splitter {
     auto close = [&] {
       int32_t id = last_id;
       if (!data || data != last_op || nwait != last_nwait || nsig != last_nsig) {
-        Item it = data ? shape : Item{};
-        it.nwait = nwait;
-        it.nsig = nsig;
-        it.len = out.nums.size() - out.at.back();
-        id = shapes.intern(it);
+        static const Item kNoData{};
+        id = shapes.intern(data ? shape : kNoData, nwait, nsig, out.nums.size() - out.at.back());
         last_op = data;
         last_nwait = nwait;
         last_nsig = nsig;
