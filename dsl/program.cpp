@@ -16,20 +16,12 @@ SrcLoc to_loc(const std::source_location& l) {
 }
 
 // The interned position of a call site. A builder's loop calls the same few
-// sites millions of times: the last site is remembered (by the addresses of
-// its static strings and its line), so most calls skip building and hashing
-// the SrcLoc.
+// sites millions of times: the last site is remembered and compared by
+// content (an unloaded plugin's strings may be reused at the same address),
+// so most calls skip building and hashing a SrcLoc.
 ir::Loc interned(const std::source_location& l) {
-  thread_local const char* file = nullptr;
-  thread_local const char* func = nullptr;
-  thread_local uint32_t line = 0;
   thread_local ir::Loc last;
-  if (l.file_name() != file || l.function_name() != func || l.line() != line) {
-    last = to_loc(l);
-    file = l.file_name();
-    func = l.function_name();
-    line = l.line();
-  }
+  if (last->line != l.line() || last->file != l.file_name() || last->func != l.function_name()) last = to_loc(l);
   return last;
 }
 
