@@ -161,7 +161,7 @@ std::optional<int32_t> inplace_output_of_input(const Schedule& s, int32_t rank, 
 
 std::string print_op(const Op& op) {
   std::string s = fmt::format("%{} {}", op.id, name(op.kind));
-  auto refs = [](const std::vector<Ref>& v) {
+  auto refs = [](const Refs& v) {
     std::string out;
     for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + to_string(v[i]);
     return out;

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "compiler/ir/small_vec.hpp"
 #include "compiler/topology/topology.hpp"
 #include "mk/error.hpp"
 #include "mk/types.hpp"
@@ -83,18 +84,22 @@ class Loc {
   const SrcLoc* p_ = &kNone;
 };
 
+// An op's operands and chunk positions: mostly one or two each (small_vec.hpp).
+using Refs = SmallVec<Ref, 1>;
+using Positions = SmallVec<int32_t, 2>;
+
 struct Op {
   int32_t id = -1;  // unique, stable across passes (new ops get fresh ids)
   OpKind kind = OpKind::nop;
   int32_t rank = -1;  // executing rank
   int32_t tb = -1;    // thread block on `rank`; -1 until assign_tbs
-  std::vector<Ref> srcs;
-  std::vector<Ref> dsts;
+  Refs srcs;
+  Refs dsts;
   int32_t peer = -1;  // signal: rank whose flag slot is written
   int32_t slot = -1;  // signal: slot on `peer`; wait: slot on own rank
   int32_t iter = 0;   // wait: step offset of the awaited signal (0, or -depth)
   bool final = false;  // reduce whose result is complete: applies avg and the epilogue
-  std::vector<int32_t> pos;  // per chunk: its position in the block (set by analyze)
+  Positions pos;  // per chunk: its position in the block (set by analyze)
   Loc loc;
 
   bool is_data() const { return kind == OpKind::copy || kind == OpKind::reduce; }
