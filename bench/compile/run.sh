@@ -33,18 +33,18 @@ trap 'rm -rf "$tmp"' EXIT
 repeat=${MK_BENCH_REPEAT:-1}
 run() {
   secs="" mb=0
-  i=0
-  while [ $i -lt "$repeat" ]; do
-    i=$((i + 1))
+  r_k=0
+  while [ $r_k -lt "$repeat" ]; do
+    r_k=$((r_k + 1))
     [ -n "${MK_CACHE_DIR:-}" ] && rm -rf "$MK_CACHE_DIR" && mkdir -m 700 "$MK_CACHE_DIR"
     /usr/bin/time -f '%e %M' -o "$tmp/time" timeout "$limit" "$@" >"$tmp/out" 2>&1
     rc=$?
     if [ $rc -eq 124 ]; then secs="timeout"; return; fi
     # the last line: time(1) writes "Command exited with non-zero status N" above it
-    s=$(tail -1 "$tmp/time" | awk '{ print $1 }')
-    m=$(tail -1 "$tmp/time" | awk '{ printf "%d", $2 / 1024 }')
-    if [ -z "$secs" ] || [ "$(echo "$s < $secs" | bc)" = 1 ]; then secs=$s; cp "$tmp/out" "$tmp/best"; fi
-    [ "$m" -gt "$mb" ] && mb=$m
+    r_s=$(tail -1 "$tmp/time" | awk '{ print $1 }')
+    r_m=$(tail -1 "$tmp/time" | awk '{ printf "%d", $2 / 1024 }')
+    if [ -z "$secs" ] || [ "$(echo "$r_s < $secs" | bc)" = 1 ]; then secs=$r_s; cp "$tmp/out" "$tmp/best"; fi
+    [ "$r_m" -gt "$mb" ] && mb=$r_m
     [ $rc -ne 0 ] && return
   done
   cp "$tmp/best" "$tmp/out"  # mkc's own split, of the fastest run
