@@ -46,7 +46,16 @@ struct LocEq {
 
 }  // namespace
 
-const SrcLoc Loc::kNone{};
+namespace {
+union NoLoc {
+  SrcLoc v;
+  constexpr NoLoc() : v() {}
+  ~NoLoc() {}  // leaves v alone: Locs made or read during static destruction still point at it
+};
+constinit NoLoc no_loc;  // before any dynamic initialisation that makes a Loc
+}  // namespace
+
+const SrcLoc* const Loc::kNone = &no_loc.v;
 
 Loc::Loc(const SrcLoc& l) {
   if (!l.valid() && l.file.empty() && l.func.empty()) return;  // kNone

@@ -80,8 +80,8 @@ class Loc {
   bool operator==(const Loc& o) const { return p_ == o.p_; }  // interned: same position, same pointer
 
  private:
-  static const SrcLoc kNone;
-  const SrcLoc* p_ = &kNone;
+  static const SrcLoc* const kNone;  // never destroyed: static destructors may read a Loc
+  const SrcLoc* p_ = kNone;
 };
 
 // An op's operands and chunk positions: mostly one or two each (small_vec.hpp).

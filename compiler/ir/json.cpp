@@ -147,8 +147,8 @@ std::string fingerprint(const Schedule& s) {
     w.insert(w.end(), op.pos.begin(), op.pos.end());
     h.add(w.data(), w.size() * sizeof(int32_t));
     auto [it, fresh] = locs.try_emplace(&op.loc.get());
-    if (fresh && op.loc.valid())
-      it->second = Hasher().add(op.loc->file).add(&op.loc->line, sizeof op.loc->line).hex();
+    if (fresh)  // a tag byte, then (valid) the position's hash: the stream parses one way only
+      it->second = op.loc.valid() ? "L" + Hasher().add(op.loc->file).add(&op.loc->line, sizeof op.loc->line).hex() : "-";
     h.add(it->second);
   }
   return h.hex();

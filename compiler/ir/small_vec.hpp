@@ -34,7 +34,8 @@ class SmallVec {
 
   SmallVec() = default;
   SmallVec(std::initializer_list<T> v) { assign(v.begin(), v.end()); }
-  template <class It, class = typename std::iterator_traits<It>::iterator_category>
+  template <class It, class = std::enable_if_t<std::is_base_of_v<
+                                    std::forward_iterator_tag, typename std::iterator_traits<It>::iterator_category>>>
   SmallVec(It first, It last) {
     assign(first, last);
   }
@@ -69,8 +70,9 @@ class SmallVec {
   }
 
   void assign(size_t n, const T& v) {
+    const T copy = v;  // v may live in this vector
     clear();
-    resize(n, v);
+    resize(n, copy);
   }
 
   size_t size() const { return size_; }
@@ -106,7 +108,7 @@ class SmallVec {
   void reserve(size_t n) {
     if (n <= cap_) return;
     if (n > UINT32_MAX) throw std::length_error("SmallVec::reserve");
-    const size_t cap = std::max(n, size_t(cap_) * 2);
+    const size_t cap = std::min<size_t>(std::max(n, size_t(cap_) * 2), UINT32_MAX);
     T* p = static_cast<T*>(::operator new(cap * sizeof(T)));
     const uint32_t n0 = size_;
     if (n0) std::memcpy(static_cast<void*>(p), data(), n0 * sizeof(T));
@@ -132,8 +134,9 @@ class SmallVec {
   void pop_back() { --size_; }
   void clear() { size_ = 0; }
   void resize(size_t n, const T& v = T()) {
+    const T copy = v;  // v may live in this vector, which reserve moves
     reserve(n);
-    for (size_t i = size_; i < n; ++i) data()[i] = v;
+    if (n > size_) std::fill_n(data() + size_, n - size_, copy);
     size_ = uint32_t(n);
   }
   T* insert(const T* pos, const T& v) {

@@ -41,6 +41,8 @@ bool ll_possible(const ir::Schedule& s) {
       if (d.buf != ir::Buf::scratch) continue;
       for (int32_t k = 0; k < d.count; ++k) {
         const ir::Ref at = d.at(k);
+        if (at.rank < 0 || at.rank >= s.nranks || at.index < 0 || at.index >= s.scratch)  // the verifier's to report
+          return !verify::access_needs(s, false, true).double_write;
         if (op.kind == ir::OpKind::copy && !op.srcs.empty() && op.srcs[0].at(k) == at) continue;  // writes nothing
         int64_t& w = writer[size_t(at.rank) * size_t(s.scratch) + size_t(at.index)];
         if (w >= 0 && w != int64_t(oi)) return false;

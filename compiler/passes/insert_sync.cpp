@@ -327,11 +327,11 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget, const verify::Data
       s.slots = std::max(s.slots, slot);
     }
   }
-  auto slot_of = [&](size_t from, int32_t rr) {
-    for (size_t k = want_at[from]; k < want_at[from + 1]; ++k)
-      if (wants[k].rr == rr) return wants[k].slot;
-    MK_CHECK(false, "insert_sync: an edge without a slot");
-    return -1;
+  auto slot_of = [&](size_t from, int32_t rr) {  // the signaller's wants are sorted by rr
+    const auto lo = wants.begin() + std::ptrdiff_t(want_at[from]), hi = wants.begin() + std::ptrdiff_t(want_at[from + 1]);
+    const auto it = std::lower_bound(lo, hi, rr, [](const Want& w, int32_t r) { return w.rr < r; });
+    MK_CHECK(it != hi && it->rr == rr, "insert_sync: an edge without a slot");
+    return it->slot;
   };
 
   // Emit: waits before their op (one per slot, the strictest iter), the op,

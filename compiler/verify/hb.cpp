@@ -560,6 +560,7 @@ void verify_sync(const Schedule& s) { verify_sync_budget(s, kClockBudget); }
 DataNeeds data_needs(const Schedule& s, bool ll) {
   DataNeeds d;
   d.ll = ll;
+  d.ops = s.ops.size();
   d.out_of_place = access_needs(s, false, ll);
   d.in_place = access_needs(s, true, ll);
   return d;
@@ -575,6 +576,7 @@ std::vector<uint32_t> presynced_index(const Schedule& s, const Presynced& pre) {
     throw InternalError(fmt::format("verify_sync: the access needs handed over are not the schedule's ({})", what));
   };
   if (pre.needs->ll != (s.proto == ir::Proto::ll)) mismatch("protocol");
+  if (pre.needs->ops != b.ops.size()) mismatch("computed for another schedule");
   if (b.root != s.root || !ir::same_data_ops(b, s)) mismatch("data ops");
   std::vector<uint32_t> at(b.ops.size(), UINT32_MAX);
   size_t j = 0;
@@ -588,13 +590,22 @@ std::vector<uint32_t> presynced_index(const Schedule& s, const Presynced& pre) {
   return at;
 }
 
+// A need's op index in the synced schedule; a need outside the data ops of
+// the schedule they came from is a compiler bug.
+uint32_t mapped(const std::vector<uint32_t>& at, uint32_t i) {
+  if (i >= at.size() || at[i] == UINT32_MAX)
+    throw InternalError("verify_sync: an access need names an op that is not a data op of its schedule");
+  return at[i];
+}
+
 AccessNeeds remapped(const AccessNeeds& a, const std::vector<uint32_t>& at) {
   auto map = [&](std::vector<Need> v) {
-    for (Need& x : v) x = {at[x.a], at[x.b], x.at};
+    for (Need& x : v) x = {mapped(at, x.a), mapped(at, x.b), x.at};
     return v;
   };
   AccessNeeds out{map(a.within), map(a.reuse), map(a.gates), a.double_write};
-  if (out.double_write) out.double_write = Need{at[a.double_write->a], at[a.double_write->b], a.double_write->at};
+  if (out.double_write)
+    out.double_write = Need{mapped(at, a.double_write->a), mapped(at, a.double_write->b), a.double_write->at};
   return out;
 }
 
@@ -620,7 +631,7 @@ void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode, co
   for (const Need& x : out_of_place.reuse) ask(x, 2);
   out_of_place = AccessNeeds{};  // one at a time
   if (given) {
-    for (const Need& x : pre.needs->in_place.within) ask({at_synced[x.a], at_synced[x.b], x.at}, 1);
+    for (const Need& x : pre.needs->in_place.within) ask({mapped(at_synced, x.a), mapped(at_synced, x.b), x.at}, 1);
   } else {
     for (const Need& x : access_needs(s, true, ll).within) ask(x, 1);
   }

@@ -116,6 +116,7 @@ void sort_needs(std::vector<Need>& v, size_t from = 0);
 struct DataNeeds {
   AccessNeeds out_of_place, in_place;
   bool ll = false;
+  size_t ops = 0;  // of the schedule they were computed for
 };
 DataNeeds data_needs(const ir::Schedule& s, bool ll);  // op indices of `s`
 

@@ -54,8 +54,13 @@ void against_vector(Make make, uint32_t seed) {
         break;
       case 5: {
         const size_t n = rng() % 6;
-        a.resize(n, v);
-        b.resize(n, v);
+        if (!b.empty() && rng() % 2) {  // the fill value is one of its own elements
+          a.resize(n + b.size(), a[0]);
+          b.resize(n + b.size(), b[0]);
+        } else {
+          a.resize(n, v);
+          b.resize(n, v);
+        }
         break;
       }
       case 6: {  // a copy, then the original changed: independent
@@ -98,6 +103,13 @@ void against_vector(Make make, uint32_t seed) {
         }
         break;
       case 11: {  // assign from a std::vector, and a range
+        if (!b.empty() && rng() % 3 == 0) {  // assign(n, own element)
+          const size_t n = 1 + rng() % 4;
+          const T keep = b.back();
+          a.assign(n, a.back());
+          b.assign(n, keep);
+          break;
+        }
         std::vector<T> src(rng() % 5, v);
         a = SmallVec<T, N>(src);
         b = src;

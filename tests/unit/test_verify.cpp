@@ -969,6 +969,14 @@ TEST_CASE("verify: access needs handed to verify_sync are checked to be the sche
       verify::DataNeeds other = needs;
       other.ll = !ll;
       CHECK(with(after[b], before[b], other).internal);
+      verify::DataNeeds stale = needs;  // computed for a schedule with another op count
+      stale.ops += 1;
+      CHECK(with(after[b], before[b], stale).internal);
+      verify::DataNeeds wild = needs;  // a need naming an op that is not a data op there
+      if (!wild.out_of_place.within.empty()) {
+        wild.out_of_place.within[0].a = uint32_t(before[b].ops.size() + 7);
+        CHECK(with(after[b], before[b], wild).internal);
+      }
       ir::Schedule moved = before[b];
       for (auto& op : moved.ops)
         if (op.is_data()) {
