@@ -31,6 +31,7 @@
 #include <set>
 #include <tuple>
 
+#include "compiler/common/key_order.hpp"
 #include "compiler/passes/passes.hpp"
 #include "compiler/verify/clocks.hpp"
 #include "compiler/verify/hb.hpp"
@@ -197,14 +198,10 @@ std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, 
   // The blocks found them chain block by chain block; emit in a fixed order:
   // by `to` (counting sort: millions of edges at 1024 ranks), then (iter,
   // from) within each op's few.
-  std::vector<size_t> at(n + 1, 0);
-  for (const SyncEdge& e : edges) ++at[e.to + 1];
-  for (size_t v = 0; v < n; ++v) at[v + 1] += at[v];
+  const KeyOrder by_to = order_by_key(n, edges.size(), [&](size_t k) { return edges[k].to; });
   std::vector<SyncEdge> sorted(edges.size());
-  {
-    std::vector<size_t> fill(at.begin(), at.end() - 1);
-    for (const SyncEdge& e : edges) sorted[fill[e.to]++] = e;
-  }
+  for (size_t k = 0; k < edges.size(); ++k) sorted[k] = edges[by_to.order[k]];
+  const auto& at = by_to.at;
   for (size_t v = 0; v < n; ++v)
     if (at[v + 1] - at[v] > 1)
       std::sort(sorted.begin() + std::ptrdiff_t(at[v]), sorted.begin() + std::ptrdiff_t(at[v + 1]),
@@ -285,18 +282,12 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget, const verify::Data
   std::vector<Want> wants;  // one per (signaller, receiving rank), sorted by it
   std::vector<size_t> want_at(n + 1, 0);  // CSR: the signaller's wants
   {
-    std::vector<uint32_t> by_from(edges.size());
-    {
-      std::vector<size_t> at(n + 1, 0);
-      for (const SyncEdge& e : edges) ++at[e.from + 1];
-      for (size_t v = 0; v < n; ++v) at[v + 1] += at[v];
-      for (size_t k = 0; k < edges.size(); ++k) by_from[at[edges[k].from]++] = uint32_t(k);
-    }
+    const KeyOrder by_from = order_by_key(n, edges.size(), [&](size_t k) { return edges[k].from; });
     wants.reserve(edges.size());
-    for (size_t k = 0; k < by_from.size();) {
-      const size_t from = edges[by_from[k]].from, first = wants.size();
-      for (; k < by_from.size() && edges[by_from[k]].from == from; ++k) {
-        const SyncEdge& e = edges[by_from[k]];
+    for (size_t from = 0; from < n; ++from) {
+      const size_t first = wants.size();
+      for (size_t k = by_from.at[from]; k < by_from.at[from + 1]; ++k) {
+        const SyncEdge& e = edges[by_from.order[k]];
         const int32_t rr = s.ops[e.to].rank;
         wants.push_back({e.from, rr,
                          Key{s.ops[e.to].tb, local_index(e.to), relative(rr, s.ops[e.from].rank), s.ops[e.from].tb,
@@ -305,22 +296,14 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget, const verify::Data
       const auto group = wants.begin() + std::ptrdiff_t(first);
       std::sort(group, wants.end(), [](const Want& a, const Want& b) { return std::tie(a.rr, a.key) < std::tie(b.rr, b.key); });
       wants.erase(std::unique(group, wants.end(), [](const Want& a, const Want& b) { return a.rr == b.rr; }), wants.end());
-      want_at[from + 1] = wants.size() - first;
+      want_at[from + 1] = wants.size();
     }
-    for (size_t v = 0; v < n; ++v) want_at[v + 1] += want_at[v];
     // per receiving rank, slots in key order
-    std::vector<uint32_t> by_rank(wants.size());
-    std::vector<size_t> rank_at(size_t(s.nranks) + 1, 0);
-    for (const Want& w : wants) ++rank_at[size_t(w.rr) + 1];
-    for (int32_t r = 0; r < s.nranks; ++r) rank_at[size_t(r) + 1] += rank_at[size_t(r)];
-    {
-      std::vector<size_t> fill(rank_at.begin(), rank_at.end() - 1);
-      for (size_t k = 0; k < wants.size(); ++k) by_rank[fill[size_t(wants[k].rr)]++] = uint32_t(k);
-    }
+    KeyOrder by_rank = order_by_key(size_t(s.nranks), wants.size(), [&](size_t k) { return wants[k].rr; });
     s.slots = 0;
     for (int32_t r = 0; r < s.nranks; ++r) {
-      const auto lo = by_rank.begin() + std::ptrdiff_t(rank_at[size_t(r)]),
-                 hi = by_rank.begin() + std::ptrdiff_t(rank_at[size_t(r) + 1]);
+      const auto lo = by_rank.order.begin() + std::ptrdiff_t(by_rank.at[size_t(r)]),
+                 hi = by_rank.order.begin() + std::ptrdiff_t(by_rank.at[size_t(r) + 1]);
       std::sort(lo, hi, [&](uint32_t a, uint32_t b) { return std::tie(wants[a].key, a) < std::tie(wants[b].key, b); });
       int32_t slot = 0;
       for (auto it = lo; it != hi; ++it) wants[*it].slot = slot++;

@@ -8,6 +8,7 @@
 #include <queue>
 #include <set>
 
+#include "compiler/common/key_order.hpp"
 #include "compiler/verify/clocks.hpp"
 #include "compiler/verify/verify.hpp"
 
@@ -436,12 +437,10 @@ class Queries {
   explicit Queries(size_t n) : n_(n) {}
   void add(size_t b, Query q) { raw_.push_back({uint32_t(b), q}); }
   void finish() {
-    at_.assign(2 * n_ + 1, 0);
-    for (const auto& [b, q] : raw_) ++at_[slot(b, q) + 1];
-    for (size_t k = 0; k < 2 * n_; ++k) at_[k + 1] += at_[k];
+    KeyOrder o = order_by_key(2 * n_, raw_.size(), [&](size_t i) { return slot(raw_[i].first, raw_[i].second); });
     q_.resize(raw_.size());
-    std::vector<size_t> next(at_.begin(), at_.end() - 1);
-    for (const auto& [b, q] : raw_) q_[next[slot(b, q)]++] = q;
+    for (size_t i = 0; i < raw_.size(); ++i) q_[i] = raw_[o.order[i]].second;
+    at_ = std::move(o.at);
     raw_.clear();
     raw_.shrink_to_fit();
     for (size_t k = 0; k < 2 * n_; ++k)
