@@ -27,6 +27,7 @@
 // Needs: thread blocks assigned, protocol chosen, no sync ops yet.
 // Guarantees: verify_sync holds; s.slots set; s.synced.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <tuple>
@@ -51,7 +52,7 @@ namespace {
 // g's whole chain precedes the chain at g + depth.
 template <class T>
 void decide(const ir::Schedule& s, const std::vector<int32_t>& chain, const std::vector<int32_t>& pos,
-            size_t nchains, const std::vector<std::vector<size_t>>& dep, const std::vector<std::vector<size_t>>& need,
+            size_t nchains, const OpLists& dep, const OpLists& need,
             size_t budget, std::vector<SyncEdge>& edges) {
   const size_t n = s.ops.size();
   // Reads of each op's step-g clock (as a dependency, and as a reuse
@@ -105,8 +106,8 @@ void decide(const ir::Schedule& s, const std::vector<int32_t>& chain, const std:
 // happens-before, which every symmetry preserves. false when it does not apply
 // (trivial symmetry, clocks over the budget); `edges` is then untouched.
 template <class T>
-bool decide_sym(const ir::Schedule& s, const verify::Chains& c, const std::vector<std::vector<size_t>>& dep,
-                const std::vector<std::vector<size_t>>& need, size_t budget, std::vector<SyncEdge>& edges,
+bool decide_sym(const ir::Schedule& s, const verify::Chains& c, const OpLists& dep, const OpLists& need,
+                size_t budget, std::vector<SyncEdge>& edges,
                 verify::RankSymmetry* found) {
   const size_t n = s.ops.size();
   const verify::ChainIndex ci(s, c.chain, c.pos, c.count);
@@ -178,15 +179,20 @@ bool decide_sym(const ir::Schedule& s, const verify::Chains& c, const std::vecto
 // graph, answered with vector clocks in bounded memory (verify/clocks.hpp).
 std::vector<SyncEdge> sync_edges(const ir::Schedule& s, const SyncNeeds& needs, const verify::Chains& c,
                                  size_t budget, verify::SymMode mode, verify::RankSymmetry* found) {
-  std::vector<std::vector<size_t>> dep = needs.within;
   const auto& need = needs.reuse;
   const size_t n = s.ops.size();
   const auto& chain = c.chain;
+  MK_CHECK(needs.within.size() == n && need.size() == n, "insert_sync: needs for another schedule");
   // Program order already gives a dependency within the thread block.
+  OpLists dep;
+  dep.at.reserve(n + 1);
+  dep.items.reserve(needs.within.items.size());
   for (size_t j = 0; j < n; ++j) {
-    for (size_t i : dep[j])
+    for (size_t i : needs.within[j]) {
       MK_CHECK(chain[i] != chain[j] || i < j, "a dependency points forward in its thread block");
-    std::erase_if(dep[j], [&](size_t i) { return chain[i] == chain[j]; });
+      if (chain[i] != chain[j]) dep.items.push_back(uint32_t(i));
+    }
+    dep.at.push_back(uint32_t(dep.items.size()));
   }
   std::vector<SyncEdge> edges;
   verify::with_entry_type(c.longest, [&](auto entry) {
@@ -224,22 +230,45 @@ SyncNeeds sync_needs(const ir::Schedule& s, const verify::DataNeeds* given) {
   // step (a later write of it follows that one within the step, so the
   // accessors precede it too).
   const bool ll = s.proto == ir::Proto::ll;
-  std::vector<std::vector<size_t>> deps(n), need(n);
   MK_CHECK(!given || given->ll == ll, "insert_sync: access needs for another protocol");
+  MK_CHECK(!given || given->ops == n, "insert_sync: access needs for another schedule");
+  MK_CHECK(n < (size_t(1) << 32), "insert_sync: too many ops");
+  verify::AccessNeeds own[2];
+  const verify::AccessNeeds* acc[2];
   for (bool inplace : {false, true}) {
-    const verify::AccessNeeds own = given ? verify::AccessNeeds{} : verify::access_needs(s, inplace, ll);
-    const verify::AccessNeeds& acc = !given ? own : inplace ? given->in_place : given->out_of_place;
-    for (const verify::Need& x : acc.within) deps[x.b].push_back(x.a);
-    for (const verify::Need& x : acc.reuse) need[x.b].push_back(x.a);
+    if (!given) own[inplace] = verify::access_needs(s, inplace, ll);
+    acc[inplace] = !given ? &own[inplace] : inplace ? &given->in_place : &given->out_of_place;
   }
-  for (auto* lists : {&deps, &need})
-    for (auto& v : *lists) {  // latest first, once each
-      std::sort(v.rbegin(), v.rend());
-      v.erase(std::unique(v.begin(), v.end()), v.end());
+  // Per op b, the a of every (a, b) in both modes, latest first, once each:
+  // counted into place, then each op's few sorted.
+  auto lists = [&](std::vector<verify::Need> verify::AccessNeeds::*which) {
+    OpLists l;
+    l.at.assign(n + 1, 0);
+    for (const auto* a : acc)
+      for (const verify::Need& x : a->*which) {
+        MK_CHECK(x.a < n && x.b < n, "insert_sync: an access need outside the schedule");
+        ++l.at[x.b + 1];
+      }
+    for (size_t j = 0; j < n; ++j) l.at[j + 1] += l.at[j];
+    l.items.resize(l.at[n]);
+    std::vector<uint32_t> fill(l.at.begin(), l.at.end() - 1);
+    for (const auto* a : acc)
+      for (const verify::Need& x : a->*which) l.items[fill[x.b]++] = x.a;
+    uint32_t out = 0;
+    for (size_t j = 0; j < n; ++j) {
+      const auto lo = l.items.begin() + l.at[j], hi = l.items.begin() + l.at[j + 1];
+      std::sort(lo, hi, std::greater<>());
+      const auto end = std::unique(lo, hi);
+      l.at[j] = out;
+      out = uint32_t(std::copy(lo, end, l.items.begin() + out) - l.items.begin());
     }
-  return {std::move(deps), std::move(need)};
+    l.at[n] = out;
+    l.items.resize(out);
+    l.items.shrink_to_fit();
+    return l;
+  };
+  return {lists(&verify::AccessNeeds::within), lists(&verify::AccessNeeds::reuse)};
 }
-
 
 ir::Schedule insert_sync(ir::Schedule s) { return insert_sync(std::move(s), verify::kClockBudget); }
 

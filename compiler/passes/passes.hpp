@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "compiler/ir/ir.hpp"
 #include "compiler/verify/symmetry.hpp"
@@ -62,8 +64,18 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget, const verify::Data
 // latest first: the earlier ops it conflicts with in a step (within), and the
 // accessors of the scratch slots it writes, whose step-g accesses must come
 // before its write at g + depth (reuse).
+// Per op, a short list of op indices, flat (a vector per op was a fifth of
+// insert_sync's memory and most of its allocations at 1024 ranks).
+struct OpLists {
+  std::vector<uint32_t> at{0};  // size() + 1 offsets into items
+  std::vector<uint32_t> items;
+  size_t size() const { return at.size() - 1; }
+  std::span<const uint32_t> operator[](size_t j) const {
+    return {items.data() + at[j], items.data() + at[j + 1]};
+  }
+};
 struct SyncNeeds {
-  std::vector<std::vector<size_t>> within, reuse;
+  OpLists within, reuse;
 };
 SyncNeeds sync_needs(const ir::Schedule& s, const verify::DataNeeds* given = nullptr);
 // Which of those get a signal/wait: iter 0 within a step, -depth for reuse.

@@ -94,7 +94,9 @@ struct AccessNeeds {
   // Scratch, out-of-place only: every access a of a slot at step g before
   // the slot's first write b at step g + depth.
   std::vector<Need> reuse;
-  // Scratch: reader a of a slot written by b, its first writer (LL gating).
+  // Scratch: reader a of a slot written by b, its first writer (LL gating);
+  // only for LL out-of-place, the one use (scratch is the same in-place, and
+  // only LL gates reads in-band): otherwise empty.
   std::vector<Need> gates;
   // The least scratch location written twice: its first two writers (a, b).
   std::optional<Need> double_write;

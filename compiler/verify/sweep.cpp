@@ -208,7 +208,7 @@ class Sweep {
       g.writes = 1;
       for (uint32_t x : g.early) {
         if (!inplace_) out_.reuse.push_back({x, op, at});
-        out_.gates.push_back({x, op, at});
+        if (gates_) out_.gates.push_back({x, op, at});
       }
       g.early.clear();
       if (!inplace_) out_.reuse.push_back({op, op, at});
@@ -219,7 +219,7 @@ class Sweep {
     if (write) {
       if (g.writes == 1 && (!out_.double_write || at < out_.double_write->at)) out_.double_write = Need{fw, op, at};
       g.writes = 2;
-    } else {
+    } else if (gates_) {
       out_.gates.push_back({op, fw, at});
     }
   }
@@ -232,6 +232,7 @@ class Sweep {
  private:
   const Schedule& s_;
   bool inplace_, ll_;
+  bool gates_ = ll_ && !inplace_;  // only LL out-of-place gates (hb.hpp)
   int32_t cout_;
   std::vector<Line> lines_;
   std::vector<bool> written_;
@@ -273,7 +274,7 @@ AccessNeeds access_needs_by_chunks(const Schedule& s, bool inplace, bool ll) {
     const uint32_t fw = uint32_t(first_write);
     for (const Access& x : acc) {
       if (!inplace) n.reuse.push_back({x.op, fw, key});
-      if (!x.write && x.op != fw) n.gates.push_back({x.op, fw, key});
+      if (ll && !inplace && !x.write && x.op != fw) n.gates.push_back({x.op, fw, key});
     }
     if (second_write >= 0 && !n.double_write) n.double_write = Need{fw, uint32_t(second_write), key};  // keys ascend
   }
@@ -289,8 +290,12 @@ AccessNeeds access_needs(const Schedule& s, bool inplace, bool ll) {
   for (const Op& op : s.ops)
     for (const auto* list : {&op.srcs, &op.dsts})
       for (const Ref& r : *list) ++refs, chunks += r.count;
-  return chunks >= 16 * std::max<int64_t>(refs, 1) ? access_needs_by_ranges(s, inplace, ll)
-                                                   : access_needs_by_chunks(s, inplace, ll);
+  AccessNeeds n = chunks >= 16 * std::max<int64_t>(refs, 1) ? access_needs_by_ranges(s, inplace, ll)
+                                                            : access_needs_by_chunks(s, inplace, ll);
+  // Kept through a bucket's sync and proof (hb.hpp DataNeeds): not the
+  // doubling growth's slack, up to half of it.
+  for (auto* v : {&n.within, &n.reuse, &n.gates}) v->shrink_to_fit();
+  return n;
 }
 
 }  // namespace mk::verify

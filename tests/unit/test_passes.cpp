@@ -224,14 +224,14 @@ TEST_CASE("lower: running out of memory is jit E005 naming the pass, not an inte
   return;
 #endif
   // A child process with its address space capped a little above what it
-  // already uses lowers a 256-rank hierarchical all-reduce (about 570 MB).
+  // already uses lowers a 256-rank hierarchical all-reduce (a few hundred MB).
   ir::Schedule s = dsl::build(*dsl::find_schedule("allreduce.hier"), topology::parse("32x8:direct", 256), 0);
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     long pages = 0;
     std::ifstream("/proc/self/statm") >> pages;
-    const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(96) << 20);
+    const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(48) << 20);
     const struct rlimit r = {cap, cap};
     setrlimit(RLIMIT_AS, &r);
     int code = 2;  // lowered: the cap was too generous
