@@ -67,8 +67,15 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
 
   // Plans are for root 0 (the kernel relabels ranks for the caller's root): a
   // schedule written for another root (IR JSON may say so) is relabelled first.
+  Lowered out;
+  // Orders as written: where the relabelling moves ranks, asked of the
+  // schedule as written (its messages name the author's ranks); otherwise
+  // answered by verify's own symbolic run.
+  const bool relabelled = collective_rooted(s.coll) && s.root != 0;
+  if (o.orders && relabelled) out.nondeterministic_written = verify::nondeterminism(s);
   s = verify::rotate_root(std::move(s), 0);
-  verify::verify_semantics(s);  // prove the author's program before touching it
+  // prove the author's program before touching it
+  verify::verify_semantics(s, o.orders && !relabelled ? &out.nondeterministic_written : nullptr);
   dump("verify", s);
   s = passes::compact_scratch(std::move(s));  // sparse slot numbers would size everything below
 
@@ -91,7 +98,9 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
   s = passes::fuse(std::move(s));
   dump("fuse", s);
 
-  verify::analyze(s);  // positions and final reductions; re-proves the rewritten program
+  // positions and final reductions; re-proves the rewritten program (and,
+  // asked, its orders: the variants' unless their data ops differ)
+  verify::analyze(s, o.orders ? &out.nondeterministic_lowered : nullptr);
   dump("analyze", s);
 
   s = passes::parallelize(std::move(s), o.instances);
@@ -100,7 +109,6 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
   s = passes::assign_tbs(std::move(s), o.max_tbs);
   dump("assign", s);
 
-  Lowered out;
   out.buckets = passes::plan_buckets(s, o.min_bytes, o.max_bytes, o.proto);
   const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const size_t nb = out.buckets.size();
@@ -131,6 +139,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
   // the clock memory.
   const size_t budget = verify::kClockBudget / std::max<size_t>(1, todo.size());
   std::vector<double> ms(nb, 0);
+  std::vector<std::string> orders(nb);  // of variants whose data ops differ from `s`
   side_by_side(todo.size(), [&](size_t k) {
     const size_t b = todo[k];
     const auto t = std::chrono::steady_clock::now();
@@ -146,7 +155,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     // and insert_sync may only add sync ops: when the data ops are still
     // exactly those of `s`, proving the meaning again would repeat the same
     // symbolic run (seconds at 1024 ranks).
-    if (!ir::same_data_ops(v, s)) verify::verify_semantics(v);
+    if (!ir::same_data_ops(v, s)) verify::verify_semantics(v, o.orders ? &orders[b] : nullptr);
     verify::verify_sync_budget(v, budget, verify::SymMode::automatic, {&s, &needs});
     ms[b] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
   });
@@ -160,6 +169,8 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     if (watched) dump("protocol", chosen[b], chose_ms[b]);
     dump("sync", vs[b], ms[b]);
   }
+  for (size_t b = 0; b < nb && out.nondeterministic_lowered.empty(); ++b)
+    out.nondeterministic_lowered = std::move(orders[source[b]]);
   for (auto& v : vs) out.variants.push_back(std::move(v));
   return out;
 }

@@ -41,6 +41,10 @@ struct LowerOptions {
   // "Guarantees" header is enforced where it is broken, not downstream. On in
   // tests and fuzzing; off by default (the final proof runs anyway).
   bool verify_each = false;
+  // Also ask whether every rank combines each reduction in the same order
+  // (verify_deterministic), as written and as lowered: answered by the
+  // symbolic runs of verify and analyze (Lowered::nondeterministic_*).
+  bool orders = false;
   // Called after every pass with its name (for --dump-after), its wall time
   // and whether it changed the printed IR.
   std::function<void(std::string_view pass, const ir::Schedule&, const PassInfo&)> on_pass;
@@ -49,6 +53,10 @@ struct LowerOptions {
 struct Lowered {
   std::vector<passes::Bucket> buckets;
   std::vector<ir::Schedule> variants;  // one per bucket: synced and verified
+  // With LowerOptions::orders: why ranks combine a reduction in different
+  // orders ("" when they do not), as written and as lowered (the first
+  // variant, in bucket order, whose answer is not "").
+  std::string nondeterministic_written, nondeterministic_lowered;
 };
 
 // Names accepted by --dump-after, in pipeline order.

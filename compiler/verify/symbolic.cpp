@@ -582,7 +582,7 @@ void verify_bounds(const Schedule& s) {
   }
 }
 
-void verify_semantics(const Schedule& s) {
+void verify_semantics(const Schedule& s, std::string* orders) {
   bool any = std::any_of(s.ops.begin(), s.ops.end(), [](const Op& o) { return o.is_data(); });
   if (!any)
     throw Error(ErrId::verify_E012,
@@ -594,13 +594,21 @@ void verify_semantics(const Schedule& s) {
   // The two aliasings are independent runs: side by side (at 1024 ranks each
   // is about a second for a reducing schedule). An out-of-place failure is
   // reported first, as when they ran one after the other.
-  side_by_side(2, [&](size_t k) { run(s, k == 1); });
+  // With `orders`, the out-of-place run also answers verify_deterministic.
+  side_by_side(2, [&](size_t k) {
+    Outcome o = run(s, k == 1, {}, orders && k == 0);
+    if (orders && k == 0) *orders = std::move(o.nondeterministic);
+  });
 }
 
-void analyze(Schedule& s) {
+void analyze(Schedule& s, std::string* orders) {
   verify_bounds(s);
   std::vector<OpFacts> a, b;
-  side_by_side(2, [&](size_t k) { (k == 0 ? a : b) = run(s, k == 1).facts; });
+  side_by_side(2, [&](size_t k) {
+    Outcome o = run(s, k == 1, {}, orders && k == 0);
+    if (orders && k == 0) *orders = std::move(o.nondeterministic);
+    (k == 0 ? a : b) = std::move(o.facts);
+  });
   for (size_t i = 0; i < s.ops.size(); ++i) {
     MK_CHECK(a[i].pos == b[i].pos && a[i].complete == b[i].complete,
              "positions differ between in-place and out-of-place");
@@ -618,13 +626,20 @@ void verify_all(const Schedule& s) {
 
 namespace mk::verify {
 
-void verify_deterministic(const Schedule& s) {
+std::string nondeterminism(const Schedule& s) {
   // One aliasing suffices: in-place and out-of-place run the same ops.
-  const std::string why = run(s, false, {}, true).nondeterministic;
-  if (!why.empty())
-    throw Error(ErrId::verify_E015, why, s.loc,
-                "reduce each chunk once and copy the result to the other ranks, or list every rank's sources in "
-                "one order (e.g. by rank) on every rank");
+  return run(s, false, {}, true).nondeterministic;
+}
+
+Error nondeterministic_error(const Schedule& s, const std::string& why) {
+  return Error(ErrId::verify_E015, why, s.loc,
+               "reduce each chunk once and copy the result to the other ranks, or list every rank's sources in "
+               "one order (e.g. by rank) on every rank");
+}
+
+void verify_deterministic(const Schedule& s) {
+  const std::string why = nondeterminism(s);
+  if (!why.empty()) throw nondeterministic_error(s, why);
 }
 
 Schedule rotate_root(Schedule s, int32_t root) {

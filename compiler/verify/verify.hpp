@@ -43,16 +43,23 @@
 namespace mk::verify {
 
 void verify_bounds(const ir::Schedule& s);
-void verify_semantics(const ir::Schedule& s);
+// With `orders` (non-null), the out-of-place run also answers
+// verify_deterministic's question at little extra cost: *orders is why ranks
+// combine a reduction in different orders, "" when they do not.
+void verify_semantics(const ir::Schedule& s, std::string* orders = nullptr);
 void verify_links(const ir::Schedule& s);
 void verify_sync(const ir::Schedule& s);
 // All of the above that apply to the schedule's stage (verify_sync only once
 // synced).
 void verify_all(const ir::Schedule& s);
 
-void analyze(ir::Schedule& s);
+void analyze(ir::Schedule& s, std::string* orders = nullptr);  // `orders` as for verify_semantics
 
 void verify_deterministic(const ir::Schedule& s);  // throws mk.verify.E015
+// Its two halves: why ranks combine a reduction in different orders ("" when
+// they do not), and the E015 error that says so.
+std::string nondeterminism(const ir::Schedule& s);
+Error nondeterministic_error(const ir::Schedule& s, const std::string& why);
 
 // The communicator's default symmetric scratch per rank (MK_SCRATCH_BYTES).
 inline constexpr int64_t kDefaultScratchBytes = int64_t(256) << 20;

@@ -864,6 +864,53 @@ TEST_CASE("verify: mk.verify.E015 ranks that reduce in different orders") {
   CHECK(contains(c.message, "last written by %5 (copy on rank 2, step 1)"));
 }
 
+TEST_CASE("lower with orders answers verify_deterministic, as written and as lowered, in its own runs") {
+  // The schedule of the E015 case above: each rank adds its own input first.
+  Program p(Collective::allreduce, 3, 0, "test.order");
+  for (int r = 0; r < 3; ++r) {
+    std::vector<dsl::Chunk> srcs{p.input(r, 0)};
+    for (int q = 0; q < 3; ++q)
+      if (q != r) srcs.push_back(p.input(q, 0));
+    p.reduce(p.scratch(r, 0), srcs);
+  }
+  for (int r = 0; r < 3; ++r) p.copy(p.output(r, 0), p.scratch(r, 0));
+  const ir::Schedule s = p.ir();
+  compiler::LowerOptions o;
+  o.orders = true;
+  ir::Schedule analyzed;  // as lowered: the data ops the variants run, before thread blocks
+  o.on_pass = [&](std::string_view pass, const ir::Schedule& x, const compiler::PassInfo&) {
+    if (pass == "analyze") analyzed = x;
+  };
+  const compiler::Lowered l = compiler::lower(s, o);
+  o.on_pass = nullptr;
+  CHECK(contains(l.nondeterministic_written, "ranks 0 and 2 combine the contributions to input chunk 0"));
+  CHECK(l.nondeterministic_written == verify::nondeterminism(s));
+  CHECK(l.nondeterministic_lowered == verify::nondeterminism(analyzed));
+  CHECK(contains(verify::nondeterminism(l.variants.front()), "ranks 0 and 2 combine"));
+  CHECK(verify::nondeterministic_error(s, l.nondeterministic_written).id() == ErrId::verify_E015);
+  // not asked: not answered
+  const compiler::Lowered quiet = compiler::lower(s, {});
+  CHECK(quiet.nondeterministic_written.empty());
+  CHECK(quiet.nondeterministic_lowered.empty());
+  // Every built-in, rooted ones also as written for root 1 (relabelled before
+  // the proof): the answers of separate runs.
+  for (const auto& info : dsl::registered_schedules())
+    for (int n : {3, 4}) {
+      CAPTURE(info.name);
+      CAPTURE(n);
+      std::vector<ir::Schedule> forms{dsl::build(info, n)};
+      if (collective_rooted(info.coll)) forms.push_back(verify::rotate_root(forms[0], 1));
+      for (const ir::Schedule& raw : forms) {
+        const compiler::Lowered x = compiler::lower(raw, o);
+        CHECK(x.nondeterministic_written == verify::nondeterminism(raw));
+        std::string lowered;
+        for (const auto& v : x.variants)
+          if (lowered.empty()) lowered = verify::nondeterminism(v);
+        CHECK(x.nondeterministic_lowered.empty() == lowered.empty());
+      }
+    }
+}
+
 TEST_CASE("verify: built-in schedules are deterministic across ranks") {
   for (const auto& info : dsl::registered_schedules())
     for (int n : {2, 3, 4, 5, 8}) {

@@ -33,7 +33,6 @@
 #include <memory>
 
 #include "compiler/codegen/codegen.hpp"
-#include "compiler/common/side_by_side.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/cost/cost.hpp"
 #include "compiler/importers/importers.hpp"
@@ -267,37 +266,22 @@ int verify_one(const Common& o, Loaded in, bool strict, bool last) {
   const bool rooted = collective_rooted(in.coll);
   if (rooted && o.root != 0) verify::verify_root(in.raw, o.root);
   std::string determinism = "every rank combines each reduction in the same order (bit-identical results)";
-  const ir::Schedule raw = in.raw;
+  // Deterministic as written and as lowered (what the kernel runs), answered
+  // by the lowering's own symbolic runs (LowerOptions::orders).
+  compiler::LowerOptions lo = lower_options(o);
+  lo.orders = true;
   // The last schedule's lowering is freed at exit, not here: a 1024-rank
   // schedule's millions of ops take a second to free.
-  auto owned = std::make_unique<compiler::Lowered>(compiler::lower(std::move(in.raw), lower_options(o)));  // proves it first
+  auto owned = std::make_unique<compiler::Lowered>(compiler::lower(std::move(in.raw), lo));  // proves it first
   compiler::Lowered& l = *owned;
   if (last) owned.release();  // NOLINT: on purpose
-  // Deterministic as written and as lowered (what the kernel runs): one
-  // symbolic run each, side by side. Variants differ in protocol and sync
-  // only: their reductions are those of the first with the same data ops.
-  std::vector<const ir::Schedule*> check{&raw};
-  for (size_t k = 0; k < l.variants.size(); ++k)
-    if (k == 0 || !ir::same_data_ops(l.variants[k], l.variants[k - 1])) check.push_back(&l.variants[k]);
-  std::vector<std::exception_ptr> found(check.size());
-  side_by_side(check.size(), [&](size_t k) {
-    try {
-      verify::verify_deterministic(*check[k]);
-    } catch (...) {
-      found[k] = std::current_exception();
-    }
-  });
-  // As when they ran one after the other: the first failure (as written
-  // before as lowered) is the answer, a later one is not looked at; E015 is
-  // a warning without --strict. Then the resource checks.
-  for (const auto& e : found) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& x) {
-      if (strict || x.id() != ErrId::verify_E015) throw;
-      std::cerr << "mkc: warning: " << x.what() << "\n";
-    }
+  // The first answer that is not "" (as written before as lowered) is
+  // reported; E015 is a warning without --strict. Then the resource checks.
+  for (const std::string* why : {&l.nondeterministic_written, &l.nondeterministic_lowered}) {
+    if (why->empty()) continue;
+    const Error x = verify::nondeterministic_error(l.variants.front(), *why);
+    if (strict) throw x;
+    std::cerr << "mkc: warning: " << x.what() << "\n";
     determinism = "NOT deterministic across ranks (see the warning; --strict refuses it)";
     break;
   }
