@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <exception>
 #include <nlohmann/json.hpp>
-#include <thread>
+#include <mutex>
 
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/verify/verify.hpp"
@@ -51,11 +51,12 @@ std::vector<int32_t> served_by_all(const std::vector<codegen::Unit>& units) {
 std::string options_json(const CompileOptions& o) {
   // A new field breaks one of these bindings: serialise it below.
   const auto& [arch, dtype, op, lower, use_cache, rank] = o;
-  const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_pass] = lower;
+  const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_variant, on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
                simple_instances, ll_instances, max_grid] = proto;
   (void)use_cache;  // where the plan is kept, not what it is
   (void)on_pass;      // observes the passes, changes nothing
+  (void)on_variant;   // how compile_plan takes each variant, not what it is
   (void)verify_each;  // checks the passes, changes nothing
   (void)orders;       // asks a question of the schedule, changes nothing
   const nlohmann::json j = {
@@ -117,39 +118,50 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
       fs::remove_all(cached, ec);
     }
   }
-  auto t0 = std::chrono::steady_clock::now();
-  Lowered l = lower(std::move(built), o.lower);
-  st.lower_ms = ms_since(t0);
-
-  for (const auto& v : l.variants) verify::verify_resources(v);  // refuse what no communicator could load
+  // Each bucket, as soon as it is proved (in its lowering worker, while the
+  // other bucket is still synchronised): the resource check, code generation
+  // and NVRTC; then its ops go (the plan needs the variant's settings only:
+  // millions of ops at 1024 ranks, most of the memory).
+  const std::string tag = fmt::format("{}_n{}_{}_{}", codegen::identifier(built.name), built.nranks, name(o.dtype),
+                                      name(o.op));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<codegen::Unit> units;
+  std::vector<jit::CompileResult> results;
+  std::vector<double> started_ms, codegen_ms, nvrtc_ms;
+  std::mutex sizing;  // the first bucket's worker sizes the vectors; each then writes its own
+  LowerOptions lo = o.lower;
+  lo.on_variant = [&](size_t b, size_t nb, ir::Schedule& v) {
+    {
+      std::lock_guard<std::mutex> g(sizing);
+      if (units.empty()) {
+        units.resize(nb);
+        results.resize(nb);
+        started_ms.assign(nb, 0);
+        codegen_ms.assign(nb, 0);
+        nvrtc_ms.assign(nb, 0);
+      }
+    }
+    started_ms[b] = ms_since(t0);
+    verify::verify_resources(v);  // refuse what no communicator could load
+    auto t = std::chrono::steady_clock::now();
+    units[b] = codegen::generate_one(v, b, nb, o.dtype, o.op, tag, {}, o.rank);
+    codegen_ms[b] = ms_since(t);
+    std::vector<ir::Op>().swap(v.ops);
+    t = std::chrono::steady_clock::now();
+    results[b] = jit::compile(units[b].source, units[b].kernel.name, o.arch, o.use_cache);
+    nvrtc_ms[b] = ms_since(t);
+  };
+  Lowered l = lower(std::move(built), lo);
+  MK_CHECK(units.size() == l.variants.size(), "compile_plan: a bucket was not generated");
+  // The split of the wall time (CompileStats): until the last bucket was
+  // proved, then that bucket's codegen and NVRTC; the others' ran meanwhile.
+  size_t last = 0;
+  for (size_t b = 1; b < units.size(); ++b)
+    if (started_ms[b] > started_ms[last]) last = b;
+  st.lower_ms = started_ms[last];
+  st.codegen_ms = codegen_ms[last];
+  st.nvrtc_ms = nvrtc_ms[last];
   const ir::Schedule& s0 = l.variants.front();
-  const std::string tag = fmt::format("{}_n{}_{}_{}", codegen::identifier(s0.name), s0.nranks, name(o.dtype), name(o.op));
-  t0 = std::chrono::steady_clock::now();
-  std::vector<codegen::Unit> units = codegen::generate(l.variants, o.dtype, o.op, tag, {}, o.rank);
-  st.codegen_ms = ms_since(t0);
-
-  // One NVRTC program per bucket, compiled side by side.
-  t0 = std::chrono::steady_clock::now();
-  std::vector<jit::CompileResult> results(units.size());
-  std::vector<std::exception_ptr> errors(units.size());
-  {
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < units.size(); ++i)
-      threads.emplace_back([&, i] {
-        try {
-          results[i] = jit::compile(units[i].source, units[i].kernel.name, o.arch, o.use_cache);
-        } catch (...) {
-          errors[i] = std::current_exception();
-        }
-      });
-    // The plan needs the variants' settings, not their ops: freed while
-    // NVRTC runs (millions at 1024 ranks, most of the memory).
-    for (auto& v : l.variants) std::vector<ir::Op>().swap(v.ops);
-    for (auto& t : threads) t.join();
-  }
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  st.nvrtc_ms = ms_since(t0);
   st.cubins_cached = std::all_of(results.begin(), results.end(), [](const auto& r) { return r.from_cache; });
 
   plan::Plan p;

@@ -18,6 +18,9 @@ struct CompileOptions {
   int32_t rank = -1;
 };
 
+// The wall time's split: lowering until the last size bucket was proved,
+// then that bucket's code generation and NVRTC (each bucket's ran in its
+// lowering worker as soon as it was proved, overlapping the others).
 struct CompileStats {
   double lower_ms = 0, codegen_ms = 0, nvrtc_ms = 0;
   bool from_cache = false;    // the whole plan came from the plan cache
@@ -26,7 +29,7 @@ struct CompileStats {
 
 // Every compile option that shapes a plan, serialised as JSON text: arch,
 // dtype, op, rank and all of LowerOptions and ProtocolOptions. `use_cache` and
-// `LowerOptions::on_pass` and `verify_each` do not shape the plan and are left out. The fields
+// `LowerOptions::on_pass`, `on_variant`, `orders` and `verify_each` do not shape the plan and are left out. The fields
 // are taken apart with structured bindings, so adding a field to one of these
 // structs fails to compile here until it is serialised (or named as excluded).
 std::string options_json(const CompileOptions& o);

@@ -112,65 +112,55 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
   out.buckets = passes::plan_buckets(s, o.min_bytes, o.max_bytes, o.proto);
   const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const size_t nb = out.buckets.size();
-  std::vector<ir::Schedule> vs;
-  // Synchronisation depends on the protocol and scratch depth only: buckets
-  // that share both share the (expensive) sync and its proof.
-  std::vector<size_t> source(nb);
-  std::vector<size_t> todo;
+  // Each bucket its own sync and proof (plan_buckets makes at most one per
+  // protocol, and sync depends on the protocol).
+  std::vector<ir::Schedule> vs(nb);
   // Observers see protocol then sync for each bucket in turn, as if they ran
   // one after the other: keep the schedules after protocol for them.
   const bool watched = o.on_pass || o.verify_each;
   std::vector<ir::Schedule> chosen;
   std::vector<double> chose_ms;
-  vs.resize(nb);
   for (size_t b = 0; b < nb; ++b) {
     const auto t = std::chrono::steady_clock::now();
     if (watched) chosen.push_back(passes::choose_protocol(s, out.buckets[b]));
     chose_ms.push_back((b == 0 ? plan_ms : 0) +
                        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
-    source[b] = b;
-    const auto& x = out.buckets[b];
-    for (size_t k = 0; k < b; ++k)
-      if (source[k] == k && out.buckets[k].proto == x.proto && out.buckets[k].depth == x.depth) source[b] = k;
-    if (source[b] == b) todo.push_back(b);
   }
-  // The distinct variants' sync and proof, side by side where there are cores
-  // (LL and simple: about half the time at 1024 ranks), each with its share of
-  // the clock memory.
-  const size_t budget = verify::kClockBudget / std::max<size_t>(1, todo.size());
+  // The buckets' sync and proof, side by side where there are cores (LL and
+  // simple: about half the time at 1024 ranks), each with its share of the
+  // clock memory; then, in the same worker, on_variant.
+  const size_t budget = verify::kClockBudget / std::max<size_t>(1, nb);
   std::vector<double> ms(nb, 0);
   std::vector<std::string> orders(nb);  // of variants whose data ops differ from `s`
-  side_by_side(todo.size(), [&](size_t k) {
-    const size_t b = todo[k];
+  side_by_side(nb, [&](size_t b) {
     const auto t = std::chrono::steady_clock::now();
     ir::Schedule& v = vs[b];
     v = passes::choose_protocol(s, out.buckets[b]);  // the copy of `s` here: side by side too
     // The access needs once for the sync and its proof (hb.hpp DataNeeds):
     // `s`'s ops are those insert_sync starts from, with this bucket's protocol.
-    const verify::DataNeeds needs = verify::data_needs(v, v.proto == ir::Proto::ll);
-    v = passes::insert_sync(std::move(v), budget, &needs);
-    // Final proof: meaning, bounds, pairing, no deadlock, no race. Analyze
-    // proved the meaning; parallelize and assign_tbs change no data op
-    // (verify_each re-proves after each in the tests), and choose_protocol
-    // and insert_sync may only add sync ops: when the data ops are still
-    // exactly those of `s`, proving the meaning again would repeat the same
-    // symbolic run (seconds at 1024 ranks).
-    if (!ir::same_data_ops(v, s)) verify::verify_semantics(v, o.orders ? &orders[b] : nullptr);
-    verify::verify_sync_budget(v, budget, verify::SymMode::automatic, {&s, &needs});
+    {
+      const verify::DataNeeds needs = verify::data_needs(v, v.proto == ir::Proto::ll);
+      v = passes::insert_sync(std::move(v), budget, &needs);
+      // Final proof: meaning, bounds, pairing, no deadlock, no race. Analyze
+      // proved the meaning; parallelize and assign_tbs change no data op
+      // (verify_each re-proves after each in the tests), and choose_protocol
+      // and insert_sync may only add sync ops: when the data ops are still
+      // exactly those of `s`, proving the meaning again would repeat the same
+      // symbolic run (seconds at 1024 ranks).
+      if (!ir::same_data_ops(v, s)) verify::verify_semantics(v, o.orders ? &orders[b] : nullptr);
+      verify::verify_sync_budget(v, budget, verify::SymMode::automatic, {&s, &needs});
+    }
     ms[b] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+    if (o.on_variant && !watched) o.on_variant(b, nb, v);
   });
   for (size_t b = 0; b < nb; ++b) {
-    if (source[b] != b) {
-      ir::Schedule w = vs[source[b]];
-      w.tile_bytes = vs[b].tile_bytes;
-      w.instances = vs[b].instances;
-      vs[b] = std::move(w);
-    }
     if (watched) dump("protocol", chosen[b], chose_ms[b]);
     dump("sync", vs[b], ms[b]);
   }
+  if (o.on_variant && watched)
+    for (size_t b = 0; b < nb; ++b) o.on_variant(b, nb, vs[b]);
   for (size_t b = 0; b < nb && out.nondeterministic_lowered.empty(); ++b)
-    out.nondeterministic_lowered = std::move(orders[source[b]]);
+    out.nondeterministic_lowered = std::move(orders[b]);
   for (auto& v : vs) out.variants.push_back(std::move(v));
   return out;
 }

@@ -45,6 +45,13 @@ struct LowerOptions {
   // (verify_deterministic), as written and as lowered: answered by the
   // symbolic runs of verify and analyze (Lowered::nondeterministic_*).
   bool orders = false;
+  // Called once per bucket with its variant (synced and proved) and the
+  // number of buckets, as soon as that bucket is done: in the bucket's worker,
+  // while other buckets are still being lowered (compile_plan generates code
+  // and runs NVRTC here). It may take the variant's ops (Lowered then holds
+  // it without them). With on_pass or verify_each it is called after the
+  // last pass instead, in bucket order. A failure here is the bucket's.
+  std::function<void(size_t bucket, size_t buckets, ir::Schedule& variant)> on_variant;
   // Called after every pass with its name (for --dump-after), its wall time
   // and whether it changed the printed IR.
   std::function<void(std::string_view pass, const ir::Schedule&, const PassInfo&)> on_pass;

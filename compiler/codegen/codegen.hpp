@@ -92,6 +92,10 @@ struct Unit {
 // Throws Error(jit_E005) when a bucket's kernel exceeds `lim`.
 std::vector<Unit> generate(const std::vector<ir::Schedule>& variants, DType dtype, RedOp op,
                            const std::string& tag, const Limits& lim = {}, int32_t rank = -1);
+// One bucket's unit: variant `bucket` of `buckets` (what generate does for
+// each, side by side). compile_plan calls it as each bucket is proved.
+Unit generate_one(const ir::Schedule& variant, size_t bucket, size_t buckets, DType dtype, RedOp op,
+                  const std::string& tag, const Limits& lim = {}, int32_t rank = -1);
 
 // The embedded templates/*.cuh (name, contents), for NVRTC.
 const std::vector<std::pair<std::string_view, std::string_view>>& embedded_templates();

@@ -363,6 +363,7 @@ ir::Schedule insert_sync(ir::Schedule s, size_t clock_budget, const verify::Data
     std::sort(group, waits.end(), [](const Wait& a, const Wait& b) { return a.slot != b.slot ? a.slot < b.slot : a.iter > b.iter; });
     waits.erase(std::unique(group, waits.end(), [](const Wait& a, const Wait& b) { return a.slot == b.slot; }), waits.end());
   }
+  std::vector<SyncEdge>().swap(edges);  // waits and wants hold what is left of them; the new ops need the room
   int32_t next_id = s.next_id();
   std::vector<Op> out;
   out.reserve(n + waits.size() + wants.size());

@@ -3,6 +3,9 @@
 // the structural checks after every pass of the pipeline.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <mutex>
+
 #include "compiler/passes/passes.hpp"
 #include "compiler/pipeline.hpp"
 #include "compiler/verify/hb.hpp"
@@ -208,6 +211,47 @@ TEST_CASE("lower: verify_each checks after every pass, the log names every pass 
     }
 }
 
+TEST_CASE("lower: on_variant sees each bucket once, synced and proved, and may take its ops") {
+  for (bool watched : {false, true}) {
+    CAPTURE(watched);
+    compiler::LowerOptions o;
+    o.verify_each = watched;  // then after the last pass, in bucket order
+    std::mutex m;
+    std::vector<size_t> order, total;
+    std::vector<size_t> ops;
+    std::vector<std::string> passes_then;
+    std::vector<std::string> passes;
+    if (watched)
+      o.on_pass = [&](std::string_view pass, const ir::Schedule&, const compiler::PassInfo&) {
+        passes.emplace_back(pass);
+      };
+    o.on_variant = [&](size_t b, size_t nb, ir::Schedule& v) {
+      std::lock_guard<std::mutex> g(m);
+      order.push_back(b);
+      total.push_back(nb);
+      CHECK(v.synced);
+      CHECK_NOTHROW(verify::verify_sync(v));
+      if (ops.size() <= b) ops.resize(b + 1);
+      ops[b] = v.ops.size();
+      passes_then.push_back(passes.empty() ? "" : passes.back());
+      if (b == 0) std::vector<ir::Op>().swap(v.ops);  // taken
+    };
+    const compiler::Lowered l = compiler::lower(dsl::build(*dsl::find_schedule("allreduce.ring"), 4), o);
+    REQUIRE(l.variants.size() == 2);  // LL and simple
+    std::vector<size_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(sorted == std::vector<size_t>{0, 1});
+    CHECK(total == std::vector<size_t>{2, 2});
+    CHECK(l.variants[0].ops.empty());
+    CHECK(l.variants[1].ops.size() == ops[1]);
+    CHECK(ops[0] > 0);
+    if (watched) {
+      CHECK(order == std::vector<size_t>{0, 1});
+      CHECK(passes_then == std::vector<std::string>{"sync", "sync"});  // after the log's last pass
+    }
+  }
+}
+
 // ---- size limits ------------------------------------------------------------
 
 #include <sys/resource.h>
@@ -224,14 +268,14 @@ TEST_CASE("lower: running out of memory is jit E005 naming the pass, not an inte
   return;
 #endif
   // A child process with its address space capped a little above what it
-  // already uses lowers a 256-rank hierarchical all-reduce (a few hundred MB).
-  ir::Schedule s = dsl::build(*dsl::find_schedule("allreduce.hier"), topology::parse("32x8:direct", 256), 0);
+  // already uses lowers a 512-rank hierarchical all-reduce (about 480 MB more).
+  ir::Schedule s = dsl::build(*dsl::find_schedule("allreduce.hier"), topology::parse("64x8:direct", 512), 0);
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     long pages = 0;
     std::ifstream("/proc/self/statm") >> pages;
-    const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(48) << 20);
+    const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(64) << 20);
     const struct rlimit r = {cap, cap};
     setrlimit(RLIMIT_AS, &r);
     int code = 2;  // lowered: the cap was too generous
