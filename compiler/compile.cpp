@@ -51,7 +51,8 @@ std::vector<int32_t> served_by_all(const std::vector<codegen::Unit>& units) {
 std::string options_json(const CompileOptions& o) {
   // A new field breaks one of these bindings: serialise it below.
   const auto& [arch, dtype, op, lower, use_cache, rank] = o;
-  const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_variant, on_pass] = lower;
+  const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_variant,
+               on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
                simple_instances, ll_instances, max_grid] = proto;
   (void)use_cache;  // where the plan is kept, not what it is
