@@ -243,6 +243,7 @@ SyncNeeds sync_needs(const ir::Schedule& s, const verify::DataNeeds* given) {
   // counted into place, then each op's few sorted.
   auto lists = [&](std::vector<verify::Need> verify::AccessNeeds::*which) {
     OpLists l;
+    MK_CHECK((acc[0]->*which).size() + (acc[1]->*which).size() < (size_t(1) << 32), "insert_sync: too many needs");
     l.at.assign(n + 1, 0);
     for (const auto* a : acc)
       for (const verify::Need& x : a->*which) {
