@@ -240,31 +240,25 @@ SyncNeeds sync_needs(const ir::Schedule& s, const verify::DataNeeds* given) {
     acc[inplace] = !given ? &own[inplace] : inplace ? &given->in_place : &given->out_of_place;
   }
   // Per op b, the a of every (a, b) in both modes, latest first, once each:
-  // counted into place, then each op's few sorted.
+  // ordered by b (counting sort), then each op's few sorted.
   auto lists = [&](std::vector<verify::Need> verify::AccessNeeds::*which) {
+    const std::vector<verify::Need>&v0 = acc[0]->*which, &v1 = acc[1]->*which;
+    auto need = [&](size_t i) -> const verify::Need& { return i < v0.size() ? v0[i] : v1[i - v0.size()]; };
+    const size_t count = v0.size() + v1.size();
+    for (size_t i = 0; i < count; ++i)
+      MK_CHECK(need(i).a < n && need(i).b < n, "insert_sync: an access need outside the schedule");
+    const KeyOrder by_b = order_by_key(n, count, [&](size_t i) { return need(i).b; });
     OpLists l;
-    MK_CHECK((acc[0]->*which).size() + (acc[1]->*which).size() < (size_t(1) << 32), "insert_sync: too many needs");
-    l.at.assign(n + 1, 0);
-    for (const auto* a : acc)
-      for (const verify::Need& x : a->*which) {
-        MK_CHECK(x.a < n && x.b < n, "insert_sync: an access need outside the schedule");
-        ++l.at[x.b + 1];
-      }
-    for (size_t j = 0; j < n; ++j) l.at[j + 1] += l.at[j];
-    l.items.resize(l.at[n]);
-    std::vector<uint32_t> fill(l.at.begin(), l.at.end() - 1);
-    for (const auto* a : acc)
-      for (const verify::Need& x : a->*which) l.items[fill[x.b]++] = x.a;
-    uint32_t out = 0;
+    l.at.reserve(n + 1);
+    l.items.reserve(count);
     for (size_t j = 0; j < n; ++j) {
-      const auto lo = l.items.begin() + l.at[j], hi = l.items.begin() + l.at[j + 1];
-      std::sort(lo, hi, std::greater<>());
-      const auto end = std::unique(lo, hi);
-      l.at[j] = out;
-      out = uint32_t(std::copy(lo, end, l.items.begin() + out) - l.items.begin());
+      const size_t first = l.items.size();
+      for (size_t k = by_b.at[j]; k < by_b.at[j + 1]; ++k) l.items.push_back(need(by_b.order[k]).a);
+      const auto lo = l.items.begin() + std::ptrdiff_t(first);
+      std::sort(lo, l.items.end(), std::greater<>());
+      l.items.erase(std::unique(lo, l.items.end()), l.items.end());
+      l.at.push_back(uint32_t(l.items.size()));
     }
-    l.at[n] = out;
-    l.items.resize(out);
     l.items.shrink_to_fit();
     return l;
   };
