@@ -68,14 +68,12 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
   // Plans are for root 0 (the kernel relabels ranks for the caller's root): a
   // schedule written for another root (IR JSON may say so) is relabelled first.
   Lowered out;
-  // Orders as written: where the relabelling moves ranks, asked of the
-  // schedule as written (its messages name the author's ranks); otherwise
-  // answered by verify's own symbolic run.
-  const bool relabelled = collective_rooted(s.coll) && s.root != 0;
-  if (o.orders && relabelled) out.nondeterministic_written = verify::nondeterminism(s);
   s = verify::rotate_root(std::move(s), 0);
-  // prove the author's program before touching it
-  verify::verify_semantics(s, o.orders && !relabelled ? &out.nondeterministic_written : nullptr);
+  // Prove the author's program before touching it; orders as written come
+  // from the same run. Only rooted schedules are relabelled, and in them one
+  // rank (the root) holds each reduced chunk, so no two ranks' orders are
+  // compared and no message names a relabelled rank.
+  verify::verify_semantics(s, o.orders ? &out.nondeterministic_written : nullptr);
   dump("verify", s);
   s = passes::compact_scratch(std::move(s));  // sparse slot numbers would size everything below
 
