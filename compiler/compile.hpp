@@ -14,7 +14,8 @@ struct CompileOptions {
   LowerOptions lower;
   bool use_cache = true;
   // >= 0: generate and compile only the code of this rank's class
-  // (plan::Plan::serves lists its ranks); -1: every rank.
+  // (plan::Plan::serves lists its ranks; from codegen::Limits::own_rank_from
+  // ranks, this rank's code alone); -1: every rank.
   int32_t rank = -1;
 };
 

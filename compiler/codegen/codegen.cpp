@@ -337,6 +337,7 @@ struct ClassPlan {
   Shapes shapes;
   std::vector<std::vector<Stream>> items;    // [virtual rank][tb]
   std::vector<std::vector<int32_t>> members;  // [class]: virtual ranks
+  int32_t tbs = 0;                            // thread blocks per rank
   int32_t wide = 0;                           // operands of the widest wide op
   // Items of class c's code path in thread block tb (every member has the same shapes).
   const Stream& path(size_t c, size_t tb) const { return items[size_t(members[c][0])][tb]; }
@@ -372,6 +373,7 @@ ClassPlan plan_classes(const Schedule& s, int32_t M, bool generic) {
     if (op.kind != OpKind::nop) ops[size_t(op.rank)][size_t(std::max(op.tb, 0))].push_back(&op);
   ClassPlan cp;
   cp.rc.pos_rot = M;
+  cp.tbs = tbs;
   cp.items.resize(size_t(N));
   std::map<std::vector<int32_t>, int32_t> seen;  // per thread block: -1, then its items' shapes
   for (int32_t v = 0; v < N; ++v) {
@@ -392,6 +394,33 @@ ClassPlan plan_classes(const Schedule& s, int32_t M, bool generic) {
     cp.rc.class_of.push_back(found->second);
     cp.members[size_t(found->second)].push_back(v);
   }
+  cp.wide = cp.shapes.widest();
+  return cp;
+}
+
+// Rank v's program alone, as one class of one member: what a one-rank plan
+// of many ranks is generated from (Limits::own_rank_from). Every number is
+// the rank's own, so there are no rank tables and nothing of the other
+// ranks' programs is split into items: code generation is O(one rank's
+// program), not O(ranks x program). Chunk positions do not rotate
+// (rotation only lets ranks share code).
+ClassPlan own_plan(const Schedule& s, int32_t v) {
+  const Splitter sp(s, 0, false);
+  const int32_t N = s.nranks, tbs = std::max(s.tbs, 1);
+  std::vector<std::vector<const Op*>> ops(static_cast<size_t>(tbs));
+  for (const Op& op : s.ops)
+    if (op.rank == v && op.kind != OpKind::nop) ops[size_t(std::max(op.tb, 0))].push_back(&op);
+  ClassPlan cp;
+  cp.tbs = tbs;
+  cp.items.resize(size_t(N));
+  auto& mine = cp.items[size_t(v)];
+  mine.resize(size_t(tbs));
+  for (int32_t tb = 0; tb < tbs; ++tb) sp.items_of(ops[size_t(tb)], v, cp.shapes, mine[size_t(tb)]);
+  cp.rc.class_of.assign(size_t(N), -1);  // the other ranks: not generated
+  cp.rc.class_of[size_t(v)] = 0;
+  cp.rc.representative = {v};
+  cp.rc.why = {""};
+  cp.members = {{v}};
   cp.wide = cp.shapes.widest();
   return cp;
 }
@@ -745,8 +774,10 @@ class Emitter {
     }
     std::string member;
     for (int32_t v = 0; v < s_.nranks; ++v) {
-      const auto& mem = cp_.members[size_t(cp_.rc.class_of[size_t(v)])];
-      member += fmt::format("{}{}", v ? "," : "", row_only_ ? 0 : std::find(mem.begin(), mem.end(), v) - mem.begin());
+      const int32_t c = cp_.rc.class_of[size_t(v)];  // -1: a rank an own plan was not generated for
+      const auto* mem = c < 0 ? nullptr : &cp_.members[size_t(c)];
+      member += fmt::format("{}{}", v ? "," : "",
+                            row_only_ || !mem ? 0 : std::find(mem->begin(), mem->end(), v) - mem->begin());
     }
     o_ += fmt::format("// per rank: its row in its class's table{}\nstatic {} const short kMember{}[{}] = {{{}}};\n",
                       row_only_ ? fmt::format(" (only rank {}'s row is here)", only_) : "", space, b_, s_.nranks,
@@ -770,13 +801,13 @@ class Emitter {
     const int32_t nclasses = int32_t(cp_.rc.representative.size());
     size_t total_items = 0;
     for (size_t c = 0; c < cp_.members.size(); ++c)
-      for (size_t tb = 0; served_[c] && tb < cp_.items[0].size(); ++tb) total_items += cp_.path(c, tb).size();
+      for (size_t tb = 0; served_[c] && tb < size_t(cp_.tbs); ++tb) total_items += cp_.path(c, tb).size();
     const bool inline_fns = total_items <= 64;
     std::vector<Table> tables;
     for (int32_t c = 0; c < nclasses; ++c) {
       tables.emplace_back(cp_.members[size_t(c)].size());
       if (!served_[size_t(c)]) continue;
-      for (int32_t tb = 0; tb < int32_t(cp_.items[0].size()); ++tb)
+      for (int32_t tb = 0; tb < cp_.tbs; ++tb)
         if (!cp_.path(size_t(c), size_t(tb)).empty()) emit_tb(c, tb, inline_fns, tables.back());
     }
     emit_tables(tables);
@@ -795,14 +826,14 @@ class Emitter {
     std::string cls;  // -1: a class this kernel was not generated for
     for (int32_t v = 0; v < s_.nranks; ++v) {
       const int32_t c = cp_.rc.class_of[size_t(v)];
-      cls += (v ? "," : "") + std::to_string(served_[size_t(c)] && (!row_only_ || v == only_) ? c : -1);
+      cls += (v ? "," : "") + std::to_string(c >= 0 && served_[size_t(c)] && (!row_only_ || v == only_) ? c : -1);
     }
     o_ += fmt::format("  static constexpr short kClassOf[{}] = {{{}}};\n", s_.nranks, cls);
     o_ += "  switch (kClassOf[c.vrank]) {\n";
     for (int32_t c = 0; c < nclasses; ++c) {
       if (!served_[size_t(c)]) continue;
       o_ += fmt::format("    case {}:\n      switch (c.tb) {{\n", c);
-      for (int32_t tb = 0; tb < int32_t(cp_.items[0].size()); ++tb) {
+      for (int32_t tb = 0; tb < cp_.tbs; ++tb) {
         if (cp_.path(size_t(c), size_t(tb)).empty()) continue;
         const std::string row = tabled_[{c, tb}] ? fmt::format(", kT{}_c{}[kMember{}[c.vrank]]", b_, c, b_) : "";
         o_ += fmt::format("        case {}: b{}_c{}_tb{}(c{}); break;\n", tb, b_, c, tb, row);
@@ -931,9 +962,10 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
   Unit u;
   std::string& o = u.source;
   MK_CHECK(rank < s.nranks, "codegen: rank out of range");
-  const ClassPlan cp = best_plan(s);
-  const RankClasses& rc = cp.rc;
   const bool rooted = collective_rooted(s.coll);
+  const bool own = rank >= 0 && !rooted && s.nranks >= lim.own_rank_from;
+  const ClassPlan cp = own ? own_plan(s, rank) : best_plan(s);
+  const RankClasses& rc = cp.rc;
   std::vector<char> served;
   if (rank >= 0 && !rooted) {
     const int32_t mine = rc.class_of[size_t(rank)];
@@ -949,9 +981,10 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
       "#include \"kernel.cuh\"\n\n",
       s.name, name(s.coll), s.nranks, name(dtype), name(op), b, buckets, ir::name(s.proto), s.tile_bytes,
       s.instances, s.tbs, s.depth, s.scratch, s.slots, rc.representative.size(),
-      served.empty() ? ""
-                     : fmt::format("; only class {} ({} rank(s)): other ranks run nothing",
-                                   rc.class_of[size_t(rank)], u.serves.size()));
+      own              ? fmt::format("; rank {}'s own program: other ranks run nothing", rank)
+      : served.empty() ? ""
+                       : fmt::format("; only class {} ({} rank(s)): other ranks run nothing",
+                                     rc.class_of[size_t(rank)], u.serves.size()));
   o += fmt::format(
       "struct P{} {{\n  using T = {};\n  static constexpr int kRed = {};\n"
       "  static constexpr int kRanks = {}, kChunks = {}, kTbs = {}, kInstances = {}, kDepth = {};\n"

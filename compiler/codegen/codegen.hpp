@@ -73,6 +73,13 @@ struct Limits {
   // this many bytes holds only that rank's rows and serves that rank alone
   // (1024 ranks: megabytes of initialisers NVRTC parses for seconds).
   int64_t row_only_bytes = 64 << 10;
+  // A plan for one rank of at least this many ranks is generated from that
+  // rank's program alone (its own code path, every number a constant or a
+  // loop table entry, serving that rank alone) instead of from every rank's
+  // (rank classes, then the rank's rows): at 1024 ranks splitting every
+  // rank's program took seconds and hundreds of megabytes. From 128 ranks the
+  // hierarchical plans' tables already passed row_only_bytes.
+  int32_t own_rank_from = 128;
 };
 
 // One compilation unit per size bucket (compiled in parallel).
@@ -87,6 +94,8 @@ struct Unit {
 // its tables), so the kernel's size is O(one class) however many classes
 // the schedule has; Unit::serves lists the class's ranks, and on any other
 // rank the kernel does nothing (callers must refuse to launch it there).
+// From lim.own_rank_from ranks, the code is generated from that rank's
+// program alone and serves that rank (O(one rank's program) to generate).
 // Rooted collectives run the program of rank - root, which moves with the
 // root at run time: they keep every class (serves stays empty).
 // Throws Error(jit_E005) when a bucket's kernel exceeds `lim`.

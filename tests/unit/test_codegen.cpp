@@ -23,6 +23,7 @@
 #include "compiler/topology/topology.hpp"
 #include "mk/dsl.hpp"
 #include "support.hpp"
+#include "templates/ref.cuh"
 
 using namespace mk;
 using mkt::catch_error;
@@ -868,6 +869,109 @@ void check_reroll_keeps_statements(const std::vector<ir::Schedule>& variants, co
   }
 }
 
+// A traced statement with its operands as the kernel reads them: every
+// operand (data_ref, peer_data_ref, scratch_ref or a wide op's ref_halves)
+// as its 64-bit encoding, and every chunk position that rotates with the
+// rank made absolute (vrank v, kPosRot M, kChunks K), so that plans that
+// differ only in how they spell an operation (unrolled or wide, rotated
+// positions or absolute ones) give the same text. `wide` carries a wide
+// op's operand list from its `const uint64_t r[...]` line to its call.
+std::string canonical(const std::string& line, long long v, long long M, long long K, std::string& wide) {
+  auto absolute = [&](long long p, bool rot) { return rot ? (p + v * M) % K : p; };
+  auto enc = [&](uint64_t e) {
+    if ((e & 3) != mk::dev::kRefScratch && (e & 8)) {
+      const long long p = absolute(int64_t(e >> 32), true);
+      e = (e & 0xffffffffull & ~uint64_t(8)) | (uint64_t(uint32_t(p)) << 32);
+    }
+    return fmt::format("{:#x}", e);
+  };
+  static const std::regex ref(
+      R"(mk::dev::(data_ref|peer_data_ref|scratch_ref|ref_halves)\(([^()]*)\))"),
+      op(R"(c\.template op<(\d+), (\d+), (true|false), (true|false), \d+u, \d+u>\(\{(.*)\}, \{(.*)\}, mk::dev::pos_code\((-?\d+), (true|false)\)\)\) return;)"),
+      op_wide(R"(c\.template op_wide<(true|false), (true|false)>\(r, (\d+), (\d+), mk::dev::pos_code\((-?\d+), (true|false)\)\)\) return;)");
+  auto refs = [&](const std::string& list) {
+    std::vector<std::string> out;
+    for (std::sregex_iterator it(list.begin(), list.end(), ref), end; it != end; ++it) {
+      const std::string fn = (*it)[1];
+      std::vector<long long> a;
+      std::string args = (*it)[2];
+      for (char& c : args)
+        if (c == ',') c = ' ';
+      std::istringstream in(args);
+      for (std::string w; in >> w;) {
+        if (w == "true" || w == "false") a.push_back(w == "true");
+        else if (w.rfind("mk::dev::kRef", 0) == 0) a.push_back(w == "mk::dev::kRefIn" ? 0 : 1);
+        else a.push_back(std::stoll(w));
+      }
+      uint64_t e = 0;
+      if (fn == "data_ref") e = mk::dev::data_ref(int(a.at(0)), int(a.at(1)), a.at(2), int(a.at(3)), a.at(4));
+      else if (fn == "peer_data_ref")
+        e = mk::dev::peer_data_ref(int(a.at(0)), int(a.at(1)), int(a.at(2)), a.at(3), int(a.at(4)), a.at(5));
+      else if (fn == "scratch_ref") e = mk::dev::scratch_ref(int(a.at(0)), int(a.at(1)));
+      else e = mk::dev::ref_halves(int32_t(a.at(0)), int32_t(a.at(1)));
+      out.push_back(enc(e));
+    }
+    return out;
+  };
+  auto join = [](const std::vector<std::string>& v, size_t from, size_t to) {
+    std::string o;
+    for (size_t i = from; i < to; ++i) o += (i > from ? "," : "") + v[i];
+    return o;
+  };
+  std::smatch m;
+  if (line.rfind("const uint64_t r[", 0) == 0) {
+    wide = line;
+    return "";
+  }
+  if (std::regex_search(line, m, op)) {
+    const auto r = refs(m[5].str() + " " + m[6].str());
+    const size_t ns = std::stoul(m[1]);
+    return fmt::format("op red={} fin={} src={} dst={} pos={}", m[3].str(), m[4].str(), join(r, 0, ns),
+                       join(r, ns, r.size()), absolute(std::stoll(m[7]), m[8] == "true"));
+  }
+  if (std::regex_search(line, m, op_wide)) {
+    REQUIRE_FALSE(wide.empty());
+    const auto r = refs(wide);
+    wide.clear();
+    const size_t ns = std::stoul(m[3]);
+    REQUIRE(r.size() == ns + std::stoul(m[4]));
+    return fmt::format("op red={} fin={} src={} dst={} pos={}", m[1].str(), m[2].str(), join(r, 0, ns),
+                       join(r, ns, r.size()), absolute(std::stoll(m[5]), m[6] == "true"));
+  }
+  return line;  // waits and signals: relative peers, slots and iterations
+}
+
+// Per (bucket, rank, thread block) of traces(), the canonical statements.
+std::map<std::string, std::vector<std::string>> canonical_traces(const std::vector<codegen::Unit>& units, int n,
+                                                                 int tbs) {
+  std::map<std::string, std::vector<std::string>> out;
+  const auto all = traces(units, n, tbs);
+  std::vector<std::string>* cur = nullptr;
+  long long v = 0, M = 0, K = 1;
+  std::string wide;
+  static const std::regex head(R"(bucket (\d+) rank (\d+) tb \d+:)");
+  for (const auto& line : all) {
+    std::smatch m;
+    if (std::regex_match(line, m, head)) {
+      cur = &out[line];
+      v = std::stoll(m[2]);
+      const std::string& src = units.at(std::stoul(m[1])).source;
+      auto constant = [&](const std::string& name) {
+        const size_t at = src.find(name + " = ");
+        REQUIRE(at != std::string::npos);
+        return std::stoll(src.substr(at + name.size() + 3));
+      };
+      M = constant("kPosRot");
+      K = constant("kChunks");
+      continue;
+    }
+    REQUIRE(cur);
+    std::string c = canonical(line, v, M, K, wide);
+    if (!c.empty()) cur->push_back(std::move(c));
+  }
+  return out;
+}
+
 // An all-gather whose ranks send to their peers in a scrambled order: the
 // steps have one shape, the peer distances follow no stride, and odd ranks
 // use another order than even ones (numbers the rank table holds).
@@ -888,6 +992,78 @@ ir::Schedule scrambled_allgather(int n) {
 }
 
 }  // namespace
+
+// A one-rank plan of many ranks comes from that rank's program alone
+// (Limits::own_rank_from; forced here at small rank counts): it serves that
+// rank, holds no rank table, and runs exactly the operations the plan of
+// every rank runs on that rank, in the same order, with the same operands
+// (straight-line code of the full plan, operands compared as the kernel
+// decodes them).
+TEST_CASE("codegen: a one-rank plan from the rank's own program runs that rank's operations of the full plan") {
+  codegen::Limits own, straight;
+  own.own_rank_from = 0;
+  straight.reroll = false;
+  auto check = [&](const std::vector<ir::Schedule>& variants, const std::string& what) {
+    CAPTURE(what);
+    const int n = variants[0].nranks, tbs = variants[0].tbs;
+    const auto full = canonical_traces(codegen::generate(variants, DType::fp32, RedOp::sum, "t", straight), n, tbs);
+    REQUIRE(full.size() == size_t(n * tbs) * variants.size());
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const auto units = codegen::generate(variants, DType::fp32, RedOp::sum, "t", own, r);
+      for (const auto& u : units) {
+        CHECK(u.serves == std::vector<int32_t>{r});
+        CHECK_FALSE(contains(u.source, "const int kT"));  // no rank table
+        CHECK(contains(u.source, fmt::format("rank {}'s own program", r)));
+      }
+      const auto mine = canonical_traces(units, n, tbs);
+      REQUIRE(mine.size() == size_t(tbs) * variants.size());  // only rank r's functions run
+      for (const auto& [key, statements] : mine) {
+        CAPTURE(key);
+        REQUIRE(full.count(key));
+        const auto& theirs = full.at(key);
+        CHECK(statements.size() == theirs.size());
+        for (size_t i = 0; i < std::min(statements.size(), theirs.size()); ++i) {
+          CAPTURE(i);
+          REQUIRE(statements[i] == theirs[i]);
+        }
+      }
+    }
+  };
+  for (std::string s : {"allreduce.halving_doubling", "allreduce.ring", "allreduce.one_shot", "allgather.ring",
+                        "reducescatter.ring", "alltoall.direct", "allreduce.two_shot"})
+    for (int n : {4, 8}) check(lower_builtin(s, n).variants, fmt::format("{}, {} ranks", s, n));
+  check(compiler::lower(scrambled_allgather(6), compiler::LowerOptions{}).variants, "scrambled allgather, 6 ranks");
+  for (std::string s : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
+    const auto topo = topology::parse("2x4:direct", 0);
+    check(compiler::lower(dsl::build(*dsl::find_schedule(s), topo), compiler::LowerOptions{}).variants, s + ", 2x4");
+  }
+  // one_shot's full plan spells its reduces wide (generic: so that its ranks
+  // share a class), the own plan unrolls them: both spellings were compared.
+  const auto one_shot = lower_builtin("allreduce.one_shot", 8).variants;
+  CHECK(contains(codegen::generate(one_shot, DType::fp32, RedOp::sum, "t")[0].source, "op_wide"));
+  CHECK_FALSE(contains(codegen::generate(one_shot, DType::fp32, RedOp::sum, "t", own, 5)[0].source, "op_wide"));
+  // Rooted collectives keep every class (their virtual rank moves with the root).
+  for (const auto& u : codegen::generate(lower_builtin("broadcast.direct", 4).variants, DType::fp32, RedOp::sum, "t",
+                                         own, 2))
+    CHECK(u.serves.empty());
+  // By default plans of fewer ranks keep their classes.
+  for (const auto& u : codegen::generate(lower_builtin("allreduce.ring", 8).variants, DType::fp32, RedOp::sum, "t", {}, 3))
+    CHECK_FALSE(contains(u.source, "own program"));
+}
+
+TEST_CASE("nvrtc: one-rank plans from the rank's own program compile" * doctest::skip(!have_nvrtc())) {
+  codegen::Limits own;
+  own.own_rank_from = 0;
+  const auto topo = topology::parse("2x4:direct", 0);
+  const auto l = compiler::lower(dsl::build(*dsl::find_schedule("reducescatter.hier"), topo), compiler::LowerOptions{});
+  for (const auto& u : codegen::generate(l.variants, DType::bf16, RedOp::max, "own", own, 6)) {
+    CAPTURE(u.kernel.name);
+    const auto r = jit::compile(u.source, u.kernel.name, 90, /*use_cache=*/false);
+    CHECK(is_elf(r.cubin));
+    CHECK(holds(r.cubin, u.kernel.name));
+  }
+}
 
 // Steps of one shape whose numbers follow no stride become one loop whose
 // numbers come from tables indexed by the loop counter, so the kernel does

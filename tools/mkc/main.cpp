@@ -587,8 +587,8 @@ int main(int argc, char** argv) {
   compile->add_flag("--no-cache", no_cache, "ignore and do not fill the kernel cache");
   int32_t compile_rank = -1;
   compile->add_option("--rank", compile_rank,
-                      "generate and compile only the code of this rank's class (plan.json lists the ranks it serves); "
-                      "default: every rank");
+                      "generate and compile only the code of this rank's class (plan.json lists the ranks it serves; "
+                      "from 128 ranks: of this rank alone, generated from its own program); default: every rank");
 
   auto* simulate = app.add_subcommand("simulate", "run the lowered schedule on the CPU and compare with a float64 reference");
   add_common(simulate, sim_o, false);
