@@ -259,7 +259,7 @@ int cmd_list() {
   return 0;
 }
 
-int verify_one(const Common& o, Loaded in, bool strict, bool last) {
+int verify_one(const Common& o, Loaded in, bool strict) {
   auto t0 = std::chrono::steady_clock::now();
   check_root(o, in.coll);
   size_t nops = in.raw.ops.size();
@@ -270,11 +270,18 @@ int verify_one(const Common& o, Loaded in, bool strict, bool last) {
   // by the lowering's own symbolic runs (LowerOptions::orders).
   compiler::LowerOptions lo = lower_options(o);
   lo.orders = true;
-  // The last schedule's lowering is freed at exit, not here: a 1024-rank
-  // schedule's millions of ops take a second to free.
-  auto owned = std::make_unique<compiler::Lowered>(compiler::lower(std::move(in.raw), lo));  // proves it first
-  compiler::Lowered& l = *owned;
-  if (last) owned.release();  // NOLINT: on purpose
+  // Each bucket, as soon as it is proved (in its lowering worker): the
+  // resource check, then its ops go, as compile_plan does (at 1024 ranks a
+  // bucket's millions of ops are hundreds of megabytes, and the other bucket
+  // is still being synchronised).
+  size_t pairs = 0;
+  lo.on_variant = [&](size_t b, size_t, ir::Schedule& v) {
+    verify::verify_resources(v);
+    if (b == 0)
+      for (const auto& op : v.ops) pairs += op.kind == ir::OpKind::signal;
+    std::vector<ir::Op>().swap(v.ops);
+  };
+  const compiler::Lowered l = compiler::lower(std::move(in.raw), lo);  // proves it first
   // The first answer that is not "" (as written before as lowered) is
   // reported; E015 is a warning without --strict. Then the resource checks.
   for (const std::string* why : {&l.nondeterministic_written, &l.nondeterministic_lowered}) {
@@ -285,10 +292,7 @@ int verify_one(const Common& o, Loaded in, bool strict, bool last) {
     determinism = "NOT deterministic across ranks (see the warning; --strict refuses it)";
     break;
   }
-  for (const auto& v : l.variants) verify::verify_resources(v);
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  size_t pairs = 0;
-  for (const auto& op : l.variants.front().ops) pairs += op.kind == ir::OpKind::signal;
   const std::string roots =
       !rooted ? ""
       : o.root != 0
@@ -305,7 +309,7 @@ int verify_one(const Common& o, Loaded in, bool strict, bool last) {
 
 int cmd_verify(Common o, bool strict) {
   auto all = load_schedules(o);
-  for (size_t k = 0; k < all.size(); ++k) verify_one(o, std::move(all[k]), strict, k + 1 == all.size());
+  for (size_t k = 0; k < all.size(); ++k) verify_one(o, std::move(all[k]), strict);
   return 0;
 }
 
