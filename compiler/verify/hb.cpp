@@ -435,6 +435,9 @@ struct Query {
 class Queries {
  public:
   explicit Queries(size_t n) : n_(n) {}
+  // Room for exactly k queries (millions at 1024 ranks: growth by doubling
+  // left up to half of it unused, and twice it live while moving).
+  void reserve(size_t k) { raw_.reserve(k); }
   void add(size_t b, Query q) { raw_.push_back({uint32_t(b), q}); }
   void finish() {
     KeyOrder o = order_by_key(2 * n_, raw_.size(), [&](size_t i) { return slot(raw_[i].first, raw_[i].second); });
@@ -626,6 +629,7 @@ void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode, co
   // within the step).
   Queries at(s.ops.size());
   auto ask = [&](const Need& x, uint8_t kind) { at.add(x.b, {x.a, uint32_t(g.chain[x.a]), x.at, kind}); };
+  at.reserve(out_of_place.within.size() + out_of_place.reuse.size() + (given ? pre.needs->in_place.within.size() : 0));
   for (const Need& x : out_of_place.within) ask(x, 0);
   for (const Need& x : out_of_place.reuse) ask(x, 2);
   out_of_place = AccessNeeds{};  // one at a time
