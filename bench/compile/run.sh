@@ -2,7 +2,7 @@
 # Compile-scale benchmark: for each schedule and rank count, the time of
 # `mkc verify` and of a cold `mkc compile` (fresh cache: lowering, codegen and
 # NVRTC for every size bucket, with mkc's own split of the three) and the
-# compile's peak memory (max RSS). Not a test: it takes minutes. Prints a
+# peak memory (max RSS, MiB) of each. Not a test: it takes minutes. Prints a
 # markdown table.
 #
 #   bench/compile/run.sh [BUILD_DIR] [RANKS...]     (default: build, 8 64 256 1024)
@@ -61,7 +61,7 @@ row() {
   plan=all
   [ "$n" -gt 64 ] && plan="rank 0"
   run "$mkc" verify "$@"
-  vs=$secs vrc=$rc
+  vs=$secs vmb=$mb vrc=$rc
   vnote=""
   [ $vrc -ne 0 ] && vnote="verify: $(grep -m1 -o 'mk\.[a-z]*\.E[0-9]*\|internal error\|Killed\|bad_alloc' "$tmp/out") (rc $vrc)"
   if [ "$plan" = all ]; then run "$mkc" compile "$@" -o "$tmp/plan"; else run "$mkc" compile "$@" --rank 0 -o "$tmp/plan"; fi
@@ -72,12 +72,12 @@ row() {
   classes=$(grep -o 'classes=[0-9]*' "$tmp/out" | cut -d= -f2 | sort -n | tail -1)
   # "...; 1234 ms (lower 12, codegen 3, NVRTC 1200)"
   split=$(sed -n 's/.*ms (lower \([0-9]*\), codegen \([0-9]*\), NVRTC \([0-9]*\).*/\1 | \2 | \3/p' "$tmp/out" | tail -1)
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" "$n" "$topo" "$plan" "$vs" "$secs" \
-    "${split:-- | - | -}" "$mb" "${classes:--}" "$note"
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" "$n" "$topo" "$plan" "$vs" "$vmb" \
+    "$secs" "${split:-- | - | -}" "$mb" "${classes:--}" "$note"
 }
 
-echo "| schedule | ranks | topology | plan | verify s | compile s | lower ms | codegen ms | NVRTC ms | peak MB | classes | note |"
-echo "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+echo "| schedule | ranks | topology | plan | verify s | verify MB | compile s | lower ms | codegen ms | NVRTC ms | compile MB | classes | note |"
+echo "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 for s in $("$mkc" list | awk 'NR > 1 { print $1 }'); do
   for n in $ranks; do
     case $s in
