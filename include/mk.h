@@ -202,6 +202,15 @@ mkResult_t mkCommUserRank(const mkComm_t comm, int* rank);
 mkResult_t mkCommRegister(const mkComm_t comm, void* buff, size_t size, void** handle);
 mkResult_t mkCommDeregister(const mkComm_t comm, void* handle);
 
+/* Host-side broadcast of `bytes` bytes (at most 4096) from rank `root`'s
+ * `buf` into every rank's `buf`, over the communicator's bootstrap
+ * connection (no GPU work). Collective and blocking: every rank calls it
+ * with the same bytes and root, from the thread that drives the
+ * communicator. For out-of-band setup, e.g. the NCCL-compatible library
+ * sharing the unique id of the NCCL communicator it creates for fallbacks.
+ * Ranks of one process (mkCommInitAll) have no bootstrap: mkInvalidUsage. */
+mkResult_t mkCommBootstrapBroadcast(mkComm_t comm, void* buf, size_t bytes, int root);
+
 /* Collectives. */
 mkResult_t mkAllReduce(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype,
                        mkRedOp_t op, mkComm_t comm, cudaStream_t stream);

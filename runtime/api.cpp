@@ -206,6 +206,27 @@ mkResult_t mkCommUserRank(const mkComm_t comm, int* rank) {
   });
 }
 
+mkResult_t mkCommBootstrapBroadcast(mkComm_t comm, void* buf, size_t bytes, int root) {
+  return guard(comm, [&] {
+    auto c = ready(comm, "mkCommBootstrapBroadcast");
+    c->check_usable("mkCommBootstrapBroadcast");
+    if (!buf && bytes) fail(mkInvalidArgument, "mkCommBootstrapBroadcast: buf is NULL");
+    if (bytes > 4096) fail(mkInvalidArgument, fmt::format("mkCommBootstrapBroadcast: {} bytes (at most 4096)", bytes));
+    if (root < 0 || root >= c->nranks)
+      fail(mkInvalidArgument, fmt::format("mkCommBootstrapBroadcast: root {} is not a rank of {}", root, c->nranks));
+    if (c->nranks == 1) return;
+    if (!c->boot)
+      fail(mkInvalidUsage, "mkCommBootstrapBroadcast: the ranks of this communicator share one process "
+                           "(mkCommInitAll) and have no bootstrap connection");
+    const std::string mine = c->rank == root ? std::string(static_cast<const char*>(buf), bytes) : std::string();
+    const auto all = c->boot->allgather(mine);
+    if (all.size() != size_t(c->nranks) || all[size_t(root)].size() != bytes)
+      fail(mkInvalidUsage, fmt::format("mkCommBootstrapBroadcast: root {} sent {} bytes, this rank expected {}", root,
+                                       all.size() > size_t(root) ? all[size_t(root)].size() : 0, bytes));
+    std::memcpy(buf, all[size_t(root)].data(), bytes);
+  });
+}
+
 mkResult_t mkCommRegister(const mkComm_t comm, void* buff, size_t size, void** handle) {
   return guard(comm, [&] {
     auto c = acquire(comm);
