@@ -2,6 +2,7 @@
 // buffers are really shared (the fake maps the same memfd / shm bytes).
 // The ranks are this binary started again (fresh processes, as with a
 // launcher), so nothing of the parent's runtime state leaks into them.
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,9 @@
 
 #include "runtime/comm.hpp"
 #include "tests/runtime/fake.hpp"
+#ifdef MKT_SHIM
+#include "nccl.h"
+#endif
 
 using mkt::cu;
 
@@ -139,6 +143,69 @@ int expect_init_failure(int rank, int nranks, const mkUniqueId& id, mkResult_t c
   return 0;
 }
 
+// mkCommBootstrapBroadcast: rank 0's bytes reach every rank; bad arguments
+// fail on the rank that passed them, before any exchange.
+int bootstrap_broadcast(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  unsigned char buf[128];
+  for (int i = 0; i < 128; ++i) buf[i] = rank == 0 ? (unsigned char)(i * 7 + 3) : 0;
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, buf, sizeof buf, 0) == mkSuccess);
+  for (int i = 0; i < 128; ++i) CHILD_CHECK(buf[i] == (unsigned char)(i * 7 + 3));
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, buf, sizeof buf, nranks) == mkInvalidArgument);
+  CHILD_CHECK(std::string(mkGetLastError(comm)).find("root 2 is not a rank of 2") != std::string::npos);
+  static unsigned char big[5000];
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, big, sizeof big, 0) == mkInvalidArgument);
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, nullptr, 8, 0) == mkInvalidArgument);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  return 0;
+}
+
+#ifdef MKT_SHIM
+// mKernel's libnccl.so.2 in two processes: a send needs the real NCCL, whose
+// communicator the library creates at that call on both ranks, sharing its
+// unique id through mKernel's bootstrap.
+int shim_fallback(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  setenv("MK_LIBMKERNEL", MKT_LIBMKERNEL, 1);
+  setenv("MK_NCCL_LIB", MKT_FAKE_NCCL, 1);
+  void* h = dlopen(MKT_SHIM, RTLD_NOW | RTLD_LOCAL);
+  CHILD_CHECK(h != nullptr);
+  using Init = ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int);
+  using Send = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  using Destroy = ncclResult_t (*)(ncclComm_t);
+  auto init = reinterpret_cast<Init>(dlsym(h, "ncclCommInitRank"));
+  auto send = reinterpret_cast<Send>(dlsym(h, "ncclSend"));
+  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
+  CHILD_CHECK(init && send && destroy);
+  ncclUniqueId nid;
+  memcpy(&nid, &id, sizeof nid);
+  ncclComm_t comm = nullptr;
+  CHILD_CHECK(init(&comm, nranks, nid, rank) == ncclSuccess);
+  CUdeviceptr p = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&p, 256) == CUDA_SUCCESS);
+  CHILD_CHECK(send(reinterpret_cast<void*>(p), 16, ncclFloat32, 1 - rank, comm, nullptr) == ncclSuccess);
+  void* fake = dlopen(MKT_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
+  auto log = reinterpret_cast<const char* (*)(int)>(dlsym(fake, "mkt_fake_nccl_log"));
+  CHILD_CHECK(log != nullptr);
+  const std::string got = log(0);
+  std::fprintf(stderr, "rank %d: fake NCCL log:\n%s", rank, got.c_str());
+  CHILD_CHECK(got.find(rank == 0 ? "GetUniqueId\n" : "CommInitRank") != std::string::npos);
+  CHILD_CHECK(got.find("CommInitRank comm=1 nranks=2 rank=" + std::to_string(rank) + "\n") != std::string::npos);
+  CHILD_CHECK(got.find("Send comm=1 count=16 peer=" + std::to_string(1 - rank) + "\n") != std::string::npos);
+  CHILD_CHECK(destroy(comm) == ncclSuccess);
+  CHILD_CHECK(cu().cuMemFree(p) == CUDA_SUCCESS);
+  return 0;
+}
+#endif
+
 // Ranks started again as fresh processes, each with its own extra
 // environment; every one must exit 0 within 120 s.
 void run_ranks(int nranks, const std::string& scenario, const std::vector<std::vector<std::string>>& env) {
@@ -210,6 +277,10 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "bad_env")
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "MK_TUNE"});
+  if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
+#ifdef MKT_SHIM
+  if (scenario == "shim") return shim_fallback(rank, nranks, id);
+#endif
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
@@ -228,3 +299,15 @@ TEST_CASE("two processes: a malformed setting on one rank fails init on both, wi
   MKT_REQUIRE_FAKE();
   run_ranks(2, "bad_env", {{}, {"MK_TUNE=simple_instances=2abc"}});
 }
+
+TEST_CASE("two processes: mkCommBootstrapBroadcast carries rank 0's bytes and refuses bad arguments") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "bcast", {});
+}
+
+#ifdef MKT_SHIM
+TEST_CASE("two processes: nccl shim creates the real NCCL communicator for a send, its id shared by mKernel") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "shim", {});
+}
+#endif

@@ -1,0 +1,79 @@
+/*
+ * mKernel's NCCL-compatible library: which library runs a call.
+ *
+ * A pure function of the call and of the communicator's MK_NCCL_FALLBACK
+ * list, so that every rank of a job decides alike (a collective that one
+ * rank ran on mKernel and another on NCCL would hang). Header-only: the
+ * library and its tests include it.
+ */
+#ifndef MK_NCCL_ROUTE_H_
+#define MK_NCCL_ROUTE_H_
+
+#include <stddef.h>
+#include <string.h>
+
+namespace mk_nccl {
+
+// The calls mKernel can run; anything else goes to NCCL.
+enum Coll { kAllReduce = 0, kBroadcast, kReduce, kAllGather, kReduceScatter, kAlltoAll, kNumMk, kOther = kNumMk };
+inline const char* coll_name(int c) {
+  static const char* names[] = {"allreduce", "broadcast", "reduce", "allgather", "reducescatter", "alltoall", "other"};
+  return c >= 0 && c <= kOther ? names[c] : "other";
+}
+inline bool coll_reduces(int c) { return c == kAllReduce || c == kReduce || c == kReduceScatter; }
+
+constexpr unsigned kFallbackAll = (1u << kNumMk) - 1;
+
+// MK_NCCL_FALLBACK: a comma-separated list of collectives NCCL runs instead
+// of mKernel ("allreduce,alltoall"), "all", or empty/"none". Returns false
+// for a name it does not know (and names it in `bad`, at most `cap` bytes).
+inline bool parse_fallback(const char* s, unsigned* mask, char* bad, size_t cap) {
+  *mask = 0;
+  if (!s || !*s) return true;
+  while (*s) {
+    const char* e = strchr(s, ',');
+    const size_t n = e ? size_t(e - s) : strlen(s);
+    bool known = n == 0;
+    if (n == 3 && strncmp(s, "all", 3) == 0) {
+      *mask = kFallbackAll;
+      known = true;
+    } else if (n == 4 && strncmp(s, "none", 4) == 0) {
+      known = true;
+    }
+    for (int c = 0; c < kNumMk && !known; ++c)
+      if (strlen(coll_name(c)) == n && strncmp(s, coll_name(c), n) == 0) {
+        *mask |= 1u << c;
+        known = true;
+      }
+    if (!known) {
+      const size_t k = n < cap ? n : cap - 1;
+      memcpy(bad, s, k);
+      bad[k] = 0;
+      return false;
+    }
+    s += n;
+    if (*s == ',') ++s;
+  }
+  return true;
+}
+
+// Whether mKernel runs this call: one of its six collectives, a dtype it
+// has (NCCL's 12), a built-in reduction op (not a PreMulSum op from
+// ncclRedOpCreatePreMulSum: those are >= 5), and not in the fallback list.
+// Counts, rank counts and registration do not change the answer today; they
+// are arguments so that a future limit stays a function of what every rank
+// passes alike.
+inline bool mk_runs(int coll, int dtype, int op, size_t count, int nranks, bool registered, unsigned fallback) {
+  (void)count;
+  (void)nranks;
+  (void)registered;
+  if (coll < 0 || coll >= kNumMk) return false;
+  if (fallback & (1u << coll)) return false;
+  if (dtype < 0 || dtype >= 12) return false;
+  if (coll_reduces(coll) && (op < 0 || op >= 5)) return false;
+  return true;
+}
+
+}  // namespace mk_nccl
+
+#endif  // MK_NCCL_ROUTE_H_

@@ -1,0 +1,1077 @@
+// mKernel's NCCL-compatible library: a libnccl.so.2 that existing NCCL
+// programs load unchanged (LD_PRELOAD, or mkernel-run). It exports every
+// function of NCCL 2.28's nccl.h under its nccl* and pnccl* names, runs on
+// mKernel what mKernel runs (the six collectives, route.h), and forwards
+// everything else to the real NCCL, loaded by absolute path on first need.
+//
+// It is preloaded into every process of a job, launchers and compilers
+// included, so it depends on nothing but libc at link time (libstdc++ is
+// linked in statically) and loads libmkernel.so.0 and the real NCCL only
+// when a communicator needs them. docs/migrating-from-nccl.md is the user's
+// side of this file.
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "mk.h"
+#include "nccl.h"
+#include "nccl/route.h"
+
+#define MK_EXPORT __attribute__((visibility("default")))
+
+using namespace mk_nccl;
+
+// The device-API types of nccl_device/core.h, as the pointers they are passed by.
+typedef struct ncclDevCommRequirements_opaque ncclDevCommRequirements_t;
+typedef struct ncclDevComm_opaque ncclDevComm_t;
+
+namespace {
+
+// ---- messages ------------------------------------------------------------
+
+thread_local char t_error[1024];  // the calling thread's last error from this library
+
+bool debug_on() {
+  static const bool on = [] {
+    const char* v = getenv("MK_DEBUG");
+    return v && *v && strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+void debug(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void debug(const char* fmt, ...) {
+  if (!debug_on()) return;
+  char line[1200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "mkernel-nccl[%d]: %s\n", int(getpid()), line);
+}
+
+ncclResult_t fail(ncclResult_t r, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+ncclResult_t fail(ncclResult_t r, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t_error, sizeof t_error, fmt, ap);
+  va_end(ap);
+  debug("error: %s", t_error);
+  return r;
+}
+
+// ---- the two libraries ----------------------------------------------------
+
+// libmkernel.so.0's C API.
+struct Mk {
+  decltype(&mkGetUniqueId) GetUniqueId;
+  decltype(&mkCommInitRankConfig) CommInitRankConfig;
+  decltype(&mkCommInitAll) CommInitAll;
+  decltype(&mkCommSplit) CommSplit;
+  decltype(&mkCommFinalize) CommFinalize;
+  decltype(&mkCommDestroy) CommDestroy;
+  decltype(&mkCommAbort) CommAbort;
+  decltype(&mkCommGetAsyncError) CommGetAsyncError;
+  decltype(&mkCommCount) CommCount;
+  decltype(&mkCommCuDevice) CommCuDevice;
+  decltype(&mkCommUserRank) CommUserRank;
+  decltype(&mkCommRegister) CommRegister;
+  decltype(&mkCommDeregister) CommDeregister;
+  decltype(&mkCommBootstrapBroadcast) CommBootstrapBroadcast;
+  decltype(&mkGetLastError) GetLastError;
+  decltype(&mkAllReduce) AllReduce;
+  decltype(&mkBroadcast) Broadcast;
+  decltype(&mkReduce) Reduce;
+  decltype(&mkAllGather) AllGather;
+  decltype(&mkReduceScatter) ReduceScatter;
+  decltype(&mkAllToAll) AllToAll;
+  decltype(&mkGroupStart) GroupStart;
+  decltype(&mkGroupEnd) GroupEnd;
+};
+
+// The real NCCL's functions this library forwards to.
+struct Real {
+  int version = 0;
+  char path[PATH_MAX] = "";
+  decltype(&ncclGetUniqueId) GetUniqueId;
+  decltype(&ncclCommInitRank) CommInitRank;
+  decltype(&ncclCommInitAll) CommInitAll;
+  decltype(&ncclCommShrink) CommShrink;
+  decltype(&ncclCommFinalize) CommFinalize;
+  decltype(&ncclCommDestroy) CommDestroy;
+  decltype(&ncclCommAbort) CommAbort;
+  decltype(&ncclCommRevoke) CommRevoke;
+  decltype(&ncclCommGetAsyncError) CommGetAsyncError;
+  decltype(&ncclCommCount) CommCount;
+  decltype(&ncclCommCuDevice) CommCuDevice;
+  decltype(&ncclCommUserRank) CommUserRank;
+  decltype(&ncclGetLastError) GetLastError;
+  decltype(&ncclResetDebugInit) ResetDebugInit;
+  decltype(&ncclCommWindowRegister) CommWindowRegister;
+  decltype(&ncclCommWindowDeregister) CommWindowDeregister;
+  decltype(&ncclRedOpCreatePreMulSum) RedOpCreatePreMulSum;
+  decltype(&ncclRedOpDestroy) RedOpDestroy;
+  decltype(&ncclAllReduce) AllReduce;
+  decltype(&ncclBroadcast) Broadcast;
+  decltype(&ncclReduce) Reduce;
+  decltype(&ncclAllGather) AllGather;
+  decltype(&ncclReduceScatter) ReduceScatter;
+  decltype(&ncclAlltoAll) AlltoAll;
+  decltype(&ncclGather) Gather;
+  decltype(&ncclScatter) Scatter;
+  decltype(&ncclSend) Send;
+  decltype(&ncclRecv) Recv;
+  decltype(&ncclGroupStart) GroupStart;
+  decltype(&ncclGroupEnd) GroupEnd;
+  decltype(&ncclGroupSimulateEnd) GroupSimulateEnd;
+  ncclResult_t (*DevCommCreate)(ncclComm_t, const ncclDevCommRequirements_t*, ncclDevComm_t*);
+  ncclResult_t (*DevCommDestroy)(ncclComm_t, const ncclDevComm_t*);
+};
+
+std::mutex g_load_mu;
+Mk g_mk;
+bool g_mk_loaded = false;
+char g_mk_error[1024] = "";
+Real g_real;
+int g_real_state = 0;  // 0 not tried, 1 loaded, -1 failed (g_real_error says why)
+char g_real_error[2048] = "";
+
+// The directory this library was loaded from.
+bool own_dir(char* out, size_t cap) {
+  Dl_info info;
+  if (!dladdr(reinterpret_cast<void*>(&own_dir), &info) || !info.dli_fname) return false;
+  char path[PATH_MAX];
+  if (!realpath(info.dli_fname, path)) snprintf(path, sizeof path, "%s", info.dli_fname);
+  char* slash = strrchr(path, '/');
+  if (!slash) return false;
+  *slash = 0;
+  snprintf(out, cap, "%s", path);
+  return true;
+}
+
+template <class F>
+bool sym(void* h, const char* name, F* f) {
+  *f = reinterpret_cast<F>(dlsym(h, name));
+  return *f != nullptr;
+}
+
+// libmkernel.so.0: MK_LIBMKERNEL, else next to this library's install
+// place (lib/mkernel/nccl/ -> lib/) or build place (build/nccl/ -> build/).
+bool load_mk_locked() {
+  if (g_mk_loaded) return true;
+  char tried[1024] = "";
+  char candidates[3][PATH_MAX];
+  int n = 0;
+  const char* env = getenv("MK_LIBMKERNEL");
+  if (env && *env) {
+    snprintf(candidates[n++], PATH_MAX, "%s", env);
+  } else {
+    char dir[PATH_MAX];
+    if (own_dir(dir, sizeof dir)) {
+      snprintf(candidates[n++], PATH_MAX, "%s/../../libmkernel.so.0", dir);
+      snprintf(candidates[n++], PATH_MAX, "%s/../libmkernel.so.0", dir);
+    }
+  }
+  void* h = nullptr;
+  for (int i = 0; i < n && !h; ++i) {
+    h = dlopen(candidates[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const size_t at = strlen(tried);
+      snprintf(tried + at, sizeof tried - at, "%s%s (%s)", at ? "; " : "", candidates[i], dlerror());
+    }
+  }
+  if (!h) {
+    snprintf(g_mk_error, sizeof g_mk_error, "libmkernel.so.0 could not be loaded: %s%s", tried[0] ? tried : "no candidate",
+             env ? "" : " (set MK_LIBMKERNEL to its path)");
+    return false;
+  }
+  Mk m{};
+  bool ok = sym(h, "mkGetUniqueId", &m.GetUniqueId) && sym(h, "mkCommInitRankConfig", &m.CommInitRankConfig) &&
+            sym(h, "mkCommInitAll", &m.CommInitAll) && sym(h, "mkCommSplit", &m.CommSplit) &&
+            sym(h, "mkCommFinalize", &m.CommFinalize) && sym(h, "mkCommDestroy", &m.CommDestroy) &&
+            sym(h, "mkCommAbort", &m.CommAbort) && sym(h, "mkCommGetAsyncError", &m.CommGetAsyncError) &&
+            sym(h, "mkCommCount", &m.CommCount) && sym(h, "mkCommCuDevice", &m.CommCuDevice) &&
+            sym(h, "mkCommUserRank", &m.CommUserRank) && sym(h, "mkCommRegister", &m.CommRegister) &&
+            sym(h, "mkCommDeregister", &m.CommDeregister) &&
+            sym(h, "mkCommBootstrapBroadcast", &m.CommBootstrapBroadcast) &&
+            sym(h, "mkGetLastError", &m.GetLastError) && sym(h, "mkAllReduce", &m.AllReduce) &&
+            sym(h, "mkBroadcast", &m.Broadcast) && sym(h, "mkReduce", &m.Reduce) &&
+            sym(h, "mkAllGather", &m.AllGather) && sym(h, "mkReduceScatter", &m.ReduceScatter) &&
+            sym(h, "mkAllToAll", &m.AllToAll) && sym(h, "mkGroupStart", &m.GroupStart) &&
+            sym(h, "mkGroupEnd", &m.GroupEnd);
+  if (!ok) {
+    snprintf(g_mk_error, sizeof g_mk_error, "libmkernel.so.0 lacks a function this library needs (%s): an older mKernel?",
+             dlerror());
+    dlclose(h);
+    return false;
+  }
+  g_mk = m;
+  g_mk_loaded = true;
+  return true;
+}
+
+ncclResult_t need_mk() {
+  std::lock_guard<std::mutex> g(g_load_mu);
+  if (load_mk_locked()) return ncclSuccess;
+  return fail(ncclSystemError, "%s", g_mk_error);
+}
+
+// The directory of a loaded libtorch_cuda.so, if any: the torch wheel's NCCL
+// is at <site-packages>/nvidia/nccl/lib, two levels above torch/lib.
+int find_torch(struct dl_phdr_info* info, size_t, void* out) {
+  const char* name = info->dlpi_name;
+  if (!name || !strstr(name, "/libtorch_cuda.so")) return 0;
+  snprintf(static_cast<char*>(out), PATH_MAX, "%s", name);
+  char* slash = strrchr(static_cast<char*>(out), '/');
+  if (slash) *slash = 0;
+  return 1;
+}
+
+// The real NCCL, by absolute path only (a bare name would find this library
+// again): MK_NCCL_LIB (and nothing else when it is set), the torch wheel's,
+// then the system's. RTLD_DEEPBIND: NCCL's calls to its own API stay inside it.
+bool load_real_locked() {
+  if (g_real_state) return g_real_state > 0;
+  char candidates[6][PATH_MAX];
+  int n = 0;
+  const char* env = getenv("MK_NCCL_LIB");
+  if (env && *env) {
+    snprintf(candidates[n++], PATH_MAX, "%s", env);
+  } else {
+    char torch[PATH_MAX] = "";
+    if (dl_iterate_phdr(find_torch, torch) && torch[0])
+      snprintf(candidates[n++], PATH_MAX, "%s/../../nvidia/nccl/lib/libnccl.so.2", torch);
+    for (const char* p : {"/usr/lib/x86_64-linux-gnu/libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2",
+                          "/usr/lib64/libnccl.so.2", "/usr/lib/libnccl.so.2"})
+      snprintf(candidates[n++], PATH_MAX, "%s", p);
+  }
+  char self[PATH_MAX] = "";
+  own_dir(self, sizeof self);
+  char tried[1536] = "";
+  void* h = nullptr;
+  for (int i = 0; i < n && !h; ++i) {
+    char real_path[PATH_MAX];
+    if (!realpath(candidates[i], real_path)) {
+      const size_t at = strlen(tried);
+      snprintf(tried + at, sizeof tried - at, "%s%s (not found)", at ? "; " : "", candidates[i]);
+      continue;
+    }
+    h = dlopen(real_path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (!h) {
+      const size_t at = strlen(tried);
+      snprintf(tried + at, sizeof tried - at, "%s%s (%s)", at ? "; " : "", candidates[i], dlerror());
+      continue;
+    }
+    void* theirs = dlsym(h, "pncclGetVersion");
+    if (!theirs || theirs == reinterpret_cast<void*>(&pncclGetVersion)) {  // this library again, or not NCCL
+      const size_t at = strlen(tried);
+      snprintf(tried + at, sizeof tried - at, "%s%s (%s)", at ? "; " : "", candidates[i],
+               theirs ? "that is mKernel's NCCL library itself" : "not an NCCL library");
+      dlclose(h);
+      h = nullptr;
+      continue;
+    }
+    snprintf(g_real.path, sizeof g_real.path, "%s", real_path);
+  }
+  if (!h) {
+    snprintf(g_real_error, sizeof g_real_error, "the real NCCL could not be loaded: %s%s", tried,
+             env && *env ? "" : " (set MK_NCCL_LIB to the absolute path of NCCL's libnccl.so.2)");
+    g_real_state = -1;
+    return false;
+  }
+  Real r = g_real;
+  bool ok = sym(h, "ncclGetUniqueId", &r.GetUniqueId) && sym(h, "ncclCommInitRank", &r.CommInitRank) &&
+            sym(h, "ncclCommInitAll", &r.CommInitAll) && sym(h, "ncclCommFinalize", &r.CommFinalize) &&
+            sym(h, "ncclCommDestroy", &r.CommDestroy) && sym(h, "ncclCommAbort", &r.CommAbort) &&
+            sym(h, "ncclCommGetAsyncError", &r.CommGetAsyncError) && sym(h, "ncclGetLastError", &r.GetLastError) &&
+            sym(h, "ncclCommCount", &r.CommCount) && sym(h, "ncclCommCuDevice", &r.CommCuDevice) &&
+            sym(h, "ncclCommUserRank", &r.CommUserRank) &&
+            sym(h, "ncclAllReduce", &r.AllReduce) && sym(h, "ncclBroadcast", &r.Broadcast) &&
+            sym(h, "ncclReduce", &r.Reduce) && sym(h, "ncclAllGather", &r.AllGather) &&
+            sym(h, "ncclReduceScatter", &r.ReduceScatter) && sym(h, "ncclSend", &r.Send) &&
+            sym(h, "ncclRecv", &r.Recv) && sym(h, "ncclGroupStart", &r.GroupStart) &&
+            sym(h, "ncclGroupEnd", &r.GroupEnd);
+  decltype(&ncclGetVersion) version = nullptr;
+  ok = ok && sym(h, "ncclGetVersion", &version);
+  if (!ok) {
+    snprintf(g_real_error, sizeof g_real_error, "%s is not a usable NCCL: it lacks %s", g_real.path, dlerror());
+    g_real_state = -1;
+    return false;
+  }
+  // Newer functions: absent in older NCCLs (a call needing one then fails clearly).
+  sym(h, "ncclCommShrink", &r.CommShrink);
+  sym(h, "ncclCommRevoke", &r.CommRevoke);
+  sym(h, "ncclResetDebugInit", &r.ResetDebugInit);
+  sym(h, "ncclCommWindowRegister", &r.CommWindowRegister);
+  sym(h, "ncclCommWindowDeregister", &r.CommWindowDeregister);
+  sym(h, "ncclRedOpCreatePreMulSum", &r.RedOpCreatePreMulSum);
+  sym(h, "ncclRedOpDestroy", &r.RedOpDestroy);
+  sym(h, "ncclAlltoAll", &r.AlltoAll);
+  sym(h, "ncclGather", &r.Gather);
+  sym(h, "ncclScatter", &r.Scatter);
+  sym(h, "ncclGroupSimulateEnd", &r.GroupSimulateEnd);
+  sym(h, "ncclDevCommCreate", &r.DevCommCreate);
+  sym(h, "ncclDevCommDestroy", &r.DevCommDestroy);
+  if (version(&r.version) != ncclSuccess) r.version = 0;
+  g_real = r;
+  g_real_state = 1;
+  debug("real NCCL %d loaded from %s", r.version, r.path);
+  return true;
+}
+
+ncclResult_t need_real(const char* why) {
+  std::lock_guard<std::mutex> g(g_load_mu);
+  if (load_real_locked()) return ncclSuccess;
+  return fail(ncclSystemError, "%s needs the real NCCL, but %s", why, g_real_error);
+}
+
+// ---- statistics (MK_NCCL_STATS=1) -----------------------------------------
+
+std::atomic<unsigned long long> g_count[kOther + 1][2];  // [collective][0 mKernel, 1 NCCL]
+
+void print_stats() {
+  fprintf(stderr, "mkernel-nccl[%d]: calls by library\n  %-14s %10s %10s\n", int(getpid()), "call", "mKernel", "NCCL");
+  for (int c = 0; c <= kOther; ++c) {
+    const unsigned long long a = g_count[c][0].load(), b = g_count[c][1].load();
+    if (a || b) fprintf(stderr, "  %-14s %10llu %10llu\n", coll_name(c), a, b);
+  }
+}
+
+void count(int coll, bool nccl) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* v = getenv("MK_NCCL_STATS");
+    if (v && *v && strcmp(v, "0") != 0) atexit(print_stats);
+  });
+  g_count[coll][nccl ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+// ---- communicators ----------------------------------------------------------
+
+// ncclComm_t as this library hands it out. Never freed (another thread may
+// still be inside a call on it when one destroys it; each is ~100 bytes):
+// destroy releases both libraries' communicators and marks it dead.
+struct Clique;
+struct ncclComm {
+  static constexpr uint32_t kMagic = 0x6d6b6e63;  // "mknc"
+  uint32_t magic = kMagic;
+  mkComm_t mk = nullptr;  // null: a communicator only NCCL runs (ncclCommShrink's)
+  ncclComm_t real = nullptr;
+  int nranks = 0, rank = 0;
+  unsigned fallback = 0;  // MK_NCCL_FALLBACK at init
+  Clique* clique = nullptr;  // ranks made together by ncclCommInitAll
+  std::atomic<bool> dead{false}, revoked{false};
+  std::mutex mu;  // creating `real`
+};
+
+struct Clique {
+  std::mutex mu;
+  std::vector<ncclComm*> members;
+  std::vector<int> devices;
+};
+
+namespace {
+
+ncclResult_t check_comm(ncclComm_t c, const char* api) {
+  if (!c) return fail(ncclInvalidArgument, "%s: comm is NULL", api);
+  if (c->magic != ncclComm::kMagic)
+    return fail(ncclInvalidArgument, "%s: comm is not a communicator of mKernel's NCCL library", api);
+  if (c->dead.load()) return fail(ncclInvalidUsage, "%s: the communicator was destroyed", api);
+  return ncclSuccess;
+}
+
+ncclResult_t read_fallback(unsigned* mask) {
+  char bad[64];
+  if (!parse_fallback(getenv("MK_NCCL_FALLBACK"), mask, bad, sizeof bad))
+    return fail(ncclInvalidArgument,
+                "MK_NCCL_FALLBACK names '%s'; use a comma-separated list of allreduce, broadcast, reduce, "
+                "allgather, reducescatter, alltoall, or all / none",
+                bad);
+  return ncclSuccess;
+}
+
+// The real NCCL communicator of `c`, created the first time one is needed.
+// Collective like the call that needs it: routing is a function of what
+// every rank passes, so every rank gets here at the same call. Ranks made
+// together by ncclCommInitAll get theirs together (one ncclCommInitAll);
+// others share the unique id through mKernel's bootstrap.
+ncclResult_t ensure_real(ncclComm_t c, const char* why) {
+  if (c->real) return ncclSuccess;
+  if (ncclResult_t r = need_real(why)) return r;
+  if (c->clique) {
+    Clique& q = *c->clique;
+    std::lock_guard<std::mutex> g(q.mu);
+    if (c->real) return ncclSuccess;
+    std::vector<ncclComm_t> reals(q.members.size());
+    ncclResult_t r = g_real.CommInitAll(reals.data(), int(reals.size()), q.devices.data());
+    if (r != ncclSuccess)
+      return fail(r, "%s: the real NCCL's ncclCommInitAll for the fallback failed: %s", why, g_real.GetLastError(nullptr));
+    for (size_t i = 0; i < reals.size(); ++i) q.members[i]->real = reals[i];
+    return ncclSuccess;
+  }
+  std::lock_guard<std::mutex> g(c->mu);
+  if (c->real) return ncclSuccess;
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  if (c->rank == 0) {
+    ncclResult_t r = g_real.GetUniqueId(&id);
+    if (r != ncclSuccess) return fail(r, "%s: the real NCCL's ncclGetUniqueId failed: %s", why, g_real.GetLastError(nullptr));
+  }
+  if (c->nranks > 1) {
+    const mkResult_t b = g_mk.CommBootstrapBroadcast(c->mk, &id, sizeof id, 0);
+    if (b != mkSuccess)
+      return fail(ncclResult_t(b), "%s: sharing the NCCL unique id failed: %s", why, g_mk.GetLastError(c->mk));
+  }
+  ncclComm_t real = nullptr;
+  ncclResult_t r = g_real.CommInitRank(&real, c->nranks, id, c->rank);
+  if (r != ncclSuccess)
+    return fail(r, "%s: the real NCCL's ncclCommInitRank for the fallback failed: %s", why, g_real.GetLastError(nullptr));
+  c->real = real;
+  debug("comm %p rank %d/%d: real NCCL communicator created for %s", static_cast<void*>(c), c->rank, c->nranks, why);
+  return ncclSuccess;
+}
+
+ncclComm_t new_comm(mkComm_t mk, unsigned fallback) {
+  ncclComm* c = new ncclComm;
+  c->mk = mk;
+  c->fallback = fallback;
+  if (mk) {
+    g_mk.CommCount(mk, &c->nranks);
+    g_mk.CommUserRank(mk, &c->rank);
+  }
+  return c;
+}
+
+// A communicator whose init may still run (nonblocking): its size and rank
+// come from the arguments.
+ncclComm_t new_comm(mkComm_t mk, unsigned fallback, int nranks, int rank) {
+  ncclComm* c = new ncclComm;
+  c->mk = mk;
+  c->fallback = fallback;
+  c->nranks = nranks;
+  c->rank = rank;
+  return c;
+}
+
+// ---- calls, and groups of them ---------------------------------------------
+
+struct Call {
+  int coll;  // Coll, or kOther with `what` naming it
+  const char* what;
+  const void* send;
+  void* recv;
+  size_t count;
+  ncclDataType_t dtype;
+  ncclRedOp_t op;
+  int root;  // root or peer
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+
+thread_local int t_depth = 0;
+thread_local std::vector<Call>* t_pending = nullptr;
+
+bool routes_to_mk(const Call& k) {
+  return k.coll < kNumMk && k.comm->mk &&
+         mk_runs(k.coll, int(k.dtype), int(k.op), k.count, k.comm->nranks, false, k.comm->fallback);
+}
+
+ncclResult_t run_mk(const Call& k) {
+  count(k.coll, false);
+  debug("%s count=%zu dtype=%d op=%d comm=%p -> mKernel", coll_name(k.coll), k.count, int(k.dtype), int(k.op),
+        static_cast<void*>(k.comm));
+  const mkDataType_t t = mkDataType_t(k.dtype);
+  const mkRedOp_t o = mkRedOp_t(k.op);
+  mkComm_t m = k.comm->mk;
+  mkResult_t r = mkInternalError;
+  switch (k.coll) {
+    case kAllReduce: r = g_mk.AllReduce(k.send, k.recv, k.count, t, o, m, k.stream); break;
+    case kBroadcast: r = g_mk.Broadcast(k.send, k.recv, k.count, t, k.root, m, k.stream); break;
+    case kReduce: r = g_mk.Reduce(k.send, k.recv, k.count, t, o, k.root, m, k.stream); break;
+    case kAllGather: r = g_mk.AllGather(k.send, k.recv, k.count, t, m, k.stream); break;
+    case kReduceScatter: r = g_mk.ReduceScatter(k.send, k.recv, k.count, t, o, m, k.stream); break;
+    case kAlltoAll: r = g_mk.AllToAll(k.send, k.recv, k.count, t, m, k.stream); break;
+    default: break;
+  }
+  if (r != mkSuccess) fail(ncclResult_t(r), "%s", g_mk.GetLastError(m));
+  return ncclResult_t(r);
+}
+
+ncclResult_t run_real(const Call& k) {
+  const char* name = k.coll < kNumMk ? coll_name(k.coll) : k.what;
+  if (ncclResult_t r = ensure_real(k.comm, name)) return r;
+  count(k.coll, true);
+  debug("%s count=%zu dtype=%d op=%d comm=%p -> NCCL", name, k.count, int(k.dtype), int(k.op),
+        static_cast<void*>(k.comm));
+  ncclComm_t c = k.comm->real;
+  ncclResult_t r = ncclInternalError;
+  switch (k.coll) {
+    case kAllReduce: r = g_real.AllReduce(k.send, k.recv, k.count, k.dtype, k.op, c, k.stream); break;
+    case kBroadcast: r = g_real.Broadcast(k.send, k.recv, k.count, k.dtype, k.root, c, k.stream); break;
+    case kReduce: r = g_real.Reduce(k.send, k.recv, k.count, k.dtype, k.op, k.root, c, k.stream); break;
+    case kAllGather: r = g_real.AllGather(k.send, k.recv, k.count, k.dtype, c, k.stream); break;
+    case kReduceScatter: r = g_real.ReduceScatter(k.send, k.recv, k.count, k.dtype, k.op, c, k.stream); break;
+    case kAlltoAll:
+      if (!g_real.AlltoAll) return fail(ncclInvalidUsage, "ncclAlltoAll: the real NCCL (%s) has no ncclAlltoAll", g_real.path);
+      r = g_real.AlltoAll(k.send, k.recv, k.count, k.dtype, c, k.stream);
+      break;
+    default:
+      if (strcmp(k.what, "send") == 0) r = g_real.Send(k.send, k.count, k.dtype, k.root, c, k.stream);
+      else if (strcmp(k.what, "recv") == 0) r = g_real.Recv(k.recv, k.count, k.dtype, k.root, c, k.stream);
+      else if (strcmp(k.what, "gather") == 0 && g_real.Gather)
+        r = g_real.Gather(k.send, k.recv, k.count, k.dtype, k.root, c, k.stream);
+      else if (strcmp(k.what, "scatter") == 0 && g_real.Scatter)
+        r = g_real.Scatter(k.send, k.recv, k.count, k.dtype, k.root, c, k.stream);
+      else
+        return fail(ncclInvalidUsage, "%s: the real NCCL (%s) does not have it", k.what, g_real.path);
+  }
+  if (r != ncclSuccess) fail(r, "%s (NCCL): %s", name, g_real.GetLastError(c));
+  return r;
+}
+
+// One call: at once, or kept for ncclGroupEnd inside a group.
+ncclResult_t submit(const Call& k, const char* api) {
+  if (ncclResult_t r = check_comm(k.comm, api)) return r;
+  if (k.comm->revoked.load()) return fail(ncclInvalidUsage, "%s: the communicator was revoked", api);
+  if (t_depth > 0) {
+    if (!t_pending) t_pending = new std::vector<Call>;
+    t_pending->push_back(k);
+    return ncclSuccess;
+  }
+  return routes_to_mk(k) ? run_mk(k) : run_real(k);
+}
+
+}  // namespace
+
+// ---- the exported API -------------------------------------------------------
+// Each function is defined under its pnccl* name; the nccl* name is a weak
+// alias of it, as in NCCL's own library.
+#define MK_ALIAS(ret, name, ...) \
+  extern "C" MK_EXPORT __attribute__((weak, alias("p" #name))) ret name(__VA_ARGS__);
+
+extern "C" {
+
+MK_EXPORT ncclResult_t pncclGetVersion(int* version) {
+  if (!version) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+  std::lock_guard<std::mutex> g(g_load_mu);
+  // Callers gate features on the version: the real NCCL's where there is one.
+  *version = load_real_locked() && g_real.version ? g_real.version : NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+MK_EXPORT ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId) {
+  if (!uniqueId) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+  if (ncclResult_t r = need_mk()) return r;
+  static_assert(sizeof(ncclUniqueId) == sizeof(mkUniqueId), "unique ids differ in size");
+  const mkResult_t r = g_mk.GetUniqueId(reinterpret_cast<mkUniqueId*>(uniqueId));
+  if (r != mkSuccess) return fail(ncclResult_t(r), "ncclGetUniqueId: %s", g_mk.GetLastError(nullptr));
+  return ncclSuccess;
+}
+
+// NCCL's config and mKernel's have the same layout and rules (mk.h); this
+// checks what NCCL checks before handing it on.
+static ncclResult_t check_config(const ncclConfig_t* config, const char* api) {
+  if (!config) return ncclSuccess;
+  if (config->magic != 0xcafebeef)
+    return fail(ncclInvalidArgument, "%s: config.magic is %#x, not 0xcafebeef: initialise it with NCCL_CONFIG_INITIALIZER",
+                api, config->magic);
+  if (config->size < offsetof(ncclConfig_t, blocking))
+    return fail(ncclInvalidArgument, "%s: config.size %zu is too small", api, config->size);
+  return ncclSuccess;
+}
+
+static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank, ncclConfig_t* config,
+                              const char* api) {
+  if (!comm) return fail(ncclInvalidArgument, "%s: comm is NULL", api);
+  *comm = nullptr;
+  if (ncclResult_t r = check_config(config, api)) return r;
+  unsigned fallback = 0;
+  if (ncclResult_t r = read_fallback(&fallback)) return r;
+  if (ncclResult_t r = need_mk()) return r;
+  mkComm_t m = nullptr;
+  mkUniqueId mid;
+  memcpy(&mid, &id, sizeof mid);
+  const mkResult_t r = g_mk.CommInitRankConfig(&m, nranks, mid, rank, reinterpret_cast<const mkConfig_t*>(config));
+  if (r != mkSuccess && r != mkInProgress) return fail(ncclResult_t(r), "%s: %s", api, g_mk.GetLastError(m));
+  *comm = new_comm(m, fallback, nranks, rank);
+  debug("%s: rank %d of %d -> mKernel communicator %p", api, rank, nranks, static_cast<void*>(*comm));
+  return ncclResult_t(r);
+}
+
+MK_EXPORT ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return init_rank(comm, nranks, commId, rank, nullptr, "ncclCommInitRank");
+}
+
+MK_EXPORT ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                               ncclConfig_t* config) {
+  return init_rank(comm, nranks, commId, rank, config, "ncclCommInitRankConfig");
+}
+
+// Every rank passes the same ids; mKernel's bootstrap needs one of them.
+MK_EXPORT ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                                 ncclUniqueId* commIds, ncclConfig_t* config) {
+  if (nId < 1 || !commIds) return fail(ncclInvalidArgument, "ncclCommInitRankScalable: no unique ids (nId %d)", nId);
+  return init_rank(newcomm, nranks, commIds[0], myrank, config, "ncclCommInitRankScalable");
+}
+
+MK_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
+  if (!comm) return fail(ncclInvalidArgument, "ncclCommInitAll: comm is NULL");
+  if (ndev < 1) return fail(ncclInvalidArgument, "ncclCommInitAll: ndev %d is not positive", ndev);
+  unsigned fallback = 0;
+  if (ncclResult_t r = read_fallback(&fallback)) return r;
+  if (ncclResult_t r = need_mk()) return r;
+  std::vector<mkComm_t> ms(size_t(ndev), nullptr);
+  const mkResult_t r = g_mk.CommInitAll(ms.data(), ndev, devlist);
+  if (r != mkSuccess) return fail(ncclResult_t(r), "ncclCommInitAll: %s", g_mk.GetLastError(nullptr));
+  Clique* q = new Clique;
+  for (int i = 0; i < ndev; ++i) {
+    ncclComm_t c = new_comm(ms[size_t(i)], fallback);
+    c->clique = q;
+    q->members.push_back(c);
+    q->devices.push_back(devlist ? devlist[i] : i);
+    comm[i] = c;
+  }
+  return ncclSuccess;
+}
+
+MK_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommSplit")) return r;
+  if (!newcomm) return fail(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+  *newcomm = nullptr;
+  if (ncclResult_t r = check_config(config, "ncclCommSplit")) return r;
+  if (!comm->mk) return fail(ncclInvalidUsage, "ncclCommSplit: a communicator from ncclCommShrink cannot be split here");
+  mkComm_t child = nullptr;
+  const mkResult_t r = g_mk.CommSplit(comm->mk, color, key, &child, reinterpret_cast<const mkConfig_t*>(config));
+  if (r != mkSuccess && r != mkInProgress) return fail(ncclResult_t(r), "ncclCommSplit: %s", g_mk.GetLastError(comm->mk));
+  if (child) {
+    // Size and rank are known once the split is done; a nonblocking child
+    // answers ncclCommCount/UserRank through mKernel.
+    *newcomm = r == mkSuccess ? new_comm(child, comm->fallback) : new_comm(child, comm->fallback, 0, 0);
+  }
+  return ncclResult_t(r);
+}
+
+// mKernel has no shrink: the new communicator is the real NCCL's alone.
+MK_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                       ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommShrink")) return r;
+  if (!newcomm) return fail(ncclInvalidArgument, "ncclCommShrink: newcomm is NULL");
+  *newcomm = nullptr;
+  if (ncclResult_t r = ensure_real(comm, "ncclCommShrink")) return r;
+  if (!g_real.CommShrink) return fail(ncclInvalidUsage, "ncclCommShrink: the real NCCL (%s) has no ncclCommShrink", g_real.path);
+  ncclComm_t child = nullptr;
+  ncclResult_t r = g_real.CommShrink(comm->real, excludeRanksList, excludeRanksCount, &child, config, shrinkFlags);
+  if (r != ncclSuccess && r != ncclInProgress) return fail(r, "ncclCommShrink (NCCL): %s", g_real.GetLastError(comm->real));
+  if (child) {
+    ncclComm_t c = new_comm(nullptr, kFallbackAll);
+    c->real = child;
+    *newcomm = c;
+  }
+  return r;
+}
+
+MK_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommFinalize")) return r;
+  ncclResult_t r = ncclSuccess;
+  if (comm->mk) r = ncclResult_t(g_mk.CommFinalize(comm->mk));
+  if (r != ncclSuccess) return fail(r, "ncclCommFinalize: %s", g_mk.GetLastError(comm->mk));
+  if (comm->real) r = g_real.CommFinalize(comm->real);
+  return r;
+}
+
+static ncclResult_t close_comm(ncclComm_t comm, bool abort, const char* api) {
+  if (!comm) return abort ? ncclSuccess : fail(ncclInvalidArgument, "%s: comm is NULL", api);  // NCCL: abort(NULL) is fine
+  if (comm->magic != ncclComm::kMagic) return fail(ncclInvalidArgument, "%s: comm is not a communicator of mKernel's NCCL library", api);
+  if (comm->dead.exchange(true)) return fail(ncclInvalidUsage, "%s: the communicator was already destroyed", api);
+  ncclResult_t r = ncclSuccess;
+  if (comm->mk) {
+    const mkResult_t m = abort ? g_mk.CommAbort(comm->mk) : g_mk.CommDestroy(comm->mk);
+    if (m != mkSuccess) r = fail(ncclResult_t(m), "%s: %s", api, g_mk.GetLastError(nullptr));
+  }
+  if (comm->real) {
+    const ncclResult_t n = abort ? g_real.CommAbort(comm->real) : g_real.CommDestroy(comm->real);
+    if (n != ncclSuccess && r == ncclSuccess) r = fail(n, "%s (NCCL): %s", api, g_real.GetLastError(nullptr));
+  }
+  return r;
+}
+
+MK_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) { return close_comm(comm, false, "ncclCommDestroy"); }
+MK_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) { return close_comm(comm, true, "ncclCommAbort"); }
+
+MK_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommRevoke")) return r;
+  if (revokeFlags != NCCL_REVOKE_DEFAULT)
+    return fail(ncclInvalidArgument, "ncclCommRevoke: revokeFlags %d (must be NCCL_REVOKE_DEFAULT)", revokeFlags);
+  comm->revoked.store(true);
+  if (comm->real && g_real.CommRevoke) return g_real.CommRevoke(comm->real, revokeFlags);
+  return ncclSuccess;
+}
+
+MK_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  if (!comm) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: comm is NULL");
+  if (comm->magic != ncclComm::kMagic) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: not a communicator of mKernel's NCCL library");
+  if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+  *asyncError = ncclSuccess;
+  if (comm->mk) {
+    mkResult_t m = mkSuccess;
+    const mkResult_t r = g_mk.CommGetAsyncError(comm->mk, &m);
+    if (r != mkSuccess) return fail(ncclResult_t(r), "ncclCommGetAsyncError: %s", g_mk.GetLastError(comm->mk));
+    *asyncError = ncclResult_t(m);
+    if (m == mkSuccess && comm->nranks == 0) {  // a nonblocking init or split just finished
+      g_mk.CommCount(comm->mk, &comm->nranks);
+      g_mk.CommUserRank(comm->mk, &comm->rank);
+    }
+  }
+  if (*asyncError == ncclSuccess && comm->real) return g_real.CommGetAsyncError(comm->real, asyncError);
+  return ncclSuccess;
+}
+
+#define MK_QUERY(api, field, mkfn, realfn)                                                        \
+  if (ncclResult_t r = check_comm(comm, api)) return r;                                           \
+  if (!field) return fail(ncclInvalidArgument, "%s: " #field " is NULL", api);                     \
+  if (comm->mk) {                                                                                 \
+    const mkResult_t r = g_mk.mkfn(comm->mk, field);                                              \
+    if (r != mkSuccess) return fail(ncclResult_t(r), "%s: %s", api, g_mk.GetLastError(comm->mk)); \
+    return ncclSuccess;                                                                           \
+  }                                                                                               \
+  return realfn(comm->real, field);
+
+MK_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
+  MK_QUERY("ncclCommCount", count, CommCount, g_real.CommCount)
+}
+MK_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
+  MK_QUERY("ncclCommCuDevice", device, CommCuDevice, g_real.CommCuDevice)
+}
+MK_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
+  MK_QUERY("ncclCommUserRank", rank, CommUserRank, g_real.CommUserRank)
+}
+
+
+MK_EXPORT ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommRegister")) return r;
+  if (!comm->mk) return fail(ncclInvalidUsage, "ncclCommRegister: not supported on a communicator from ncclCommShrink");
+  const mkResult_t r = g_mk.CommRegister(comm->mk, buff, size, handle);
+  if (r != mkSuccess) return fail(ncclResult_t(r), "ncclCommRegister: %s", g_mk.GetLastError(comm->mk));
+  return ncclSuccess;
+}
+
+MK_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommDeregister")) return r;
+  if (!comm->mk) return fail(ncclInvalidUsage, "ncclCommDeregister: not supported on a communicator from ncclCommShrink");
+  const mkResult_t r = g_mk.CommDeregister(comm->mk, handle);
+  if (r != mkSuccess) return fail(ncclResult_t(r), "ncclCommDeregister: %s", g_mk.GetLastError(comm->mk));
+  return ncclSuccess;
+}
+
+// Symmetric windows are NCCL's (for its own kernels and device API): forwarded.
+MK_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
+                                               int winFlags) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommWindowRegister")) return r;
+  if (ncclResult_t r = ensure_real(comm, "ncclCommWindowRegister")) return r;
+  if (!g_real.CommWindowRegister) return fail(ncclInvalidUsage, "ncclCommWindowRegister: the real NCCL (%s) lacks it", g_real.path);
+  return g_real.CommWindowRegister(comm->real, buff, size, win, winFlags);
+}
+
+MK_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommWindowDeregister")) return r;
+  if (!comm->real || !g_real.CommWindowDeregister)
+    return fail(ncclInvalidUsage, "ncclCommWindowDeregister: no window was registered on this communicator");
+  return g_real.CommWindowDeregister(comm->real, win);
+}
+
+MK_EXPORT ncclResult_t pncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t* reqs, ncclDevComm_t* out) {
+  if (ncclResult_t r = check_comm(comm, "ncclDevCommCreate")) return r;
+  if (ncclResult_t r = ensure_real(comm, "ncclDevCommCreate")) return r;
+  if (!g_real.DevCommCreate) return fail(ncclInvalidUsage, "ncclDevCommCreate: the real NCCL (%s) lacks it", g_real.path);
+  return g_real.DevCommCreate(comm->real, reqs, out);
+}
+
+MK_EXPORT ncclResult_t pncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t* devComm) {
+  if (ncclResult_t r = check_comm(comm, "ncclDevCommDestroy")) return r;
+  if (!comm->real || !g_real.DevCommDestroy)
+    return fail(ncclInvalidUsage, "ncclDevCommDestroy: no device communicator was created on this communicator");
+  return g_real.DevCommDestroy(comm->real, devComm);
+}
+
+// Plain device memory (cuMemAlloc on the calling thread's current context),
+// which mkCommRegister accepts; NCCL's own ncclMemAlloc returns VMM memory,
+// which it does not.
+namespace {
+struct Cuda {
+  int (*MemAlloc)(unsigned long long*, size_t) = nullptr;
+  int (*MemFree)(unsigned long long) = nullptr;
+  int (*GetErrorString)(int, const char**) = nullptr;
+  bool tried = false, ok = false;
+};
+Cuda g_cuda;
+bool load_cuda() {
+  std::lock_guard<std::mutex> g(g_load_mu);
+  if (g_cuda.tried) return g_cuda.ok;
+  g_cuda.tried = true;
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  g_cuda.ok = h && sym(h, "cuMemAlloc_v2", &g_cuda.MemAlloc) && sym(h, "cuMemFree_v2", &g_cuda.MemFree);
+  if (h) sym(h, "cuGetErrorString", &g_cuda.GetErrorString);
+  return g_cuda.ok;
+}
+ncclResult_t cuda_fail(const char* api, int r) {
+  const char* s = nullptr;
+  if (g_cuda.GetErrorString) g_cuda.GetErrorString(r, &s);
+  return fail(ncclUnhandledCudaError, "%s: CUDA error %d (%s)", api, r, s ? s : "unknown");
+}
+}  // namespace
+
+MK_EXPORT ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
+  if (!ptr) return fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
+  *ptr = nullptr;
+  if (size == 0) return ncclSuccess;
+  if (!load_cuda()) return fail(ncclSystemError, "ncclMemAlloc: the CUDA driver (libcuda.so.1) could not be loaded");
+  unsigned long long p = 0;
+  if (int r = g_cuda.MemAlloc(&p, size)) return cuda_fail("ncclMemAlloc", r);
+  *ptr = reinterpret_cast<void*>(uintptr_t(p));
+  return ncclSuccess;
+}
+
+MK_EXPORT ncclResult_t pncclMemFree(void* ptr) {
+  if (!ptr) return ncclSuccess;
+  if (!load_cuda()) return fail(ncclSystemError, "ncclMemFree: the CUDA driver (libcuda.so.1) could not be loaded");
+  if (int r = g_cuda.MemFree(uintptr_t(ptr))) return cuda_fail("ncclMemFree", r);
+  return ncclSuccess;
+}
+
+// PreMulSum ops are NCCL's: a collective with one (op >= ncclNumOps) goes to NCCL.
+MK_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                                 ncclScalarResidence_t residence, ncclComm_t comm) {
+  if (ncclResult_t r = check_comm(comm, "ncclRedOpCreatePreMulSum")) return r;
+  if (ncclResult_t r = ensure_real(comm, "ncclRedOpCreatePreMulSum")) return r;
+  if (!g_real.RedOpCreatePreMulSum) return fail(ncclInvalidUsage, "ncclRedOpCreatePreMulSum: the real NCCL (%s) lacks it", g_real.path);
+  return g_real.RedOpCreatePreMulSum(op, scalar, datatype, residence, comm->real);
+}
+
+MK_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  if (ncclResult_t r = check_comm(comm, "ncclRedOpDestroy")) return r;
+  if (!comm->real || !g_real.RedOpDestroy) return fail(ncclInvalidArgument, "ncclRedOpDestroy: op %d was not created on this communicator", int(op));
+  return g_real.RedOpDestroy(op, comm->real);
+}
+
+static Call call(int coll, const char* what, const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                 ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  return Call{coll, what, send, recv, count, dtype, op, root, comm, stream};
+}
+
+MK_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                      ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return submit(call(kAllReduce, "allreduce", sendbuff, recvbuff, count, datatype, op, 0, comm, stream), "ncclAllReduce");
+}
+MK_EXPORT ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                      int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(call(kBroadcast, "broadcast", sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream),
+                "ncclBroadcast");
+}
+MK_EXPORT ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                                  cudaStream_t stream) {
+  return submit(call(kBroadcast, "broadcast", buff, buff, count, datatype, ncclSum, root, comm, stream), "ncclBcast");
+}
+MK_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                   ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(call(kReduce, "reduce", sendbuff, recvbuff, count, datatype, op, root, comm, stream), "ncclReduce");
+}
+MK_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                                      ncclComm_t comm, cudaStream_t stream) {
+  return submit(call(kAllGather, "allgather", sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream),
+                "ncclAllGather");
+}
+MK_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                          cudaStream_t stream) {
+  return submit(call(kReduceScatter, "reducescatter", sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream),
+                "ncclReduceScatter");
+}
+MK_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                     ncclComm_t comm, cudaStream_t stream) {
+  return submit(call(kAlltoAll, "alltoall", sendbuff, recvbuff, count, datatype, ncclSum, 0, comm, stream),
+                "ncclAlltoAll");
+}
+MK_EXPORT ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                   int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(call(kOther, "gather", sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream), "ncclGather");
+}
+MK_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                    int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(call(kOther, "scatter", sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream),
+                "ncclScatter");
+}
+MK_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                                 ncclComm_t comm, cudaStream_t stream) {
+  return submit(call(kOther, "send", sendbuff, nullptr, count, datatype, ncclSum, peer, comm, stream), "ncclSend");
+}
+MK_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                                 cudaStream_t stream) {
+  return submit(call(kOther, "recv", nullptr, recvbuff, count, datatype, ncclSum, peer, comm, stream), "ncclRecv");
+}
+
+// Groups. mKernel's group opens with the outermost ncclGroupStart (so that
+// inits and splits inside it are grouped as NCCL groups them); collectives
+// are kept until the outermost ncclGroupEnd. Then, if mKernel runs every
+// one of them, they go into mKernel's group; if any needs NCCL (a send, a
+// PreMulSum op, a fallback), the whole group goes to NCCL: a group is one
+// unit of progress, and splitting it between two libraries could deadlock
+// (a send on one waiting for a receive queued behind the other).
+MK_EXPORT ncclResult_t pncclGroupStart() {
+  if (t_depth++ == 0) {
+    if (!t_pending) t_pending = new std::vector<Call>;
+    t_pending->clear();
+    std::lock_guard<std::mutex> g(g_load_mu);
+    if (load_mk_locked()) g_mk.GroupStart();
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t end_group(ncclSimInfo_t* sim) {
+  if (t_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd: no ncclGroupStart is open");
+  if (--t_depth > 0) return ncclSuccess;
+  std::vector<Call> calls;
+  calls.swap(*t_pending);
+  bool all_mk = true;
+  for (const Call& k : calls) all_mk = all_mk && routes_to_mk(k);
+  const bool mk_open = g_mk_loaded;
+  if (sim) {  // nothing runs; NCCL's estimate where every call is its
+    if (mk_open) g_mk.GroupEnd();
+    if (!all_mk || calls.empty()) {
+      if (calls.empty() || need_real("ncclGroupSimulateEnd") != ncclSuccess || !g_real.GroupSimulateEnd) {
+        sim->estimatedTime = NCCL_UNDEF_FLOAT;
+        return ncclSuccess;
+      }
+      for (const Call& k : calls)
+        if (ncclResult_t r = ensure_real(k.comm, "ncclGroupSimulateEnd")) return r;
+      g_real.GroupStart();
+      for (const Call& k : calls) run_real(k);
+      return g_real.GroupSimulateEnd(sim);
+    }
+    sim->estimatedTime = NCCL_UNDEF_FLOAT;  // mKernel does not estimate a group
+    return ncclSuccess;
+  }
+  if (all_mk) {
+    ncclResult_t first = ncclSuccess;
+    for (const Call& k : calls) {
+      const ncclResult_t r = run_mk(k);
+      if (r != ncclSuccess && first == ncclSuccess) first = r;
+    }
+    const mkResult_t e = mk_open ? g_mk.GroupEnd() : mkSuccess;
+    if (first != ncclSuccess) return first;
+    if (e != mkSuccess && e != mkInProgress) return fail(ncclResult_t(e), "ncclGroupEnd: %s", g_mk.GetLastError(nullptr));
+    return ncclResult_t(e);
+  }
+  if (mk_open) {  // the inits and splits of the group (its collectives go to NCCL)
+    const mkResult_t e = g_mk.GroupEnd();
+    if (e != mkSuccess && e != mkInProgress) return fail(ncclResult_t(e), "ncclGroupEnd: %s", g_mk.GetLastError(nullptr));
+  }
+  for (const Call& k : calls)
+    if (ncclResult_t r = ensure_real(k.comm, "a group with calls mKernel does not run")) return r;
+  g_real.GroupStart();
+  ncclResult_t first = ncclSuccess;
+  for (const Call& k : calls) {
+    const ncclResult_t r = run_real(k);
+    if (r != ncclSuccess && first == ncclSuccess) first = r;
+  }
+  const ncclResult_t e = g_real.GroupEnd();
+  return first != ncclSuccess ? first : e;
+}
+
+MK_EXPORT ncclResult_t pncclGroupEnd() { return end_group(nullptr); }
+
+MK_EXPORT ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  if (!simInfo) return fail(ncclInvalidArgument, "ncclGroupSimulateEnd: simInfo is NULL");
+  return end_group(simInfo);
+}
+
+MK_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with MK_DEBUG=1 for details)";
+    case ncclSystemError: return "unhandled system error (run with MK_DEBUG=1 for details)";
+    case ncclInternalError: return "internal error - please report this issue to the mKernel developers";
+    case ncclInvalidArgument: return "invalid argument (run with MK_DEBUG=1 for details)";
+    case ncclInvalidUsage: return "invalid usage (run with MK_DEBUG=1 for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+// This library's last error on this thread, else mKernel's, else NCCL's.
+MK_EXPORT const char* pncclGetLastError(ncclComm_t comm) {
+  if (t_error[0]) return t_error;
+  const bool ours = comm && comm->magic == ncclComm::kMagic;
+  if (g_mk_loaded) {
+    const char* m = g_mk.GetLastError(ours ? comm->mk : nullptr);
+    if (m && *m) return m;
+  }
+  if (g_real_state > 0) {
+    const char* n = g_real.GetLastError(ours ? comm->real : nullptr);
+    if (n && *n) return n;
+  }
+  return "";
+}
+
+MK_EXPORT void pncclResetDebugInit() {
+  if (g_real_state > 0 && g_real.ResetDebugInit) g_real.ResetDebugInit();
+}
+
+}  // extern "C"
+
+// The nccl* names.
+MK_ALIAS(ncclResult_t, ncclGetVersion, int*)
+MK_ALIAS(ncclResult_t, ncclGetUniqueId, ncclUniqueId*)
+MK_ALIAS(ncclResult_t, ncclCommInitRank, ncclComm_t*, int, ncclUniqueId, int)
+MK_ALIAS(ncclResult_t, ncclCommInitRankConfig, ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*)
+MK_ALIAS(ncclResult_t, ncclCommInitRankScalable, ncclComm_t*, int, int, int, ncclUniqueId*, ncclConfig_t*)
+MK_ALIAS(ncclResult_t, ncclCommInitAll, ncclComm_t*, int, const int*)
+MK_ALIAS(ncclResult_t, ncclCommSplit, ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*)
+MK_ALIAS(ncclResult_t, ncclCommShrink, ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int)
+MK_ALIAS(ncclResult_t, ncclCommFinalize, ncclComm_t)
+MK_ALIAS(ncclResult_t, ncclCommDestroy, ncclComm_t)
+MK_ALIAS(ncclResult_t, ncclCommAbort, ncclComm_t)
+MK_ALIAS(ncclResult_t, ncclCommRevoke, ncclComm_t, int)
+MK_ALIAS(ncclResult_t, ncclCommGetAsyncError, ncclComm_t, ncclResult_t*)
+MK_ALIAS(ncclResult_t, ncclCommCount, const ncclComm_t, int*)
+MK_ALIAS(ncclResult_t, ncclCommCuDevice, const ncclComm_t, int*)
+MK_ALIAS(ncclResult_t, ncclCommUserRank, const ncclComm_t, int*)
+MK_ALIAS(ncclResult_t, ncclCommRegister, const ncclComm_t, void*, size_t, void**)
+MK_ALIAS(ncclResult_t, ncclCommDeregister, const ncclComm_t, void*)
+MK_ALIAS(ncclResult_t, ncclCommWindowRegister, ncclComm_t, void*, size_t, ncclWindow_t*, int)
+MK_ALIAS(ncclResult_t, ncclCommWindowDeregister, ncclComm_t, ncclWindow_t)
+MK_ALIAS(ncclResult_t, ncclDevCommCreate, ncclComm_t, const ncclDevCommRequirements_t*, ncclDevComm_t*)
+MK_ALIAS(ncclResult_t, ncclDevCommDestroy, ncclComm_t, const ncclDevComm_t*)
+MK_ALIAS(ncclResult_t, ncclMemAlloc, void**, size_t)
+MK_ALIAS(ncclResult_t, ncclMemFree, void*)
+MK_ALIAS(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t*, void*, ncclDataType_t, ncclScalarResidence_t, ncclComm_t)
+MK_ALIAS(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t, ncclComm_t)
+MK_ALIAS(ncclResult_t, ncclAllReduce, const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclBroadcast, const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclBcast, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclReduce, const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclAllGather, const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclReduceScatter, const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclAlltoAll, const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclGather, const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclScatter, const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclSend, const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclRecv, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+MK_ALIAS(ncclResult_t, ncclGroupStart, void)
+MK_ALIAS(ncclResult_t, ncclGroupEnd, void)
+MK_ALIAS(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t*)
+MK_ALIAS(const char*, ncclGetErrorString, ncclResult_t)
+MK_ALIAS(const char*, ncclGetLastError, ncclComm_t)
+MK_ALIAS(void, ncclResetDebugInit, void)

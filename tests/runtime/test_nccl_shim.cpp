@@ -1,0 +1,300 @@
+// mKernel's NCCL-compatible library (nccl/shim.cpp) against the fake driver
+// and a stand-in for the real NCCL (tests/nccl/fake_nccl.cpp, which records
+// what reaches it). Each test loads its own copy of the library (a fresh
+// state: which real NCCL it found, its settings) through dlopen, as a
+// program that LD_PRELOADs it would call it.
+#ifdef MKT_SHIM
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "nccl.h"
+#include "tests/runtime/fake.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh copy of the library and its functions.
+struct Shim {
+  explicit Shim(const char* real = MKT_FAKE_NCCL) {
+    dir = fs::temp_directory_path() / ("mkt-shim-" + std::to_string(::getpid()) + "-" + std::to_string(seq++));
+    fs::create_directories(dir);
+    fs::copy_file(MKT_SHIM, dir / "libnccl.so.2");
+    setenv("MK_LIBMKERNEL", MKT_LIBMKERNEL, 1);
+    setenv("MK_NCCL_LIB", real, 1);
+    h = dlopen((dir / "libnccl.so.2").c_str(), RTLD_NOW | RTLD_LOCAL);
+    REQUIRE_MESSAGE(h, dlerror());
+  }
+  ~Shim() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // stays mapped; never dlclosed (its communicators live on)
+  }
+  template <class F>
+  F* fn(const char* name) {
+    void* p = dlsym(h, name);
+    REQUIRE_MESSAGE(p, name);
+    return reinterpret_cast<F*>(p);
+  }
+  static inline int seq = 0;
+  fs::path dir;
+  void* h = nullptr;
+};
+#define SHIM_FN(s, name) (s).fn<decltype(::name)>(#name)
+
+std::string fake_log(bool reset = true) {
+  void* h = dlopen(MKT_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(h);
+  auto get = reinterpret_cast<const char* (*)(int)>(dlsym(h, "mkt_fake_nccl_log"));
+  REQUIRE(reinterpret_cast<void*>(get) != nullptr);
+  return get(reset ? 1 : 0);
+}
+
+bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+// The functions nccl.h declares (every nccl* name; pnccl* are their twins).
+std::vector<std::string> header_functions() {
+  std::ifstream in(MKT_NCCL_H);
+  REQUIRE(in);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  static const std::regex decl(R"((?:ncclResult_t|const char\*|void)\s+(nccl[A-Z]\w*)\s*\()");
+  std::set<std::string> names;
+  for (std::sregex_iterator it(text.begin(), text.end(), decl), end; it != end; ++it) names.insert((*it)[1]);
+  return {names.begin(), names.end()};
+}
+
+// Two ranks in this process on fake GPUs 0 and 1, through the library.
+struct Pair {
+  explicit Pair(Shim& s) : shim(s) {
+    for (int d : {0, 1}) {
+      devs.push_back(std::make_unique<mkt::Device>(d));
+      bufs.push_back(std::make_unique<mkt::Buffer>(*devs.back(), 4096));
+    }
+    const int devlist[2] = {0, 1};
+    REQUIRE_MESSAGE(SHIM_FN(shim, ncclCommInitAll)(comms, 2, devlist) == ncclSuccess,
+                    SHIM_FN(shim, ncclGetLastError)(nullptr));
+  }
+  ~Pair() {
+    for (ncclComm_t c : comms) CHECK(SHIM_FN(shim, ncclCommDestroy)(c) == ncclSuccess);
+  }
+  // A grouped all-reduce on both ranks; the launches it made on mKernel.
+  int64_t allreduce(ncclRedOp_t op = ncclSum, bool with_send = false) {
+    const int64_t before = mkt::counts().launches;
+    REQUIRE(SHIM_FN(shim, ncclGroupStart)() == ncclSuccess);
+    for (int r = 0; r < 2; ++r) {
+      void* p = bufs[size_t(r)]->ptr();
+      CHECK(SHIM_FN(shim, ncclAllReduce)(p, p, 64, ncclFloat32, op, comms[r], devs[size_t(r)]->stream) == ncclSuccess);
+      if (with_send)
+        CHECK(SHIM_FN(shim, ncclSend)(p, 16, ncclFloat32, 1 - r, comms[r], devs[size_t(r)]->stream) == ncclSuccess);
+    }
+    const ncclResult_t e = SHIM_FN(shim, ncclGroupEnd)();
+    CHECK_MESSAGE(e == ncclSuccess, SHIM_FN(shim, ncclGetLastError)(nullptr));
+    return mkt::counts().launches - before;
+  }
+  Shim& shim;
+  std::vector<std::unique_ptr<mkt::Device>> devs;
+  std::vector<std::unique_ptr<mkt::Buffer>> bufs;
+  ncclComm_t comms[2] = {nullptr, nullptr};
+};
+
+}  // namespace
+
+TEST_CASE("nccl shim: exports every function of nccl.h under its nccl and pnccl names, as NCCL does") {
+  const auto names = header_functions();
+  REQUIRE(names.size() >= 40);  // NCCL 2.28's nccl.h
+  void* shim = dlopen(MKT_SHIM, RTLD_LAZY | RTLD_LOCAL);
+  REQUIRE_MESSAGE(shim, dlerror());
+  void* real = fs::exists(MKT_REAL_NCCL) ? dlopen(MKT_REAL_NCCL, RTLD_LAZY | RTLD_LOCAL) : nullptr;
+  if (!real) MESSAGE("SKIPPED part: no real NCCL at " MKT_REAL_NCCL " to compare with");
+  for (const auto& n : names) {
+    CAPTURE(n);
+    CHECK(dlsym(shim, n.c_str()) != nullptr);
+    CHECK(dlsym(shim, ("p" + n).c_str()) != nullptr);
+    if (real) {
+      CHECK(dlsym(real, n.c_str()) != nullptr);  // the list is NCCL's own
+      CHECK(dlsym(real, ("p" + n).c_str()) != nullptr);
+    }
+  }
+  // the library's own dependencies: libc alone (it is preloaded everywhere)
+  FILE* p = popen("readelf -d " MKT_SHIM " 2>/dev/null", "r");
+  REQUIRE(p);
+  std::string out;
+  char line[512];
+  while (fgets(line, sizeof line, p)) out += line;
+  pclose(p);
+  if (out.empty()) {
+    MESSAGE("SKIPPED part: no readelf");
+  } else {
+    static const std::regex needed(R"(\(NEEDED\)\s+Shared library: \[([^\]]+)\])");
+    for (std::sregex_iterator it(out.begin(), out.end(), needed), end; it != end; ++it) {
+      const std::string lib = (*it)[1];
+      CAPTURE(lib);
+      CHECK((lib == "libc.so.6" || lib == "libdl.so.2" || lib.rfind("ld-linux", 0) == 0));
+    }
+    CHECK(has(out, "Library soname: [libnccl.so.2]"));
+  }
+}
+
+TEST_CASE("nccl shim: collectives run on mKernel, sends and fallbacks on the real NCCL, a mixed group on NCCL whole") {
+  MKT_REQUIRE_FAKE();
+  Shim s;
+  fake_log();
+  int v = 0;
+  CHECK(SHIM_FN(s, ncclGetVersion)(&v) == ncclSuccess);
+  CHECK(v == 22805);  // the real (stand-in) NCCL's: callers gate features on it
+  {
+    Pair pair(s);
+    CHECK(pair.allreduce() == 2);  // one kernel per rank, on mKernel
+    CHECK(fake_log() == "");       // nothing reached NCCL, not even its init
+    // A send needs NCCL: the group goes to NCCL whole, the all-reduces too.
+    CHECK(pair.allreduce(ncclSum, /*with_send=*/true) == 0);
+    const std::string log = fake_log();
+    CHECK(has(log, "CommInitAll n=2 first=1 dev0=0\n"));  // the fallback communicators, made once, together
+    CHECK(has(log, "GroupStart\nAllReduce comm=1 count=64 dtype=7 op=0\nSend comm=1 count=16 peer=1\n"
+                   "AllReduce comm=2 count=64 dtype=7 op=0\nSend comm=2 count=16 peer=0\nGroupEnd\n"));
+    // A PreMulSum op is NCCL's; collectives with it go there.
+    ncclRedOp_t op = ncclSum;
+    float scale = 0.5f;
+    CHECK(SHIM_FN(s, ncclRedOpCreatePreMulSum)(&op, &scale, ncclFloat32, ncclScalarHostImmediate, pair.comms[0]) ==
+          ncclSuccess);
+    CHECK(int(op) == 5);
+    CHECK(pair.allreduce(op) == 0);
+    CHECK(has(fake_log(), "AllReduce comm=1 count=64 dtype=7 op=5\n"));
+    CHECK(pair.allreduce() == 2);  // and plain ones stay on mKernel
+    CHECK_FALSE(has(fake_log(), "AllReduce"));
+  }
+  CHECK(has(fake_log(), "CommDestroy comm=1\nCommDestroy comm=2\n"));
+}
+
+TEST_CASE("nccl shim: MK_NCCL_FALLBACK sends a collective to NCCL on communicators made after it is set") {
+  MKT_REQUIRE_FAKE();
+  Shim s;
+  fake_log();
+  setenv("MK_NCCL_FALLBACK", "broadcast,allreduce", 1);
+  {
+    Pair pair(s);
+    unsetenv("MK_NCCL_FALLBACK");
+    CHECK(pair.allreduce() == 0);
+    CHECK(has(fake_log(), "AllReduce comm=1 count=64"));
+  }
+  setenv("MK_NCCL_FALLBACK", "allreduce,bogus", 1);
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  const int devlist[2] = {0, 1};
+  CHECK(SHIM_FN(s, ncclCommInitAll)(comms, 2, devlist) == ncclInvalidArgument);
+  CHECK(has(SHIM_FN(s, ncclGetLastError)(nullptr), "MK_NCCL_FALLBACK names 'bogus'"));
+  unsetenv("MK_NCCL_FALLBACK");
+}
+
+TEST_CASE("nccl shim: ncclConfig_t is checked as NCCL checks it, NULL takes every default") {
+  MKT_REQUIRE_FAKE();
+  Shim s;
+  mkt::Device dev(0);
+  ncclUniqueId id;
+  REQUIRE(SHIM_FN(s, ncclGetUniqueId)(&id) == ncclSuccess);
+  auto init = [&](ncclConfig_t* cfg) {
+    ncclComm_t c = nullptr;
+    const ncclResult_t r = SHIM_FN(s, ncclCommInitRankConfig)(&c, 1, id, 0, cfg);
+    if (r == ncclSuccess) {
+      int n = 0;
+      CHECK(SHIM_FN(s, ncclCommCount)(c, &n) == ncclSuccess);
+      CHECK(n == 1);
+      CHECK(SHIM_FN(s, ncclCommDestroy)(c) == ncclSuccess);
+    } else {
+      CHECK(c == nullptr);
+    }
+    return r;
+  };
+  CHECK(init(nullptr) == ncclSuccess);
+  ncclConfig_t good = NCCL_CONFIG_INITIALIZER;
+  CHECK(init(&good) == ncclSuccess);
+  ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
+  bad.magic = 0x12345678;
+  CHECK(init(&bad) == ncclInvalidArgument);
+  CHECK(has(SHIM_FN(s, ncclGetLastError)(nullptr), "magic"));
+  // An older header's shorter struct: only `size` bytes are read.
+  ncclConfig_t older = NCCL_CONFIG_INITIALIZER;
+  older.size = offsetof(ncclConfig_t, commName);
+  older.collnetEnable = 12345;  // past `size`: never read (out of range if it were)
+  CHECK(init(&older) == ncclSuccess);
+  ncclConfig_t tiny = NCCL_CONFIG_INITIALIZER;
+  tiny.size = 4;
+  CHECK(init(&tiny) == ncclInvalidArgument);
+  ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
+  blocking.blocking = 7;  // NCCL: 0 or 1
+  CHECK(init(&blocking) == ncclInvalidArgument);
+}
+
+TEST_CASE("nccl shim: bad input gets NCCL's error codes and a readable ncclGetLastError") {
+  MKT_REQUIRE_FAKE();
+  Shim s;
+  mkt::Device dev(0);
+  mkt::Buffer buf(dev, 1024);
+  CHECK(SHIM_FN(s, ncclAllReduce)(buf.ptr(), buf.ptr(), 4, ncclFloat32, ncclSum, nullptr, dev.stream) ==
+        ncclInvalidArgument);
+  CHECK(has(SHIM_FN(s, ncclGetLastError)(nullptr), "ncclAllReduce: comm is NULL"));
+  int not_a_comm[16] = {0};
+  CHECK(SHIM_FN(s, ncclAllReduce)(buf.ptr(), buf.ptr(), 4, ncclFloat32, ncclSum,
+                                  reinterpret_cast<ncclComm_t>(not_a_comm), dev.stream) == ncclInvalidArgument);
+  CHECK(SHIM_FN(s, ncclGroupEnd)() == ncclInvalidUsage);  // no group open
+  ncclUniqueId id;
+  REQUIRE(SHIM_FN(s, ncclGetUniqueId)(&id) == ncclSuccess);
+  ncclComm_t c = nullptr;
+  REQUIRE(SHIM_FN(s, ncclCommInitRank)(&c, 1, id, 0) == ncclSuccess);
+  // mKernel's own checks come through with its message: a host pointer
+  std::vector<float> host(16);
+  CHECK(SHIM_FN(s, ncclAllReduce)(host.data(), host.data(), 16, ncclFloat32, ncclSum, c, dev.stream) ==
+        ncclInvalidArgument);
+  CHECK(std::string(SHIM_FN(s, ncclGetLastError)(c)).size() > 10);
+  CHECK(SHIM_FN(s, ncclAllReduce)(buf.ptr(), buf.ptr(), 4, ncclFloat32, ncclRedOp_t(4), c, dev.stream) == ncclSuccess);
+  CHECK(SHIM_FN(s, ncclCommDestroy)(c) == ncclSuccess);
+  CHECK(SHIM_FN(s, ncclCommDestroy)(c) == ncclInvalidUsage);  // destroyed already: an error, not a crash
+  CHECK(has(SHIM_FN(s, ncclGetErrorString)(ncclInvalidUsage), "invalid usage"));
+}
+
+TEST_CASE("nccl shim: without a real NCCL only what needs one fails, and says how to give one") {
+  MKT_REQUIRE_FAKE();
+  Shim s("/nonexistent/libnccl.so.2");
+  mkt::Device dev(0);
+  mkt::Buffer buf(dev, 1024);
+  ncclUniqueId id;
+  REQUIRE(SHIM_FN(s, ncclGetUniqueId)(&id) == ncclSuccess);
+  ncclComm_t c = nullptr;
+  REQUIRE(SHIM_FN(s, ncclCommInitRank)(&c, 1, id, 0) == ncclSuccess);
+  const int64_t before = mkt::counts().launches;
+  CHECK(SHIM_FN(s, ncclAllReduce)(buf.ptr(), buf.ptr(), 64, ncclBfloat16, ncclMax, c, dev.stream) == ncclSuccess);
+  CHECK(mkt::counts().launches == before + 1);
+  CHECK(SHIM_FN(s, ncclSend)(buf.ptr(), 4, ncclFloat32, 0, c, dev.stream) == ncclSystemError);
+  const std::string why = SHIM_FN(s, ncclGetLastError)(c);
+  CHECK(has(why, "send needs the real NCCL"));
+  CHECK(has(why, "/nonexistent/libnccl.so.2"));
+  int v = 0;
+  CHECK(SHIM_FN(s, ncclGetVersion)(&v) == ncclSuccess);
+  CHECK(v == NCCL_VERSION_CODE);  // none to ask: the header's
+  CHECK(SHIM_FN(s, ncclCommDestroy)(c) == ncclSuccess);
+}
+
+TEST_CASE("nccl shim: the real NCCL is never this library itself") {
+  MKT_REQUIRE_FAKE();
+  Shim s(MKT_SHIM);  // MK_NCCL_LIB naming mKernel's library
+  mkt::Device dev(0);
+  ncclUniqueId id;
+  REQUIRE(SHIM_FN(s, ncclGetUniqueId)(&id) == ncclSuccess);
+  ncclComm_t c = nullptr;
+  REQUIRE(SHIM_FN(s, ncclCommInitRank)(&c, 1, id, 0) == ncclSuccess);
+  mkt::Buffer buf(dev, 1024);
+  CHECK(SHIM_FN(s, ncclSend)(buf.ptr(), 4, ncclFloat32, 0, c, dev.stream) == ncclSystemError);
+  CHECK(has(SHIM_FN(s, ncclGetLastError)(c), "mKernel's NCCL library itself"));
+  CHECK(SHIM_FN(s, ncclCommDestroy)(c) == ncclSuccess);
+}
+#endif
