@@ -482,6 +482,8 @@ struct Call {
 
 thread_local int t_depth = 0;
 thread_local std::vector<Call>* t_pending = nullptr;
+thread_local bool t_mk_group = false;                // mkGroupStart was called for the open group
+thread_local std::vector<ncclComm_t>* t_inits = nullptr;  // inits of the open group, done at its end
 
 bool routes_to_mk(const Call& k) {
   return k.coll < kNumMk && k.comm->mk &&
@@ -603,10 +605,30 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   mkComm_t m = nullptr;
   mkUniqueId mid;
   memcpy(&mid, &id, sizeof mid);
-  const mkResult_t r = g_mk.CommInitRankConfig(&m, nranks, mid, rank, reinterpret_cast<const mkConfig_t*>(config));
+  // Inside a group, as NCCL does, a blocking init completes at ncclGroupEnd:
+  // one thread may create several ranks' communicators that meet each other
+  // (single-process multi-GPU programs). mKernel runs it as a nonblocking
+  // init, which ncclGroupEnd waits for.
+  mkConfig_t local = MK_CONFIG_INITIALIZER;
+  const mkConfig_t* cfg = reinterpret_cast<const mkConfig_t*>(config);
+  const bool deferred = t_depth > 0 && (!config || config->size <= offsetof(ncclConfig_t, blocking) ||
+                                        config->blocking != 0);
+  if (deferred) {
+    if (config) memcpy(&local, config, config->size < sizeof local ? config->size : sizeof local);
+    local.size = sizeof local;
+    local.blocking = 0;
+    cfg = &local;
+  }
+  const mkResult_t r = g_mk.CommInitRankConfig(&m, nranks, mid, rank, cfg);
   if (r != mkSuccess && r != mkInProgress) return fail(ncclResult_t(r), "%s: %s", api, g_mk.GetLastError(m));
   *comm = new_comm(m, fallback, nranks, rank);
-  debug("%s: rank %d of %d -> mKernel communicator %p", api, rank, nranks, static_cast<void*>(*comm));
+  debug("%s: rank %d of %d -> mKernel communicator %p%s", api, rank, nranks, static_cast<void*>(*comm),
+        deferred ? " (completes at ncclGroupEnd)" : "");
+  if (deferred) {
+    if (!t_inits) t_inits = new std::vector<ncclComm_t>;
+    t_inits->push_back(*comm);
+    return ncclSuccess;
+  }
   return ncclResult_t(r);
 }
 
@@ -933,9 +955,33 @@ MK_EXPORT ncclResult_t pncclGroupStart() {
     if (!t_pending) t_pending = new std::vector<Call>;
     t_pending->clear();
     std::lock_guard<std::mutex> g(g_load_mu);
-    if (load_mk_locked()) g_mk.GroupStart();
+    t_mk_group = load_mk_locked() && g_mk.GroupStart() == mkSuccess;
   }
   return ncclSuccess;
+}
+
+// The group's inits: wait until each is done (mKernel's bootstrap timeout
+// bounds it); the first failure is the group's.
+static ncclResult_t finish_inits() {
+  if (!t_inits) return ncclSuccess;
+  std::vector<ncclComm_t> inits;
+  inits.swap(*t_inits);
+  ncclResult_t first = ncclSuccess;
+  for (ncclComm_t c : inits) {
+    mkResult_t st = mkInProgress;
+    while (st == mkInProgress) {
+      if (g_mk.CommGetAsyncError(c->mk, &st) != mkSuccess) st = mkInternalError;
+      if (st == mkInProgress) usleep(200);
+    }
+    if (st == mkSuccess) {
+      g_mk.CommCount(c->mk, &c->nranks);
+      g_mk.CommUserRank(c->mk, &c->rank);
+    } else if (first == ncclSuccess) {
+      first = fail(ncclResult_t(st), "ncclGroupEnd: rank %d's ncclCommInitRank in the group failed: %s", c->rank,
+                   g_mk.GetLastError(c->mk));
+    }
+  }
+  return first;
 }
 
 static ncclResult_t end_group(ncclSimInfo_t* sim) {
@@ -943,9 +989,14 @@ static ncclResult_t end_group(ncclSimInfo_t* sim) {
   if (--t_depth > 0) return ncclSuccess;
   std::vector<Call> calls;
   calls.swap(*t_pending);
+  const bool mk_open = t_mk_group;
+  t_mk_group = false;
+  if (ncclResult_t r = finish_inits()) {
+    if (mk_open) g_mk.GroupEnd();
+    return r;
+  }
   bool all_mk = true;
   for (const Call& k : calls) all_mk = all_mk && routes_to_mk(k);
-  const bool mk_open = g_mk_loaded;
   if (sim) {  // nothing runs; NCCL's estimate where every call is its
     if (mk_open) g_mk.GroupEnd();
     if (!all_mk || calls.empty()) {

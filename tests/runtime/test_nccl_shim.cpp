@@ -177,6 +177,42 @@ TEST_CASE("nccl shim: collectives run on mKernel, sends and fallbacks on the rea
   CHECK(has(fake_log(), "CommDestroy comm=1\nCommDestroy comm=2\n"));
 }
 
+TEST_CASE("nccl shim: one thread creates two ranks with ncclCommInitRank inside a group, then drives them") {
+  MKT_REQUIRE_FAKE();
+  Shim s;
+  std::vector<std::unique_ptr<mkt::Device>> devs;
+  std::vector<std::unique_ptr<mkt::Buffer>> bufs;
+  for (int d : {0, 1}) {
+    devs.push_back(std::make_unique<mkt::Device>(d));
+    bufs.push_back(std::make_unique<mkt::Buffer>(*devs.back(), 4096));
+  }
+  ncclUniqueId id;
+  REQUIRE(SHIM_FN(s, ncclGetUniqueId)(&id) == ncclSuccess);
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;  // blocking by default: done at ncclGroupEnd
+  REQUIRE(SHIM_FN(s, ncclGroupStart)() == ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(mkt::cu().cuCtxSetCurrent(devs[size_t(r)]->ctx) == CUDA_SUCCESS);  // as cudaSetDevice(r)
+    CHECK(SHIM_FN(s, ncclCommInitRankConfig)(&comms[r], 2, id, r, r == 0 ? &cfg : nullptr) == ncclSuccess);
+  }
+  REQUIRE_MESSAGE(SHIM_FN(s, ncclGroupEnd)() == ncclSuccess, SHIM_FN(s, ncclGetLastError)(nullptr));
+  for (int r = 0; r < 2; ++r) {
+    int n = 0, me = -1;
+    CHECK(SHIM_FN(s, ncclCommCount)(comms[r], &n) == ncclSuccess);
+    CHECK(SHIM_FN(s, ncclCommUserRank)(comms[r], &me) == ncclSuccess);
+    CHECK(n == 2);
+    CHECK(me == r);
+  }
+  const int64_t before = mkt::counts().launches;
+  REQUIRE(SHIM_FN(s, ncclGroupStart)() == ncclSuccess);
+  for (int r = 0; r < 2; ++r)
+    CHECK(SHIM_FN(s, ncclAllReduce)(bufs[size_t(r)]->ptr(), bufs[size_t(r)]->ptr(), 64, ncclFloat32, ncclSum,
+                                    comms[r], devs[size_t(r)]->stream) == ncclSuccess);
+  CHECK(SHIM_FN(s, ncclGroupEnd)() == ncclSuccess);
+  CHECK(mkt::counts().launches == before + 2);
+  for (ncclComm_t c : comms) CHECK(SHIM_FN(s, ncclCommDestroy)(c) == ncclSuccess);
+}
+
 TEST_CASE("nccl shim: MK_NCCL_FALLBACK sends a collective to NCCL on communicators made after it is set") {
   MKT_REQUIRE_FAKE();
   Shim s;
