@@ -140,10 +140,10 @@ struct Real {
 
 std::mutex g_load_mu;
 Mk g_mk;
-bool g_mk_loaded = false;
+std::atomic<bool> g_mk_loaded{false};  // g_mk is written before it is set (release)
 char g_mk_error[1024] = "";
 Real g_real;
-int g_real_state = 0;  // 0 not tried, 1 loaded, -1 failed (g_real_error says why)
+std::atomic<int> g_real_state{0};  // 0 not tried, 1 loaded, -1 failed (g_real_error says why); g_real before it
 char g_real_error[2048] = "";
 
 // The directory this library was loaded from.
@@ -216,7 +216,7 @@ bool load_mk_locked() {
     return false;
   }
   g_mk = m;
-  g_mk_loaded = true;
+  g_mk_loaded.store(true, std::memory_order_release);
   return true;
 }
 
@@ -241,7 +241,7 @@ int find_torch(struct dl_phdr_info* info, size_t, void* out) {
 // again): MK_NCCL_LIB (and nothing else when it is set), the torch wheel's,
 // then the system's. RTLD_DEEPBIND: NCCL's calls to its own API stay inside it.
 bool load_real_locked() {
-  if (g_real_state) return g_real_state > 0;
+  if (const int st = g_real_state.load(std::memory_order_acquire)) return st > 0;
   char candidates[6][PATH_MAX];
   int n = 0;
   const char* env = getenv("MK_NCCL_LIB");
@@ -324,9 +324,15 @@ bool load_real_locked() {
   sym(h, "ncclDevCommDestroy", &r.DevCommDestroy);
   if (version(&r.version) != ncclSuccess) r.version = 0;
   g_real = r;
-  g_real_state = 1;
+  g_real_state.store(1, std::memory_order_release);
   debug("real NCCL %d loaded from %s", r.version, r.path);
   return true;
+}
+
+// A forwarded call's result, with NCCL's message as this library's last error.
+ncclResult_t forwarded(ncclResult_t r, const char* api, ncclComm_t real) {
+  if (r != ncclSuccess && r != ncclInProgress) return fail(r, "%s (NCCL): %s", api, g_real.GetLastError(real));
+  return r;
 }
 
 ncclResult_t need_real(const char* why) {
@@ -368,7 +374,7 @@ struct ncclComm {
   static constexpr uint32_t kMagic = 0x6d6b6e63;  // "mknc"
   uint32_t magic = kMagic;
   mkComm_t mk = nullptr;  // null: a communicator only NCCL runs (ncclCommShrink's)
-  ncclComm_t real = nullptr;
+  std::atomic<ncclComm_t> real{nullptr};  // published once made (an abort from another thread reads it)
   int nranks = 0, rank = 0;
   unsigned fallback = 0;  // MK_NCCL_FALLBACK at init
   Clique* clique = nullptr;  // ranks made together by ncclCommInitAll
@@ -409,6 +415,13 @@ ncclResult_t read_fallback(unsigned* mask) {
 // others share the unique id through mKernel's bootstrap.
 ncclResult_t ensure_real(ncclComm_t c, const char* why) {
   if (c->real) return ncclSuccess;
+  if (c->dead.load()) return fail(ncclInvalidUsage, "%s: the communicator was destroyed", why);
+  if (c->mk && c->nranks == 0) {  // made nonblocking or in a group: its size is known now
+    if (g_mk.CommCount(c->mk, &c->nranks) != mkSuccess || g_mk.CommUserRank(c->mk, &c->rank) != mkSuccess) {
+      c->nranks = 0;
+      return fail(ncclInvalidUsage, "%s: the communicator is not ready yet: %s", why, g_mk.GetLastError(c->mk));
+    }
+  }
   if (ncclResult_t r = need_real(why)) return r;
   if (c->clique) {
     Clique& q = *c->clique;
@@ -423,17 +436,23 @@ ncclResult_t ensure_real(ncclComm_t c, const char* why) {
   }
   std::lock_guard<std::mutex> g(c->mu);
   if (c->real) return ncclSuccess;
-  ncclUniqueId id;
-  memset(&id, 0, sizeof id);
-  if (c->rank == 0) {
-    ncclResult_t r = g_real.GetUniqueId(&id);
-    if (r != ncclSuccess) return fail(r, "%s: the real NCCL's ncclGetUniqueId failed: %s", why, g_real.GetLastError(nullptr));
-  }
+  // Rank 0 makes the id and sends it with whether that worked, so that a
+  // failure there fails every rank instead of leaving them waiting.
+  struct {
+    int32_t ok;
+    ncclUniqueId id;
+  } msg;
+  memset(&msg, 0, sizeof msg);
+  if (c->rank == 0) msg.ok = g_real.GetUniqueId(&msg.id) == ncclSuccess;
   if (c->nranks > 1) {
-    const mkResult_t b = g_mk.CommBootstrapBroadcast(c->mk, &id, sizeof id, 0);
+    const mkResult_t b = g_mk.CommBootstrapBroadcast(c->mk, &msg, sizeof msg, 0);
     if (b != mkSuccess)
       return fail(ncclResult_t(b), "%s: sharing the NCCL unique id failed: %s", why, g_mk.GetLastError(c->mk));
   }
+  if (!msg.ok)
+    return fail(ncclSystemError, "%s: rank 0's real NCCL could not make a unique id: %s", why,
+                c->rank == 0 ? g_real.GetLastError(nullptr) : "see rank 0's ncclGetLastError");
+  const ncclUniqueId& id = msg.id;
   ncclComm_t real = nullptr;
   ncclResult_t r = g_real.CommInitRank(&real, c->nranks, id, c->rank);
   if (r != ncclSuccess)
@@ -612,7 +631,7 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   mkConfig_t local = MK_CONFIG_INITIALIZER;
   const mkConfig_t* cfg = reinterpret_cast<const mkConfig_t*>(config);
   const bool deferred = t_depth > 0 && (!config || config->size <= offsetof(ncclConfig_t, blocking) ||
-                                        config->blocking != 0);
+                                        config->blocking == 1 || config->blocking == NCCL_CONFIG_UNDEF_INT);
   if (deferred) {
     if (config) memcpy(&local, config, config->size < sizeof local ? config->size : sizeof local);
     local.size = sizeof local;
@@ -629,6 +648,12 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
     t_inits->push_back(*comm);
     return ncclSuccess;
   }
+  // MK_NCCL_EAGER=1: NCCL's communicator now, with mKernel's (a program whose
+  // first NCCL call is a send between some ranks needs it: made later, at
+  // that call, it would wait for ranks that never make it).
+  const char* eager = getenv("MK_NCCL_EAGER");
+  if (r == mkSuccess && eager && strcmp(eager, "1") == 0)
+    if (ncclResult_t e = ensure_real(*comm, "MK_NCCL_EAGER")) return e;
   return ncclResult_t(r);
 }
 
@@ -709,12 +734,12 @@ MK_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
   ncclResult_t r = ncclSuccess;
   if (comm->mk) r = ncclResult_t(g_mk.CommFinalize(comm->mk));
   if (r != ncclSuccess) return fail(r, "ncclCommFinalize: %s", g_mk.GetLastError(comm->mk));
-  if (comm->real) r = g_real.CommFinalize(comm->real);
+  if (comm->real) r = forwarded(g_real.CommFinalize(comm->real), "ncclCommFinalize", comm->real);
   return r;
 }
 
 static ncclResult_t close_comm(ncclComm_t comm, bool abort, const char* api) {
-  if (!comm) return abort ? ncclSuccess : fail(ncclInvalidArgument, "%s: comm is NULL", api);  // NCCL: abort(NULL) is fine
+  if (!comm) return ncclSuccess;  // as NCCL: destroying or aborting NULL does nothing
   if (comm->magic != ncclComm::kMagic) return fail(ncclInvalidArgument, "%s: comm is not a communicator of mKernel's NCCL library", api);
   if (comm->dead.exchange(true)) return fail(ncclInvalidUsage, "%s: the communicator was already destroyed", api);
   ncclResult_t r = ncclSuccess;
@@ -722,8 +747,8 @@ static ncclResult_t close_comm(ncclComm_t comm, bool abort, const char* api) {
     const mkResult_t m = abort ? g_mk.CommAbort(comm->mk) : g_mk.CommDestroy(comm->mk);
     if (m != mkSuccess) r = fail(ncclResult_t(m), "%s: %s", api, g_mk.GetLastError(nullptr));
   }
-  if (comm->real) {
-    const ncclResult_t n = abort ? g_real.CommAbort(comm->real) : g_real.CommDestroy(comm->real);
+  if (ncclComm_t real = comm->real.load()) {
+    const ncclResult_t n = abort ? g_real.CommAbort(real) : g_real.CommDestroy(real);
     if (n != ncclSuccess && r == ncclSuccess) r = fail(n, "%s (NCCL): %s", api, g_real.GetLastError(nullptr));
   }
   return r;
@@ -737,7 +762,7 @@ MK_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   if (revokeFlags != NCCL_REVOKE_DEFAULT)
     return fail(ncclInvalidArgument, "ncclCommRevoke: revokeFlags %d (must be NCCL_REVOKE_DEFAULT)", revokeFlags);
   comm->revoked.store(true);
-  if (comm->real && g_real.CommRevoke) return g_real.CommRevoke(comm->real, revokeFlags);
+  if (comm->real && g_real.CommRevoke) return forwarded(g_real.CommRevoke(comm->real, revokeFlags), "ncclCommRevoke", comm->real);
   return ncclSuccess;
 }
 
@@ -745,6 +770,7 @@ MK_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asy
   if (!comm) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: comm is NULL");
   if (comm->magic != ncclComm::kMagic) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: not a communicator of mKernel's NCCL library");
   if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+  if (comm->dead.load()) return fail(ncclInvalidUsage, "ncclCommGetAsyncError: the communicator was destroyed");
   *asyncError = ncclSuccess;
   if (comm->mk) {
     mkResult_t m = mkSuccess;
@@ -756,7 +782,8 @@ MK_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asy
       g_mk.CommUserRank(comm->mk, &comm->rank);
     }
   }
-  if (*asyncError == ncclSuccess && comm->real) return g_real.CommGetAsyncError(comm->real, asyncError);
+  ncclComm_t real = comm->real;
+  if (*asyncError == ncclSuccess && real) return g_real.CommGetAsyncError(real, asyncError);
   return ncclSuccess;
 }
 
@@ -781,19 +808,25 @@ MK_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
 }
 
 
+// NCCL's registration is a local, optional hint (PyTorch's allocator hook
+// registers each rank's segments in its own order); mKernel's is collective.
+// So this records nothing and returns a handle ncclCommDeregister accepts:
+// zero-copy through mKernel is mkCommRegister's, from mKernel's own API.
+namespace {
+int g_registered_token;
+}
 MK_EXPORT ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
   if (ncclResult_t r = check_comm(comm, "ncclCommRegister")) return r;
-  if (!comm->mk) return fail(ncclInvalidUsage, "ncclCommRegister: not supported on a communicator from ncclCommShrink");
-  const mkResult_t r = g_mk.CommRegister(comm->mk, buff, size, handle);
-  if (r != mkSuccess) return fail(ncclResult_t(r), "ncclCommRegister: %s", g_mk.GetLastError(comm->mk));
+  if (!handle) return fail(ncclInvalidArgument, "ncclCommRegister: handle is NULL");
+  if (!buff || !size) return fail(ncclInvalidArgument, "ncclCommRegister: buff is NULL or size is 0");
+  *handle = &g_registered_token;
   return ncclSuccess;
 }
 
 MK_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle) {
   if (ncclResult_t r = check_comm(comm, "ncclCommDeregister")) return r;
-  if (!comm->mk) return fail(ncclInvalidUsage, "ncclCommDeregister: not supported on a communicator from ncclCommShrink");
-  const mkResult_t r = g_mk.CommDeregister(comm->mk, handle);
-  if (r != mkSuccess) return fail(ncclResult_t(r), "ncclCommDeregister: %s", g_mk.GetLastError(comm->mk));
+  if (handle != &g_registered_token)
+    return fail(ncclInvalidArgument, "ncclCommDeregister: handle is not one ncclCommRegister returned");
   return ncclSuccess;
 }
 
@@ -803,28 +836,28 @@ MK_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size
   if (ncclResult_t r = check_comm(comm, "ncclCommWindowRegister")) return r;
   if (ncclResult_t r = ensure_real(comm, "ncclCommWindowRegister")) return r;
   if (!g_real.CommWindowRegister) return fail(ncclInvalidUsage, "ncclCommWindowRegister: the real NCCL (%s) lacks it", g_real.path);
-  return g_real.CommWindowRegister(comm->real, buff, size, win, winFlags);
+  return forwarded(g_real.CommWindowRegister(comm->real, buff, size, win, winFlags), "ncclCommWindowRegister", comm->real);
 }
 
 MK_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
   if (ncclResult_t r = check_comm(comm, "ncclCommWindowDeregister")) return r;
   if (!comm->real || !g_real.CommWindowDeregister)
     return fail(ncclInvalidUsage, "ncclCommWindowDeregister: no window was registered on this communicator");
-  return g_real.CommWindowDeregister(comm->real, win);
+  return forwarded(g_real.CommWindowDeregister(comm->real, win), "ncclCommWindowDeregister", comm->real);
 }
 
 MK_EXPORT ncclResult_t pncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t* reqs, ncclDevComm_t* out) {
   if (ncclResult_t r = check_comm(comm, "ncclDevCommCreate")) return r;
   if (ncclResult_t r = ensure_real(comm, "ncclDevCommCreate")) return r;
   if (!g_real.DevCommCreate) return fail(ncclInvalidUsage, "ncclDevCommCreate: the real NCCL (%s) lacks it", g_real.path);
-  return g_real.DevCommCreate(comm->real, reqs, out);
+  return forwarded(g_real.DevCommCreate(comm->real, reqs, out), "ncclDevCommCreate", comm->real);
 }
 
 MK_EXPORT ncclResult_t pncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t* devComm) {
   if (ncclResult_t r = check_comm(comm, "ncclDevCommDestroy")) return r;
   if (!comm->real || !g_real.DevCommDestroy)
     return fail(ncclInvalidUsage, "ncclDevCommDestroy: no device communicator was created on this communicator");
-  return g_real.DevCommDestroy(comm->real, devComm);
+  return forwarded(g_real.DevCommDestroy(comm->real, devComm), "ncclDevCommDestroy", comm->real);
 }
 
 // Plain device memory (cuMemAlloc on the calling thread's current context),
@@ -878,13 +911,13 @@ MK_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, 
   if (ncclResult_t r = check_comm(comm, "ncclRedOpCreatePreMulSum")) return r;
   if (ncclResult_t r = ensure_real(comm, "ncclRedOpCreatePreMulSum")) return r;
   if (!g_real.RedOpCreatePreMulSum) return fail(ncclInvalidUsage, "ncclRedOpCreatePreMulSum: the real NCCL (%s) lacks it", g_real.path);
-  return g_real.RedOpCreatePreMulSum(op, scalar, datatype, residence, comm->real);
+  return forwarded(g_real.RedOpCreatePreMulSum(op, scalar, datatype, residence, comm->real), "ncclRedOpCreatePreMulSum", comm->real);
 }
 
 MK_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   if (ncclResult_t r = check_comm(comm, "ncclRedOpDestroy")) return r;
   if (!comm->real || !g_real.RedOpDestroy) return fail(ncclInvalidArgument, "ncclRedOpDestroy: op %d was not created on this communicator", int(op));
-  return g_real.RedOpDestroy(op, comm->real);
+  return forwarded(g_real.RedOpDestroy(op, comm->real), "ncclRedOpDestroy", comm->real);
 }
 
 static Call call(int coll, const char* what, const void* send, void* recv, size_t count, ncclDataType_t dtype,
@@ -944,12 +977,9 @@ MK_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t da
 }
 
 // Groups. mKernel's group opens with the outermost ncclGroupStart (so that
-// inits and splits inside it are grouped as NCCL groups them); collectives
-// are kept until the outermost ncclGroupEnd. Then, if mKernel runs every
-// one of them, they go into mKernel's group; if any needs NCCL (a send, a
-// PreMulSum op, a fallback), the whole group goes to NCCL: a group is one
-// unit of progress, and splitting it between two libraries could deadlock
-// (a send on one waiting for a receive queued behind the other).
+// inits and splits inside it are grouped as NCCL groups them); calls are
+// kept until the outermost ncclGroupEnd, which issues mKernel's part, then
+// NCCL's (end_group).
 MK_EXPORT ncclResult_t pncclGroupStart() {
   if (t_depth++ == 0) {
     if (!t_pending) t_pending = new std::vector<Call>;
@@ -995,48 +1025,44 @@ static ncclResult_t end_group(ncclSimInfo_t* sim) {
     if (mk_open) g_mk.GroupEnd();
     return r;
   }
-  bool all_mk = true;
-  for (const Call& k : calls) all_mk = all_mk && routes_to_mk(k);
-  if (sim) {  // nothing runs; NCCL's estimate where every call is its
+  // Each call goes where it would outside a group (route.h: the same on
+  // every rank); then every rank issues mKernel's part of the group before
+  // NCCL's. mKernel's part holds collectives only, which every rank issues in
+  // the same order, so it completes whatever NCCL's part holds (sends that
+  // only some ranks make): no rank waits on NCCL while a peer waits on
+  // mKernel.
+  std::vector<Call> mine, theirs;
+  for (const Call& k : calls) (routes_to_mk(k) ? mine : theirs).push_back(k);
+  if (sim) {  // nothing runs; NCCL's estimate of its part
     if (mk_open) g_mk.GroupEnd();
-    if (!all_mk || calls.empty()) {
-      if (calls.empty() || need_real("ncclGroupSimulateEnd") != ncclSuccess || !g_real.GroupSimulateEnd) {
-        sim->estimatedTime = NCCL_UNDEF_FLOAT;
-        return ncclSuccess;
-      }
-      for (const Call& k : calls)
-        if (ncclResult_t r = ensure_real(k.comm, "ncclGroupSimulateEnd")) return r;
-      g_real.GroupStart();
-      for (const Call& k : calls) run_real(k);
-      return g_real.GroupSimulateEnd(sim);
-    }
-    sim->estimatedTime = NCCL_UNDEF_FLOAT;  // mKernel does not estimate a group
-    return ncclSuccess;
+    sim->estimatedTime = NCCL_UNDEF_FLOAT;
+    if (theirs.empty() || need_real("ncclGroupSimulateEnd") != ncclSuccess || !g_real.GroupSimulateEnd)
+      return ncclSuccess;
+    for (const Call& k : theirs)
+      if (ncclResult_t r = ensure_real(k.comm, "ncclGroupSimulateEnd")) return r;
+    g_real.GroupStart();
+    for (const Call& k : theirs) run_real(k);
+    return forwarded(g_real.GroupSimulateEnd(sim), "ncclGroupSimulateEnd", nullptr);
   }
-  if (all_mk) {
-    ncclResult_t first = ncclSuccess;
-    for (const Call& k : calls) {
-      const ncclResult_t r = run_mk(k);
-      if (r != ncclSuccess && first == ncclSuccess) first = r;
-    }
-    const mkResult_t e = mk_open ? g_mk.GroupEnd() : mkSuccess;
-    if (first != ncclSuccess) return first;
-    if (e != mkSuccess && e != mkInProgress) return fail(ncclResult_t(e), "ncclGroupEnd: %s", g_mk.GetLastError(nullptr));
-    return ncclResult_t(e);
-  }
-  if (mk_open) {  // the inits and splits of the group (its collectives go to NCCL)
-    const mkResult_t e = g_mk.GroupEnd();
-    if (e != mkSuccess && e != mkInProgress) return fail(ncclResult_t(e), "ncclGroupEnd: %s", g_mk.GetLastError(nullptr));
-  }
-  for (const Call& k : calls)
-    if (ncclResult_t r = ensure_real(k.comm, "a group with calls mKernel does not run")) return r;
-  g_real.GroupStart();
   ncclResult_t first = ncclSuccess;
-  for (const Call& k : calls) {
+  for (const Call& k : mine) {
+    const ncclResult_t r = run_mk(k);
+    if (r != ncclSuccess && first == ncclSuccess) first = r;
+  }
+  if (mk_open) {  // all or nothing: a failed call launches none of mKernel's part
+    const mkResult_t e = g_mk.GroupEnd();
+    if (first == ncclSuccess && e != mkSuccess && e != mkInProgress)
+      first = fail(ncclResult_t(e), "ncclGroupEnd: %s", g_mk.GetLastError(nullptr));
+  }
+  if (first != ncclSuccess || theirs.empty()) return first;
+  for (const Call& k : theirs)
+    if (ncclResult_t r = ensure_real(k.comm, "a call mKernel does not run")) return r;
+  g_real.GroupStart();
+  for (const Call& k : theirs) {
     const ncclResult_t r = run_real(k);
     if (r != ncclSuccess && first == ncclSuccess) first = r;
   }
-  const ncclResult_t e = g_real.GroupEnd();
+  const ncclResult_t e = forwarded(g_real.GroupEnd(), "ncclGroupEnd", nullptr);
   return first != ncclSuccess ? first : e;
 }
 
@@ -1064,20 +1090,20 @@ MK_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
 // This library's last error on this thread, else mKernel's, else NCCL's.
 MK_EXPORT const char* pncclGetLastError(ncclComm_t comm) {
   if (t_error[0]) return t_error;
-  const bool ours = comm && comm->magic == ncclComm::kMagic;
+  const bool ours = comm && comm->magic == ncclComm::kMagic && !comm->dead.load();
   if (g_mk_loaded) {
     const char* m = g_mk.GetLastError(ours ? comm->mk : nullptr);
     if (m && *m) return m;
   }
-  if (g_real_state > 0) {
-    const char* n = g_real.GetLastError(ours ? comm->real : nullptr);
+  if (g_real_state.load(std::memory_order_acquire) > 0) {
+    const char* n = g_real.GetLastError(ours ? comm->real.load() : nullptr);
     if (n && *n) return n;
   }
   return "";
 }
 
 MK_EXPORT void pncclResetDebugInit() {
-  if (g_real_state > 0 && g_real.ResetDebugInit) g_real.ResetDebugInit();
+  if (g_real_state.load(std::memory_order_acquire) > 0 && g_real.ResetDebugInit) g_real.ResetDebugInit();
 }
 
 }  // extern "C"
