@@ -408,6 +408,16 @@ ncclResult_t read_fallback(unsigned* mask) {
   return ncclSuccess;
 }
 
+// Size and rank from mKernel, once its communicator is ready (made
+// nonblocking, in a group, or by a split); false while it is not.
+bool learn_size(ncclComm_t c) {
+  int n = 0, r = 0;
+  if (!c->mk || g_mk.CommCount(c->mk, &n) != mkSuccess || g_mk.CommUserRank(c->mk, &r) != mkSuccess) return false;
+  c->nranks = n;
+  c->rank = r;
+  return true;
+}
+
 // The real NCCL communicator of `c`, created the first time one is needed.
 // Collective like the call that needs it: routing is a function of what
 // every rank passes, so every rank gets here at the same call. Ranks made
@@ -416,12 +426,8 @@ ncclResult_t read_fallback(unsigned* mask) {
 ncclResult_t ensure_real(ncclComm_t c, const char* why) {
   if (c->real) return ncclSuccess;
   if (c->dead.load()) return fail(ncclInvalidUsage, "%s: the communicator was destroyed", why);
-  if (c->mk && c->nranks == 0) {  // made nonblocking or in a group: its size is known now
-    if (g_mk.CommCount(c->mk, &c->nranks) != mkSuccess || g_mk.CommUserRank(c->mk, &c->rank) != mkSuccess) {
-      c->nranks = 0;
-      return fail(ncclInvalidUsage, "%s: the communicator is not ready yet: %s", why, g_mk.GetLastError(c->mk));
-    }
-  }
+  if (c->mk && c->nranks == 0 && !learn_size(c))  // made nonblocking or in a group
+    return fail(ncclInvalidUsage, "%s: the communicator is not ready yet: %s", why, g_mk.GetLastError(c->mk));
   if (ncclResult_t r = need_real(why)) return r;
   if (c->clique) {
     Clique& q = *c->clique;
@@ -466,10 +472,7 @@ ncclComm_t new_comm(mkComm_t mk, unsigned fallback) {
   ncclComm* c = new ncclComm;
   c->mk = mk;
   c->fallback = fallback;
-  if (mk) {
-    g_mk.CommCount(mk, &c->nranks);
-    g_mk.CommUserRank(mk, &c->rank);
-  }
+  learn_size(c);
   return c;
 }
 
@@ -767,20 +770,15 @@ MK_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
 }
 
 MK_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
-  if (!comm) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: comm is NULL");
-  if (comm->magic != ncclComm::kMagic) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: not a communicator of mKernel's NCCL library");
+  if (ncclResult_t r = check_comm(comm, "ncclCommGetAsyncError")) return r;
   if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
-  if (comm->dead.load()) return fail(ncclInvalidUsage, "ncclCommGetAsyncError: the communicator was destroyed");
   *asyncError = ncclSuccess;
   if (comm->mk) {
     mkResult_t m = mkSuccess;
     const mkResult_t r = g_mk.CommGetAsyncError(comm->mk, &m);
     if (r != mkSuccess) return fail(ncclResult_t(r), "ncclCommGetAsyncError: %s", g_mk.GetLastError(comm->mk));
     *asyncError = ncclResult_t(m);
-    if (m == mkSuccess && comm->nranks == 0) {  // a nonblocking init or split just finished
-      g_mk.CommCount(comm->mk, &comm->nranks);
-      g_mk.CommUserRank(comm->mk, &comm->rank);
-    }
+    if (m == mkSuccess && comm->nranks == 0) learn_size(comm);  // a nonblocking init or split just finished
   }
   ncclComm_t real = comm->real;
   if (*asyncError == ncclSuccess && real) return g_real.CommGetAsyncError(real, asyncError);
@@ -1004,8 +1002,7 @@ static ncclResult_t finish_inits() {
       if (st == mkInProgress) usleep(200);
     }
     if (st == mkSuccess) {
-      g_mk.CommCount(c->mk, &c->nranks);
-      g_mk.CommUserRank(c->mk, &c->rank);
+      learn_size(c);
     } else if (first == ncclSuccess) {
       first = fail(ncclResult_t(st), "ncclGroupEnd: rank %d's ncclCommInitRank in the group failed: %s", c->rank,
                    g_mk.GetLastError(c->mk));
