@@ -200,8 +200,51 @@ int shim_fallback(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(got.find(rank == 0 ? "GetUniqueId\n" : "CommInitRank") != std::string::npos);
   CHILD_CHECK(got.find("CommInitRank comm=1 nranks=2 rank=" + std::to_string(rank) + "\n") != std::string::npos);
   CHILD_CHECK(got.find("Send comm=1 count=16 peer=" + std::to_string(1 - rank) + "\n") != std::string::npos);
+  // NCCL's registration is local: a rank registers while its peer does not,
+  // and neither waits (mKernel's own registration is collective).
+  using Reg = ncclResult_t (*)(const ncclComm_t, void*, size_t, void**);
+  using Dereg = ncclResult_t (*)(const ncclComm_t, void*);
+  auto reg = reinterpret_cast<Reg>(dlsym(h, "ncclCommRegister"));
+  auto dereg = reinterpret_cast<Dereg>(dlsym(h, "ncclCommDeregister"));
+  CHILD_CHECK(reg && dereg);
+  if (rank == 0) {
+    void* handle = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHILD_CHECK(reg(comm, reinterpret_cast<void*>(p), 256, &handle) == ncclSuccess);
+    CHILD_CHECK(dereg(comm, handle) == ncclSuccess);
+    CHILD_CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  }
   CHILD_CHECK(destroy(comm) == ncclSuccess);
   CHILD_CHECK(cu().cuMemFree(p) == CUDA_SUCCESS);
+  return 0;
+}
+
+// MK_NCCL_EAGER=1: NCCL's communicator is made with mKernel's, before any call.
+int shim_eager(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  setenv("MK_LIBMKERNEL", MKT_LIBMKERNEL, 1);
+  setenv("MK_NCCL_LIB", MKT_FAKE_NCCL, 1);
+  setenv("MK_NCCL_EAGER", "1", 1);
+  void* h = dlopen(MKT_SHIM, RTLD_NOW | RTLD_LOCAL);
+  CHILD_CHECK(h != nullptr);
+  using Init = ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int);
+  using Destroy = ncclResult_t (*)(ncclComm_t);
+  auto init = reinterpret_cast<Init>(dlsym(h, "ncclCommInitRank"));
+  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
+  CHILD_CHECK(init && destroy);
+  ncclUniqueId nid;
+  memcpy(&nid, &id, sizeof nid);
+  ncclComm_t comm = nullptr;
+  CHILD_CHECK(init(&comm, nranks, nid, rank) == ncclSuccess);
+  void* fake = dlopen(MKT_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
+  auto log = reinterpret_cast<const char* (*)(int)>(dlsym(fake, "mkt_fake_nccl_log"));
+  CHILD_CHECK(log != nullptr);
+  const std::string got = log(0);
+  CHILD_CHECK(got.find("CommInitRank comm=1 nranks=2 rank=" + std::to_string(rank) + "\n") != std::string::npos);
+  CHILD_CHECK(destroy(comm) == ncclSuccess);
   return 0;
 }
 #endif
@@ -280,6 +323,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
 #ifdef MKT_SHIM
   if (scenario == "shim") return shim_fallback(rank, nranks, id);
+  if (scenario == "shim_eager") return shim_eager(rank, nranks, id);
 #endif
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
@@ -309,5 +353,12 @@ TEST_CASE("two processes: mkCommBootstrapBroadcast carries rank 0's bytes and re
 TEST_CASE("two processes: nccl shim creates the real NCCL communicator for a send, its id shared by mKernel") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "shim", {});
+}
+#endif
+
+#ifdef MKT_SHIM
+TEST_CASE("two processes: nccl shim with MK_NCCL_EAGER=1 makes the real NCCL communicator at init") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "shim_eager", {});
 }
 #endif
