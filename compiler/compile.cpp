@@ -1,4 +1,5 @@
 #include "compiler/compile.hpp"
+#include "compiler/plan/prebuilt.hpp"
 
 #include <fmt/format.h>
 
@@ -117,6 +118,14 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
       // drop it, compile again, store the new one
       std::error_code ec;
       fs::remove_all(cached, ec);
+    }
+  }
+  // Plans shipped with the library (compiler/plan/prebuilt.hpp), compiled
+  // ahead of time for the common cases.
+  if (o.use_cache) {
+    if (auto pre = prebuilt::find(prebuilt::key(built, o), built, o)) {
+      st.from_cache = true;
+      return *pre;
     }
   }
   // Each bucket, as soon as it is proved (in its lowering worker, while the

@@ -15,7 +15,8 @@
  * Every call returns mkSuccess or an error code; mkGetLastError(comm) says
  * what went wrong in words. Environment: MK_TIMEOUT_MS (watchdog, default
  * 60000; 0 disables), MK_PLAN_DIR (precompiled plans from `mkc compile`),
- * MK_CACHE_DIR (JIT cache), MK_SCRATCH_BYTES (symmetric scratch per
+ * MK_CACHE_DIR (JIT cache), MK_PREBUILT_DIR (plans shipped with the library,
+ * compiled by `mkc prebuild`), MK_SCRATCH_BYTES (symmetric scratch per
  * communicator), MK_ALGO (force schedules, e.g. "allreduce=allreduce.ring"),
  * MK_BOOTSTRAP_ADDR (host:port for the rendezvous), MK_DEBUG=1 (log to stderr).
  */
@@ -210,6 +211,15 @@ mkResult_t mkCommDeregister(const mkComm_t comm, void* handle);
  * sharing the unique id of the NCCL communicator it creates for fallbacks.
  * Ranks of one process (mkCommInitAll) have no bootstrap: mkInvalidUsage. */
 mkResult_t mkCommBootstrapBroadcast(mkComm_t comm, void* buf, size_t bytes, int root);
+
+/* Compiles (or loads) every plan this communicator may pick for the six
+ * collectives in `dtypes` x `ops` (ops: sum when nops is 0; collectives that
+ * do not reduce take one plan for all ops), on `nthreads` threads (0: one per
+ * core), so that the first collectives do not wait for NVRTC. Plans shipped
+ * with the library (MK_PREBUILT_DIR) and plans in the kernel cache load in
+ * milliseconds. Local: no communication, call it on any rank any time. */
+mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes, const mkRedOp_t* ops, int nops,
+                         int nthreads);
 
 /* Collectives. */
 mkResult_t mkAllReduce(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype,

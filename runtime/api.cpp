@@ -7,7 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "mk.h"
 #include "mk/error.hpp"
@@ -224,6 +228,73 @@ mkResult_t mkCommBootstrapBroadcast(mkComm_t comm, void* buf, size_t bytes, int 
       fail(mkInvalidUsage, fmt::format("mkCommBootstrapBroadcast: root {} sent {} bytes, this rank expected {}", root,
                                        all.size() > size_t(root) ? all[size_t(root)].size() : 0, bytes));
     std::memcpy(buf, all[size_t(root)].data(), bytes);
+  });
+}
+
+mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes, const mkRedOp_t* ops, int nops,
+                         int nthreads) {
+  return guard(comm, [&] {
+    auto c = ready(comm, "mkCommPrewarm");
+    c->check_usable("mkCommPrewarm");
+    if (ndtypes < 0 || nops < 0 || nthreads < 0)
+      fail(mkInvalidArgument, "mkCommPrewarm: ndtypes, nops and nthreads must not be negative");
+    if ((ndtypes > 0 && !dtypes) || (nops > 0 && !ops))
+      fail(mkInvalidArgument, "mkCommPrewarm: dtypes or ops is NULL");
+    std::vector<DType> dts;
+    for (int i = 0; i < ndtypes; ++i) {
+      if (int(dtypes[i]) < 0 || int(dtypes[i]) >= mkNumTypes)
+        fail(mkInvalidArgument, fmt::format("mkCommPrewarm: datatype {} is not an mkDataType_t", int(dtypes[i])));
+      if (std::find(dts.begin(), dts.end(), DType(dtypes[i])) == dts.end()) dts.push_back(DType(dtypes[i]));
+    }
+    std::vector<RedOp> rops;
+    for (int i = 0; i < nops; ++i) {
+      if (int(ops[i]) < 0 || int(ops[i]) >= mkNumOps)
+        fail(mkInvalidArgument, fmt::format("mkCommPrewarm: reduction op {} is not an mkRedOp_t", int(ops[i])));
+      if (std::find(rops.begin(), rops.end(), RedOp(ops[i])) == rops.end()) rops.push_back(RedOp(ops[i]));
+    }
+    if (rops.empty()) rops.push_back(RedOp::sum);
+    struct Job {
+      std::string schedule;
+      Collective coll;
+      DType dtype;
+      RedOp op;
+    };
+    std::vector<Job> jobs;
+    for (int ci = 0; ci < kNumCollectives; ++ci) {
+      const Collective coll = Collective(ci);
+      for (const std::string& s : schedules_for(coll, c->nranks))
+        for (DType dt : dts)
+          for (RedOp op : rops) {
+            if (!collective_reduces(coll) && op != rops.front()) continue;  // one plan serves every op
+            jobs.push_back({s, coll, dt, op});
+          }
+    }
+    const int32_t max_grid = c->config.max_ctas > 0 && c->config.max_ctas < 65536 ? c->config.max_ctas : 0;
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    const size_t workers = std::min<size_t>(jobs.size(), nthreads > 0 ? size_t(nthreads) : hw);
+    std::atomic<size_t> next{0};
+    std::mutex err_mu;
+    std::optional<RtError> first;
+    auto work = [&] {
+      for (size_t i; (i = next++) < jobs.size();) {
+        const Job& j = jobs[i];
+        try {
+          get_plan(j.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank);
+        } catch (const RtError& e) {
+          std::lock_guard<std::mutex> g(err_mu);
+          if (!first) first = e;
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> g(err_mu);
+          if (!first) first = RtError(mkInternalError, std::string("mkCommPrewarm: ") + e.what());
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    if (first) throw *first;
+    debug_log(fmt::format("rank {}: prewarmed {} plans on {} threads", c->rank, jobs.size(), workers));
   });
 }
 

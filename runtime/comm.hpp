@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "compiler/compile.hpp"
 #include "compiler/plan/plan.hpp"
 #include "mk.h"
 #include "mk/types.hpp"
@@ -310,5 +311,12 @@ Choice choose_schedule(Collective coll, int nranks, int64_t bytes);
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
                                            RedOp op, int arch, bool zero_copy, int32_t max_grid = 0,
                                            int32_t rank = -1);
+
+// The options get_plan compiles with (MK_TUNE applied), for `mkc prebuild`
+// and mkCommPrewarm to compile exactly what a communicator would ask for.
+compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
+                                      int32_t max_grid, int32_t rank);
+// Every schedule choose_schedule may pick for `coll` at `nranks`, over all sizes.
+std::vector<std::string> schedules_for(Collective coll, int nranks);
 
 }  // namespace mk::rt

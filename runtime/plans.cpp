@@ -104,8 +104,8 @@ std::string plan_dir_digest() {
   return digest;
 }
 
-std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch, bool zero_copy, int32_t max_grid, int32_t rank) {
+compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
+                                      int32_t max_grid, int32_t rank) {
   compiler::CompileOptions o;
   o.arch = arch;
   o.dtype = dtype;
@@ -113,13 +113,33 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
   o.lower.zero_copy = zero_copy;
   env::apply_tune(&o.lower.proto);
   o.lower.proto.max_grid = max_grid;
+  o.rank = rank;
+  return o;
+}
+
+std::vector<std::string> schedules_for(Collective coll, int nranks) {
+  std::vector<std::string> out;
+  // every size range choose_schedule distinguishes: powers of two up to 2^44
+  for (int64_t bytes = 0; bytes <= (int64_t(1) << 44); bytes = bytes < 1024 ? 1024 : bytes * 2) {
+    const Choice c = choose_schedule(coll, nranks, bytes);
+    if (std::find(out.begin(), out.end(), c.schedule) == out.end()) out.push_back(c.schedule);
+    if (c.hi < 0) break;
+  }
+  return out;
+}
+
+std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
+                                           RedOp op, int arch, bool zero_copy, int32_t max_grid, int32_t rank) {
+  compiler::CompileOptions o = plan_options(coll, dtype, op, arch, zero_copy, max_grid, -1);
   const std::string key = fmt::format("{}|{}|{}", schedule, nranks, compiler::options_json(o));
   o.rank = rank;
-  std::lock_guard<std::mutex> lock(mutex());
+  std::unique_lock<std::mutex> lock(mutex());
   const auto& from_dir = dir_plans();
-  auto& known = cache()[key];
-  for (const auto& p : known)
-    if (rank < 0 ? p->serves.empty() : plan::serves(*p, rank)) return p;
+  {
+    auto& known = cache()[key];
+    for (const auto& p : known)
+      if (rank < 0 ? p->serves.empty() : plan::serves(*p, rank)) return p;
+  }
   // Reduction ops do not exist for collectives that do not reduce: they share
   // the sum plan. For registered buffers a zero-copy plan is preferred; the
   // ordinary plan serves them too (through scratch).
@@ -144,7 +164,7 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
       if (!elsewhere) elsewhere = p;
       continue;
     }
-    known.push_back(p);
+    cache()[key].push_back(p);
     return p;
   }
   if (elsewhere && rank >= 0) {
@@ -160,16 +180,26 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
                                      elsewhere->schedule, plan::served_ranks(*elsewhere)));
   const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
   if (!info) fail(mkInternalError, "no schedule named " + schedule);
+  // Compiled without the lock, so that communicators (and mkCommPrewarm's
+  // threads) compile different plans at once; the first to finish is kept.
+  lock.unlock();
+  std::shared_ptr<const plan::Plan> p;
+  compiler::CompileStats st;
   try {
-    auto p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o));
-    debug_log(fmt::format("compiled plan {}{} for {} ranks (serving ranks {}), {} {}, sm_{}", schedule,
-                          p->zero_copy ? " (zero-copy)" : "", nranks, plan::served_ranks(*p), name(dtype), name(op),
-                          arch));
-    known.push_back(p);
-    return p;
+    p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o, &st));
   } catch (const Error& e) {
     fail(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what());
   }
+  lock.lock();
+  auto& known = cache()[key];
+  for (const auto& q : known)
+    if (rank < 0 ? q->serves.empty() : plan::serves(*q, rank)) return q;
+  debug_log(fmt::format("{} plan {}{} for {} ranks (serving ranks {}), {} {}, sm_{}",
+                        st.from_cache ? "loaded (shipped or cached)" : "compiled", schedule,
+                        p->zero_copy ? " (zero-copy)" : "", nranks, plan::served_ranks(*p), name(dtype), name(op),
+                        arch));
+  known.push_back(p);
+  return p;
 }
 
 }  // namespace mk::rt

@@ -30,7 +30,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/compile.hpp"
@@ -38,11 +41,13 @@
 #include "compiler/importers/importers.hpp"
 #include "compiler/jit/jit.hpp"
 #include "compiler/pipeline.hpp"
+#include "compiler/plan/prebuilt.hpp"
 #include "compiler/plugin.hpp"
 #include "compiler/topology/topology.hpp"
 #include "compiler/verify/executor.hpp"
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
+#include "runtime/comm.hpp"
 
 using namespace mk;
 namespace fs = std::filesystem;
@@ -530,6 +535,79 @@ int cmd_export(Common o, const std::string& format, const std::string& out) {
   return 0;
 }
 
+// Every plan a communicator of `ranks` ranks on `archs` would ask for, for
+// the six collectives in these dtypes and ops, compiled into a prebuilt
+// directory (compiler/plan/prebuilt.hpp) that the library reads.
+int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& ranks,
+                 const std::vector<std::string>& dtypes, const std::vector<std::string>& copy_dtypes,
+                 const std::vector<std::string>& ops, const std::string& out, int jobs) {
+  struct Job {
+    std::string schedule;
+    Collective coll;
+    int nranks, arch, rank;
+    DType dtype;
+    RedOp op;
+  };
+  std::vector<Job> all;
+  for (const auto& a : archs)
+    for (int n : ranks) {
+      if (n < 1) throw Error(ErrId::cli_E004, fmt::format("--ranks {}: must be at least 1", n));
+      for (int ci = 0; ci < kNumCollectives; ++ci) {
+        const Collective coll = Collective(ci);
+        for (const auto& s : rt::schedules_for(coll, n)) {
+          // collectives that only move data also for the copy dtypes
+          std::vector<std::string> ds = dtypes;
+          if (!collective_reduces(coll))
+            for (const auto& d : copy_dtypes)
+              if (std::find(ds.begin(), ds.end(), d) == ds.end()) ds.push_back(d);
+          for (const auto& d : ds)
+            for (const auto& o : ops) {
+              const RedOp op = op_arg(o);
+              if (!collective_reduces(coll) && o != ops.front()) continue;
+              for (int r = 0; r < n; ++r)
+                all.push_back({s, coll, n, jit::parse_arch(a), r, dtype_arg(d),
+                               collective_reduces(coll) ? op : RedOp::sum});
+            }
+        }
+      }
+    }
+  prebuilt::Writer w(out);
+  std::atomic<size_t> next{0}, done{0};
+  std::mutex mu;
+  std::string first_error;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto work = [&] {
+    for (size_t i; (i = next++) < all.size();) {
+      const Job& j = all[i];
+      try {
+        const dsl::ScheduleInfo* info = dsl::find_schedule(j.schedule);
+        if (!info) throw Error(ErrId::cli_E001, "no schedule named " + j.schedule);
+        const compiler::CompileOptions o = rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, j.rank);
+        ir::Schedule built = dsl::build(*info, j.nranks, 0);
+        const std::string key = prebuilt::key(built, o);
+        w.add(key, compiler::compile_plan(std::move(built), o));
+        ++done;
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> g(mu);
+        if (first_error.empty())
+          first_error = fmt::format("{} for {} ranks (rank {}), {} {}, sm_{}: {}", j.schedule, j.nranks, j.rank,
+                                    name(j.dtype), name(j.op), j.arch, e.what());
+      }
+    }
+  };
+  const size_t workers = std::max<size_t>(1, std::min<size_t>(all.size(), size_t(jobs)));
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < workers; ++i) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (!first_error.empty()) throw Error(ErrId::cli_E012, "mkc prebuild: " + first_error);
+  const auto [keys, plans] = w.finish();
+  fmt::print("wrote {}: {} keys, {} distinct plans ({} plans compiled or taken from the kernel cache) in {:.1f} s\n",
+             out, keys, plans, done.load(),
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
+
 int cmd_info() {
   fmt::print("mkernel {}\n", "0.1.0");
   fmt::print("NVRTC: {}\n", jit::nvrtc_status());
@@ -537,6 +615,7 @@ int cmd_info() {
   for (int a : jit::supported_archs()) archs += " " + jit::arch_name(a);
   fmt::print("architectures:{}\n", archs.empty() ? " (none: NVRTC unavailable)" : archs);
   fmt::print("cache: {}\n", jit::cache_dir());
+  fmt::print("prebuilt plans: {}\n", prebuilt::search_path().empty() ? "(none)" : prebuilt::search_path());
   fmt::print("DSL headers: {}\n", plugin::include_dir());
   return 0;
 }
@@ -623,6 +702,24 @@ int main(int argc, char** argv) {
   exp->add_option("--format", export_format, "msccl-xml (the default)");
   exp->add_option("-o,--out", export_out, "output file (default: standard output)");
 
+  auto* prebuild = app.add_subcommand("prebuild", "compile every plan the runtime picks for these ranks, dtypes "
+                                                   "and ops into a directory of prebuilt plans (MK_PREBUILT_DIR)");
+  std::vector<std::string> pb_archs = {"sm_90"}, pb_dtypes = {"bf16", "fp16", "fp32"}, pb_ops = {"sum"};
+  std::vector<int> pb_ranks = {2, 4, 8};
+  std::string pb_out;
+  int pb_jobs = int(std::max(1u, std::thread::hardware_concurrency()));
+  prebuild->add_option("--arch", pb_archs, "architectures (default sm_90)")->delimiter(',');
+  prebuild->add_option("-n,--ranks", pb_ranks, "rank counts (default 2,4,8)")->delimiter(',');
+  prebuild->add_option("--dtype", pb_dtypes, "element types (default bf16,fp16,fp32)")->delimiter(',');
+  std::vector<std::string> pb_copy = {"int32", "int64"};
+  prebuild->add_option("--copy-dtype", pb_copy,
+                       "also these element types for the collectives that only move data (allgather, broadcast, "
+                       "alltoall; default int32,int64: frameworks' metadata, e.g. DDP's bucket and parameter sync)")
+      ->delimiter(',');
+  prebuild->add_option("--op", pb_ops, "reduction ops (default sum)")->delimiter(',');
+  prebuild->add_option("-o,--out", pb_out, "output directory (index.json is merged)")->required();
+  prebuild->add_option("-j,--jobs", pb_jobs, "plans compiled at once (default: one per core)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -636,6 +733,7 @@ int main(int argc, char** argv) {
     if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_pick, show_classes);
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
     if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache, compile_rank);
+    if (*prebuild) return cmd_prebuild(pb_archs, pb_ranks, pb_dtypes, pb_copy, pb_ops, pb_out, pb_jobs);
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
     if (*import) return cmd_import(import_file, import_out, import_no_verify);
     if (*exp) return cmd_export(export_o, export_format, export_out);
