@@ -2,7 +2,9 @@
 # Installs the Debian packages mKernel builds with (only what is missing).
 # The CUDA toolkit (NVRTC, cuda.h, nccl.h) is expected under /usr/local/cuda.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ nlohmann-json3-dev libfmt-dev doctest-dev libcli11-dev)
+# python3-venv and python3-pip: the Python package's test builds the wheel and
+# installs it into a fresh virtualenv (offline).
+pkgs=(cmake ninja-build g++ nlohmann-json3-dev libfmt-dev doctest-dev libcli11-dev python3 python3-venv python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -1,0 +1,417 @@
+"""The C API of include/mk.h as Python: communicators, collectives on raw
+device pointers and CUDA streams, groups; every failure is an MkError with
+mKernel's message."""
+import contextlib
+import ctypes
+
+from . import _lib
+
+SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR = 0, 1, 2, 3
+INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, IN_PROGRESS = 4, 5, 6, 7
+_RESULT_NAMES = {
+    0: "mkSuccess",
+    1: "mkUnhandledCudaError",
+    2: "mkSystemError",
+    3: "mkInternalError",
+    4: "mkInvalidArgument",
+    5: "mkInvalidUsage",
+    6: "mkRemoteError",
+    7: "mkInProgress",
+}
+
+# ncclDataType_t / mkDataType_t values, by every name a user may write.
+DTYPES = {
+    "int8": 0, "char": 0, "uint8": 1, "int32": 2, "int": 2, "uint32": 3, "int64": 4, "uint64": 5,
+    "fp16": 6, "float16": 6, "half": 6, "fp32": 7, "float32": 7, "float": 7, "fp64": 8, "float64": 8,
+    "double": 8, "bf16": 9, "bfloat16": 9, "fp8e4m3": 10, "float8_e4m3fn": 10, "fp8e5m2": 11,
+    "float8_e5m2": 11,
+}
+DTYPE_SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
+OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+SPLIT_NOCOLOR = -1
+
+
+class MkError(RuntimeError):
+    """A failed mKernel call. `code` is the mkResult_t (NCCL's ncclResult_t
+    values), `name` its name, the message mKernel's words for what went wrong."""
+
+    def __init__(self, code, message, call=""):
+        self.code = int(code)
+        self.name = _RESULT_NAMES.get(self.code, "mkResult(%d)" % self.code)
+        self.call = call
+        super().__init__("%s: %s (%s)" % (call, message, self.name) if call else "%s (%s)" % (message, self.name))
+
+
+def _fn(name):
+    fn = getattr(_lib.lib(), name, None)
+    if fn is None:
+        raise MkError(INTERNAL_ERROR, "%s lacks %s: it is older than this Python package" %
+                      (_lib.libmkernel_path(), name), name)
+    return fn
+
+
+def _check(name, r, comm=None):
+    if r == SUCCESS or r == IN_PROGRESS:
+        return r
+    msg = _lib.lib().mkGetLastError(comm)
+    raise MkError(r, msg.decode("utf-8", "replace") if msg else "no message", name)
+
+
+def call(name, *args, comm=None):
+    return _check(name, _fn(name)(*args), comm)
+
+
+def version():
+    """mKernel's version code (major*10000 + minor*100 + patch)."""
+    v = ctypes.c_int()
+    call("mkGetVersion", ctypes.byref(v))
+    return v.value
+
+
+def dtype_code(dtype):
+    """An mkDataType_t from a name ("bf16", "float32", ...), an int, or a
+    torch/numpy dtype (by its name)."""
+    if isinstance(dtype, bool):
+        raise MkError(INVALID_ARGUMENT, "unknown dtype %r" % (dtype,))
+    if isinstance(dtype, int):
+        if dtype in DTYPE_SIZES:
+            return dtype
+        raise MkError(INVALID_ARGUMENT, "unknown dtype %d (mkDataType_t is 0..11)" % dtype)
+    s = str(dtype)
+    for prefix in ("torch.", "numpy.", "mk"):
+        if s.startswith(prefix):
+            s = s[len(prefix):]
+    s = s.lower()
+    if s in DTYPES:
+        return DTYPES[s]
+    raise MkError(INVALID_ARGUMENT, "unknown dtype %r; known: %s" % (dtype, ", ".join(sorted(DTYPES))))
+
+
+def op_code(op):
+    if isinstance(op, bool):
+        raise MkError(INVALID_ARGUMENT, "unknown reduction op %r" % (op,))
+    if isinstance(op, int):
+        if 0 <= op < 5:
+            return op
+        raise MkError(INVALID_ARGUMENT, "unknown reduction op %d (mkRedOp_t is 0..4)" % op)
+    s = str(op).lower()
+    if s.startswith("mk"):
+        s = s[2:]
+    if s in OPS:
+        return OPS[s]
+    raise MkError(INVALID_ARGUMENT, "unknown reduction op %r; known: %s" % (op, ", ".join(OPS)))
+
+
+def pointer(buf, what="buffer"):
+    """A device address from an int, a torch tensor (data_ptr), an object with
+    __cuda_array_interface__ (CuPy, Numba), or None (NULL)."""
+    if buf is None:
+        return None
+    if isinstance(buf, bool):
+        raise MkError(INVALID_ARGUMENT, "%s: expected a device pointer, got %r" % (what, buf))
+    if isinstance(buf, int):
+        return buf or None
+    if hasattr(buf, "data_ptr"):
+        return buf.data_ptr() or None
+    cai = getattr(buf, "__cuda_array_interface__", None)
+    if cai is not None:
+        return cai["data"][0] or None
+    if isinstance(buf, ctypes.c_void_p):
+        return buf.value
+    raise MkError(INVALID_ARGUMENT, "%s: expected a device pointer (int, tensor or __cuda_array_interface__), got %s"
+                  % (what, type(buf).__name__))
+
+
+def stream_handle(stream):
+    """A cudaStream_t from None/0 (the legacy default stream), an int, a
+    torch.cuda.Stream (cuda_stream) or a CuPy stream (ptr)."""
+    if stream is None:
+        return None
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream or None
+    for attr in ("cuda_stream", "ptr", "handle"):
+        v = getattr(stream, attr, None)
+        if isinstance(v, int):
+            return v or None
+    raise MkError(INVALID_ARGUMENT, "stream: expected a CUDA stream (int, torch.cuda.Stream), got %s" %
+                  type(stream).__name__)
+
+
+def get_unique_id():
+    """A new unique id (128 bytes): create it on one rank, give it to all."""
+    uid = _lib.UniqueId()
+    call("mkGetUniqueId", ctypes.byref(uid))
+    return ctypes.string_at(ctypes.addressof(uid), 128)  # all 128 bytes (.internal stops at a NUL)
+
+
+def _uid(unique_id):
+    raw = bytes(unique_id)
+    if len(raw) != 128:
+        raise MkError(INVALID_ARGUMENT, "unique id must be 128 bytes (from get_unique_id), got %d" % len(raw))
+    uid = _lib.UniqueId()
+    ctypes.memmove(ctypes.byref(uid), raw, 128)
+    return uid
+
+
+def make_config(blocking=None, max_ctas=None, min_ctas=None, name=None, split_share=None, net_name=None):
+    c = _lib.Config()
+    c.size = ctypes.sizeof(_lib.Config)
+    c.magic = _lib.CONFIG_MAGIC
+    c.version = version()
+    for f, _ in _lib.Config._fields_[3:]:
+        if f not in ("netName", "commName"):
+            setattr(c, f, _lib.UNDEF_INT)
+    if blocking is not None:
+        c.blocking = 1 if blocking else 0
+    if max_ctas is not None:
+        c.maxCTAs = int(max_ctas)
+    if min_ctas is not None:
+        c.minCTAs = int(min_ctas)
+    if split_share is not None:
+        c.splitShare = 1 if split_share else 0
+    # kept alive with the struct: ctypes holds the bytes objects
+    c._keep = [x.encode() if isinstance(x, str) else x for x in (name, net_name)]
+    c.commName = c._keep[0]
+    c.netName = c._keep[1]
+    return c
+
+
+def set_device(device):
+    """Makes `device`'s primary context current on this thread through the
+    driver (what cudaSetDevice does), for programs without a CUDA runtime of
+    their own. mKernel's communicators use the calling thread's current device."""
+    cuda = _driver()
+    dev = ctypes.c_int()
+    ctx = ctypes.c_void_p()
+    steps = (("cuDeviceGet", lambda: cuda.cuDeviceGet(ctypes.byref(dev), int(device))),
+             ("cuDevicePrimaryCtxRetain", lambda: cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)),
+             ("cuCtxSetCurrent", lambda: cuda.cuCtxSetCurrent(ctx)))
+    for name, step in steps:
+        r = step()
+        if r != 0:
+            raise MkError(UNHANDLED_CUDA_ERROR, "%s(device %d) failed with CUDA error %d" % (name, device, r), name)
+
+
+_cuda = None
+
+
+def _driver():
+    global _cuda
+    if _cuda is None:
+        try:
+            d = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise MkError(UNHANDLED_CUDA_ERROR, "no NVIDIA driver: libcuda.so.1 cannot be loaded (%s)" % e) from None
+        r = d.cuInit(0)
+        if r != 0:
+            raise MkError(UNHANDLED_CUDA_ERROR, "cuInit failed with CUDA error %d (no usable GPU?)" % r, "cuInit")
+        _cuda = d
+    return _cuda
+
+
+class Communicator:
+    """An mKernel communicator: one rank of `nranks`.
+
+        uid = mkernel.get_unique_id()            # on rank 0, then share it
+        comm = mkernel.Communicator(nranks, rank, uid, device=local_gpu)
+        comm.all_reduce(x_ptr, x_ptr, count, "bf16", "sum", stream)
+
+    Buffers are device pointers (ints), torch tensors or objects with
+    __cuda_array_interface__; counts are in elements, as in NCCL. `device`
+    (optional) is made current on this thread first; otherwise the thread's
+    current device is used. blocking=False returns at once: poll ready().
+    """
+
+    def __init__(self, nranks, rank, unique_id, device=None, blocking=None, max_ctas=None, name=None,
+                 _handle=None):
+        self._h = None
+        if _handle is not None:
+            self._h = _handle
+            return
+        if device is not None:
+            set_device(device)
+        h = ctypes.c_void_p()
+        cfg = make_config(blocking=blocking, max_ctas=max_ctas, name=name)
+        try:
+            call("mkCommInitRankConfig", ctypes.byref(h), int(nranks), _uid(unique_id), int(rank), ctypes.byref(cfg))
+        except MkError:
+            if h.value:
+                _fn("mkCommDestroy")(h)
+            raise
+        self._h = h
+
+    @classmethod
+    def init_all(cls, devices):
+        """Ranks 0..len(devices)-1 in this process, rank i on devices[i] (an
+        int: that many ranks on GPUs 0..n-1). A GPU may appear more than once."""
+        if isinstance(devices, int):
+            devices = list(range(devices))
+        n = len(devices)
+        if n < 1:
+            raise MkError(INVALID_ARGUMENT, "init_all: no devices")
+        hs = (ctypes.c_void_p * n)()
+        devs = (ctypes.c_int * n)(*[int(d) for d in devices])
+        call("mkCommInitAll", hs, n, devs)
+        return [cls(0, 0, None, _handle=ctypes.c_void_p(hs[i])) for i in range(n)]
+
+    # -- state -------------------------------------------------------------
+    @property
+    def handle(self):
+        """The mkComm_t as an int (0 once destroyed)."""
+        return self._h.value if self._h else 0
+
+    def _live(self):
+        if not self._h:
+            raise MkError(INVALID_USAGE, "this communicator was destroyed")
+        return self._h
+
+    def _int(self, name):
+        v = ctypes.c_int()
+        call(name, self._live(), ctypes.byref(v), comm=self._h)
+        return v.value
+
+    @property
+    def size(self):
+        return self._int("mkCommCount")
+
+    @property
+    def rank(self):
+        return self._int("mkCommUserRank")
+
+    @property
+    def device(self):
+        return self._int("mkCommCuDevice")
+
+    def async_error(self):
+        """mkSuccess (0), mkInProgress (7) while a nonblocking init or split
+        runs, or the sticky error code of an earlier failure."""
+        v = ctypes.c_int()
+        call("mkCommGetAsyncError", self._live(), ctypes.byref(v), comm=self._h)
+        return v.value
+
+    def ready(self):
+        """True once the communicator is usable; raises its error if it failed."""
+        e = self.async_error()
+        if e == IN_PROGRESS:
+            return False
+        if e != SUCCESS:
+            _check("mkCommGetAsyncError", e, self._h)
+        return True
+
+    def last_error(self):
+        m = _lib.lib().mkGetLastError(self._h)
+        return m.decode("utf-8", "replace") if m else ""
+
+    # -- lifetime ----------------------------------------------------------
+    def split(self, color, key=None, blocking=None, max_ctas=None, name=None):
+        """mkCommSplit: ranks passing the same color form a new communicator
+        (None for color=SPLIT_NOCOLOR)."""
+        h = ctypes.c_void_p()
+        cfg = make_config(blocking=blocking, max_ctas=max_ctas, name=name)
+        call("mkCommSplit", self._live(), int(color), self.rank if key is None else int(key), ctypes.byref(h),
+             ctypes.byref(cfg), comm=self._h)
+        return Communicator(0, 0, None, _handle=h) if h.value else None
+
+    def finalize(self):
+        call("mkCommFinalize", self._live(), comm=self._h)
+
+    def destroy(self):
+        if self._h:
+            h, self._h = self._h, None
+            call("mkCommDestroy", h)
+
+    def abort(self):
+        """Stops this communicator's kernels, tells the peers; safe from any thread."""
+        if self._h:
+            h, self._h = self._h, None
+            call("mkCommAbort", h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy() if exc[0] is None else self.abort()
+
+    def __del__(self):
+        # Destroying waits for the GPU: do it explicitly (destroy/abort or a
+        # with-block). Interpreter exit leaves live communicators to the OS.
+        pass
+
+    # -- registration and setup -------------------------------------------
+    def register(self, buf, nbytes):
+        """Zero-copy registration (mkCommRegister); returns the handle."""
+        h = ctypes.c_void_p()
+        call("mkCommRegister", self._live(), pointer(buf), int(nbytes), ctypes.byref(h), comm=self._h)
+        return h.value
+
+    def deregister(self, handle):
+        call("mkCommDeregister", self._live(), ctypes.c_void_p(handle), comm=self._h)
+
+    def bootstrap_broadcast(self, data, root=0):
+        """Host bytes (at most 4096) from `root` to every rank, over the
+        bootstrap connection; every rank passes the same length."""
+        data = bytes(data)
+        buf = ctypes.create_string_buffer(data, len(data))
+        call("mkCommBootstrapBroadcast", self._live(), buf, len(data), int(root), comm=self._h)
+        return buf.raw[:len(data)]
+
+    def prewarm(self, dtypes=("bf16", "fp16", "fp32"), ops=("sum",), threads=0):
+        """Compiles (or loads) every plan this communicator may pick for the
+        six collectives in these dtypes and ops, on `threads` threads (0: all
+        cores), so the first collective does not wait for NVRTC."""
+        d = [dtype_code(x) for x in dtypes]
+        o = [op_code(x) for x in ops]
+        da = (ctypes.c_int * max(len(d), 1))(*d)
+        oa = (ctypes.c_int * max(len(o), 1))(*o)
+        call("mkCommPrewarm", self._live(), da, len(d), oa, len(o), int(threads), comm=self._h)
+
+    # -- collectives -------------------------------------------------------
+    def all_reduce(self, sendbuf, recvbuf, count, dtype, op="sum", stream=None):
+        call("mkAllReduce", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(count), dtype_code(dtype),
+             op_code(op), self._live(), stream_handle(stream), comm=self._h)
+
+    def broadcast(self, sendbuf, recvbuf, count, dtype, root=0, stream=None):
+        call("mkBroadcast", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(count), dtype_code(dtype),
+             int(root), self._live(), stream_handle(stream), comm=self._h)
+
+    def reduce(self, sendbuf, recvbuf, count, dtype, op="sum", root=0, stream=None):
+        call("mkReduce", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(count), dtype_code(dtype),
+             op_code(op), int(root), self._live(), stream_handle(stream), comm=self._h)
+
+    def all_gather(self, sendbuf, recvbuf, sendcount, dtype, stream=None):
+        call("mkAllGather", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(sendcount),
+             dtype_code(dtype), self._live(), stream_handle(stream), comm=self._h)
+
+    def reduce_scatter(self, sendbuf, recvbuf, recvcount, dtype, op="sum", stream=None):
+        call("mkReduceScatter", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(recvcount),
+             dtype_code(dtype), op_code(op), self._live(), stream_handle(stream), comm=self._h)
+
+    def all_to_all(self, sendbuf, recvbuf, count, dtype, stream=None):
+        """count: elements each rank sends to each rank."""
+        call("mkAllToAll", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(count), dtype_code(dtype),
+             self._live(), stream_handle(stream), comm=self._h)
+
+    def __repr__(self):
+        if not self._h:
+            return "<mkernel.Communicator destroyed>"
+        try:
+            return "<mkernel.Communicator rank %d of %d on GPU %d>" % (self.rank, self.size, self.device)
+        except MkError as e:
+            return "<mkernel.Communicator (%s)>" % e.name
+
+
+@contextlib.contextmanager
+def group():
+    """mkGroupStart/End: the calls inside are issued together at the end (all
+    or nothing). One thread driving several communicators needs it."""
+    call("mkGroupStart")
+    try:
+        yield
+    except BaseException:
+        # mkGroupEnd still has to run to leave the group; the user's error wins
+        try:
+            call("mkGroupEnd")
+        except MkError:
+            pass
+        raise
+    call("mkGroupEnd")

@@ -1,0 +1,313 @@
+"""The Python package, end to end on a CPU machine: the wheel builds with the
+in-repo backend and no network, installs into a fresh virtualenv, and the
+installed package works: the compiler (mkc, python -m mkernel, verify,
+compile), mkernel-run, clear errors without a driver, and communicators,
+collectives, groups, prewarm and the shipped plans against the fake driver
+(tests/fake_cuda) in one and in two processes.
+
+    python3 tests/python/test_package.py BUILD_DIR     (ctest runs it)
+"""
+import ctypes  # noqa: F401  (used by the child scripts' template)
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.abspath(sys.argv.pop(1) if len(sys.argv) > 1 else os.path.join(SRC, "build"))
+FAKE = os.path.join(BUILD, "tests", "fake_cuda")
+TMP = tempfile.mkdtemp(prefix="mk-pytest-")
+VENV = os.path.join(TMP, "venv")
+PY = os.path.join(VENV, "bin", "python")
+
+
+def run(cmd, env=None, check=True, cwd=TMP, timeout=600):
+    e = dict(os.environ)
+    for k in ("MK_PREBUILT_DIR", "MK_LIBMKERNEL", "MK_MKC", "MK_PREFIX", "LD_LIBRARY_PATH", "PYTHONPATH"):
+        e.pop(k, None)
+    e.update(env or {})
+    p = subprocess.run(cmd, cwd=cwd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError("%s exited %d:\n%s" % (" ".join(cmd), p.returncode, p.stdout))
+    return p
+
+
+def py(code, env=None, check=True):
+    """Runs `code` in the virtualenv's Python, outside the source tree."""
+    if code.startswith(ALLOC):
+        code = ALLOC + textwrap.dedent(code[len(ALLOC):])
+    return run([PY, "-c", textwrap.dedent(code)], env=env, check=check)
+
+
+def fake_env(cache, **extra):
+    env = {"LD_LIBRARY_PATH": FAKE, "MK_CACHE_DIR": cache, "MKFAKE_DEVICES": "4", "MKFAKE_ARCH": "90",
+           "NCCL_NVLS_ENABLE": "0"}
+    env.update(extra)
+    return env
+
+
+def plans_in(cache):
+    d = os.path.join(cache, "plans")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+# Device memory from the (fake) driver, for the child scripts.
+ALLOC = """
+import ctypes, mkernel
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+def dalloc(nbytes, device=0):
+    mkernel.set_device(device)
+    p = ctypes.c_uint64()
+    assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(nbytes)) == 0
+    return p.value
+"""
+
+# Two ranks of one process, one fp32 all-reduce of 4 KiB (allreduce.one_shot).
+ONE_ALLREDUCE = ALLOC + """
+comms = mkernel.Communicator.init_all([0, 1])
+s, r = dalloc(1 << 16), dalloc(1 << 16)
+s1, r1 = dalloc(1 << 16, 1), dalloc(1 << 16, 1)
+with mkernel.group():
+    comms[0].all_reduce(s, r, 1024, "fp32")
+    comms[1].all_reduce(s1, r1, 1024, "fp32")
+for c in comms:
+    c.destroy()
+print("CALLS OK")
+"""
+
+
+class Package(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        # A small set of shipped plans (2 ranks, fp32, sm_90: what the fake
+        # driver's GPUs are), then the wheel, then a fresh virtualenv.
+        cls.prebuilt = os.path.join(TMP, "prebuilt")
+        run([os.path.join(BUILD, "mkc"), "prebuild", "--ranks", "2", "--dtype", "fp32", "--arch", "sm_90", "-o",
+             cls.prebuilt], env={"MK_CACHE_DIR": os.path.join(TMP, "prebuild-cache"), "MK_PREBUILT_DIR": ""})
+        wheels = os.path.join(TMP, "wheels")
+        run([sys.executable, "-m", "pip", "wheel", "--no-index", "--no-deps", "--no-cache-dir", "-w", wheels,
+             "-C", "build-dir=" + BUILD, "-C", "prebuilt=" + cls.prebuilt, SRC])
+        found = glob.glob(os.path.join(wheels, "mkernel-*.whl"))
+        assert len(found) == 1, found
+        cls.wheel = found[0]
+        run([sys.executable, "-m", "venv", VENV])
+        run([PY, "-m", "pip", "install", "--no-index", "--no-cache-dir", cls.wheel])
+
+    def test_wheel_name_and_contents(self):
+        import zipfile
+
+        name = os.path.basename(self.wheel)
+        self.assertRegex(name, r"^mkernel-\d+\.\d+\.\d+-py3-none-manylinux_\d+_\d+_x86_64\.whl$")
+        z = zipfile.ZipFile(self.wheel)
+        names = set(z.namelist())
+        for must in ("mkernel/__init__.py", "mkernel/torch.py", "mkernel/lib/libmkernel.so.0",
+                     "mkernel/lib/mkernel/nccl/libnccl.so.2", "mkernel/bin/mkc", "mkernel/bin/mkernel-run",
+                     "mkernel/share/mkernel/prebuilt/index.json", "mkernel/include/mk.h"):
+            self.assertIn(must, names)
+        dist = [n for n in names if n.endswith(".dist-info/RECORD")]
+        self.assertEqual(len(dist), 1)
+        record = z.read(dist[0]).decode()
+        # every file but RECORD itself is listed with its hash
+        listed = {line.split(",")[0] for line in record.splitlines() if line}
+        self.assertEqual(listed, names)
+        mode = z.getinfo("mkernel/bin/mkc").external_attr >> 16
+        self.assertTrue(mode & 0o111, "mkc is not executable in the wheel")
+
+    def test_import_without_driver_is_a_clear_error(self):
+        p = py("""
+            import mkernel
+            assert mkernel.version() >= 100, mkernel.version()
+            try:
+                mkernel.Communicator(1, 0, mkernel.get_unique_id())
+            except mkernel.MkError as e:
+                print("ERR", e.name, e)
+        """)
+        self.assertIn("ERR mkSystemError", p.stdout)
+        self.assertIn("libcuda.so.1", p.stdout)
+
+    def test_compiler_from_python_and_command_line(self):
+        out = os.path.join(TMP, "plan-out")
+        p = py("""
+            import mkernel
+            print(mkernel.verify("allreduce.ring", ranks=4).splitlines()[0])
+            try:
+                mkernel.verify("allreduce.nope", ranks=4)
+            except mkernel.CompileError as e:
+                print("REFUSED", e.returncode, str(e).splitlines()[0])
+            print(mkernel.compile("allgather.direct", %r, ranks=2, dtype="bf16"))
+        """ % out, env={"MK_CACHE_DIR": os.path.join(TMP, "c1")})
+        self.assertIn("proved: allreduce.ring", p.stdout)
+        self.assertIn("REFUSED 1 mkc: error: [mk.cli.E001] unknown schedule 'allreduce.nope'", p.stdout)
+        self.assertTrue(os.path.isfile(os.path.join(out, "plan.json")))
+        # the console script and python -m are mkc, and use the package's own library
+        for cmd in ([os.path.join(VENV, "bin", "mkc"), "info"], [PY, "-m", "mkernel", "info"]):
+            info = run(cmd).stdout
+            self.assertIn(os.path.join(VENV, "lib"), info.split("prebuilt plans:")[1].splitlines()[0], info)
+        self.assertIn("allreduce.ring", run([os.path.join(VENV, "bin", "mkc"), "list"]).stdout)
+
+    def test_mkernel_run_preloads_the_packaged_library(self):
+        p = run([os.path.join(VENV, "bin", "mkernel-run"), "sh", "-c", "echo $LD_PRELOAD; echo $NCCL_NVLS_ENABLE"])
+        first, nvls = p.stdout.strip().splitlines()[-2:]
+        self.assertTrue(first.startswith(os.path.join(VENV, "lib")), first)
+        self.assertTrue(first.endswith("mkernel/lib/mkernel/nccl/libnccl.so.2"), first)
+        self.assertEqual(nvls, "0")
+        self.assertEqual(run([os.path.join(VENV, "bin", "mkernel-run")], check=False).returncode, 2)
+
+    def test_collectives_groups_and_errors_on_the_fake_driver(self):
+        cache = os.path.join(TMP, "c-coll")
+        p = py(ALLOC + """
+            comms = mkernel.Communicator.init_all([0, 1])
+            assert [c.rank for c in comms] == [0, 1] and comms[1].size == 2 and comms[1].device == 1, comms
+            n = 4096
+            bufs = [(dalloc(4 * n * 2, d), dalloc(4 * n * 2, d)) for d in (0, 1)]
+            with mkernel.group():
+                for c, (s, r) in zip(comms, bufs):
+                    c.all_reduce(s, r, n, "fp32", "sum")
+            with mkernel.group():
+                for c, (s, r) in zip(comms, bufs):
+                    c.all_gather(s, r, n, "float32")
+            with mkernel.group():
+                for c, (s, r) in zip(comms, bufs):
+                    c.reduce_scatter(s, r, n // 2, mkernel.DTYPES["fp32"], "sum")
+            # bad input: each a clear MkError with mKernel's words
+            for bad in (lambda: comms[0].all_reduce(bufs[0][0], bufs[0][1], n, "complex64"),
+                        lambda: comms[0].all_reduce(bufs[0][0], bufs[0][1], n, "fp32", "xor"),
+                        lambda: comms[0].all_reduce(None, bufs[0][1], n, "fp32"),
+                        lambda: comms[0].broadcast(bufs[0][0], bufs[0][1], n, "fp32", root=5)):
+                try:
+                    bad()
+                    print("NO ERROR")
+                except mkernel.MkError as e:
+                    print("ERR", e.name, e)
+            for c in comms:
+                c.destroy()
+            try:
+                comms[0].all_reduce(bufs[0][0], bufs[0][1], n, "fp32")
+            except mkernel.MkError as e:
+                print("ERR", e.name, e)
+            print("DONE")
+        """, env=fake_env(cache))
+        out = p.stdout
+        self.assertIn("DONE", out)
+        self.assertNotIn("NO ERROR", out)
+        self.assertIn("unknown dtype 'complex64'", out)
+        self.assertIn("unknown reduction op 'xor'", out)
+        self.assertIn("ERR mkInvalidArgument mkAllReduce:", out)  # NULL sendbuff, in mKernel's words
+        self.assertIn("root 5 is not a rank of 2", out)
+        self.assertIn("this communicator was destroyed", out)
+        # The shipped plans served these calls: nothing was compiled into the cache.
+        self.assertEqual(plans_in(cache), [])
+
+    def test_without_shipped_plans_the_same_calls_compile(self):
+        cache = os.path.join(TMP, "c-noship")
+        self.assertIn("CALLS OK", py(ONE_ALLREDUCE, env=fake_env(cache, MK_PREBUILT_DIR="")).stdout)
+        # allreduce.one_shot: one plan, and it serves both ranks
+        self.assertEqual(len(plans_in(cache)), 1)
+
+    def test_damaged_or_mismatched_shipped_plans_are_not_used(self):
+        import json
+
+        one_call = ONE_ALLREDUCE
+        with open(os.path.join(self.prebuilt, "index.json")) as f:
+            index = json.load(f)
+        one_shot = sorted({d for d in index["plans"].values() if d.startswith("allreduce.one_shot_n2_fp32")})
+        other = sorted({d for d in index["plans"].values() if d.startswith("allgather.direct_n2_fp32")})
+        self.assertEqual((len(one_shot), len(other)), (1, 1))
+        # 1: the one-shot plan's cubin truncated; 2: its keys pointed at the
+        # allgather plan; 3: index.json not JSON; 4: the directory writable by
+        # everyone. Each time the call compiles its own plan and succeeds.
+        for case in ("truncated", "mismatched", "garbage", "writable by others"):
+            d = os.path.join(TMP, "prebuilt-" + case)
+            shutil.copytree(self.prebuilt, d)
+            if case == "truncated":
+                cubin = glob.glob(os.path.join(d, one_shot[0], "*.cubin"))[0]
+                with open(cubin, "r+b") as f:
+                    f.truncate(100)
+            elif case == "mismatched":
+                bad = {k: (other[0] if v == one_shot[0] else v) for k, v in index["plans"].items()}
+                with open(os.path.join(d, "index.json"), "w") as f:
+                    json.dump({"format": 1, "plans": bad}, f)
+            elif case == "garbage":
+                with open(os.path.join(d, "index.json"), "w") as f:
+                    f.write("{not json")
+            else:
+                os.chmod(d, 0o777)
+            cache = os.path.join(TMP, "c-" + case.replace(" ", "-"))
+            p = py(one_call, env=fake_env(cache, MK_PREBUILT_DIR=d, MK_DEBUG="1"))
+            self.assertIn("CALLS OK", p.stdout)
+            self.assertEqual(len(plans_in(cache)), 1, case)
+            self.assertIn("not used", p.stdout, case)
+
+    def test_prewarm(self):
+        cache = os.path.join(TMP, "c-prewarm")
+        p = py(ALLOC + """
+            import time
+            comms = mkernel.Communicator.init_all([0, 1])
+            t = time.perf_counter()
+            mkernel.prewarm(comms[0], dtypes=["fp32"])          # shipped: nothing to compile
+            print("fp32 prewarm ms", (time.perf_counter() - t) * 1e3)
+            mkernel.prewarm(comms[0], dtypes=["bf16", "fp16"], ops=["sum", "max"], threads=2)
+            try:
+                mkernel.prewarm(comms[0], dtypes=["nope"])
+            except mkernel.MkError as e:
+                print("ERR", e)
+            for c in comms:
+                c.destroy()
+        """, env=fake_env(cache))
+        self.assertIn("unknown dtype 'nope'", p.stdout)
+        got = plans_in(cache)
+        # rank 0 at 2 ranks, bf16 and fp16: allreduce (one_shot, ring) and
+        # reducescatter and reduce for sum and max, allgather, broadcast and
+        # alltoall once: (2 + 1 + 1) * 2 ops + 3 = 11 plans per dtype
+        self.assertEqual(len(got), 22, got)
+
+    def test_two_processes(self):
+        cache = os.path.join(TMP, "c-2p")
+        script = os.path.join(TMP, "two.py")
+        with open(script, "w") as f:
+            f.write(ALLOC + textwrap.dedent("""
+                import os, sys
+                rank, uidfile = int(sys.argv[1]), sys.argv[2]
+                if rank == 0:
+                    uid = mkernel.get_unique_id()
+                    with open(uidfile + ".tmp", "wb") as f:
+                        f.write(uid)
+                    os.rename(uidfile + ".tmp", uidfile)
+                else:
+                    import time
+                    while not os.path.exists(uidfile):
+                        time.sleep(0.01)
+                    uid = open(uidfile, "rb").read()
+                comm = mkernel.Communicator(2, rank, uid, device=rank)
+                got = comm.bootstrap_broadcast(b"hello from 0" if rank == 0 else b"x" * 12, root=0)
+                s, r = dalloc(1 << 20, rank), dalloc(1 << 20, rank)
+                comm.all_reduce(s, r, 1 << 16, "fp32", "sum")
+                comm.broadcast(s, r, 1 << 16, "fp32", root=1)
+                comm.destroy()
+                print("rank", rank, got.decode(), "ok")
+            """))
+        uid = os.path.join(TMP, "uid")
+        env = fake_env(cache)
+        e = dict(os.environ)
+        e.update(env)
+        for k in ("MK_PREBUILT_DIR", "PYTHONPATH"):
+            e.pop(k, None)
+        ps = [subprocess.Popen([PY, script, str(r), uid], cwd=TMP, env=e, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+        outs = [p.communicate(timeout=300)[0] for p in ps]
+        for r, (p, o) in enumerate(zip(ps, outs)):
+            self.assertEqual(p.returncode, 0, o)
+            self.assertIn("rank %d hello from 0 ok" % r, o)
+
+
+if __name__ == "__main__":
+    try:
+        unittest.main(verbosity=2)
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
