@@ -3,6 +3,7 @@ script runs on NCCL and on mKernel, and prints its step times and losses.
 
     torchrun --nproc-per-node 2 examples/torch/train_gpt.py                  # NCCL
     tools/mkernel-run torchrun --nproc-per-node 2 examples/torch/train_gpt.py  # mKernel's libnccl.so.2
+    torchrun --nproc-per-node 2 examples/torch/train_gpt.py --backend mkernel  # mkernel.torch's backend
     ... --fsdp                  # FSDP instead of DDP
     ... --share-gpu             # every rank on GPU 0 (mKernel only: NCCL refuses a GPU twice)
 
@@ -64,13 +65,21 @@ def main():
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--fsdp", action="store_true")
     ap.add_argument("--share-gpu", action="store_true", help="every rank on GPU 0")
-    ap.add_argument("--backend", default="nccl")
+    ap.add_argument("--backend", default="nccl",
+                    help="nccl, gloo, or mkernel (the mkernel.torch backend: CUDA on mKernel, CPU on gloo)")
+    ap.add_argument("--prewarm", action="store_true", help="with --backend mkernel: compile the plans before step 0")
     args = ap.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", 0 if args.share_gpu else local)
     torch.cuda.set_device(device)
-    dist.init_process_group(args.backend)
+    if args.backend == "mkernel":
+        import mkernel.torch
+
+        mkernel.torch.register()
+        dist.init_process_group("cuda:mkernel,cpu:gloo")
+    else:
+        dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(1234)  # the same initial weights on every rank
@@ -84,6 +93,15 @@ def main():
     else:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    if args.prewarm and args.backend == "mkernel":
+        import mkernel
+
+        t = time.perf_counter()
+        pg = dist.distributed_c10d._get_default_group()
+        pg._comm_for(torch.zeros(1, device=device))
+        mkernel.prewarm(pg._mk, dtypes=("fp32",))
+        if rank == 0:
+            print(f"prewarm {1e3 * (time.perf_counter() - t):.1f} ms", flush=True)
 
     gen = torch.Generator(device="cpu").manual_seed(100 + rank)  # each rank its own data
     times = []
@@ -103,7 +121,11 @@ def main():
         times.append(ms)
         if rank == 0:
             print(f"step {step} loss {total.item() / world:.8f} time_ms {ms:.2f}", flush=True)
+    pg = dist.distributed_c10d._get_default_group()
+    if rank == 0 and hasattr(pg, "stats"):
+        print(f"calls by library: {pg.stats}", flush=True)
     if rank == 0:
+        print(f"step 0 (first collectives, plans loaded or compiled) time_ms {times[0]:.2f}", flush=True)
         later = sorted(times[3:]) or times
         print(f"median step time_ms {later[len(later) // 2]:.2f} over steps 3..{args.steps - 1}, "
               f"world {world}, {'FSDP' if args.fsdp else 'DDP'}", flush=True)

@@ -1,0 +1,558 @@
+"""mKernel for PyTorch, in pure Python (nothing here is compiled against torch).
+
+Three ways in, from least to most code:
+
+1. Zero code: `mkernel-run torchrun ... train.py` (the NCCL-compatible library).
+2. The process-group backend:
+       import mkernel.torch
+       mkernel.torch.register()
+       dist.init_process_group("cuda:mkernel,cpu:gloo")     # or "mkernel"
+   Collectives mKernel runs (all_reduce, all_gather_into_tensor,
+   reduce_scatter_tensor, broadcast, reduce, all_to_all_single with equal
+   splits, and their list forms) run on it; everything else (send/recv,
+   gather, scatter, uneven all_to_all, CPU tensors, ops it lacks) goes to a
+   wrapped NCCL (CUDA) or gloo (CPU) process group made on first need.
+3. The ops, for torch.compile and CUDA graphs:
+       comm = mkernel.torch.Communicator()                   # over the default group
+       y = torch.ops.mkernel.all_reduce(x, "sum", comm.id)
+   all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all:
+   functional (a new tensor), on the current CUDA stream, with fake
+   implementations for torch.compile, capturable in CUDA graphs.
+"""
+import os
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import _api
+
+__all__ = ["Communicator", "register", "ProcessGroupMkernel", "all_reduce", "all_gather", "reduce_scatter",
+           "broadcast", "reduce", "all_to_all", "mk_dtype"]
+
+_DTYPES = {
+    torch.int8: "int8", torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",
+    torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16",
+}
+for _name, _code in (("uint32", "uint32"), ("uint64", "uint64"), ("float8_e4m3fn", "fp8e4m3"),
+                     ("float8_e5m2", "fp8e5m2")):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _code
+
+
+def mk_dtype(dtype):
+    """mKernel's name for a torch dtype, or None when mKernel has none."""
+    return _DTYPES.get(dtype)
+
+
+def _debug():
+    v = os.environ.get("MK_DEBUG", "")
+    return v not in ("", "0")
+
+
+# ---- communicators --------------------------------------------------------------
+
+_registry = {}  # id -> Communicator (the ops name their communicator by this id)
+_registry_lock = threading.Lock()
+_next_id = [1]
+_created = {}  # group name -> how many Communicators this process made over it (same order on every rank)
+
+
+def _store_uid(store, key, rank, root=0):
+    """The unique id, through a c10d store: `root` creates it, the others wait for it."""
+    if rank == root:
+        uid = _api.get_unique_id()
+        store.set(key, uid)
+        return uid
+    return bytes(store.get(key))
+
+
+class Communicator:
+    """An mKernel communicator over a torch.distributed process group.
+
+        comm = mkernel.torch.Communicator()        # default group, current device
+        comm.all_reduce(x)                         # in place, current stream
+
+    The unique id goes through the default store (rank 0 of the group creates
+    it). Every rank of `group` must create it, in the same order. `comm.mk`
+    is the underlying mkernel.Communicator (raw-pointer API); `comm.id`
+    names it in torch.ops.mkernel.*.
+    """
+
+    def __init__(self, group=None, device=None, store=None, rank=None, size=None, max_ctas=None, name=None):
+        if rank is None or size is None:
+            if not dist.is_initialized():
+                raise RuntimeError("mkernel.torch.Communicator: torch.distributed is not initialized "
+                                   "(call dist.init_process_group first, or pass store, rank and size)")
+            rank = dist.get_rank(group)
+            size = dist.get_world_size(group)
+            if rank < 0:
+                raise RuntimeError("mkernel.torch.Communicator: this process is not a member of the group")
+        if store is None:
+            store = dist.distributed_c10d._get_default_store()
+            gname = getattr(group, "group_name", None) if group is not None else "world"
+            with _registry_lock:
+                n = _created.get(gname, 0)
+                _created[gname] = n + 1
+            key = "mkernel/uid/%s/%d" % (gname, n)
+        else:
+            key = "mkernel/uid"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError("mkernel.torch.Communicator: device must be a CUDA device, got %s" % self.device)
+        self.rank, self.size = int(rank), int(size)
+        uid = _store_uid(store, key, self.rank)
+        with torch.cuda.device(self.device):
+            # the device's primary context (torch's) current on this thread:
+            # mKernel's communicator takes the thread's current device
+            _api.set_device(self.device.index if self.device.index is not None else torch.cuda.current_device())
+            self.mk = _api.Communicator(self.size, self.rank, uid, max_ctas=max_ctas, name=name)
+        with _registry_lock:
+            self.id = _next_id[0]
+            _next_id[0] += 1
+            _registry[self.id] = self
+
+    # in-place convenience methods on the current stream (tensors must be contiguous CUDA tensors)
+    def _check(self, t, what="tensor"):
+        if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+            raise ValueError("mkernel: %s must be a CUDA tensor" % what)
+        if t.device != self.device:
+            raise ValueError("mkernel: %s is on %s but the communicator on %s" % (what, t.device, self.device))
+        if not t.is_contiguous():
+            raise ValueError("mkernel: %s must be contiguous" % what)
+        d = mk_dtype(t.dtype)
+        if d is None:
+            raise TypeError("mkernel: dtype %s is not supported (supported: %s)" %
+                            (t.dtype, ", ".join(str(k) for k in _DTYPES)))
+        return d
+
+    def all_reduce(self, t, op="sum", out=None):
+        out = t if out is None else out
+        self.mk.all_reduce(t, out, t.numel(), self._check(t), op, _stream())
+        return out
+
+    def destroy(self):
+        with _registry_lock:
+            _registry.pop(getattr(self, "id", None), None)
+        self.mk.destroy()
+
+    def abort(self):
+        with _registry_lock:
+            _registry.pop(getattr(self, "id", None), None)
+        self.mk.abort()
+
+
+def _stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
+def _comm(cid):
+    c = _registry.get(int(cid))
+    if c is None:
+        raise RuntimeError("mkernel: no communicator with id %d (destroyed, or made in another process)" % cid)
+    return c
+
+
+# ---- the ops --------------------------------------------------------------------
+
+def _split_rows(t, size, what):
+    if t.dim() == 0 or t.shape[0] % size != 0:
+        raise ValueError("mkernel.%s: the first dimension (%s) must be a multiple of the group size %d" %
+                         (what, tuple(t.shape), size))
+    return (t.shape[0] // size,) + tuple(t.shape[1:])
+
+
+@torch.library.custom_op("mkernel::all_reduce", mutates_args=())
+def all_reduce(t: torch.Tensor, op: str, comm: int) -> torch.Tensor:
+    """A new tensor: the reduction of `t` over the communicator's ranks."""
+    c = _comm(comm)
+    x = t.contiguous()
+    out = torch.empty_like(x)
+    c.mk.all_reduce(x, out, x.numel(), c._check(x), op, _stream())
+    return out
+
+
+@all_reduce.register_fake
+def _(t, op, comm):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("mkernel::all_gather", mutates_args=())
+def all_gather(t: torch.Tensor, comm: int) -> torch.Tensor:
+    """Every rank's `t`, concatenated along dimension 0 (rank order)."""
+    c = _comm(comm)
+    x = t.contiguous()
+    out = x.new_empty((c.size * x.shape[0],) + tuple(x.shape[1:]) if x.dim() else (c.size,))
+    c.mk.all_gather(x, out, x.numel(), c._check(x), _stream())
+    return out
+
+
+@all_gather.register_fake
+def _(t, comm):
+    size = _comm(comm).size
+    return t.new_empty((size * t.shape[0],) + tuple(t.shape[1:]) if t.dim() else (size,))
+
+
+@torch.library.custom_op("mkernel::reduce_scatter", mutates_args=())
+def reduce_scatter(t: torch.Tensor, op: str, comm: int) -> torch.Tensor:
+    """This rank's block (along dimension 0) of the reduction of `t`."""
+    c = _comm(comm)
+    x = t.contiguous()
+    out = x.new_empty(_split_rows(x, c.size, "reduce_scatter"))
+    c.mk.reduce_scatter(x, out, out.numel(), c._check(x), op, _stream())
+    return out
+
+
+@reduce_scatter.register_fake
+def _(t, op, comm):
+    return t.new_empty(_split_rows(t, _comm(comm).size, "reduce_scatter"))
+
+
+@torch.library.custom_op("mkernel::broadcast", mutates_args=())
+def broadcast(t: torch.Tensor, root: int, comm: int) -> torch.Tensor:
+    """`root`'s `t` on every rank."""
+    c = _comm(comm)
+    x = t.contiguous()
+    out = torch.empty_like(x)
+    c.mk.broadcast(x, out, x.numel(), c._check(x), root, _stream())
+    return out
+
+
+@broadcast.register_fake
+def _(t, root, comm):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("mkernel::reduce", mutates_args=())
+def reduce(t: torch.Tensor, op: str, root: int, comm: int) -> torch.Tensor:
+    """The reduction of `t` on `root`; on the other ranks a copy of their `t`."""
+    c = _comm(comm)
+    x = t.contiguous()
+    out = x.clone()  # what non-root ranks get back: their input, never uninitialised memory
+    c.mk.reduce(x, out, x.numel(), c._check(x), op, root, _stream())
+    return out
+
+
+@reduce.register_fake
+def _(t, op, root, comm):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("mkernel::all_to_all", mutates_args=())
+def all_to_all(t: torch.Tensor, comm: int) -> torch.Tensor:
+    """Block j (along dimension 0) of `t` goes to rank j; block i of the
+    result came from rank i (all_to_all_single with equal splits)."""
+    c = _comm(comm)
+    x = t.contiguous()
+    _split_rows(x, c.size, "all_to_all")
+    out = torch.empty_like(x)
+    c.mk.all_to_all(x, out, x.numel() // c.size, c._check(x), _stream())
+    return out
+
+
+@all_to_all.register_fake
+def _(t, comm):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+# ---- the process-group backend ---------------------------------------------------
+
+def _reduce_op(rop):
+    for name, code in (("SUM", "sum"), ("PRODUCT", "prod"), ("MAX", "max"), ("MIN", "min"), ("AVG", "avg")):
+        try:
+            if rop == getattr(dist.ReduceOp, name):
+                return code
+        except (TypeError, RuntimeError):
+            pass
+    return None  # PREMUL_SUM, bitwise ops: NCCL's
+
+
+_WorkBase = getattr(dist, "Work", None) or getattr(dist, "_Work")
+
+
+class _Work(_WorkBase):
+    """A collective issued on the current stream: wait() makes the caller's
+    current stream wait for it (as NCCL's work does); the future holds the
+    tensors."""
+
+    def __init__(self, result, event):
+        super().__init__()
+        self._result = result
+        self._event = event
+        self._future = torch.futures.Future()
+        self._future.set_result(result)
+
+    def wait(self, timeout=None):
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
+        return True
+
+    def is_completed(self):
+        return self._event is None or self._event.query()
+
+    def is_success(self):
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def result(self):
+        return self._result
+
+
+class ProcessGroupMkernel(dist.ProcessGroup):
+    """The "mkernel" backend (see register()). Holds one mKernel communicator
+    (made on the first CUDA collective, on that tensor's device) and, made on
+    first need, NCCL (CUDA) and gloo (CPU) process groups for what mKernel
+    does not run. `stats` counts the calls each one ran."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._store = store
+        self._rank_, self._size_ = rank, size
+        self._timeout = timeout
+        self._mk = None
+        self._nccl = None
+        self._gloo = None
+        self._lock = threading.Lock()
+        self.stats = {"mkernel": 0, "nccl": 0, "gloo": 0}
+
+    # -- identity -----------------------------------------------------------
+    def getBackendName(self):
+        return "mkernel"
+
+    def getRank(self):
+        return self._rank_
+
+    def getSize(self):
+        return self._size_
+
+    def __repr__(self):
+        return "ProcessGroupMkernel(rank %d of %d)" % (self._rank_, self._size_)
+
+    # -- what runs where ------------------------------------------------------
+    def _comm_for(self, t):
+        with self._lock:
+            if self._mk is None:
+                self._mk = Communicator(device=t.device, store=dist.PrefixStore("mkernel", self._store),
+                                        rank=self._rank_, size=self._size_)
+                if _debug():
+                    print("mkernel.torch: rank %d: mKernel communicator on %s" % (self._rank_, t.device))
+            elif self._mk.device != t.device:
+                return None  # one communicator per group, on one device
+            return self._mk
+
+    def _mk_ok(self, *tensors):
+        """The communicator if mKernel runs a collective on these tensors, else None."""
+        if not tensors:
+            return None
+        d = tensors[0].device
+        for t in tensors:
+            if t.device.type != "cuda" or t.device != d or not t.is_contiguous() or mk_dtype(t.dtype) is None:
+                return None
+        return self._comm_for(tensors[0])
+
+    def _done(self, result):
+        self.stats["mkernel"] += 1
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream())
+        return _Work(result, ev)
+
+    def _fallback(self, tensors, what):
+        cuda = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in tensors)
+        with self._lock:
+            if cuda:
+                if self._nccl is None:
+                    opts = dist.ProcessGroupNCCL.Options()
+                    self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", self._store), self._rank_,
+                                                      self._size_, opts)
+                pg, name = self._nccl, "nccl"
+            else:
+                if self._gloo is None:
+                    self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", self._store), self._rank_,
+                                                      self._size_, self._timeout)
+                pg, name = self._gloo, "gloo"
+        self.stats[name] += 1
+        if _debug():
+            print("mkernel.torch: rank %d: %s -> %s" % (self._rank_, what, name))
+        return pg
+
+    # -- collectives ----------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        op = _reduce_op(opts.reduceOp)
+        c = self._mk_ok(*tensors) if len(tensors) == 1 and op else None
+        if c is None:
+            return self._fallback(tensors, "allreduce").allreduce(tensors, opts)
+        t = tensors[0]
+        c.mk.all_reduce(t, t, t.numel(), mk_dtype(t.dtype), op, _stream())
+        return self._done(tensors)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        c = self._mk_ok(*tensors) if len(tensors) == 1 and opts.rootTensor == 0 else None
+        if c is None:
+            return self._fallback(tensors, "broadcast").broadcast(tensors, opts)
+        t = tensors[0]
+        c.mk.broadcast(t, t, t.numel(), mk_dtype(t.dtype), opts.rootRank, _stream())
+        return self._done(tensors)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        op = _reduce_op(opts.reduceOp)
+        c = self._mk_ok(*tensors) if len(tensors) == 1 and op and opts.rootTensor == 0 else None
+        if c is None:
+            return self._fallback(tensors, "reduce").reduce(tensors, opts)
+        t = tensors[0]
+        c.mk.reduce(t, t, t.numel(), mk_dtype(t.dtype), op, opts.rootRank, _stream())
+        return self._done(tensors)
+
+    def _allgather_base(self, output, input, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        c = self._mk_ok(output, input) if output.dtype == input.dtype and \
+            output.numel() == input.numel() * self._size_ else None
+        if c is None:
+            return self._fallback([output, input], "all_gather_into_tensor")._allgather_base(output, input, opts)
+        c.mk.all_gather(input, output, input.numel(), mk_dtype(input.dtype), _stream())
+        return self._done([output])
+
+    all_gather_single = _allgather_base
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        outs = output_tensors[0] if len(output_tensors) == 1 else None
+        inp = input_tensors[0] if len(input_tensors) == 1 else None
+        ok = (outs is not None and inp is not None and len(outs) == self._size_ and
+              all(o.shape == inp.shape and o.dtype == inp.dtype and o.device == inp.device for o in outs))
+        c = self._mk_ok(inp.contiguous()) if ok else None
+        if c is None:
+            return self._fallback(input_tensors, "allgather").allgather(output_tensors, input_tensors, opts)
+        x = inp.contiguous()
+        flat = x.new_empty((self._size_ * x.numel(),))
+        c.mk.all_gather(x, flat, x.numel(), mk_dtype(x.dtype), _stream())
+        for i, o in enumerate(outs):
+            o.copy_(flat[i * x.numel():(i + 1) * x.numel()].view(o.shape))
+        return self._done(output_tensors)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op = _reduce_op(opts.reduceOp)
+        c = self._mk_ok(output, input) if op and output.dtype == input.dtype and \
+            input.numel() == output.numel() * self._size_ else None
+        if c is None:
+            return self._fallback([output, input], "reduce_scatter_tensor")._reduce_scatter_base(output, input, opts)
+        c.mk.reduce_scatter(input, output, output.numel(), mk_dtype(input.dtype), op, _stream())
+        return self._done([output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op = _reduce_op(opts.reduceOp)
+        out = output_tensors[0] if len(output_tensors) == 1 else None
+        ins = input_tensors[0] if len(input_tensors) == 1 else None
+        ok = (op and out is not None and ins is not None and len(ins) == self._size_ and
+              all(i.shape == out.shape and i.dtype == out.dtype and i.device == out.device for i in ins))
+        c = self._mk_ok(out) if ok else None
+        if c is None:
+            return self._fallback(output_tensors, "reduce_scatter").reduce_scatter(output_tensors, input_tensors,
+                                                                                  opts)
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        c.mk.reduce_scatter(flat, out, out.numel(), mk_dtype(out.dtype), op, _stream())
+        return self._done(output_tensors)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        equal = not output_split_sizes and not input_split_sizes
+        c = self._mk_ok(output, input) if equal and output.dtype == input.dtype and \
+            output.numel() == input.numel() and input.numel() % self._size_ == 0 else None
+        if c is None:
+            return self._fallback([output, input], "all_to_all_single").alltoall_base(
+                output, input, output_split_sizes, input_split_sizes, opts)
+        c.mk.all_to_all(input, output, input.numel() // self._size_, mk_dtype(input.dtype), _stream())
+        return self._done([output])
+
+    all_to_all_single = alltoall_base
+
+    def barrier(self, opts=None):
+        # a one-element all-reduce on this group's GPU, waited for on the host
+        dev = self._mk.device if self._mk is not None else torch.device("cuda", torch.cuda.current_device())
+        t = torch.zeros(1, device=dev)
+        c = self._comm_for(t)
+        if c is None:
+            return self._fallback([t], "barrier").barrier(opts or dist.BarrierOptions())
+        c.mk.all_reduce(t, t, 1, "fp32", "sum", _stream())
+        torch.cuda.current_stream().synchronize()
+        self.stats["mkernel"] += 1
+        return _Work([t], None)
+
+    # -- everything else: NCCL (CUDA) or gloo (CPU) -----------------------------
+    def send(self, tensors, dst, tag=0):
+        return self._fallback(tensors, "send").send(tensors, dst, tag)
+
+    def recv(self, tensors, src, tag=0):
+        return self._fallback(tensors, "recv").recv(tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._fallback(tensors, "recv_anysource").recv_anysource(tensors, tag)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        return self._fallback(input_tensors, "gather").gather(output_tensors, input_tensors,
+                                                               opts or dist.GatherOptions())
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        return self._fallback(output_tensors, "scatter").scatter(output_tensors, input_tensors,
+                                                                  opts or dist.ScatterOptions())
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._fallback(input_tensors, "alltoall").alltoall(output_tensors, input_tensors,
+                                                                   opts or dist.AllToAllOptions())
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._fallback(tensors, "allreduce_coalesced").allreduce_coalesced(
+            tensors, opts or dist.AllreduceCoalescedOptions())
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._fallback(inputs, "allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(
+            outputs, inputs, opts or dist.AllgatherOptions())
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._fallback(inputs, "reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(
+            outputs, inputs, opts or dist.ReduceScatterOptions())
+
+    # -- lifetime -------------------------------------------------------------
+    def abort(self):
+        with self._lock:
+            if self._mk is not None:
+                self._mk.abort()
+                self._mk = None
+        for pg in (self._nccl, self._gloo):
+            if pg is not None and hasattr(pg, "abort"):
+                pg.abort()
+
+    def shutdown(self):
+        with self._lock:
+            if self._mk is not None:
+                self._mk.destroy()
+                self._mk = None
+        for pg in (self._nccl, self._gloo):
+            if pg is not None and hasattr(pg, "shutdown"):
+                pg.shutdown()
+        if _debug():
+            print("mkernel.torch: rank %d: calls %s" % (self._rank_, self.stats))
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupMkernel(store, rank, size, timeout)
+
+
+_registered = [False]
+
+
+def register(name="mkernel"):
+    """Registers the distributed backend `name` ("mkernel"):
+    dist.init_process_group("cuda:mkernel,cpu:gloo") or ("mkernel")."""
+    if not _registered[0]:
+        dist.Backend.register_backend(name, _create, devices=["cuda", "cpu"])
+        _registered[0] = True
+    return name
