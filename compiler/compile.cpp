@@ -51,12 +51,13 @@ std::vector<int32_t> served_by_all(const std::vector<codegen::Unit>& units) {
 
 std::string options_json(const CompileOptions& o) {
   // A new field breaks one of these bindings: serialise it below.
-  const auto& [arch, dtype, op, lower, use_cache, rank] = o;
+  const auto& [arch, dtype, op, lower, use_cache, use_prebuilt, rank] = o;
   const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_variant,
                on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
                simple_instances, ll_instances, max_grid] = proto;
-  (void)use_cache;  // where the plan is kept, not what it is
+  (void)use_cache;     // where the plan is kept, not what it is
+  (void)use_prebuilt;  // where the plan may come from, not what it is
   (void)on_pass;      // observes the passes, changes nothing
   (void)on_variant;   // how compile_plan takes each variant, not what it is
   (void)verify_each;  // checks the passes, changes nothing
@@ -122,7 +123,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   }
   // Plans shipped with the library (compiler/plan/prebuilt.hpp), compiled
   // ahead of time for the common cases.
-  if (o.use_cache) {
+  if (o.use_cache && o.use_prebuilt) {
     if (auto pre = prebuilt::find(prebuilt::key(built, o), built, o)) {
       st.from_cache = true;
       return *pre;

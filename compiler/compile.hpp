@@ -13,6 +13,9 @@ struct CompileOptions {
   RedOp op = RedOp::sum;
   LowerOptions lower;
   bool use_cache = true;
+  // Take the plan from the shipped plans (compiler/plan/prebuilt.hpp) when
+  // one matches: the runtime does; `mkc compile`, which writes sources, not.
+  bool use_prebuilt = true;
   // >= 0: generate and compile only the code of this rank's class
   // (plan::Plan::serves lists its ranks; from codegen::Limits::own_rank_from
   // ranks, this rank's code alone); -1: every rank.

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -279,6 +280,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
       for (size_t i; (i = next++) < jobs.size();) {
         const Job& j = jobs[i];
         try {
+          c->check_usable("mkCommPrewarm");  // stops early once the communicator is aborted or destroyed
           get_plan(j.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank);
         } catch (const RtError& e) {
           std::lock_guard<std::mutex> g(err_mu);
@@ -290,7 +292,11 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
       }
     };
     std::vector<std::thread> pool;
-    for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+    try {
+      for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      // fewer threads than asked (a process or thread limit): the ones there are do the work
+    }
     work();
     for (auto& t : pool) t.join();
     if (first) throw *first;

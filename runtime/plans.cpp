@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <set>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -81,6 +83,25 @@ PlanDir load_plan_dir(const std::string& dir) {
   return d;
 }
 
+// Bumped (under mutex()) each time the cache is cleared for a new MK_PLAN_DIR:
+// a plan compiled while the lock was released is then not kept.
+uint64_t& generation() {
+  static uint64_t g = 0;
+  return g;
+}
+
+// Keys being compiled right now (under mutex()): a second caller waits for
+// the first instead of compiling the same plan again (ranks of one process,
+// prewarm threads); `compiled` is notified when one finishes.
+std::set<std::string>& in_flight() {
+  static std::set<std::string> s;
+  return s;
+}
+std::condition_variable& compiled() {
+  static std::condition_variable cv;
+  return cv;
+}
+
 // Every plan.json under MK_PLAN_DIR, read again when the variable changes.
 // Called with mutex() held.
 const std::vector<std::shared_ptr<const plan::Plan>>& dir_plans(std::string* digest = nullptr) {
@@ -89,6 +110,7 @@ const std::vector<std::shared_ptr<const plan::Plan>>& dir_plans(std::string* dig
   if (!state.read || state.dir != dir) {
     state = dir ? load_plan_dir(*dir) : PlanDir{dir, true, {}, "none", std::nullopt};
     cache().clear();  // what came from the previous directory no longer holds
+    ++generation();
   }
   if (state.error) throw *state.error;
   if (digest) *digest = state.digest;
@@ -134,72 +156,86 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
   const std::string key = fmt::format("{}|{}|{}", schedule, nranks, compiler::options_json(o));
   o.rank = rank;
   std::unique_lock<std::mutex> lock(mutex());
-  const auto& from_dir = dir_plans();
-  {
-    auto& known = cache()[key];
-    for (const auto& p : known)
-      if (rank < 0 ? p->serves.empty() : plan::serves(*p, rank)) return p;
-  }
-  // Reduction ops do not exist for collectives that do not reduce: they share
-  // the sum plan. For registered buffers a zero-copy plan is preferred; the
-  // ordinary plan serves them too (through scratch).
-  std::vector<std::shared_ptr<const plan::Plan>> candidates;
-  for (const auto& p : from_dir)
-    if (p->zero_copy) candidates.push_back(p);
-  for (const auto& p : from_dir)
-    if (!p->zero_copy) candidates.push_back(p);
-  // A plan compiled for other ranks (mkc compile --rank) is skipped while
-  // another one serves this rank; if none does, that is the error.
-  std::shared_ptr<const plan::Plan> elsewhere;
-  for (const auto& p : candidates) {
-    if (p->schedule != schedule || p->dtype != dtype || (collective_reduces(coll) && p->op != op)) continue;
-    if (p->zero_copy && !zero_copy) continue;
-    if (p->nranks != nranks || p->arch != arch)
-      fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} ({} {}) compiled for {} ranks on sm_{}, but this "
-                                       "communicator has {} ranks on sm_{}; recompile it with `mkc compile --ranks "
-                                       "{} --arch sm_{}`",
-                                       p->schedule, name(p->dtype), name(p->op), p->nranks, p->arch, nranks, arch,
-                                       nranks, arch));
-    if (!plan::serves(*p, rank < 0 ? 0 : rank) || (rank < 0 && !p->serves.empty())) {
-      if (!elsewhere) elsewhere = p;
+  for (;;) {
+    const auto& from_dir = dir_plans();
+    {
+      auto& known = cache()[key];
+      for (const auto& p : known)
+        if (rank < 0 ? p->serves.empty() : plan::serves(*p, rank)) return p;
+    }
+    // Reduction ops do not exist for collectives that do not reduce: they share
+    // the sum plan. For registered buffers a zero-copy plan is preferred; the
+    // ordinary plan serves them too (through scratch).
+    std::vector<std::shared_ptr<const plan::Plan>> candidates;
+    for (const auto& p : from_dir)
+      if (p->zero_copy) candidates.push_back(p);
+    for (const auto& p : from_dir)
+      if (!p->zero_copy) candidates.push_back(p);
+    // A plan compiled for other ranks (mkc compile --rank) is skipped while
+    // another one serves this rank; if none does, that is the error.
+    std::shared_ptr<const plan::Plan> elsewhere;
+    for (const auto& p : candidates) {
+      if (p->schedule != schedule || p->dtype != dtype || (collective_reduces(coll) && p->op != op)) continue;
+      if (p->zero_copy && !zero_copy) continue;
+      if (p->nranks != nranks || p->arch != arch)
+        fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} ({} {}) compiled for {} ranks on sm_{}, but this "
+                                         "communicator has {} ranks on sm_{}; recompile it with `mkc compile --ranks "
+                                         "{} --arch sm_{}`",
+                                         p->schedule, name(p->dtype), name(p->op), p->nranks, p->arch, nranks, arch,
+                                         nranks, arch));
+      if (!plan::serves(*p, rank < 0 ? 0 : rank) || (rank < 0 && !p->serves.empty())) {
+        if (!elsewhere) elsewhere = p;
+        continue;
+      }
+      cache()[key].push_back(p);
+      return p;
+    }
+    if (elsewhere && rank >= 0) {
+      try {
+        plan::check_serves(*elsewhere, rank, "MK_PLAN_DIR");  // throws: it does not serve `rank`
+      } catch (const Error& e) {
+        fail(mkInvalidUsage, e.what());
+      }
+    }
+    if (elsewhere)
+      fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} compiled for ranks {} only, but a plan for every "
+                                       "rank is needed; recompile it without --rank",
+                                       elsewhere->schedule, plan::served_ranks(*elsewhere)));
+    const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
+    if (!info) fail(mkInternalError, "no schedule named " + schedule);
+    // Another thread compiles this key: wait for it, then look again (its
+    // plan may serve this rank too).
+    if (in_flight().count(key)) {
+      compiled().wait(lock);
       continue;
     }
+    // Compiled without the lock, so that communicators (and mkCommPrewarm's
+    // threads) compile different plans at once.
+    const uint64_t gen = generation();
+    in_flight().insert(key);
+    lock.unlock();
+    std::shared_ptr<const plan::Plan> p;
+    compiler::CompileStats st;
+    std::optional<RtError> error;
+    try {
+      p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o, &st));
+    } catch (const Error& e) {
+      error = RtError(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what());
+    } catch (const std::exception& e) {
+      error = RtError(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what());
+    }
+    lock.lock();
+    in_flight().erase(key);
+    compiled().notify_all();
+    if (error) throw *error;
+    if (gen != generation()) continue;  // MK_PLAN_DIR changed meanwhile: look there first
+    debug_log(fmt::format("{} plan {}{} for {} ranks (serving ranks {}), {} {}, sm_{}",
+                          st.from_cache ? "loaded (shipped or cached)" : "compiled", schedule,
+                          p->zero_copy ? " (zero-copy)" : "", nranks, plan::served_ranks(*p), name(dtype), name(op),
+                          arch));
     cache()[key].push_back(p);
     return p;
   }
-  if (elsewhere && rank >= 0) {
-    try {
-      plan::check_serves(*elsewhere, rank, "MK_PLAN_DIR");  // throws: it does not serve `rank`
-    } catch (const Error& e) {
-      fail(mkInvalidUsage, e.what());
-    }
-  }
-  if (elsewhere)
-    fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} compiled for ranks {} only, but a plan for every "
-                                     "rank is needed; recompile it without --rank",
-                                     elsewhere->schedule, plan::served_ranks(*elsewhere)));
-  const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
-  if (!info) fail(mkInternalError, "no schedule named " + schedule);
-  // Compiled without the lock, so that communicators (and mkCommPrewarm's
-  // threads) compile different plans at once; the first to finish is kept.
-  lock.unlock();
-  std::shared_ptr<const plan::Plan> p;
-  compiler::CompileStats st;
-  try {
-    p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o, &st));
-  } catch (const Error& e) {
-    fail(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what());
-  }
-  lock.lock();
-  auto& known = cache()[key];
-  for (const auto& q : known)
-    if (rank < 0 ? q->serves.empty() : plan::serves(*q, rank)) return q;
-  debug_log(fmt::format("{} plan {}{} for {} ranks (serving ranks {}), {} {}, sm_{}",
-                        st.from_cache ? "loaded (shipped or cached)" : "compiled", schedule,
-                        p->zero_copy ? " (zero-copy)" : "", nranks, plan::served_ranks(*p), name(dtype), name(op),
-                        arch));
-  known.push_back(p);
-  return p;
 }
 
 }  // namespace mk::rt

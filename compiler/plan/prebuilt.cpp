@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -146,7 +147,10 @@ std::shared_ptr<const plan::Plan> find(const std::string& k, const ir::Schedule&
     }
     if (p->schedule != built.name || p->nranks != built.nranks || p->dtype != o.dtype || p->op != o.op ||
         p->arch != o.arch || p->coll != built.coll || p->zero_copy != o.lower.zero_copy ||
-        (o.rank >= 0 && !plan::serves(*p, o.rank))) {
+        (o.rank >= 0 ? !plan::serves(*p, o.rank) : !p->serves.empty()) ||
+        std::any_of(p->kernels.begin(), p->kernels.end(), [&](const plan::Kernel& k) {
+          return o.lower.proto.max_grid > 0 && k.grid > o.lower.proto.max_grid;
+        })) {
       note(dir + " does not match the plan its key names; not used");
       continue;
     }

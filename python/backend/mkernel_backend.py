@@ -10,8 +10,9 @@ Settings (pip's `-C key=value` / `--config-settings`, or the environment):
   build-dir   MK_WHEEL_BUILD_DIR  a CMake build tree that holds libmkernel.so.0,
                                   mkc and nccl/libnccl.so.2 (default: build
                                   build-wheel/ here with CMake + Ninja)
-  prebuilt    MK_WHEEL_PREBUILT   "default" (sm_80,sm_90; 2,4,8 ranks; bf16,
-                                  fp16, fp32; sum), "none", or a directory
+  prebuilt    MK_WHEEL_PREBUILT   "default" (sm_80,sm_90; 1,2,4,8 ranks; bf16,
+                                  fp16, fp32 sum; int32/int64 for the
+                                  collectives that move data), "none", or a directory
                                   written by `mkc prebuild`
   jobs        MK_WHEEL_JOBS       parallel compile jobs (default: all cores)
   cmake-args  MK_WHEEL_CMAKE_ARGS extra arguments for the CMake configure step
@@ -64,10 +65,16 @@ def _jobs(cs):
     return int(_setting(cs, "jobs", "MK_WHEEL_JOBS", os.cpu_count() or 1))
 
 
+def _have_nccl_h():
+    # CMake builds the NCCL-compatible library only where nccl.h is (CMakeLists.txt)
+    root = os.environ.get("MK_CUDA_ROOT", "/usr/local/cuda")
+    return os.path.isfile(os.path.join(root, "include", "nccl.h"))
+
+
 def _native(cs):
     """The build tree holding the native files (built here if not given)."""
     given = _setting(cs, "build-dir", "MK_WHEEL_BUILD_DIR")
-    need = ["libmkernel.so.0", "mkc", os.path.join("nccl", "libnccl.so.2")]
+    need = ["libmkernel.so.0", "mkc"]
     if given:
         b = os.path.abspath(given)
         missing = [n for n in need if not os.path.exists(os.path.join(b, n))]
@@ -80,7 +87,10 @@ def _native(cs):
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         extra = shlex.split(_setting(cs, "cmake-args", "MK_WHEEL_CMAKE_ARGS", ""))
         _run(["cmake", "-S", SRC, "-B", b] + gen + ["-DCMAKE_BUILD_TYPE=Release", "-DMK_BUILD_TESTS=OFF"] + extra)
-    _run(["cmake", "--build", b, "--parallel", str(_jobs(cs)), "--target", "mkernel", "mkc", "mkernel_nccl"])
+    targets = ["mkernel", "mkc"] + (["mkernel_nccl"] if _have_nccl_h() else [])
+    if not _have_nccl_h():
+        _log("no nccl.h under MK_CUDA_ROOT: the wheel has no NCCL-compatible library (and no mkernel-run)")
+    _run(["cmake", "--build", b, "--parallel", str(_jobs(cs)), "--target"] + targets)
     return b
 
 
@@ -150,11 +160,13 @@ def _package_files(build, prebuilt):
                 files.append((NAME + "/" + os.path.relpath(p, pkg).replace(os.sep, "/"), p, False))
     files += [
         (NAME + "/lib/libmkernel.so.0", os.path.join(build, "libmkernel.so.0"), False),
-        (NAME + "/lib/mkernel/nccl/libnccl.so.2", os.path.join(build, "nccl", "libnccl.so.2"), False),
         (NAME + "/bin/mkc", os.path.join(build, "mkc"), True),
-        (NAME + "/bin/mkernel-run", os.path.join(SRC, "tools", "mkernel-run"), True),
         (NAME + "/include/mk.h", os.path.join(SRC, "include", "mk.h"), False),
     ]
+    shim = os.path.join(build, "nccl", "libnccl.so.2")
+    if os.path.isfile(shim):  # built where nccl.h is
+        files += [(NAME + "/lib/mkernel/nccl/libnccl.so.2", shim, False),
+                  (NAME + "/bin/mkernel-run", os.path.join(SRC, "tools", "mkernel-run"), True)]
     for n in sorted(os.listdir(os.path.join(SRC, "include", "mk"))):
         files.append((NAME + "/include/mk/" + n, os.path.join(SRC, "include", "mk", n), False))
     if prebuilt:
@@ -229,7 +241,9 @@ def build_sdist(sdist_directory, config_settings=None):
     version = _version()
     base = "%s-%s" % (NAME, version)
     try:
-        listed = subprocess.run(["git", "-C", SRC, "ls-files", "-z"], check=True, stdout=subprocess.PIPE).stdout
+        # tracked files and new ones not ignored (what a commit would hold)
+        listed = subprocess.run(["git", "-C", SRC, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                                check=True, stdout=subprocess.PIPE).stdout
         names = [n for n in listed.decode().split("\0") if n]
     except (OSError, subprocess.CalledProcessError):
         raise RuntimeError("mkernel_backend: an sdist is made from a git checkout (git ls-files)") from None

@@ -50,10 +50,20 @@ def _fn(name):
     return fn
 
 
+# The calls that may return mkInProgress as an answer (nonblocking init and
+# split, a group holding them); from every other call it is an error: the
+# communicator is not ready yet.
+_MAY_BE_IN_PROGRESS = {"mkCommInitRankConfig", "mkCommSplit", "mkGroupEnd"}
+
+
 def _check(name, r, comm=None):
-    if r == SUCCESS or r == IN_PROGRESS:
+    if r == SUCCESS or (r == IN_PROGRESS and name in _MAY_BE_IN_PROGRESS):
         return r
-    msg = _lib.lib().mkGetLastError(comm)
+    # the calling thread's last error: always the message of this failure
+    # (the communicator's may be another thread's)
+    msg = _lib.lib().mkGetLastError(None)
+    if r == IN_PROGRESS and not msg:
+        msg = b"the communicator is still being created (nonblocking init): poll ready() first"
     raise MkError(r, msg.decode("utf-8", "replace") if msg else "no message", name)
 
 

@@ -55,7 +55,7 @@ def _debug():
 _registry = {}  # id -> Communicator (the ops name their communicator by this id)
 _registry_lock = threading.Lock()
 _next_id = [1]
-_created = {}  # group name -> how many Communicators this process made over it (same order on every rank)
+_created = {}  # (store, key) -> how many Communicators this process made over it (same order on every rank)
 
 
 def _store_uid(store, key, rank, root=0):
@@ -79,7 +79,8 @@ class Communicator:
     names it in torch.ops.mkernel.*.
     """
 
-    def __init__(self, group=None, device=None, store=None, rank=None, size=None, max_ctas=None, name=None):
+    def __init__(self, group=None, device=None, store=None, rank=None, size=None, max_ctas=None, name=None,
+                 key=None):
         if rank is None or size is None:
             if not dist.is_initialized():
                 raise RuntimeError("mkernel.torch.Communicator: torch.distributed is not initialized "
@@ -90,13 +91,20 @@ class Communicator:
                 raise RuntimeError("mkernel.torch.Communicator: this process is not a member of the group")
         if store is None:
             store = dist.distributed_c10d._get_default_store()
-            gname = getattr(group, "group_name", None) if group is not None else "world"
-            with _registry_lock:
-                n = _created.get(gname, 0)
-                _created[gname] = n + 1
-            key = "mkernel/uid/%s/%d" % (gname, n)
-        else:
+            if group is None:
+                gname = "world"
+            else:
+                gname = getattr(group, "group_name", None) or \
+                    ",".join(str(r) for r in dist.get_process_group_ranks(group))
+            key = "mkernel/uid/%s" % gname
+        elif key is None:
             key = "mkernel/uid"
+        # every Communicator over one store and key gets its own id: the n-th
+        # one of each rank (they are made in the same order on every rank)
+        with _registry_lock:
+            n = _created.get((id(store), key), 0)
+            _created[(id(store), key)] = n + 1
+        key = "%s/%d" % (key, n)
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         if self.device.type != "cuda":
             raise ValueError("mkernel.torch.Communicator: device must be a CUDA device, got %s" % self.device)
@@ -114,8 +122,8 @@ class Communicator:
 
     # in-place convenience methods on the current stream (tensors must be contiguous CUDA tensors)
     def _check(self, t, what="tensor"):
-        if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
-            raise ValueError("mkernel: %s must be a CUDA tensor" % what)
+        if not isinstance(t, torch.Tensor) or t.device.type != "cuda" or t.layout != torch.strided:
+            raise ValueError("mkernel: %s must be a dense CUDA tensor" % what)
         if t.device != self.device:
             raise ValueError("mkernel: %s is on %s but the communicator on %s" % (what, t.device, self.device))
         if not t.is_contiguous():
@@ -127,8 +135,15 @@ class Communicator:
         return d
 
     def all_reduce(self, t, op="sum", out=None):
-        out = t if out is None else out
-        self.mk.all_reduce(t, out, t.numel(), self._check(t), op, _stream())
+        d = self._check(t)
+        if out is None:
+            out = t
+        else:
+            self._check(out, "out")
+            if out.dtype != t.dtype or out.numel() != t.numel():
+                raise ValueError("mkernel: out (%s, %d elements) must match the tensor (%s, %d elements)" %
+                                 (out.dtype, out.numel(), t.dtype, t.numel()))
+        self.mk.all_reduce(t, out, t.numel(), d, op, _stream(t))
         return out
 
     def destroy(self):
@@ -142,8 +157,9 @@ class Communicator:
         self.mk.abort()
 
 
-def _stream():
-    return torch.cuda.current_stream().cuda_stream
+def _stream(t):
+    """The current stream of `t`'s GPU (not of the current device)."""
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def _comm(cid):
@@ -168,7 +184,7 @@ def all_reduce(t: torch.Tensor, op: str, comm: int) -> torch.Tensor:
     c = _comm(comm)
     x = t.contiguous()
     out = torch.empty_like(x)
-    c.mk.all_reduce(x, out, x.numel(), c._check(x), op, _stream())
+    c.mk.all_reduce(x, out, x.numel(), c._check(x), op, _stream(x))
     return out
 
 
@@ -183,7 +199,7 @@ def all_gather(t: torch.Tensor, comm: int) -> torch.Tensor:
     c = _comm(comm)
     x = t.contiguous()
     out = x.new_empty((c.size * x.shape[0],) + tuple(x.shape[1:]) if x.dim() else (c.size,))
-    c.mk.all_gather(x, out, x.numel(), c._check(x), _stream())
+    c.mk.all_gather(x, out, x.numel(), c._check(x), _stream(x))
     return out
 
 
@@ -199,7 +215,7 @@ def reduce_scatter(t: torch.Tensor, op: str, comm: int) -> torch.Tensor:
     c = _comm(comm)
     x = t.contiguous()
     out = x.new_empty(_split_rows(x, c.size, "reduce_scatter"))
-    c.mk.reduce_scatter(x, out, out.numel(), c._check(x), op, _stream())
+    c.mk.reduce_scatter(x, out, out.numel(), c._check(x), op, _stream(x))
     return out
 
 
@@ -214,7 +230,7 @@ def broadcast(t: torch.Tensor, root: int, comm: int) -> torch.Tensor:
     c = _comm(comm)
     x = t.contiguous()
     out = torch.empty_like(x)
-    c.mk.broadcast(x, out, x.numel(), c._check(x), root, _stream())
+    c.mk.broadcast(x, out, x.numel(), c._check(x), root, _stream(x))
     return out
 
 
@@ -229,7 +245,7 @@ def reduce(t: torch.Tensor, op: str, root: int, comm: int) -> torch.Tensor:
     c = _comm(comm)
     x = t.contiguous()
     out = x.clone()  # what non-root ranks get back: their input, never uninitialised memory
-    c.mk.reduce(x, out, x.numel(), c._check(x), op, root, _stream())
+    c.mk.reduce(x, out, x.numel(), c._check(x), op, root, _stream(x))
     return out
 
 
@@ -246,7 +262,7 @@ def all_to_all(t: torch.Tensor, comm: int) -> torch.Tensor:
     x = t.contiguous()
     _split_rows(x, c.size, "all_to_all")
     out = torch.empty_like(x)
-    c.mk.all_to_all(x, out, x.numel() // c.size, c._check(x), _stream())
+    c.mk.all_to_all(x, out, x.numel() // c.size, c._check(x), _stream(x))
     return out
 
 
@@ -275,16 +291,20 @@ class _Work(_WorkBase):
     current stream wait for it (as NCCL's work does); the future holds the
     tensors."""
 
-    def __init__(self, result, event):
+    def __init__(self, result, event, device):
         super().__init__()
         self._result = result
         self._event = event
-        self._future = torch.futures.Future()
-        self._future.set_result(result)
+        self._device = device
+        # a CUDA-aware future: set_result records the current stream, and
+        # wait()/value()/then() make their streams wait for it, as NCCL's does
+        self._future = torch.futures.Future(devices=[device])
+        with torch.cuda.device(device):
+            self._future.set_result(result)
 
     def wait(self, timeout=None):
         if self._event is not None:
-            torch.cuda.current_stream().wait_event(self._event)
+            torch.cuda.current_stream(self._device).wait_event(self._event)
         return True
 
     def is_completed(self):
@@ -334,29 +354,37 @@ class ProcessGroupMkernel(dist.ProcessGroup):
     def _comm_for(self, t):
         with self._lock:
             if self._mk is None:
-                self._mk = Communicator(device=t.device, store=dist.PrefixStore("mkernel", self._store),
-                                        rank=self._rank_, size=self._size_)
+                self._mk = Communicator(device=t.device, store=self._store, rank=self._rank_, size=self._size_,
+                                        key="mkernel/uid")
                 if _debug():
                     print("mkernel.torch: rank %d: mKernel communicator on %s" % (self._rank_, t.device))
             elif self._mk.device != t.device:
-                return None  # one communicator per group, on one device
+                raise ValueError("mkernel: this process group's communicator is on %s, the tensor on %s (one GPU "
+                                 "per rank and group, as with NCCL)" % (self._mk.device, t.device))
             return self._mk
 
     def _mk_ok(self, *tensors):
-        """The communicator if mKernel runs a collective on these tensors, else None."""
+        """The communicator if mKernel runs a collective on these tensors,
+        else None (NCCL's or gloo's then). Decided by what is the same on every
+        rank (device type, layout, dtype); what differs between ranks is an
+        error, never a different library on different ranks."""
         if not tensors:
             return None
-        d = tensors[0].device
         for t in tensors:
-            if t.device.type != "cuda" or t.device != d or not t.is_contiguous() or mk_dtype(t.dtype) is None:
+            if t.device.type != "cuda" or t.layout != torch.strided or mk_dtype(t.dtype) is None:
                 return None
+        for t in tensors:
+            if not t.is_contiguous():
+                raise ValueError("mkernel: tensors must be contiguous (as with NCCL)")
+            if t.device != tensors[0].device:
+                raise ValueError("mkernel: tensors on %s and %s in one call" % (tensors[0].device, t.device))
         return self._comm_for(tensors[0])
 
-    def _done(self, result):
+    def _done(self, result, t):
         self.stats["mkernel"] += 1
         ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream())
-        return _Work(result, ev)
+        ev.record(torch.cuda.current_stream(t.device))
+        return _Work(result, ev, t.device)
 
     def _fallback(self, tensors, what):
         cuda = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in tensors)
@@ -364,6 +392,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
             if cuda:
                 if self._nccl is None:
                     opts = dist.ProcessGroupNCCL.Options()
+                    if hasattr(opts, "_timeout"):
+                        opts._timeout = self._timeout
                     self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", self._store), self._rank_,
                                                       self._size_, opts)
                 pg, name = self._nccl, "nccl"
@@ -385,8 +415,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         if c is None:
             return self._fallback(tensors, "allreduce").allreduce(tensors, opts)
         t = tensors[0]
-        c.mk.all_reduce(t, t, t.numel(), mk_dtype(t.dtype), op, _stream())
-        return self._done(tensors)
+        c.mk.all_reduce(t, t, t.numel(), mk_dtype(t.dtype), op, _stream(t))
+        return self._done(tensors, t)
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
@@ -394,8 +424,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         if c is None:
             return self._fallback(tensors, "broadcast").broadcast(tensors, opts)
         t = tensors[0]
-        c.mk.broadcast(t, t, t.numel(), mk_dtype(t.dtype), opts.rootRank, _stream())
-        return self._done(tensors)
+        c.mk.broadcast(t, t, t.numel(), mk_dtype(t.dtype), opts.rootRank, _stream(t))
+        return self._done(tensors, t)
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
@@ -404,8 +434,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         if c is None:
             return self._fallback(tensors, "reduce").reduce(tensors, opts)
         t = tensors[0]
-        c.mk.reduce(t, t, t.numel(), mk_dtype(t.dtype), op, opts.rootRank, _stream())
-        return self._done(tensors)
+        c.mk.reduce(t, t, t.numel(), mk_dtype(t.dtype), op, opts.rootRank, _stream(t))
+        return self._done(tensors, t)
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts or dist.AllgatherOptions()
@@ -413,8 +443,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
             output.numel() == input.numel() * self._size_ else None
         if c is None:
             return self._fallback([output, input], "all_gather_into_tensor")._allgather_base(output, input, opts)
-        c.mk.all_gather(input, output, input.numel(), mk_dtype(input.dtype), _stream())
-        return self._done([output])
+        c.mk.all_gather(input, output, input.numel(), mk_dtype(input.dtype), _stream(input))
+        return self._done([output], output)
 
     all_gather_single = _allgather_base
 
@@ -424,15 +454,19 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         inp = input_tensors[0] if len(input_tensors) == 1 else None
         ok = (outs is not None and inp is not None and len(outs) == self._size_ and
               all(o.shape == inp.shape and o.dtype == inp.dtype and o.device == inp.device for o in outs))
+        # outputs are filled by copies and the input is made contiguous: what
+        # decides is what every rank shares (dtype, layout)
+        ok = ok and all(t.layout == torch.strided for t in list(outs) + [inp])
         c = self._mk_ok(inp.contiguous()) if ok else None
         if c is None:
             return self._fallback(input_tensors, "allgather").allgather(output_tensors, input_tensors, opts)
         x = inp.contiguous()
         flat = x.new_empty((self._size_ * x.numel(),))
-        c.mk.all_gather(x, flat, x.numel(), mk_dtype(x.dtype), _stream())
-        for i, o in enumerate(outs):
-            o.copy_(flat[i * x.numel():(i + 1) * x.numel()].view(o.shape))
-        return self._done(output_tensors)
+        with torch.cuda.device(x.device):
+            c.mk.all_gather(x, flat, x.numel(), mk_dtype(x.dtype), _stream(x))
+            for i, o in enumerate(outs):
+                o.copy_(flat[i * x.numel():(i + 1) * x.numel()].view(o.shape))
+        return self._done(output_tensors, x)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
@@ -441,8 +475,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
             input.numel() == output.numel() * self._size_ else None
         if c is None:
             return self._fallback([output, input], "reduce_scatter_tensor")._reduce_scatter_base(output, input, opts)
-        c.mk.reduce_scatter(input, output, output.numel(), mk_dtype(input.dtype), op, _stream())
-        return self._done([output])
+        c.mk.reduce_scatter(input, output, output.numel(), mk_dtype(input.dtype), op, _stream(input))
+        return self._done([output], output)
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -453,13 +487,15 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         ins = input_tensors[0] if len(input_tensors) == 1 else None
         ok = (op and out is not None and ins is not None and len(ins) == self._size_ and
               all(i.shape == out.shape and i.dtype == out.dtype and i.device == out.device for i in ins))
+        ok = ok and all(t.layout == torch.strided for t in ins)  # the inputs are concatenated
         c = self._mk_ok(out) if ok else None
         if c is None:
             return self._fallback(output_tensors, "reduce_scatter").reduce_scatter(output_tensors, input_tensors,
                                                                                   opts)
-        flat = torch.cat([i.reshape(-1) for i in ins])
-        c.mk.reduce_scatter(flat, out, out.numel(), mk_dtype(out.dtype), op, _stream())
-        return self._done(output_tensors)
+        with torch.cuda.device(out.device):
+            flat = torch.cat([i.reshape(-1) for i in ins])
+            c.mk.reduce_scatter(flat, out, out.numel(), mk_dtype(out.dtype), op, _stream(out))
+        return self._done(output_tensors, out)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts or dist.AllToAllOptions()
@@ -469,8 +505,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         if c is None:
             return self._fallback([output, input], "all_to_all_single").alltoall_base(
                 output, input, output_split_sizes, input_split_sizes, opts)
-        c.mk.all_to_all(input, output, input.numel() // self._size_, mk_dtype(input.dtype), _stream())
-        return self._done([output])
+        c.mk.all_to_all(input, output, input.numel() // self._size_, mk_dtype(input.dtype), _stream(input))
+        return self._done([output], output)
 
     all_to_all_single = alltoall_base
 
@@ -481,10 +517,10 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         c = self._comm_for(t)
         if c is None:
             return self._fallback([t], "barrier").barrier(opts or dist.BarrierOptions())
-        c.mk.all_reduce(t, t, 1, "fp32", "sum", _stream())
-        torch.cuda.current_stream().synchronize()
+        c.mk.all_reduce(t, t, 1, "fp32", "sum", _stream(t))
+        torch.cuda.current_stream(t.device).synchronize()
         self.stats["mkernel"] += 1
-        return _Work([t], None)
+        return _Work([t], None, t.device)
 
     # -- everything else: NCCL (CUDA) or gloo (CPU) -----------------------------
     def send(self, tensors, dst, tag=0):
@@ -546,13 +582,13 @@ def _create(store, rank, size, timeout):
     return ProcessGroupMkernel(store, rank, size, timeout)
 
 
-_registered = [False]
+_registered = set()
 
 
 def register(name="mkernel"):
     """Registers the distributed backend `name` ("mkernel"):
     dist.init_process_group("cuda:mkernel,cpu:gloo") or ("mkernel")."""
-    if not _registered[0]:
+    if name not in _registered:
         dist.Backend.register_backend(name, _create, devices=["cuda", "cpu"])
-        _registered[0] = True
+        _registered.add(name)
     return name

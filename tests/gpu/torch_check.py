@@ -209,7 +209,20 @@ def ops():
     except mkernel.MkError as e:
         if "unknown reduction op" not in str(e):
             failures.append("op xor: unclear error %s" % e)
+    # Communicator.all_reduce(out=...) is checked like the input
+    try:
+        comm.all_reduce(torch.zeros(8, dtype=torch.bfloat16, device=dev), out=torch.zeros(8, device=dev))
+        failures.append("all_reduce out of another dtype: no error")
+    except ValueError:
+        pass
     comm.destroy()
+    # the backend: a non-contiguous tensor is an error on every rank (as with NCCL), not a fallback
+    try:
+        dist.all_reduce(torch.zeros(8, 8, device=dev).t())
+        failures.append("non-contiguous all_reduce: no error")
+    except (ValueError, RuntimeError) as e:
+        if "contiguous" not in str(e):
+            failures.append("non-contiguous all_reduce: unclear error %s" % e)
 
 
 if "--latency" in sys.argv:

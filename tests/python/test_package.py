@@ -272,7 +272,7 @@ class Package(unittest.TestCase):
         script = os.path.join(TMP, "two.py")
         with open(script, "w") as f:
             f.write(ALLOC + textwrap.dedent("""
-                import os, sys
+                import os, sys, time
                 rank, uidfile = int(sys.argv[1]), sys.argv[2]
                 if rank == 0:
                     uid = mkernel.get_unique_id()
@@ -284,7 +284,19 @@ class Package(unittest.TestCase):
                     while not os.path.exists(uidfile):
                         time.sleep(0.01)
                     uid = open(uidfile, "rb").read()
-                comm = mkernel.Communicator(2, rank, uid, device=rank)
+                if rank == 0:
+                    # nonblocking: while rank 1 has not joined, calls report
+                    # mkInProgress (an error from anything but init itself)
+                    comm = mkernel.Communicator(2, rank, uid, device=rank, blocking=False)
+                    try:
+                        print("size while in progress:", comm.size)
+                    except mkernel.MkError as e:
+                        print("in progress:", e.name)
+                    while not comm.ready():
+                        time.sleep(0.01)
+                else:
+                    time.sleep(1.0)
+                    comm = mkernel.Communicator(2, rank, uid, device=rank)
                 got = comm.bootstrap_broadcast(b"hello from 0" if rank == 0 else b"x" * 12, root=0)
                 s, r = dalloc(1 << 20, rank), dalloc(1 << 20, rank)
                 comm.all_reduce(s, r, 1 << 16, "fp32", "sum")
@@ -304,6 +316,26 @@ class Package(unittest.TestCase):
         for r, (p, o) in enumerate(zip(ps, outs)):
             self.assertEqual(p.returncode, 0, o)
             self.assertIn("rank %d hello from 0 ok" % r, o)
+        self.assertIn("in progress: mkInProgress", outs[0])
+
+    def test_ranks_compiling_at_once_compile_each_plan_once(self):
+        # Two threads prewarm the two ranks of one process at the same time:
+        # the ranks share their plans, so each is compiled once (7 plans for
+        # fp32 sum at 2 ranks: allreduce one_shot and ring, and one for each
+        # other collective), not once per rank.
+        cache = os.path.join(TMP, "c-concurrent")
+        p = py(ALLOC + """
+            import threading
+            comms = mkernel.Communicator.init_all([0, 1])
+            ts = [threading.Thread(target=mkernel.prewarm, args=(c, ["fp32"])) for c in comms]
+            for t in ts: t.start()
+            for t in ts: t.join()
+            for c in comms:
+                c.destroy()
+            print("PREWARMED")
+        """, env=fake_env(cache, MK_PREBUILT_DIR=""))
+        self.assertIn("PREWARMED", p.stdout)
+        self.assertEqual(len(plans_in(cache)), 7, plans_in(cache))
 
 
 if __name__ == "__main__":

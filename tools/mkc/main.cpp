@@ -423,6 +423,7 @@ int cmd_compile(Common o, const std::string& dtype, const std::string& op, const
   co.op = op_arg(op);
   co.arch = jit::parse_arch(arch);
   co.use_cache = !no_cache;
+  co.use_prebuilt = false;  // a plan directory with its sources, compiled here
   auto t0 = std::chrono::steady_clock::now();
   ir::Schedule s = load_schedule(o).raw;
   co.lower = lower_options(o);
@@ -595,9 +596,14 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
       }
     }
   };
+  if (jobs < 1) throw Error(ErrId::cli_E004, fmt::format("--jobs {}: must be at least 1", jobs));
   const size_t workers = std::max<size_t>(1, std::min<size_t>(all.size(), size_t(jobs)));
   std::vector<std::thread> pool;
-  for (size_t i = 1; i < workers; ++i) pool.emplace_back(work);
+  try {
+    for (size_t i = 1; i < workers; ++i) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // fewer threads than asked (a process or thread limit): the ones there are do the work
+  }
   work();
   for (auto& t : pool) t.join();
   if (!first_error.empty()) throw Error(ErrId::cli_E012, "mkc prebuild: " + first_error);
