@@ -3,11 +3,14 @@
 //
 //   mk_bench [--ranks N] [--colls allreduce,allgather,...] [--dtype bf16]
 //            [--min-bytes B] [--max-bytes B] [--iters I] [--batches R]
-//            [--graph] [--register] [--out results.md]
+//            [--graph] [--register] [--share-gpu] [--out results.md]
 //
 // --register: each size's buffers are one allocation registered with both
 // libraries (mkCommRegister: zero-copy plans; ncclCommRegister: NCCL's
 // user-buffer registration), as an application that registers would run.
+//
+// --share-gpu: every rank on GPU 0, mKernel only (NCCL refuses a GPU twice):
+// a one-GPU proxy for the kernels' own streaming rate, never a comparison.
 //
 // One process per GPU (forked, like torchrun). For every size: both libraries
 // run `iters` back-to-back calls per batch, `batches` batches after a warm-up;
@@ -23,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -96,6 +100,9 @@ struct Options {
   int iters = 20, batches = 15;
   bool graph = false;
   bool reg = false;
+  // every rank on GPU 0 (a one-GPU proxy of kernel efficiency: peers' memory
+  // is local HBM); NCCL refuses a GPU twice, so only mKernel runs
+  bool share = false;
   int64_t check_max_bytes = 64ll << 20;  // reference-check results up to this size
   std::string out;
 };
@@ -130,15 +137,15 @@ struct Row {
 };
 
 void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniqueId& mid, int pipe_w) {
-  CK(cudaSetDevice(rank));
+  CK(cudaSetDevice(o.share ? 0 : rank));
   Nccl nc{};
   std::string why;
   if (!load_nccl(&nc, &why)) {
     std::fprintf(stderr, "cannot load NCCL: %s\n", why.c_str());
     std::exit(1);
   }
-  ncclComm_t ncomm;
-  if (nc.commInitRank(&ncomm, o.ranks, nid, rank) != ncclSuccess) {
+  ncclComm_t ncomm = nullptr;
+  if (!o.share && nc.commInitRank(&ncomm, o.ranks, nid, rank) != ncclSuccess) {
     std::fprintf(stderr, "ncclCommInitRank failed\n");
     std::exit(1);
   }
@@ -170,7 +177,7 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
           std::fprintf(stderr, "mkCommRegister failed: %s\n", mkGetLastError(mcomm));
           std::exit(1);
         }
-        if (!nc.commRegister || nc.commRegister(ncomm, arena, arena_bytes, &nccl_handle) != ncclSuccess) {
+        if (!o.share && (!nc.commRegister || nc.commRegister(ncomm, arena, arena_bytes, &nccl_handle) != ncclSuccess)) {
           std::fprintf(stderr, "ncclCommRegister failed\n");
           std::exit(1);
         }
@@ -225,9 +232,9 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
                                          (long long)bytes, res.first_bad.c_str());
         return res.mismatches == 0;
       };
-      Row row{c, bytes, 0, 0, false, false};
+      Row row{c, bytes, o.share ? std::nan("") : 0.0, 0, false, o.share};
       const bool checked = bytes <= o.check_max_bytes;
-      for (int lib = 0; lib < 2; ++lib) {
+      for (int lib = o.share ? 1 : 0; lib < 2; ++lib) {
         const bool mk = lib == 1;
         CK(cudaMemset(out, 0, size_t(oe) * es));
         call(mk);
@@ -273,7 +280,8 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
       }
       if (o.reg) {
         CK(cudaStreamSynchronize(stream));
-        if (mkCommDeregister(mcomm, mk_handle) != mkSuccess || nc.commDeregister(ncomm, nccl_handle) != ncclSuccess) {
+        if (mkCommDeregister(mcomm, mk_handle) != mkSuccess ||
+            (!o.share && nc.commDeregister(ncomm, nccl_handle) != ncclSuccess)) {
           std::fprintf(stderr, "deregistration failed: %s\n", mkGetLastError(mcomm));
           std::exit(1);
         }
@@ -291,7 +299,7 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
     (void)w;
   }
   mkCommDestroy(mcomm);
-  nc.commDestroy(ncomm);
+  if (ncomm) nc.commDestroy(ncomm);
 }
 
 std::vector<Collective> parse_colls(const std::string& s) {
@@ -348,11 +356,12 @@ int main(int argc, char** argv) {
     else if (a == "--batches") o.batches = std::atoi(next().c_str());
     else if (a == "--graph") o.graph = true;
     else if (a == "--register") o.reg = true;
+    else if (a == "--share-gpu") o.share = true;
     else if (a == "--check-max-bytes") o.check_max_bytes = std::atoll(next().c_str());
     else if (a == "--out") o.out = next();
     else {
       std::fprintf(stderr, "usage: mk_bench [--ranks N] [--colls a,b] [--dtype T] [--min-bytes B] [--max-bytes B] "
-                           "[--iters I] [--batches R] [--graph] [--register] [--check-max-bytes B] [--out FILE]\n");
+                           "[--iters I] [--batches R] [--graph] [--register] [--share-gpu] [--check-max-bytes B] [--out FILE]\n");
       return 2;
     }
   }
@@ -417,6 +426,9 @@ int main(int argc, char** argv) {
                 std::string(name(o.dtype)).c_str(), o.graph ? "CUDA graphs" : "eager launches",
                 o.reg ? ", buffers registered with both libraries" : "", o.batches, o.iters);
   table += line;
+  if (o.share)
+    table += "1 GPU, ranks sharing it (--share-gpu): mKernel only, a proxy of its kernels' streaming rate; NCCL "
+             "columns empty\n\n";
   table += "| collective | size | NCCL us | mKernel us | NCCL busbw GB/s | mKernel busbw GB/s | speedup | checked |\n";
   table += "|---|---:|---:|---:|---:|---:|---:|---|\n";
   for (const Row& r : rows) {
