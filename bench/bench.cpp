@@ -9,8 +9,11 @@
 // libraries (mkCommRegister: zero-copy plans; ncclCommRegister: NCCL's
 // user-buffer registration), as an application that registers would run.
 //
-// --share-gpu: every rank on GPU 0, mKernel only (NCCL refuses a GPU twice):
-// a one-GPU proxy for the kernels' own streaming rate, never a comparison.
+// --share-gpu: every rank on GPU 0, mKernel only (NCCL refuses a GPU twice).
+// The ranks stay processes, and processes sharing a GPU without MPS are
+// time-sliced: a rank's kernel waits for its peer's time slice, so calls take
+// ~2 ms whatever their size. It checks results with ranks in separate
+// contexts on one GPU; it does not measure kernel speed (bench/NOTES.md).
 //
 // One process per GPU (forked, like torchrun). For every size: both libraries
 // run `iters` back-to-back calls per batch, `batches` batches after a warm-up;
@@ -236,7 +239,8 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
       const bool checked = bytes <= o.check_max_bytes;
       for (int lib = o.share ? 1 : 0; lib < 2; ++lib) {
         const bool mk = lib == 1;
-        CK(cudaMemset(out, 0, size_t(oe) * es));
+        // on the bench's (non-blocking) stream: a legacy-stream memset is not ordered with it
+        CK(cudaMemsetAsync(out, 0, size_t(oe) * es, stream));
         call(mk);
         (mk ? row.mk_ok : row.nccl_ok) = verify_out();
         for (int i = 0; i < 5; ++i) call(mk);
@@ -427,8 +431,8 @@ int main(int argc, char** argv) {
                 o.reg ? ", buffers registered with both libraries" : "", o.batches, o.iters);
   table += line;
   if (o.share)
-    table += "1 GPU, ranks sharing it (--share-gpu): mKernel only, a proxy of its kernels' streaming rate; NCCL "
-             "columns empty\n\n";
+    table += "1 GPU, ranks sharing it as processes (--share-gpu): mKernel only, time-sliced between the ranks' "
+             "contexts, so times are not kernel speed; NCCL columns empty\n\n";
   table += "| collective | size | NCCL us | mKernel us | NCCL busbw GB/s | mKernel busbw GB/s | speedup | checked |\n";
   table += "|---|---:|---:|---:|---:|---:|---:|---|\n";
   for (const Row& r : rows) {
