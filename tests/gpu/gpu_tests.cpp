@@ -409,9 +409,40 @@ void large(World& w, int64_t bytes, bool inplace) {
   }
 }
 
+// Around the protocol boundaries (LL up to 64 KiB, one-shot up to 256 KiB):
+// many calls of one size, then the sizes on either side of each boundary,
+// every one checked. bench/NOTES.md: one wrong 64 KiB result after a run of
+// 16 KiB calls, with two processes on one GPU.
+void boundaries(World& w) {
+  struct Step {
+    int64_t bytes;
+    int calls;
+  };
+  for (Collective c : all_collectives())
+    for (DType t : {DType::bf16, DType::fp32}) {
+      uint64_t seed = 9000 + uint64_t(int(c) * 16 + int(t));
+      for (Step st : {Step{16 << 10, 20}, Step{(64 << 10) - 16, 2}, Step{64 << 10, 3}, Step{(64 << 10) + 16, 2},
+                      Step{256 << 10, 2}, Step{(256 << 10) + 16, 2}, Step{64 << 10, 2}})
+        for (int i = 0; i < st.calls; ++i) {
+          CallSpec s;
+          s.coll = c;
+          s.dtype = t;
+          s.op = RedOp::sum;
+          int64_t per = st.bytes / int64_t(dtype_size(t));
+          if (c == Collective::allgather || c == Collective::alltoall || c == Collective::reducescatter)
+            per /= w.nranks;
+          s.count = per;
+          s.root = w.nranks - 1;
+          s.seed = seed++;
+          run_checked(w, s);
+        }
+    }
+}
+
 // 64 MiB for everything; 1 GiB for all-reduce (fp32 sum, bf16 avg) and
 // all-gather (the full 1 GiB matrix is the `huge` scenario).
 void sizes(World& w) {
+  boundaries(w);
   large(w, g_quick ? (4ll << 20) : (64ll << 20), true);
   if (g_quick) return;
   struct Big {
