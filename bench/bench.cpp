@@ -193,6 +193,10 @@ void rank_main(const Options& o, int rank, const ncclUniqueId& nid, const mkUniq
       // inputs for GiB-sized buffers: generate on (up to 16) cores
       verify::fill_input_parallel(d, rank, ie, host.data(), std::min(16u, std::thread::hardware_concurrency()));
       CK(cudaMemcpy(in, host.data(), size_t(ie) * es, cudaMemcpyHostToDevice));
+      // A pageable upload returns once staged; its DMA may still run on the
+      // legacy stream, which the bench's non-blocking stream does not wait for
+      // (tests/gpu/gpu_tests.cpp syncs the same way before each call).
+      CK(cudaDeviceSynchronize());
       auto call = [&](bool mk) {
         const size_t n = size_t(count);
         if (mk) {
