@@ -159,3 +159,27 @@ TEST_CASE("a hung kernel ends when mkCommAbort raises the abort word") {
   CHECK(running() == 0);
   CHECK(cu().cuStreamQuery(dev.stream) == CUDA_SUCCESS);
 }
+
+TEST_CASE("mkCommPrewarm: bad arguments are mkInvalidArgument with a message, a valid call compiles and launches nothing") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  mkComm_t comm = mkt::one_rank();
+  const mkDataType_t f32[] = {mkFloat32};
+  const mkRedOp_t sum[] = {mkSum};
+  const mkDataType_t bad_dt[] = {mkDataType_t(12)};
+  const mkRedOp_t bad_op[] = {mkRedOp_t(-1)};
+  CHECK(mkCommPrewarm(comm, nullptr, 1, sum, 1, 0) == mkInvalidArgument);
+  CHECK(std::string(mkGetLastError(comm)).find("dtypes or ops is NULL") != std::string::npos);
+  CHECK(mkCommPrewarm(comm, f32, -1, sum, 1, 0) == mkInvalidArgument);
+  CHECK(mkCommPrewarm(comm, bad_dt, 1, sum, 1, 0) == mkInvalidArgument);
+  CHECK(std::string(mkGetLastError(comm)).find("datatype 12 is not an mkDataType_t") != std::string::npos);
+  CHECK(mkCommPrewarm(comm, f32, 1, bad_op, 1, 0) == mkInvalidArgument);
+  CHECK(mkCommPrewarm(nullptr, f32, 1, sum, 1, 0) != mkSuccess);
+  const int64_t launches = mkt::counts().launches;
+  REQUIRE_MESSAGE(mkCommPrewarm(comm, f32, 1, sum, 1, 2) == mkSuccess, mkGetLastError(comm));
+  CHECK(mkt::counts().launches == launches);  // plans only: no kernel runs, no peer is needed
+  // errors of prewarm are not sticky: the communicator still works
+  mkt::Buffer in(dev, 4096), out(dev, 4096);
+  CHECK(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+  CHECK(mkCommDestroy(comm) == mkSuccess);
+}
