@@ -74,7 +74,9 @@ class Communicator:
         comm.all_reduce(x)                         # in place, current stream
 
     The unique id goes through the default store (rank 0 of the group creates
-    it). Every rank of `group` must create it, in the same order. `comm.mk`
+    it). Every rank of `group` must create it, in the same order. With
+    store=, rank= and size= (no process group needed), key= names the id in
+    that store; the caller keeps it unique. `comm.mk`
     is the underlying mkernel.Communicator (raw-pointer API); `comm.id`
     names it in torch.ops.mkernel.*.
     """
@@ -89,6 +91,12 @@ class Communicator:
             size = dist.get_world_size(group)
             if rank < 0:
                 raise RuntimeError("mkernel.torch.Communicator: this process is not a member of the group")
+        # A key given with a store is used as it is (the caller keeps it unique).
+        # Otherwise the n-th Communicator over a store and key gets key/n: the
+        # default store counted by name (each call may return a new Python
+        # wrapper of it), another store by identity.
+        exact = store is not None and key is not None
+        store_id = "default" if store is None else id(store)
         if store is None:
             store = dist.distributed_c10d._get_default_store()
             if group is None:
@@ -99,12 +107,11 @@ class Communicator:
             key = "mkernel/uid/%s" % gname
         elif key is None:
             key = "mkernel/uid"
-        # every Communicator over one store and key gets its own id: the n-th
-        # one of each rank (they are made in the same order on every rank)
-        with _registry_lock:
-            n = _created.get((id(store), key), 0)
-            _created[(id(store), key)] = n + 1
-        key = "%s/%d" % (key, n)
+        if not exact:
+            with _registry_lock:
+                n = _created.get((store_id, key), 0)
+                _created[(store_id, key)] = n + 1
+            key = "%s/%d" % (key, n)
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         if self.device.type != "cuda":
             raise ValueError("mkernel.torch.Communicator: device must be a CUDA device, got %s" % self.device)
@@ -332,6 +339,7 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         self._rank_, self._size_ = rank, size
         self._timeout = timeout
         self._mk = None
+        self._made = 0
         self._nccl = None
         self._gloo = None
         self._lock = threading.Lock()
@@ -354,8 +362,11 @@ class ProcessGroupMkernel(dist.ProcessGroup):
     def _comm_for(self, t):
         with self._lock:
             if self._mk is None:
+                # a new key for each communicator this group makes (after an
+                # abort), counted by the group itself: the same on every rank
+                self._made += 1
                 self._mk = Communicator(device=t.device, store=self._store, rank=self._rank_, size=self._size_,
-                                        key="mkernel/uid")
+                                        key="mkernel/uid/%d" % self._made)
                 if _debug():
                     print("mkernel.torch: rank %d: mKernel communicator on %s" % (self._rank_, t.device))
             elif self._mk.device != t.device:
