@@ -7,7 +7,6 @@ collectives, groups, prewarm and the shipped plans against the fake driver
 
     python3 tests/python/test_package.py BUILD_DIR     (ctest runs it)
 """
-import ctypes  # noqa: F401  (used by the child scripts' template)
 import glob
 import os
 import shutil
