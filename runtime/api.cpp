@@ -8,12 +8,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
-#include <atomic>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <vector>
 
+#include "compiler/common/side_by_side.hpp"
 #include "mk.h"
 #include "mk/error.hpp"
 #include "runtime/comm.hpp"
@@ -23,18 +22,6 @@
 #include "runtime/status.hpp"
 
 namespace mk::rt {
-
-bool debug_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MK_DEBUG");
-    return e && *e && std::strcmp(e, "0") != 0;
-  }();
-  return on;
-}
-
-void debug_log(const std::string& msg) {
-  if (debug_enabled()) std::fprintf(stderr, "[mkernel] %s\n", msg.c_str());
-}
 
 namespace {
 
@@ -273,32 +260,21 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
     const int32_t max_grid = c->config.max_ctas > 0 && c->config.max_ctas < 65536 ? c->config.max_ctas : 0;
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     const size_t workers = std::min<size_t>(jobs.size(), nthreads > 0 ? size_t(nthreads) : hw);
-    std::atomic<size_t> next{0};
     std::mutex err_mu;
     std::optional<RtError> first;
-    auto work = [&] {
-      for (size_t i; (i = next++) < jobs.size();) {
-        const Job& j = jobs[i];
-        try {
-          c->check_usable("mkCommPrewarm");  // stops early once the communicator is aborted or destroyed
-          get_plan(j.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank);
-        } catch (const RtError& e) {
-          std::lock_guard<std::mutex> g(err_mu);
-          if (!first) first = e;
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> g(err_mu);
-          if (!first) first = RtError(mkInternalError, std::string("mkCommPrewarm: ") + e.what());
-        }
+    work_queue(jobs.size(), workers, [&](size_t i) {
+      const Job& j = jobs[i];
+      try {
+        c->check_usable("mkCommPrewarm");  // stops early once the communicator is aborted or destroyed
+        get_plan(j.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank);
+      } catch (const RtError& e) {
+        std::lock_guard<std::mutex> g(err_mu);
+        if (!first) first = e;
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> g(err_mu);
+        if (!first) first = RtError(mkInternalError, std::string("mkCommPrewarm: ") + e.what());
       }
-    };
-    std::vector<std::thread> pool;
-    try {
-      for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      // fewer threads than asked (a process or thread limit): the ones there are do the work
-    }
-    work();
-    for (auto& t : pool) t.join();
+    });
     if (first) throw *first;
     debug_log(fmt::format("rank {}: prewarmed {} plans on {} threads", c->rank, jobs.size(), workers));
   });

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "mk.h"
+#include "compiler/common/log.hpp"
 
 namespace mk::rt {
 
@@ -28,7 +29,8 @@ class RtError : public std::runtime_error {
       ::mk::rt::fail(mkUnhandledCudaError, std::string(what) + ": " + ::mk::rt::cu_error_string(mk_r_)); \
   } while (0)
 
-bool debug_enabled();
-void debug_log(const std::string& msg);
+// MK_DEBUG=1 logging (compiler/common/log.hpp), one mechanism for the library.
+using ::mk::debug_enabled;
+using ::mk::debug_log;
 
 }  // namespace mk::rt

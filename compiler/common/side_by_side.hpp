@@ -1,7 +1,10 @@
-// Two independent jobs on two cores: the compiler's size buckets (sync and
-// proof in the pipeline, code generation) each take seconds at 1024 ranks.
+// Independent jobs on several cores: side_by_side for the compiler's two size
+// buckets (sync and proof in the pipeline, code generation: seconds each at
+// 1024 ranks), work_queue for many plans (mkc prebuild, mkCommPrewarm).
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <exception>
 #include <system_error>
@@ -35,6 +38,25 @@ void side_by_side(size_t n, F&& f) {
   for (size_t k = two ? 2 : 1; k < n; ++k) run(k);
   for (const auto& e : failed)
     if (e) std::rethrow_exception(e);
+}
+
+// Runs f(0) .. f(n - 1) on up to `workers` threads, the caller's included,
+// each taking the next index until none is left. A thread that cannot be
+// started (a process or thread limit) leaves its share to the others. f must
+// not throw: it records its own failures.
+template <class F>
+void work_queue(size_t n, size_t workers, F&& f) {
+  std::atomic<size_t> next{0};
+  auto run = [&] {
+    for (size_t i; (i = next++) < n;) f(i);
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (size_t w = 1; w < std::min(n, workers); ++w) pool.emplace_back(run);
+  } catch (const std::system_error&) {
+  }
+  run();
+  for (auto& t : pool) t.join();
 }
 
 }  // namespace mk

@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "compiler/common/log.hpp"
 #include "compiler/ir/ir.hpp"
 #include "compiler/jit/jit.hpp"
 
@@ -25,14 +25,7 @@ namespace {
 
 constexpr size_t kMaxIndex = 64u << 20;
 
-bool debug_on() {
-  const char* v = std::getenv("MK_DEBUG");
-  return v && *v && std::string(v) != "0";
-}
-
-void note(const std::string& msg) {
-  if (debug_on()) std::fprintf(stderr, "mkernel: prebuilt plans: %s\n", msg.c_str());
-}
+void note(const std::string& msg) { debug_log("prebuilt plans: " + msg); }
 
 std::vector<std::string> dirs() {
   std::vector<std::string> out;

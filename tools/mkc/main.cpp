@@ -30,12 +30,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <thread>
 
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/common/side_by_side.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/cost/cost.hpp"
 #include "compiler/importers/importers.hpp"
@@ -573,43 +573,30 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
       }
     }
   prebuilt::Writer w(out);
-  std::atomic<size_t> next{0}, done{0};
   std::mutex mu;
   std::string first_error;
   const auto t0 = std::chrono::steady_clock::now();
-  auto work = [&] {
-    for (size_t i; (i = next++) < all.size();) {
-      const Job& j = all[i];
-      try {
-        const dsl::ScheduleInfo* info = dsl::find_schedule(j.schedule);
-        if (!info) throw Error(ErrId::cli_E001, "no schedule named " + j.schedule);
-        const compiler::CompileOptions o = rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, j.rank);
-        ir::Schedule built = dsl::build(*info, j.nranks, 0);
-        const std::string key = prebuilt::key(built, o);
-        w.add(key, compiler::compile_plan(std::move(built), o));
-        ++done;
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> g(mu);
-        if (first_error.empty())
-          first_error = fmt::format("{} for {} ranks (rank {}), {} {}, sm_{}: {}", j.schedule, j.nranks, j.rank,
-                                    name(j.dtype), name(j.op), j.arch, e.what());
-      }
-    }
-  };
   if (jobs < 1) throw Error(ErrId::cli_E004, fmt::format("--jobs {}: must be at least 1", jobs));
-  const size_t workers = std::max<size_t>(1, std::min<size_t>(all.size(), size_t(jobs)));
-  std::vector<std::thread> pool;
-  try {
-    for (size_t i = 1; i < workers; ++i) pool.emplace_back(work);
-  } catch (const std::system_error&) {
-    // fewer threads than asked (a process or thread limit): the ones there are do the work
-  }
-  work();
-  for (auto& t : pool) t.join();
+  work_queue(all.size(), size_t(jobs), [&](size_t i) {
+    const Job& j = all[i];
+    try {
+      const dsl::ScheduleInfo* info = dsl::find_schedule(j.schedule);
+      if (!info) throw Error(ErrId::cli_E001, "no schedule named " + j.schedule);
+      const compiler::CompileOptions o = rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, j.rank);
+      ir::Schedule built = dsl::build(*info, j.nranks, 0);
+      const std::string key = prebuilt::key(built, o);
+      w.add(key, compiler::compile_plan(std::move(built), o));
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> g(mu);
+      if (first_error.empty())
+        first_error = fmt::format("{} for {} ranks (rank {}), {} {}, sm_{}: {}", j.schedule, j.nranks, j.rank,
+                                  name(j.dtype), name(j.op), j.arch, e.what());
+    }
+  });
   if (!first_error.empty()) throw Error(ErrId::cli_E012, "mkc prebuild: " + first_error);
   const auto [keys, plans] = w.finish();
   fmt::print("wrote {}: {} keys, {} distinct plans ({} plans compiled or taken from the kernel cache) in {:.1f} s\n",
-             out, keys, plans, done.load(),
+             out, keys, plans, all.size(),
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return 0;
 }
