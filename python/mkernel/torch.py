@@ -185,44 +185,57 @@ def _split_rows(t, size, what):
     return (t.shape[0] // size,) + tuple(t.shape[1:])
 
 
+def _gathered(t, size):
+    """all_gather's output shape: `size` inputs along dimension 0."""
+    return (size * t.shape[0],) + tuple(t.shape[1:]) if t.dim() else (size,)
+
+
+def _like(t):
+    """The output of the ops that keep their input's shape (real and fake)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+def _input(t, comm):
+    """The communicator, the contiguous input and its mKernel dtype (checked)."""
+    c = _comm(comm)
+    x = t.contiguous()
+    return c, x, c._check(x)
+
+
 @torch.library.custom_op("mkernel::all_reduce", mutates_args=())
 def all_reduce(t: torch.Tensor, op: str, comm: int) -> torch.Tensor:
     """A new tensor: the reduction of `t` over the communicator's ranks."""
-    c = _comm(comm)
-    x = t.contiguous()
-    out = torch.empty_like(x)
-    c.mk.all_reduce(x, out, x.numel(), c._check(x), op, _stream(x))
+    c, x, d = _input(t, comm)
+    out = _like(x)
+    c.mk.all_reduce(x, out, x.numel(), d, op, _stream(x))
     return out
 
 
 @all_reduce.register_fake
 def _(t, op, comm):
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return _like(t)
 
 
 @torch.library.custom_op("mkernel::all_gather", mutates_args=())
 def all_gather(t: torch.Tensor, comm: int) -> torch.Tensor:
     """Every rank's `t`, concatenated along dimension 0 (rank order)."""
-    c = _comm(comm)
-    x = t.contiguous()
-    out = x.new_empty((c.size * x.shape[0],) + tuple(x.shape[1:]) if x.dim() else (c.size,))
-    c.mk.all_gather(x, out, x.numel(), c._check(x), _stream(x))
+    c, x, d = _input(t, comm)
+    out = x.new_empty(_gathered(x, c.size))
+    c.mk.all_gather(x, out, x.numel(), d, _stream(x))
     return out
 
 
 @all_gather.register_fake
 def _(t, comm):
-    size = _comm(comm).size
-    return t.new_empty((size * t.shape[0],) + tuple(t.shape[1:]) if t.dim() else (size,))
+    return t.new_empty(_gathered(t, _comm(comm).size))
 
 
 @torch.library.custom_op("mkernel::reduce_scatter", mutates_args=())
 def reduce_scatter(t: torch.Tensor, op: str, comm: int) -> torch.Tensor:
     """This rank's block (along dimension 0) of the reduction of `t`."""
-    c = _comm(comm)
-    x = t.contiguous()
+    c, x, d = _input(t, comm)
     out = x.new_empty(_split_rows(x, c.size, "reduce_scatter"))
-    c.mk.reduce_scatter(x, out, out.numel(), c._check(x), op, _stream(x))
+    c.mk.reduce_scatter(x, out, out.numel(), d, op, _stream(x))
     return out
 
 
@@ -234,48 +247,45 @@ def _(t, op, comm):
 @torch.library.custom_op("mkernel::broadcast", mutates_args=())
 def broadcast(t: torch.Tensor, root: int, comm: int) -> torch.Tensor:
     """`root`'s `t` on every rank."""
-    c = _comm(comm)
-    x = t.contiguous()
-    out = torch.empty_like(x)
-    c.mk.broadcast(x, out, x.numel(), c._check(x), root, _stream(x))
+    c, x, d = _input(t, comm)
+    out = _like(x)
+    c.mk.broadcast(x, out, x.numel(), d, root, _stream(x))
     return out
 
 
 @broadcast.register_fake
 def _(t, root, comm):
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return _like(t)
 
 
 @torch.library.custom_op("mkernel::reduce", mutates_args=())
 def reduce(t: torch.Tensor, op: str, root: int, comm: int) -> torch.Tensor:
     """The reduction of `t` on `root`; on the other ranks a copy of their `t`."""
-    c = _comm(comm)
-    x = t.contiguous()
+    c, x, d = _input(t, comm)
     out = x.clone()  # what non-root ranks get back: their input, never uninitialised memory
-    c.mk.reduce(x, out, x.numel(), c._check(x), op, root, _stream(x))
+    c.mk.reduce(x, out, x.numel(), d, op, root, _stream(x))
     return out
 
 
 @reduce.register_fake
 def _(t, op, root, comm):
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return _like(t)
 
 
 @torch.library.custom_op("mkernel::all_to_all", mutates_args=())
 def all_to_all(t: torch.Tensor, comm: int) -> torch.Tensor:
     """Block j (along dimension 0) of `t` goes to rank j; block i of the
     result came from rank i (all_to_all_single with equal splits)."""
-    c = _comm(comm)
-    x = t.contiguous()
+    c, x, d = _input(t, comm)
     _split_rows(x, c.size, "all_to_all")
-    out = torch.empty_like(x)
-    c.mk.all_to_all(x, out, x.numel() // c.size, c._check(x), _stream(x))
+    out = _like(x)
+    c.mk.all_to_all(x, out, x.numel() // c.size, d, _stream(x))
     return out
 
 
 @all_to_all.register_fake
 def _(t, comm):
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return _like(t)
 
 
 # ---- the process-group backend ---------------------------------------------------
