@@ -166,36 +166,49 @@ int bootstrap_broadcast(int rank, int nranks, const mkUniqueId& id) {
 }
 
 #ifdef MKT_SHIM
-// mKernel's libnccl.so.2 in two processes: a send needs the real NCCL, whose
-// communicator the library creates at that call on both ranks, sharing its
-// unique id through mKernel's bootstrap.
-int shim_fallback(int rank, int nranks, const mkUniqueId& id) {
+// This rank's GPU current, mKernel's libnccl.so.2 opened over the stand-in
+// NCCL (MKT_FAKE_NCCL), and its ncclCommInitRank called with mKernel's id.
+int open_shim_comm(int rank, int nranks, const mkUniqueId& id, void** h, ncclComm_t* comm) {
   g_rank = rank;
   CUcontext ctx = nullptr;
   CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
   setenv("MK_LIBMKERNEL", MKT_LIBMKERNEL, 1);
   setenv("MK_NCCL_LIB", MKT_FAKE_NCCL, 1);
-  void* h = dlopen(MKT_SHIM, RTLD_NOW | RTLD_LOCAL);
-  CHILD_CHECK(h != nullptr);
+  *h = dlopen(MKT_SHIM, RTLD_NOW | RTLD_LOCAL);
+  CHILD_CHECK(*h != nullptr);
   using Init = ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int);
-  using Send = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-  using Destroy = ncclResult_t (*)(ncclComm_t);
-  auto init = reinterpret_cast<Init>(dlsym(h, "ncclCommInitRank"));
-  auto send = reinterpret_cast<Send>(dlsym(h, "ncclSend"));
-  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
-  CHILD_CHECK(init && send && destroy);
+  auto init = reinterpret_cast<Init>(dlsym(*h, "ncclCommInitRank"));
+  CHILD_CHECK(init != nullptr);
   ncclUniqueId nid;
   memcpy(&nid, &id, sizeof nid);
+  CHILD_CHECK(init(comm, nranks, nid, rank) == ncclSuccess);
+  return 0;
+}
+
+// The stand-in NCCL's log of calls so far.
+std::string fake_nccl_log() {
+  void* fake = dlopen(MKT_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
+  auto log = fake ? reinterpret_cast<const char* (*)(int)>(dlsym(fake, "mkt_fake_nccl_log")) : nullptr;
+  return log ? log(0) : "(mkt_fake_nccl_log not found)";
+}
+
+// mKernel's libnccl.so.2 in two processes: a send needs the real NCCL, whose
+// communicator the library creates at that call on both ranks, sharing its
+// unique id through mKernel's bootstrap.
+int shim_fallback(int rank, int nranks, const mkUniqueId& id) {
+  void* h = nullptr;
   ncclComm_t comm = nullptr;
-  CHILD_CHECK(init(&comm, nranks, nid, rank) == ncclSuccess);
+  if (open_shim_comm(rank, nranks, id, &h, &comm) != 0) return 1;
+  using Send = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  using Destroy = ncclResult_t (*)(ncclComm_t);
+  auto send = reinterpret_cast<Send>(dlsym(h, "ncclSend"));
+  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
+  CHILD_CHECK(send && destroy);
   CUdeviceptr p = 0;
   CHILD_CHECK(cu().cuMemAlloc(&p, 256) == CUDA_SUCCESS);
   CHILD_CHECK(send(reinterpret_cast<void*>(p), 16, ncclFloat32, 1 - rank, comm, nullptr) == ncclSuccess);
-  void* fake = dlopen(MKT_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
-  auto log = reinterpret_cast<const char* (*)(int)>(dlsym(fake, "mkt_fake_nccl_log"));
-  CHILD_CHECK(log != nullptr);
-  const std::string got = log(0);
+  const std::string got = fake_nccl_log();
   std::fprintf(stderr, "rank %d: fake NCCL log:\n%s", rank, got.c_str());
   CHILD_CHECK(got.find(rank == 0 ? "GetUniqueId\n" : "CommInitRank") != std::string::npos);
   CHILD_CHECK(got.find("CommInitRank comm=1 nranks=2 rank=" + std::to_string(rank) + "\n") != std::string::npos);
@@ -221,28 +234,14 @@ int shim_fallback(int rank, int nranks, const mkUniqueId& id) {
 
 // MK_NCCL_EAGER=1: NCCL's communicator is made with mKernel's, before any call.
 int shim_eager(int rank, int nranks, const mkUniqueId& id) {
-  g_rank = rank;
-  CUcontext ctx = nullptr;
-  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
-  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-  setenv("MK_LIBMKERNEL", MKT_LIBMKERNEL, 1);
-  setenv("MK_NCCL_LIB", MKT_FAKE_NCCL, 1);
   setenv("MK_NCCL_EAGER", "1", 1);
-  void* h = dlopen(MKT_SHIM, RTLD_NOW | RTLD_LOCAL);
-  CHILD_CHECK(h != nullptr);
-  using Init = ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int);
-  using Destroy = ncclResult_t (*)(ncclComm_t);
-  auto init = reinterpret_cast<Init>(dlsym(h, "ncclCommInitRank"));
-  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
-  CHILD_CHECK(init && destroy);
-  ncclUniqueId nid;
-  memcpy(&nid, &id, sizeof nid);
+  void* h = nullptr;
   ncclComm_t comm = nullptr;
-  CHILD_CHECK(init(&comm, nranks, nid, rank) == ncclSuccess);
-  void* fake = dlopen(MKT_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
-  auto log = reinterpret_cast<const char* (*)(int)>(dlsym(fake, "mkt_fake_nccl_log"));
-  CHILD_CHECK(log != nullptr);
-  const std::string got = log(0);
+  if (open_shim_comm(rank, nranks, id, &h, &comm) != 0) return 1;
+  using Destroy = ncclResult_t (*)(ncclComm_t);
+  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
+  CHILD_CHECK(destroy != nullptr);
+  const std::string got = fake_nccl_log();
   CHILD_CHECK(got.find("CommInitRank comm=1 nranks=2 rank=" + std::to_string(rank) + "\n") != std::string::npos);
   CHILD_CHECK(destroy(comm) == ncclSuccess);
   return 0;
