@@ -25,16 +25,16 @@ const topology::LinkCost& op_link(const Op& op, const topology::Topology& t) {
   return *worst;
 }
 
-double op_cost(const ir::Schedule& s, const Op& op, const topology::Topology& t, int64_t tile_bytes) {
+double op_cost(const ir::Schedule& s, const Op& op, const topology::Topology& t, int64_t tile_bytes, int32_t share) {
   if (!op.is_data()) return kSyncOpUs;
-  double bytes = double(tile_bytes) * op.count() * double(op.dsts.size());
+  double bytes = double(tile_bytes) * op.count() * double(op.dsts.size()) * double(std::max(share, 1));
   if (s.proto == ir::Proto::ll) bytes *= 2;
   return kDataOpUs + bytes / (op_link(op, t).gbps * 1e3);  // GB/s -> bytes per microsecond
 }
 
 }  // namespace
 
-Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64_t tile_bytes) {
+Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64_t tile_bytes, int32_t share) {
   Timeline tl;
   std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> progs;
   for (size_t i = 0; i < s.ops.size(); ++i) progs[{s.ops[i].rank, s.ops[i].tb}].push_back(i);
@@ -62,7 +62,7 @@ Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64
           const auto link = t.link(it->second.from, op.rank);
           start = std::max(now, it->second.at + t.cost(link).alpha_us / 2);
         }
-        double end = start + op_cost(s, op, t, tile_bytes);
+        double end = start + op_cost(s, op, t, tile_bytes, share);
         if (op.kind == OpKind::signal) signal_time[{op.peer, op.slot}] = {end, op.rank};
         if (op.is_data()) busy[key] += end - start;
         tl.events.push_back({prog[i], op.rank, op.tb, start, end});
@@ -86,7 +86,8 @@ double estimate_us(const ir::Schedule& s, const topology::Topology& t, int64_t b
   int64_t tile = std::min<int64_t>(s.tile_bytes, std::max<int64_t>(16, chunk));
   int64_t tiles = (chunk + tile - 1) / tile;
   int64_t steps = (tiles + s.instances - 1) / s.instances;
-  Timeline tl = step_timeline(s, t, tile);
+  // the instances that actually have a tile in a step share the links
+  Timeline tl = step_timeline(s, t, tile, int32_t(std::min<int64_t>(s.instances, tiles)));
   return t.launch_us + tl.step_us + double(steps - 1) * tl.bottleneck_us;
 }
 

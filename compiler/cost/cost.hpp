@@ -14,6 +14,9 @@
 // chunk is ceil(bytes / chunks) bytes, tile = min(tile_bytes, max(16, chunk)),
 // steps = ceil(ceil(chunk / tile) / instances), step is the critical path of
 // one step and bottleneck the busiest thread block's data-op time per step.
+// The instances of a step run at once and share the links: for the estimate
+// each moves its bytes at 1/instances of a link's rate (more instances fill
+// the pipeline sooner, they do not make a link faster).
 #pragma once
 
 #include <string>
@@ -39,7 +42,8 @@ struct Timeline {
   double bottleneck_us = 0;  // busiest thread block's work per step (pipelined throughput)
 };
 
-Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64_t tile_bytes);
+// `share`: instances sharing each link (1: one instance alone, as `mkc show` draws it).
+Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64_t tile_bytes, int32_t share = 1);
 
 // Estimated time of one launch moving `bytes` per rank (the collective's
 // count times the element size), 0 for no bytes.

@@ -295,3 +295,26 @@ TEST_CASE("cost: estimates match a hand computation per link kind") {
   const double small = 4.5 + (0.2 + 100 / 365e3) + 0.05 + 0.65 + 0.05 + (0.2 + 100 / 2000e3);
   CHECK(cost::estimate_us(s, topology::single(2), 100) == doctest::Approx(small).epsilon(1e-9));
 }
+
+TEST_CASE("cost: instances share the links, so more of them never make a large message faster than its bytes") {
+  ir::Schedule s = two_hop();
+  s.tile_bytes = 256 << 10;
+  const Topology t = topology::parse("nvlink:2", 2);
+  const int64_t bytes = int64_t(256) << 20;
+  // 256 MiB over one NVLink at 365 GB/s: 735 us of link time whatever the
+  // instances; on top, a fixed 0.2 us per op and step (1024 tiles)
+  const double wire = double(bytes) / 365e3;
+  for (int32_t inst : {1, 4, 16, 64}) {
+    CAPTURE(inst);
+    s.instances = inst;
+    const double us = cost::estimate_us(s, t, bytes);
+    CHECK(us > wire);
+    CHECK(us < wire * 1.05 + 0.25 * 1024 / inst + 10);
+  }
+  // a step of 64 instances, each a 4096 B tile: the remote copy moves 64 tiles over the link
+  s.instances = 64;
+  auto tl = cost::step_timeline(s, t, 4096, 64);
+  auto one = cost::step_timeline(s, t, 4096);
+  CHECK(tl.bottleneck_us == doctest::Approx(0.2 + 64 * 4096 / 365e3).epsilon(1e-9));
+  CHECK(one.bottleneck_us == doctest::Approx(0.2 + 4096 / 365e3).epsilon(1e-9));
+}
