@@ -257,7 +257,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
             jobs.push_back({s, coll, dt, op});
           }
     }
-    const int32_t max_grid = c->config.max_ctas > 0 && c->config.max_ctas < 65536 ? c->config.max_ctas : 0;
+    const int32_t max_grid = c->grid_cap();
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     const size_t workers = std::min<size_t>(jobs.size(), nthreads > 0 ? size_t(nthreads) : hw);
     std::mutex err_mu;

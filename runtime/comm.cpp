@@ -509,20 +509,40 @@ PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t byt
   return inst;
 }
 
+int32_t Comm::config_cap() const { return config.max_ctas > 0 && config.max_ctas < 65536 ? config.max_ctas : 0; }
+
+int32_t Comm::grid_cap() const {
+  int32_t cap = config_cap();
+  // Ranks sharing a GPU wait for each other's blocks, so all of them must be
+  // resident at once: without a smaller maxCTAs of its own, each rank gets
+  // an equal share of the SMs (one block of up to 512 threads per SM;
+  // create_instance still refuses a kernel that does not fit).
+  if (colocated > 1 && sms > 0) {
+    const int32_t share = std::max(1, sms / colocated);
+    cap = cap > 0 ? std::min(cap, share) : share;
+  }
+  return cap;
+}
+
 PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
                                     int64_t* hi) {
   const Choice choice = choose_schedule(coll, nranks, bytes);
-  // maxCTAs caps every kernel's grid (the default, 65536, caps nothing).
-  const int32_t max_grid = config.max_ctas > 0 && config.max_ctas < 65536 ? config.max_ctas : 0;
+  const int32_t max_grid = grid_cap();
   auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank);
   const plan::Kernel* k = plan::select(*plan, bytes);
   if (!k) fail(mkInternalError, fmt::format("plan {} has no kernel for {} bytes", plan->schedule, bytes));
-  if (max_grid > 0 && k->grid > max_grid)
+  if (max_grid > 0 && k->grid > max_grid) {
+    if (max_grid != config_cap())
+      fail(mkInvalidUsage, fmt::format("kernel {} of plan {} uses {} thread blocks ({} per instance), more than this "
+                                       "rank's share of the GPU's SMs ({}: {} rank(s) of this communicator share GPU "
+                                       "{}, and their kernels must all be resident at once); use fewer ranks per GPU",
+                                       k->name, plan->schedule, k->grid, k->tbs, max_grid, colocated, device));
     fail(mkInvalidUsage, fmt::format("kernel {} of plan {} uses {} thread blocks ({} per instance), more than the "
                                      "config's maxCTAs {}; raise maxCTAs to at least {}{}",
                                      k->name, plan->schedule, k->grid, k->tbs, max_grid, k->tbs,
                                      k->instances > 1 ? " (a plan from MK_PLAN_DIR: recompile it with fewer instances)"
                                                       : ""));
+  }
   *lo = std::max(choice.lo, k->min_bytes);
   *hi = choice.hi < 0 ? k->max_bytes : (k->max_bytes < 0 ? choice.hi : std::min(choice.hi, k->max_bytes));
   // One instance per (plan, kernel).

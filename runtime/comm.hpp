@@ -258,6 +258,10 @@ class Comm {
   };
   dev::Args args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
                  int32_t elem_size, const ZcCall& zc) const;
+  // Thread blocks per kernel at most: maxCTAs, and for ranks sharing a GPU
+  // their share of its SMs (0: no cap). Plans are compiled for it.
+  int32_t grid_cap() const;
+  int32_t config_cap() const;  // maxCTAs alone (0: none)
 
  private:
   PlanInstance& create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,

@@ -341,6 +341,30 @@ TEST_CASE("ranks sharing a GPU whose kernels cannot all be resident are refused 
   for (auto x : c) CHECK(mkCommDestroy(x) == mkSuccess);
 }
 
+TEST_CASE("ranks sharing a GPU get an equal share of its SMs: their kernels' grids shrink to fit together") {
+  MKT_REQUIRE_FAKE();
+  auto limits = mkt::require_fn<decltype(mkfake_set_limits)>("mkfake_set_limits");
+  mkt::Device d(0);
+  limits(8, 1);  // 8 blocks at a time: 4 per rank (and the plans fit the tests' 4 MiB of scratch)
+  const int devs[2] = {0, 0};
+  mkComm_t c[2] = {};
+  REQUIRE(mkCommInitAll(c, 2, devs) == mkSuccess);
+  mkt::Buffer b(d, 16 << 20);
+  for (size_t count : {size_t(1) << 20, size_t(256)}) {  // 4 MiB (simple protocol) and 1 KiB (LL)
+    const int64_t launches = mkt::counts().launches;
+    REQUIRE(mkGroupStart() == mkSuccess);
+    for (int i = 0; i < 2; ++i)
+      CHECK(mkAllReduce(b.ptr(), reinterpret_cast<char*>(b.ptr()) + (8 << 20) * i, count, mkFloat32, mkSum, c[i],
+                        d.stream) == mkSuccess);
+    REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, std::string(mkGetLastError(nullptr)));
+    CHECK(mkt::counts().launches == launches + 2);
+    CHECK(mkt::last_launch().grid[0] <= 4);
+    CHECK(mkt::last_launch().grid[0] >= 2);
+  }
+  limits(0, 0);
+  for (auto x : c) CHECK(mkCommDestroy(x) == mkSuccess);
+}
+
 TEST_CASE("nonblocking init returns mkInProgress and completes in the background") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
@@ -593,7 +617,8 @@ TEST_CASE("a group whose launch fails part-way stops what it launched and makes 
   auto fail_at = mkt::require_fn<decltype(mkfake_fail)>("mkfake_fail");
   Pair p;
   REQUIRE(p.allreduce() == mkSuccess);
-  REQUIRE(fail_at("cuLaunchKernel", 2, int(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)) == 0);
+  // (sm_90 plans are launched with programmatic dependent launch: cuLaunchKernelEx)
+  REQUIRE(fail_at("cuLaunchKernelEx", 2, int(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)) == 0);
   CHECK(p.allreduce() == mkUnhandledCudaError);
   fail_at(nullptr, 0, 0);
   // Rank 0's kernel was launched and would wait for rank 1's forever: both
