@@ -36,6 +36,8 @@ Loaded& loaded() {
     MK_CU_FUNCS(MK_CU_LOAD)
 #undef MK_CU_LOAD
     l.d.cuFuncLoad = reinterpret_cast<CUresult (*)(CUfunction)>(dlsym(h, "cuFuncLoad"));
+    l.d.cuLaunchKernelEx = reinterpret_cast<CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**)>(
+        dlsym(h, "cuLaunchKernelEx"));
     CUresult r = l.d.cuInit(0);
     if (r != CUDA_SUCCESS) {
       const char* s = nullptr;

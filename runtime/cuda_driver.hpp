@@ -80,6 +80,8 @@ struct Driver {
 #undef MK_CU_FIELD
   // Optional (newer drivers): forces a lazily loaded kernel to load now.
   CUresult (*cuFuncLoad)(CUfunction) = nullptr;
+  // Optional (CUDA 12+): launches with attributes (programmatic dependent launch).
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
 };
 
 // The loaded driver, cuInit done. Throws mk::Error (runtime) when the driver

@@ -62,6 +62,13 @@ int64_t zero_copy_min_bytes() {
   return v;
 }
 
+// MK_PDL=0: plain launches even for kernels that allow programmatic
+// dependent launch (plan::Kernel::pdl).
+bool pdl_enabled() {
+  static const bool on = env::pdl();
+  return on;
+}
+
 // A validated call, ready to launch. Queued in a group it keeps only a weak
 // reference: a destroy or abort from any thread is not held up by a group
 // that is still open (mkGroupEnd then fails).
@@ -264,8 +271,28 @@ void launch_locked(Pending& p, PlanInstance& inst) {
   const plan::Kernel& kern = *inst.kernel;
   dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
   void* params[] = {&a};
-  CUresult r = cu().cuLaunchKernel(inst.fn, unsigned(kern.grid), 1, 1, unsigned(kern.threads), 1, 1, 0, p.stream,
-                                   params, nullptr);
+  CUresult r;
+  if (kern.pdl && pdl_enabled() && cu().cuLaunchKernelEx) {
+    // Programmatic dependent launch: the kernel may be scheduled as soon as
+    // the previous kernel of the stream has let its blocks go; it waits for
+    // that kernel's completion (griddepcontrol.wait) before touching memory.
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = unsigned(kern.grid);
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = unsigned(kern.threads);
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = 0;
+    cfg.hStream = p.stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    r = cu().cuLaunchKernelEx(&cfg, inst.fn, params, nullptr);
+  } else {
+    r = cu().cuLaunchKernel(inst.fn, unsigned(kern.grid), 1, 1, unsigned(kern.threads), 1, 1, 0, p.stream, params,
+                            nullptr);
+  }
   if (r != CUDA_SUCCESS) fail(mkUnhandledCudaError, std::string(api) + ": kernel launch failed: " + cu_error_string(r));
   inst.res->last.store(&inst);
   if (eager) {

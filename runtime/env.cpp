@@ -42,6 +42,8 @@ const std::vector<TuneKey>& tune_table() {
       {"max_tile", 16, int64_t(1) << 30, 16, &P::max_tile_bytes, nullptr},
       {"ll_max", 0, int64_t(1) << 62, 1, &P::ll_max_bytes, nullptr},
       {"scratch_budget", 0, int64_t(1) << 40, 1, &P::scratch_budget, nullptr},
+      {"simple_loads", 1, 32, 1, nullptr, &P::simple_loads},
+      {"simple_pipeline", 0, 1, 1, nullptr, &P::simple_pipeline},
   };
   return t;
 }
@@ -110,6 +112,7 @@ int32_t bootstrap_timeout_ms() {
   return int32_t(get_int("MK_BOOTSTRAP_TIMEOUT_MS", 120000, 1, (int64_t(1) << 31) - 1));
 }
 bool zero_copy() { return get_bool("MK_ZERO_COPY", true); }
+bool pdl() { return get_bool("MK_PDL", true); }
 int64_t zero_copy_min_bytes() { return get_int("MK_ZERO_COPY_MIN_BYTES", int64_t(4) << 20, 0, int64_t(1) << 62); }
 
 std::string tune_keys() {

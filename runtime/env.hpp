@@ -10,6 +10,7 @@
 //   MK_BOOTSTRAP_TIMEOUT_MS  bootstrap wait bound         1 .. 2^31-1, default 120000
 //   MK_ZERO_COPY             0 or 1, default 1
 //   MK_ZERO_COPY_MIN_BYTES   0 .. 2^62, default 4 MiB
+//   MK_PDL                   0 or 1, default 1 (programmatic dependent launch)
 //   MK_TUNE                  key=value,... (tune_keys())
 //   MK_ALGO                  collective=schedule,... (a built-in schedule of that collective)
 #pragma once
@@ -47,6 +48,7 @@ int32_t max_registrations();
 int32_t bootstrap_timeout_ms();
 bool zero_copy();
 int64_t zero_copy_min_bytes();
+bool pdl();
 
 // MK_TUNE applied to compile options, every key strictly parsed and
 // range-checked; unknown keys are errors.

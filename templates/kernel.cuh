@@ -526,6 +526,13 @@ struct Ctx {
     }
   }
 
+  // The streaming loop: each thread keeps P::kLoads 16-byte loads in flight
+  // (over all sources: U = kLoads / NS vectors of each), issued as a batch,
+  // then combines and stores them. With P::kPipeline the next batch's loads
+  // are issued before this batch's stores (twice the registers): no thread
+  // waits a full load latency between batches. The source order is the
+  // memory order: loads and stores may alias (in-place), so the compiler
+  // keeps them as written.
   template <int NS, int ND, bool RED, bool FINAL>
   MK_DEV void prim_simple(T* const (&src)[NS], T* const (&dst)[ND], int64_t n) {
     unsigned skip = 0;  // in-place: a copy onto its own source does nothing
@@ -541,21 +548,48 @@ struct Ctx {
 #pragma unroll
     for (int d = 0; d < ND; ++d) bits |= uintptr_t(dst[d]);
     const int64_t nvec = (bits & 15) == 0 ? n / VE : 0;
-    constexpr int U = NS <= 2 ? 4 : (NS <= 4 ? 2 : 1);
-    int64_t i = threadIdx.x;
-    for (; i + int64_t(U - 1) * NT < nvec; i += int64_t(U) * NT) {
-      V16 v[U][NS];
+    constexpr int U = P::kLoads / NS > 0 ? P::kLoads / NS : 1;
+    constexpr int64_t B = int64_t(U) * NT;  // vectors per batch of the block
+    auto load = [&](V16 (&v)[U][NS], int64_t at) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int s = 0; s < NS; ++s) v[u][s] = ld_cg16(src[s] + (i + int64_t(u) * NT) * VE);
+        for (int s = 0; s < NS; ++s) v[u][s] = ld_cg16(src[s] + (at + int64_t(u) * NT) * VE);
+    };
+    auto store = [&](const V16 (&v)[U][NS], int64_t at) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         V16 r;
         combine<NS, RED, FINAL, V16, VE>(v[u], r);
 #pragma unroll
         for (int d = 0; d < ND; ++d)
-          if (!(skip >> d & 1u)) st16(dst[d] + (i + int64_t(u) * NT) * VE, r);
+          if (!(skip >> d & 1u)) st16(dst[d] + (at + int64_t(u) * NT) * VE, r);
+      }
+    };
+    int64_t i = threadIdx.x;
+    const int64_t full = nvec / B * B;  // vectors in whole batches
+    if constexpr (P::kPipeline) {
+      if (i < full) {
+        V16 a[U][NS], b[U][NS];
+        load(a, i);
+        for (;;) {
+          const bool more = i + B < full;  // (batches are whole: i + B < full iff the next one is)
+          if (more) load(b, i + B);
+          store(a, i);
+          i += B;
+          if (!more) break;
+          const bool again = i + B < full;
+          if (again) load(a, i + B);
+          store(b, i);
+          i += B;
+          if (!again) break;
+        }
+      }
+    } else {
+      for (; i < full; i += B) {
+        V16 a[U][NS];
+        load(a, i);
+        store(a, i);
       }
     }
     for (; i < nvec; i += NT) {

@@ -86,6 +86,14 @@ MK_DEV void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 MK_DEV uint32_t ld_volatile_u32(const volatile uint32_t* p) { return *p; }
+// Programmatic dependent launch (sm_90+): wait until the previous grid of
+// this stream has completed and its memory is visible. A no-op before sm_90
+// and when the kernel was launched without the attribute.
+MK_DEV void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 MK_DEV uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -817,6 +817,10 @@ class Emitter {
     const int32_t threads = s_.proto == ir::Proto::ll ? 256 : 512;
     o_ += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, 1) {}(const mk::dev::Args a) {{\n",
                       threads, kernel_name);
+    // Nothing of the previous kernel on this stream may be read or
+    // overwritten before it completed: the runtime may launch this one early
+    // (programmatic dependent launch, plan::Kernel::pdl).
+    o_ += "  mk::dev::grid_dependency_wait();\n";
     o_ += fmt::format("  __shared__ mk::dev::Shared<{}> sh;\n", s_.nranks);
     o_ += fmt::format("  mk::dev::Ctx<{}> c(a, sh);\n", P());
     o_ += "  if (c.L.steps == 0) return;\n";
@@ -990,11 +994,12 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
       "  static constexpr int kRanks = {}, kChunks = {}, kTbs = {}, kInstances = {}, kDepth = {};\n"
       "  static constexpr int kScratch = {}, kSlots = {}, kThreads = {}, kPosRot = {}, kWide = {};\n"
       "  static constexpr long long kMaxTileBytes = {};\n"
-      "  static constexpr bool kLL = {}, kRooted = {}, kZeroCopy = {};\n}};\n\n",
+      "  static constexpr int kLoads = {};\n"
+      "  static constexpr bool kLL = {}, kRooted = {}, kZeroCopy = {}, kPipeline = {};\n}};\n\n",
       b, dtype_device_name(dtype), int(op), s.nranks, s.chunks, s.tbs, s.instances, s.depth,
       std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot, cp.wide,
-      s.tile_bytes, s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
-      s.zero_copy ? "true" : "false");
+      s.tile_bytes, std::max(lim.loads, 1), s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
+      s.zero_copy ? "true" : "false", lim.pipeline ? "true" : "false");
   Emitter e(s, int32_t(b), cp, o, served, lim.reroll, rooted ? -1 : rank, lim.row_only_bytes);
   u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);
   if (e.row_only()) u.serves = {rank};

@@ -80,6 +80,9 @@ struct Limits {
   // rank's program took seconds and hundreds of megabytes. From 128 ranks the
   // hierarchical plans' tables already passed row_only_bytes.
   int32_t own_rank_from = 128;
+  // The simple protocol's streaming loop (P::kLoads, P::kPipeline).
+  int32_t loads = 16;
+  bool pipeline = false;
 };
 
 // One compilation unit per size bucket (compiled in parallel).

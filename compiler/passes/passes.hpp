@@ -42,12 +42,17 @@ struct ProtocolOptions {
   int32_t forced_instances = 0;         // 0: from the schedule
   // Instances per protocol when not forced: max(schedule's, this). More
   // instances = more CTAs moving data in parallel (bandwidth), more scratch.
-  int32_t simple_instances = 16;
+  int32_t simple_instances = 32;
   int32_t ll_instances = 4;
   // At most this many thread blocks per kernel (0: no cap): instances are
   // lowered until instances x blocks per instance fits (never below 1).
   // The runtime passes mkConfig_t.maxCTAs here.
   int32_t max_grid = 0;
+  // The simple protocol's streaming loop (templates/kernel.cuh prim_simple):
+  // 16-byte loads in flight per thread, and whether the next batch's loads
+  // are issued before this batch's stores.
+  int32_t simple_loads = 16;
+  int32_t simple_pipeline = 0;
 };
 
 // Size buckets for [min_bytes, max_bytes] (max -1: unbounded).

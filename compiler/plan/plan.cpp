@@ -117,6 +117,11 @@ Kernel kernel_from_json(const json& k, const Plan& p, size_t i, const std::strin
   x.scratch_bytes = num<int64_t>(k, "scratch_bytes", where, path, 0, kMaxRegion);
   x.flag_bytes = num<int64_t>(k, "flag_bytes", where, path, 8, kMaxRegion);
   x.seq_words = num<int32_t>(k, "seq_words", where, path, x.grid, x.grid);
+  if (k.contains("pdl")) {
+    if (!k["pdl"].is_boolean()) bad(where, path + ".pdl", "expected true or false");
+    x.pdl = k["pdl"].get<bool>();
+    if (x.pdl && p.arch < 90) bad(where, path + ".pdl", "programmatic dependent launch needs sm_90 or later");
+  }
   x.cubin_file = str(k, "cubin", where, path);
   x.source_file = opt_str(k, "source", where, path, "");
   if (!safe_file_name(x.cubin_file)) bad(where, path + ".cubin", "must be a plain file name");
@@ -235,7 +240,7 @@ json header_json(const Plan& p) {
 }
 
 json kernel_json(const Kernel& k) {
-  return {{"name", k.name},
+  json j = {{"name", k.name},
           {"bucket", k.bucket},
           {"min_bytes", k.min_bytes},
           {"max_bytes", k.max_bytes},
@@ -254,6 +259,8 @@ json kernel_json(const Kernel& k) {
           {"seq_words", k.seq_words},
           {"cubin", k.cubin_file},
           {"source", k.source_file}};
+  if (k.pdl) j["pdl"] = true;
+  return j;
 }
 
 }  // namespace

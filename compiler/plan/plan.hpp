@@ -32,6 +32,10 @@ struct Kernel {
   int64_t scratch_bytes = 0;  // per rank
   int64_t flag_bytes = 0;     // per rank
   int32_t seq_words = 0;      // per rank (instances * tbs)
+  // The kernel waits for the previous grid of its stream (griddepcontrol.wait,
+  // sm_90+) before it touches memory, so it may be launched with programmatic
+  // dependent launch (its launch overlaps the previous kernel's tail).
+  bool pdl = false;
   std::string cubin_file;     // relative to the plan directory
   std::string source_file;
 

@@ -54,6 +54,7 @@ struct Op {
   int device = 0;
   unsigned grid[3] = {}, block[3] = {};
   mk::dev::Args args{};
+  bool pdl = false;  // launched with programmatic stream serialisation
   CUhostFn host = nullptr;
   void* user = nullptr;
 };
@@ -377,6 +378,7 @@ void run_launch(const Op& op, Stream* stream, CUstream handle) {
   s.last.device = op.device;
   std::snprintf(s.last.function, sizeof s.last.function, "%s", op.fn_name.c_str());
   s.last.args = op.args;
+  s.last.pdl = op.pdl ? 1 : 0;
   s.have_last = true;
   if (s.inject_left > 0) {
     --s.inject_left;
@@ -1641,9 +1643,33 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction fn,
   return CUDA_SUCCESS;
 }
 
+static CUresult launch(std::unique_lock<std::mutex>& lock_, State& s, CUfunction fn, unsigned gx, unsigned gy,
+                       unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, CUstream hs, void** params,
+                       void** extra, bool pdl);
+
 CUresult cuLaunchKernel(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, CUstream hs, void** params, void** extra) {
   FAKE_ENTER("cuLaunchKernel");
+  return launch(lock_, s, fn, gx, gy, gz, bx, by, bz, smem, hs, params, extra, false);
+}
+
+// Attributes other than programmatic stream serialisation are refused (the
+// runtime sets no other).
+CUresult cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction fn, void** params, void** extra) {
+  FAKE_ENTER("cuLaunchKernelEx");
+  if (!cfg || (cfg->numAttrs && !cfg->attrs)) return CUDA_ERROR_INVALID_VALUE;
+  bool pdl = false;
+  for (unsigned i = 0; i < cfg->numAttrs; ++i) {
+    if (cfg->attrs[i].id != CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) return CUDA_ERROR_INVALID_VALUE;
+    pdl = cfg->attrs[i].value.programmaticStreamSerializationAllowed != 0;
+  }
+  return launch(lock_, s, fn, cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ, cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ,
+                cfg->sharedMemBytes, cfg->hStream, params, extra, pdl);
+}
+
+static CUresult launch(std::unique_lock<std::mutex>& lock_, State& s, CUfunction fn, unsigned gx, unsigned gy,
+                       unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, CUstream hs, void** params,
+                       void** extra, bool pdl) {
   Function* f = reinterpret_cast<Function*>(fn);
   if (!s.functions.count(f)) return CUDA_ERROR_INVALID_HANDLE;
   Stream* st = find_stream(hs);
@@ -1659,6 +1685,7 @@ CUresult cuLaunchKernel(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, un
   op.device = st->ctx->device;
   op.grid[0] = gx, op.grid[1] = gy, op.grid[2] = gz;
   op.block[0] = bx, op.block[1] = by, op.block[2] = bz;
+  op.pdl = pdl;
   std::memcpy(&op.args, params[0], sizeof op.args);
   submit(lock_, st, hs, op);
   return CUDA_SUCCESS;

@@ -83,6 +83,7 @@ struct mkfake_launch {
   int device;
   char function[128];
   mk::dev::Args args;  // a copy of the first kernel parameter
+  int pdl;             // 1: launched with programmatic stream serialisation (cuLaunchKernelEx)
 };
 
 // 1: this libcuda.so.1 is the fake.

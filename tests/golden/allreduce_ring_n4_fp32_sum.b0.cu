@@ -10,7 +10,8 @@ struct P0 {
   static constexpr int kRanks = 4, kChunks = 4, kTbs = 2, kInstances = 4, kDepth = 2;
   static constexpr int kScratch = 6, kSlots = 7, kThreads = 256, kPosRot = 1, kWide = 0;
   static constexpr long long kMaxTileBytes = 4096;
-  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false;
+  static constexpr int kLoads = 16;
+  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {
@@ -51,6 +52,7 @@ static __device__ __forceinline__ void b0_c0_tb1(mk::dev::Ctx<P0>& c) {
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) mk_allreduce_ring_n4_fp32_sum_b0(const mk::dev::Args a) {
+  mk::dev::grid_dependency_wait();
   __shared__ mk::dev::Shared<4> sh;
   mk::dev::Ctx<P0> c(a, sh);
   if (c.L.steps == 0) return;

@@ -10,7 +10,8 @@ struct P0 {
   static constexpr int kRanks = 3, kChunks = 1, kTbs = 3, kInstances = 4, kDepth = 2;
   static constexpr int kScratch = 1, kSlots = 2, kThreads = 256, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 16384;
-  static constexpr bool kLL = true, kRooted = true, kZeroCopy = false;
+  static constexpr int kLoads = 16;
+  static constexpr bool kLL = true, kRooted = true, kZeroCopy = false, kPipeline = false;
 };
 
 // per rank: its row in its class's table
@@ -52,6 +53,7 @@ static __device__ __forceinline__ void b0_c1_tb0(mk::dev::Ctx<P0>& c, const int*
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) mk_broadcast_direct_n3_bf16_sum_b0(const mk::dev::Args a) {
+  mk::dev::grid_dependency_wait();
   __shared__ mk::dev::Shared<3> sh;
   mk::dev::Ctx<P0> c(a, sh);
   if (c.L.steps == 0) return;

@@ -10,7 +10,8 @@ struct P0 {
   static constexpr int kRanks = 2, kChunks = 1, kTbs = 2, kInstances = 4, kDepth = 2;
   static constexpr int kScratch = 1, kSlots = 1, kThreads = 256, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 16384;
-  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false;
+  static constexpr int kLoads = 16;
+  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {
@@ -30,6 +31,7 @@ static __device__ __forceinline__ void b0_c0_tb1(mk::dev::Ctx<P0>& c) {
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) mk_reducescatter_direct_n2_int8_max_b0(const mk::dev::Args a) {
+  mk::dev::grid_dependency_wait();
   __shared__ mk::dev::Shared<2> sh;
   mk::dev::Ctx<P0> c(a, sh);
   if (c.L.steps == 0) return;

@@ -113,6 +113,10 @@ int run_rank(int rank, int nranks, const mkUniqueId& id) {
   mkfake_launch l{};
   CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
   CHILD_CHECK(l.args.rank == rank && l.args.count == 256 && l.device == rank);
+  // sm_90 plans wait for the previous grid first, so they are launched with
+  // programmatic dependent launch, unless MK_PDL=0.
+  const char* pdl = std::getenv("MK_PDL");
+  CHILD_CHECK(l.pdl == (pdl && std::string(pdl) == "0" ? 0 : 1));
 
   CHILD_CHECK(mkCommDeregister(comm, handle) == mkSuccess);
   CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
@@ -331,6 +335,11 @@ int mkt_child_main(int argc, char** argv) {
 TEST_CASE("two processes: ranks share arenas and registered buffers, launch, and destroy cleanly") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "share", {});
+}
+
+TEST_CASE("two processes: MK_PDL=0 launches without programmatic dependent launch") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "share", {{"MK_PDL=0"}, {"MK_PDL=0"}});
 }
 
 TEST_CASE("two processes: a setting that shapes plans differs between ranks: init fails on both, naming it") {

@@ -42,6 +42,7 @@ TEST_CASE("one rank: an all-reduce launches one kernel with the call's arguments
     CHECK(l.args.output == out.ptr());
     CHECK(l.args.errors != nullptr);
     CHECK((l.args.host_abort != nullptr));
+    CHECK(l.pdl == 1);  // an sm_90 plan waits for the previous grid: launched with PDL
     REQUIRE(mkCommDestroy(comm) == mkSuccess);
   }
   const std::string leaked = mkt::leaks(before, mkt::counts());

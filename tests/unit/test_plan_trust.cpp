@@ -83,6 +83,15 @@ TEST_CASE("plan: every field of plan.json is type-checked, naming the field and 
   json j = good;
   j["zero_copy"] = "yes";
   CHECK(contains(read_with(d.path, j).message, "$.zero_copy: expected true or false"));
+  j = good;
+  j["kernels"][0]["pdl"] = 1;
+  CHECK(contains(read_with(d.path, j).message, "$.kernels[0].pdl: expected true or false"));
+  // a kernel before sm_90 cannot wait for the previous grid: it must not be
+  // launched early (programmatic dependent launch)
+  j = good;
+  j["arch"] = "sm_80";
+  j["kernels"][0]["pdl"] = true;
+  CHECK(contains(read_with(d.path, j).message, "$.kernels[0].pdl: programmatic dependent launch needs sm_90"));
 }
 
 TEST_CASE("plan: sizes are range-checked in 64 bits, buckets ordered and disjoint") {

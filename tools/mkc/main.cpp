@@ -48,6 +48,8 @@
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "runtime/comm.hpp"
+#include "runtime/env.hpp"
+#include "runtime/status.hpp"
 
 using namespace mk;
 namespace fs = std::filesystem;
@@ -73,6 +75,7 @@ struct Common {
   int64_t min_bytes = 0;
   int64_t max_bytes = -1;
   bool zero_copy = false;
+  std::string tune;  // MK_TUNE's syntax
 };
 
 void add_common(CLI::App* c, Common& o, bool sizes) {
@@ -92,6 +95,9 @@ void add_common(CLI::App* c, Common& o, bool sizes) {
   c->add_option("--plugin", o.plugins, "load schedules from a plugin library (.so)");
   c->add_option("--proto", o.proto, "force a protocol: simple or ll");
   c->add_option("--tile", o.tile, "force the tile size in bytes (a multiple of 16)");
+  c->add_option("--tune", o.tune,
+                "protocol knobs in MK_TUNE's syntax (key=value,...; `mkc info` lists the keys), e.g. "
+                "simple_instances=32,max_tile=131072");
   c->add_flag("--zero-copy", o.zero_copy,
               "lower for registered buffers: ops access peers' user buffers directly (no staging, no scratch)");
   if (sizes) {
@@ -168,6 +174,13 @@ compiler::LowerOptions lower_options(const Common& o) {
   }
   l.proto.forced_tile = o.tile;
   l.zero_copy = o.zero_copy;
+  if (!o.tune.empty()) {
+    try {
+      rt::env::apply_tune(o.tune, &l.proto);
+    } catch (const rt::RtError& e) {
+      throw Error(ErrId::cli_E011, std::string("--tune: ") + e.what(), {}, "keys: " + rt::env::tune_keys());
+    }
+  }
   return l;
 }
 
