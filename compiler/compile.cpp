@@ -55,7 +55,7 @@ std::string options_json(const CompileOptions& o) {
   const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_variant,
                on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
-               simple_instances, ll_instances, max_grid, simple_loads, simple_pipeline] = proto;
+               simple_instances, ll_instances, max_grid, simple_loads, simple_pipeline, one_pass] = proto;
   (void)use_cache;     // where the plan is kept, not what it is
   (void)use_prebuilt;  // where the plan may come from, not what it is
   (void)on_pass;      // observes the passes, changes nothing
@@ -85,7 +85,8 @@ std::string options_json(const CompileOptions& o) {
           {"ll_instances", ll_instances},
           {"max_grid", max_grid},
           {"simple_loads", simple_loads},
-          {"simple_pipeline", simple_pipeline}}}}}};
+          {"simple_pipeline", simple_pipeline},
+          {"one_pass", one_pass}}}}}};
   return j.dump();
 }
 
@@ -215,7 +216,8 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     k.scratch_bytes = verify::scratch_bytes(s);
     k.flag_bytes = (dev::flag_words(s.instances, k.flag_slots) + (s.zero_copy ? dev::zc_words(s.nranks) : 0)) * 8;
     k.seq_words = k.grid;
-    k.pdl = o.arch >= 90;  // codegen: every kernel starts with mk::dev::grid_dependency_wait()
+    k.pdl = o.arch >= 90;
+    k.one_pass = s.one_pass;  // codegen: every kernel starts with mk::dev::grid_dependency_wait()
     k.cubin_file = k.name + ".sm_" + std::to_string(o.arch) + ".cubin";
     k.source_file = k.name + ".cu";
     k.cubin = std::move(results[b].cubin);

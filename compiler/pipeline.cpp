@@ -79,6 +79,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     t0 = std::chrono::steady_clock::now();  // the observer's time is not the next pass's
   };
   set_topology(s, o.topology);
+  s.one_pass = false;  // a pass decides, never the input (an IR file may say anything)
   dump("build", s);
 
   // Plans are for root 0 (the kernel relabels ranks for the caller's root): a
@@ -150,6 +151,8 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     const auto t = std::chrono::steady_clock::now();
     ir::Schedule& v = vs[b];
     v = passes::choose_protocol(s, out.buckets[b]);  // the copy of `s` here: side by side too
+    const bool one_pass = o.proto.one_pass && passes::one_pass_possible(v, out.buckets[b].max_bytes);
+    if (one_pass) v = passes::one_block(std::move(v));
     // The access needs once for the sync and its proof (hb.hpp DataNeeds):
     // `s`'s ops are those insert_sync starts from, with this bucket's protocol.
     {
@@ -166,6 +169,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
       if (!ir::same_data_ops(v, s)) verify::verify_semantics(v, o.orders ? &orders[b] : nullptr);
       verify::verify_sync_budget(v, budget, verify::SymMode::automatic, {&s, &needs});
     }
+    if (one_pass) v = passes::mark_one_pass(std::move(v), out.buckets[b].max_bytes);
     release_free_memory(v);
     ms[b] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
     if (o.on_variant && !watched) o.on_variant(b, nb, v);

@@ -380,6 +380,10 @@ mkResult_t Comm::poll_async_error() {
   else if (e.code == dev::kErrLLTimeout)
     what = fmt::format("{} waited {:.0f} ms at step {} for data in LL scratch (source {})", who,
                        double(e.waited_ns) / 1e6, e.step, e.slot);
+  else if (e.code == dev::kErrOnePassSteps)
+    what = fmt::format("{} is a one-pass kernel (one step per launch) but this call needs {} steps: the plan's size "
+                       "range does not match its kernel (a damaged or edited plan?); nothing was touched",
+                       who, e.have);
   else if (e.code == dev::kErrZcMismatch && e.slot == dev::kZcCall)
     what = fmt::format("rank {} made a different call (collective {}, dtype {}, op {}, root {}) than this rank "
                        "(collective {}, dtype {}, op {}, root {}) (zero-copy); nothing was touched",
@@ -406,7 +410,7 @@ mkResult_t Comm::poll_async_error() {
       "rank {}: collective {} ({}) did not complete: {}. A peer process may have died, stalled or aborted "
       "(watchdog: MK_TIMEOUT_MS). The communicator is unusable; call mkCommAbort.",
       rank, where ? where->plan->schedule : "?", where ? where->kernel->name : "?", what);
-  set_error(e.code == dev::kErrZcMismatch ? mkInvalidUsage : mkRemoteError, msg);
+  set_error(e.code == dev::kErrZcMismatch || e.code == dev::kErrOnePassSteps ? mkInvalidUsage : mkRemoteError, msg);
   return mkResult_t(async_error.load());
 }
 

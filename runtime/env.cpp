@@ -44,6 +44,7 @@ const std::vector<TuneKey>& tune_table() {
       {"scratch_budget", 0, int64_t(1) << 40, 1, &P::scratch_budget, nullptr},
       {"simple_loads", 1, 32, 1, nullptr, &P::simple_loads},
       {"simple_pipeline", 0, 1, 1, nullptr, &P::simple_pipeline},
+      {"one_pass", 0, 1, 1, nullptr, &P::one_pass},
   };
   return t;
 }

@@ -13,6 +13,7 @@ enum ErrorCode : int32_t {
   kErrLLTimeout = 2,    // an LL packet never arrived
   kErrStopped = 3,      // gave up because another block, rank or the host aborted
   kErrZcMismatch = 4,   // zero-copy: a peer's call does not match this one (slot: what, see ZcWhat)
+  kErrOnePassSteps = 5, // a one-pass kernel was launched for a size that needs more steps (have: the steps)
 };
 
 // ErrorRecord::slot of a kErrStopped record written at kernel entry: the

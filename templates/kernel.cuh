@@ -127,6 +127,13 @@ struct Ctx {
       if (threadIdx.x == 0) fail(kErrStopped, kStoppedAtEntry, -1, -1, 0, 0, 0);
       L.steps = 0;
     }
+    // A one-pass kernel (no flags: launches order its scratch reuse) is only
+    // correct at one step per launch; every rank sees the same count, so
+    // every rank stops here alike.
+    if (P::kOnePass && L.steps > 1) {
+      if (threadIdx.x == 0) fail(kErrOnePassSteps, -1, -1, -1, uint64_t(L.steps), 1, 0);
+      L.steps = 0;
+    }
   }
   MK_DEV static uint64_t* comm_abort(uint64_t* flags, int64_t flag_offset) {
     return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(flags) - flag_offset);
@@ -419,6 +426,18 @@ struct Ctx {
   // that orders it before the block's next op. False: the collective aborted.
   template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
   __device__ __noinline__ bool op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode) {
+    run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode);
+    return barrier();
+  }
+  // An op of a one-pass kernel (passes/one_pass.cpp): inlined, and no
+  // barrier after it (each thread's units are its own in every op).
+  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
+  MK_DEV bool op_pass(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode) {
+    run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode);
+    return !aborted;
+  }
+  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
+  MK_DEV void run_op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode) {
     T* src[NS];
     T* dst[ND];
 #pragma unroll
@@ -426,7 +445,6 @@ struct Ctx {
 #pragma unroll
     for (int i = 0; i < ND; ++i) dst[i] = decode(d[i]);
     prim<NS, ND, RED, FINAL, SLL, DLL>(src, dst, len(decode_pos(pcode)));
-    return barrier();
   }
 
   // ---- wide ops -----------------------------------------------------------
@@ -670,9 +688,26 @@ struct Ctx {
     const uint32_t flag = uint32_t(value());
     for (int64_t u = threadIdx.x; u < units; u += NT) {
       const int bytes = int(min64(8, nbytes - u * 8));
+      // Every source's load issued back to back, then the LL packets not
+      // there yet polled one by one.
       V8 v[NS];
+      V16 pk[NS];
 #pragma unroll
-      for (int s = 0; s < NS; ++s) v[s] = (SLL >> s & 1u) ? ll_read(src[s], u, s) : unit_load(src[s], u, bytes);
+      for (int s = 0; s < NS; ++s)
+        if (SLL >> s & 1u)
+          pk[s] = ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16);
+        else
+          v[s] = unit_load(src[s], u, bytes);
+#pragma unroll
+      for (int s = 0; s < NS; ++s)
+        if (SLL >> s & 1u) {
+          if (pk[s].y == flag && pk[s].w == flag) {
+            v[s].x = pk[s].x;
+            v[s].y = pk[s].z;
+          } else {
+            v[s] = ll_read(src[s], u, s);
+          }
+        }
       if (aborted) return;
       V8 r;
       combine<NS, RED, FINAL, V8, 8 / int(sizeof(T))>(v, r);

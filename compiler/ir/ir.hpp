@@ -126,6 +126,10 @@ struct Schedule {
   bool staged = false;     // only owners touch user buffers (stage_remote ran)
   bool synced = false;     // signal/wait present (insert_sync ran)
   bool zero_copy = false;  // lowered for registered buffers: ops touch peers' user buffers
+  // One pass (passes/one_pass.cpp): an LL schedule whose launches are one
+  // step each and whose scratch reuse is ordered by the launches themselves;
+  // kernels run its data ops without its wait and signal ops.
+  bool one_pass = false;
   // What it is built and lowered for; unset: one NVLink node of nranks GPUs
   // (topology_of). When set, topology->nranks() == nranks.
   std::optional<topology::Topology> topology;

@@ -92,6 +92,7 @@ json header(const Schedule& s) {
   j["tile_bytes"] = s.tile_bytes;
   j["staged"] = s.staged;
   if (s.zero_copy) j["zero_copy"] = true;
+  if (s.one_pass) j["one_pass"] = true;
   j["synced"] = s.synced;
   if (s.topology) j["topology"] = topology::to_json(*s.topology);
   return j;
@@ -187,6 +188,7 @@ Schedule from_json(std::string_view text) {
   s.tile_bytes = get_num<int64_t>(j, "tile_bytes", "$", 0);
   s.staged = get_bool(j, "staged", "$", false);
   s.zero_copy = get_bool(j, "zero_copy", "$", false);
+  s.one_pass = get_bool(j, "one_pass", "$", false);
   s.synced = get_bool(j, "synced", "$", false);
   if (s.nranks < 1) bad("$.ranks", "must be >= 1");
   if (s.chunks < 1) bad("$.chunks", "must be >= 1");

@@ -53,12 +53,22 @@ struct ProtocolOptions {
   // are issued before this batch's stores.
   int32_t simple_loads = 16;
   int32_t simple_pipeline = 0;
+  // LL buckets run in one pass where passes/one_pass.cpp allows (1) or keep
+  // their flags and thread blocks (0).
+  int32_t one_pass = 1;
 };
 
 // Size buckets for [min_bytes, max_bytes] (max -1: unbounded).
 std::vector<Bucket> plan_buckets(const ir::Schedule& s, int64_t min_bytes, int64_t max_bytes,
                                  const ProtocolOptions& o);
 ir::Schedule choose_protocol(ir::Schedule s, const Bucket& b);
+// One pass (one_pass.cpp): whether an LL bucket's kernel can run every data
+// op of a rank in one pass with no flags (`why`: what stands in the way);
+// one_block puts each rank's ops into one thread block (before insert_sync);
+// mark_one_pass sets Schedule::one_pass after insert_sync when it holds.
+bool one_pass_possible(const ir::Schedule& s, int64_t max_bytes, std::string* why = nullptr);
+ir::Schedule one_block(ir::Schedule s);
+ir::Schedule mark_one_pass(ir::Schedule s, int64_t max_bytes);
 ir::Schedule insert_sync(ir::Schedule s);
 // With an explicit clock budget in bytes (tests force several chain blocks),
 // and the schedule's access needs where the caller has them

@@ -117,6 +117,11 @@ Kernel kernel_from_json(const json& k, const Plan& p, size_t i, const std::strin
   x.scratch_bytes = num<int64_t>(k, "scratch_bytes", where, path, 0, kMaxRegion);
   x.flag_bytes = num<int64_t>(k, "flag_bytes", where, path, 8, kMaxRegion);
   x.seq_words = num<int32_t>(k, "seq_words", where, path, x.grid, x.grid);
+  if (k.contains("one_pass")) {
+    if (!k["one_pass"].is_boolean()) bad(where, path + ".one_pass", "expected true or false");
+    x.one_pass = k["one_pass"].get<bool>();
+    if (x.one_pass && x.proto != "ll") bad(where, path + ".one_pass", "only LL kernels run in one pass");
+  }
   if (k.contains("pdl")) {
     if (!k["pdl"].is_boolean()) bad(where, path + ".pdl", "expected true or false");
     x.pdl = k["pdl"].get<bool>();
@@ -260,6 +265,7 @@ json kernel_json(const Kernel& k) {
           {"cubin", k.cubin_file},
           {"source", k.source_file}};
   if (k.pdl) j["pdl"] = true;
+  if (k.one_pass) j["one_pass"] = true;
   return j;
 }
 

@@ -36,6 +36,10 @@ struct Kernel {
   // sm_90+) before it touches memory, so it may be launched with programmatic
   // dependent launch (its launch overlaps the previous kernel's tail).
   bool pdl = false;
+  // One pass (passes/one_pass.cpp): no flags between the kernel's ops, and
+  // launches of one step each. Its scratch and step counters are never
+  // shared with a kernel that waits for flags (the resource key includes it).
+  bool one_pass = false;
   std::string cubin_file;     // relative to the plan directory
   std::string source_file;
 

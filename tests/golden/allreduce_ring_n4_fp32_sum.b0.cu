@@ -11,7 +11,7 @@ struct P0 {
   static constexpr int kScratch = 6, kSlots = 7, kThreads = 256, kPosRot = 1, kWide = 0;
   static constexpr long long kMaxTileBytes = 4096;
   static constexpr int kLoads = 16;
-  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false;
+  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = false;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {

@@ -11,7 +11,7 @@ struct P0 {
   static constexpr int kScratch = 1, kSlots = 2, kThreads = 256, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 16384;
   static constexpr int kLoads = 16;
-  static constexpr bool kLL = true, kRooted = true, kZeroCopy = false, kPipeline = false;
+  static constexpr bool kLL = true, kRooted = true, kZeroCopy = false, kPipeline = false, kOnePass = false;
 };
 
 // per rank: its row in its class's table

@@ -11,7 +11,7 @@ struct P1 {
   static constexpr int kScratch = 1, kSlots = 2, kThreads = 512, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 262144;
   static constexpr int kLoads = 16;
-  static constexpr bool kLL = false, kRooted = true, kZeroCopy = false, kPipeline = false;
+  static constexpr bool kLL = false, kRooted = true, kZeroCopy = false, kPipeline = false, kOnePass = false;
 };
 
 // per rank: its row in its class's table

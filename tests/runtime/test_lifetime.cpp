@@ -721,6 +721,8 @@ TEST_CASE("config maxCTAs caps every kernel's grid, below one instance's blocks 
   mkUniqueId id;
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
   const int n = 2;
+  // a broadcast: its LL kernel has two thread blocks per instance (one-pass
+  // kernels, like the all-reduce's, have one and fit maxCTAs=1)
   unsigned grid_default[n] = {}, grid_capped[n] = {};
   mkResult_t tiny[n] = {};
   std::string tiny_msg[n];
@@ -732,15 +734,15 @@ TEST_CASE("config maxCTAs caps every kernel's grid, below one instance's blocks 
       mkComm_t plain = nullptr, capped = nullptr, one = nullptr;
       mkConfig_t cfg = MK_CONFIG_INITIALIZER;
       REQUIRE(mkCommInitRank(&plain, n, id, r) == mkSuccess);
-      REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, plain, d.stream) == mkSuccess);
+      REQUIRE(mkBroadcast(buf.ptr(), buf.ptr(), 64, mkFloat32, 0, plain, d.stream) == mkSuccess);
       grid_default[r] = mkt::last_launch().grid[0];  // uncapped: no capped launch can come before the split
       cfg.maxCTAs = 4;
       REQUIRE(mkCommSplit(plain, 0, r, &capped, &cfg) == mkSuccess);
-      REQUIRE(mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, capped, d.stream) == mkSuccess);
+      REQUIRE(mkBroadcast(buf.ptr(), buf.ptr(), 64, mkFloat32, 0, capped, d.stream) == mkSuccess);
       grid_capped[r] = mkt::last_launch().grid[0];
       cfg.maxCTAs = 1;
       REQUIRE(mkCommSplit(plain, 0, r, &one, &cfg) == mkSuccess);
-      tiny[r] = mkAllReduce(buf.ptr(), buf.ptr(), 64, mkFloat32, mkSum, one, d.stream);
+      tiny[r] = mkBroadcast(buf.ptr(), buf.ptr(), 64, mkFloat32, 0, one, d.stream);
       tiny_msg[r] = mkGetLastError(one);
       for (mkComm_t c : {one, capped, plain}) CHECK(mkCommDestroy(c) == mkSuccess);
     });

@@ -147,6 +147,30 @@ TEST_CASE("a kernel's error record makes mkCommGetAsyncError report the rank, bl
   CHECK(mkCommDestroy(comms[1]) == mkSuccess);
 }
 
+TEST_CASE("a one-pass kernel launched for more steps than one stops at entry, and says the plan does not fit") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device d0(0);
+  mkt::Buffer a0(d0, 4096);
+  mkComm_t comm = mkt::one_rank();
+  mk::dev::ErrorRecord rec{};
+  rec.code = mk::dev::kErrOnePassSteps;  // what templates/kernel.cuh writes (Ctx's constructor)
+  rec.slot = -1;
+  rec.peer = -1;
+  rec.op = -1;
+  rec.have = 3;
+  rec.want = 1;
+  auto inject = mkt::require_fn<decltype(mkfake_inject_record)>("mkfake_inject_record");
+  inject(1, &rec);
+  REQUIRE(mkAllReduce(a0.ptr(), a0.ptr(), 64, mkFloat32, mkSum, comm, d0.stream) == mkSuccess);
+  mkResult_t async = mkSuccess;
+  REQUIRE(mkCommGetAsyncError(comm, &async) == mkSuccess);
+  CHECK(async == mkInvalidUsage);
+  const std::string msg = mkGetLastError(comm);
+  CHECK_MESSAGE(msg.find("one-pass kernel") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("needs 3 steps") != std::string::npos, msg);
+  CHECK(mkCommDestroy(comm) == mkSuccess);
+}
+
 TEST_CASE("a hung kernel ends when mkCommAbort raises the abort word") {
   MKT_REQUIRE_FAKE();
   auto running = mkt::require_fn<decltype(mkfake_running)>("mkfake_running");

@@ -1,0 +1,109 @@
+// one_pass: for an LL bucket of a schedule in which every rank sends to and
+// receives from the same peers, a kernel that makes one pass over the data:
+// each thread loads its units of the input once, stores them as LL packets
+// into its peers' scratch, then polls its own scratch for the peers' packets
+// and combines them, with no barrier, no flag and no fence in between.
+//
+// Why that is safe, given the proof of the schedule with its synchronisation
+// (insert_sync runs on the one-block schedule, the verifier proves it):
+//  - within a rank: every data op of the rank runs in one thread block and
+//    addresses the same chunk position, so a given 8-byte unit of a tile is
+//    handled by the same thread in every op (templates/kernel.cuh prim_ll).
+//    Program order in that thread orders what the block barrier between ops
+//    ordered (the in-place write-after-read, reads after local writes).
+//  - across ranks, data: LL packets carry their step's flag (no flag wait).
+//  - across ranks, scratch reuse (the only other waits the schedule has: a
+//    writer waits, depth steps later, for the reader's signal): every launch
+//    is exactly one step, so depth >= 2 puts launch k and launch k + 2 in the
+//    same scratch copy, launch k + 1 in another. Before a rank W writes R's
+//    scratch in launch k + 2, W's kernel k + 1 completed; it read R's packets
+//    of launch k + 1 (W receives from every rank it sends to), which R's
+//    kernel k + 1 wrote only after R's kernel k had completed (stream order,
+//    or griddepcontrol.wait at kernel entry), and with it R's reads of launch
+//    k. So launch order does what the reuse waits did, and kernels drop them.
+//
+// Needs: protocol chosen (choose_protocol), analyzed positions. Guarantees
+// (mark_one_pass, after insert_sync): one_pass set only when every condition
+// holds: LL, depth >= 2, one thread block per rank, one step per launch for
+// every size of the bucket, every data op of a rank of one chunk at one
+// chunk position and at most 8 sources and destinations, every rank that
+// writes a peer's scratch reads scratch that peer wrote, and every wait a
+// reuse wait (iter -depth).
+#include <set>
+
+#include "compiler/passes/passes.hpp"
+
+namespace mk::passes {
+
+namespace {
+
+constexpr int kMaxOperands = 8;  // codegen unrolls up to this many (no wide ops)
+constexpr int kMaxRanks = 8;
+
+int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
+
+}  // namespace
+
+bool one_pass_possible(const ir::Schedule& s, int64_t max_bytes, std::string* why) {
+  auto no = [&](const std::string& w) {
+    if (why) *why = w;
+    return false;
+  };
+  if (s.proto != ir::Proto::ll) return no("not LL");
+  if (s.zero_copy) return no("zero-copy");
+  if (s.nranks < 2 || s.nranks > kMaxRanks) return no("rank count outside 2..8");
+  if (s.depth < 2) return no("depth below 2");
+  if (max_bytes < 0) return no("unbounded bucket");
+  // one step per launch for every size: the runtime's tile (pick_tile_bytes)
+  // covers a chunk with the instances
+  const int64_t chunk = round16((max_bytes + s.chunks - 1) / s.chunks);
+  if (round16((chunk + s.instances - 1) / s.instances) > s.tile_bytes) return no("more than one step per launch");
+  std::vector<int32_t> pos(size_t(s.nranks), -1);
+  std::set<std::pair<int32_t, int32_t>> writes, reads;  // (rank, peer)
+  // who writes each scratch slot of each rank
+  std::vector<std::vector<int32_t>> writer(size_t(s.nranks), std::vector<int32_t>(size_t(std::max(s.scratch, 0)), -1));
+  for (const ir::Op& op : s.ops) {
+    if (!op.is_data()) continue;
+    for (const ir::Ref& r : op.dsts)
+      if (r.buf == ir::Buf::scratch) {
+        if (r.rank < 0 || r.rank >= s.nranks || r.index < 0 || r.index >= s.scratch) return no("bad scratch ref");
+        writer[size_t(r.rank)][size_t(r.index)] = op.rank;
+      }
+  }
+  for (const ir::Op& op : s.ops) {
+    if (!op.is_data()) continue;
+    if (op.count() != 1 || op.pos.size() != 1) return no("an op of several chunks");
+    if (int(op.srcs.size()) > kMaxOperands || int(op.dsts.size()) > kMaxOperands) return no("a wide op");
+    int32_t& p = pos[size_t(op.rank)];
+    if (p >= 0 && p != op.pos[0]) return no("ops of one rank at different chunk positions");
+    p = op.pos[0];
+    for (const ir::Ref& r : op.dsts)
+      if (r.buf == ir::Buf::scratch && r.rank != op.rank) writes.insert({op.rank, r.rank});
+    for (const ir::Ref& r : op.srcs)
+      if (r.buf == ir::Buf::scratch && r.rank == op.rank) {
+        const int32_t w = writer[size_t(r.rank)][size_t(r.index)];
+        if (w >= 0 && w != op.rank) reads.insert({op.rank, w});
+      }
+  }
+  for (const auto& [w, r] : writes)
+    if (!reads.count({w, r}))
+      return no("rank " + std::to_string(w) + " sends to rank " + std::to_string(r) + " but reads nothing from it");
+  return true;
+}
+
+ir::Schedule one_block(ir::Schedule s) {
+  for (ir::Op& op : s.ops) op.tb = 0;
+  s.tbs = 1;
+  return s;
+}
+
+ir::Schedule mark_one_pass(ir::Schedule s, int64_t max_bytes) {
+  s.one_pass = false;
+  if (!s.synced || s.tbs != 1 || !one_pass_possible(s, max_bytes, nullptr)) return s;
+  for (const ir::Op& op : s.ops)
+    if (op.kind == ir::OpKind::wait && op.iter != -s.depth) return s;  // a true dependency: flags stay
+  s.one_pass = true;
+  return s;
+}
+
+}  // namespace mk::passes
