@@ -530,7 +530,7 @@ int32_t Comm::grid_cap() const {
 
 PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
                                     int64_t* hi) {
-  const Choice choice = choose_schedule(coll, nranks, bytes);
+  const Choice choice = choose_schedule(coll, nranks, bytes, zc);
   const int32_t max_grid = grid_cap();
   auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank);
   const plan::Kernel* k = plan::select(*plan, bytes);

@@ -305,7 +305,9 @@ struct Choice {
   std::string schedule;
   int64_t lo = 0, hi = -1;  // inclusive; hi -1: unbounded
 };
-Choice choose_schedule(Collective coll, int nranks, int64_t bytes);
+// `zero_copy`: every buffer of the call is registered (peers' buffers are
+// read and written in place).
+Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_copy = false);
 
 // Plans shared by all communicators of the process (runtime/plans.cpp).
 // `max_grid`: thread blocks per kernel at most (mkConfig_t.maxCTAs; 0: no cap).

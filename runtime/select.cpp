@@ -73,10 +73,17 @@ Choice estimated(Collective coll, int nranks, int64_t bytes) {
 
 }  // namespace
 
-Choice choose_schedule(Collective coll, int nranks, int64_t bytes) {
+Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_copy) {
   const auto& o = overrides();
   if (auto it = o.find(coll); it != o.end()) {
     return {it->second, 0, -1};
+  }
+  // Registered buffers: the schedules that read and write peers' buffers in
+  // place (no scratch, no flag inside the kernel); the runtime only goes
+  // zero-copy from MK_ZERO_COPY_MIN_BYTES on.
+  if (zero_copy && nranks <= 8) {
+    if (coll == Collective::allreduce) return {"allreduce.direct", 0, -1};
+    if (coll == Collective::reducescatter) return {"reducescatter.pull", 0, -1};
   }
   if (nranks > 8) return estimated(coll, nranks, bytes);
   // Below `small`: one-shot (one hop, LL); above: a bandwidth schedule.

@@ -9,7 +9,8 @@
 // thread-block choice, and no op between A and B touches B's destinations
 // (so writing them early, at A, changes nothing anyone observes; X itself is
 // not rewritten in between, since A is its last writer; in-place, a read of
-// the input chunk a destination aliases counts as touching it). Guarantees:
+// the input chunk a destination aliases counts as touching it, except A's
+// own: A then writes, element for element, what it reads). Guarantees:
 // same meaning in both aliasings; fewer ops.
 #include <algorithm>
 #include <optional>
@@ -72,8 +73,13 @@ ir::Schedule fuse(ir::Schedule s) {
         bool ok = a.rank == op.rank && a.tb == op.tb &&
                   std::find(a.dsts.begin(), a.dsts.end(), op.srcs[0]) != a.dsts.end();
         for (int32_t k = 0; ok && k < op.srcs[0].count; ++k) ok = last_writer[ch.key(op.srcs[0], k)] == w;
+        // No op after A touched a destination; A itself may have read the
+        // input chunk a destination aliases in place (an all-reduce owner
+        // reading a peer's input and writing its output): then the merged op
+        // reads and writes the same bytes, element for element, as an
+        // in-place reduce does.
         for (const Ref& d : op.dsts)
-          for (int32_t k = 0; ok && k < d.count; ++k) ok = last_access[ch.key(d, k)] < w;
+          for (int32_t k = 0; ok && k < d.count; ++k) ok = last_access[ch.key(d, k)] <= w;
         for (const Ref& d : op.dsts)
           for (const Ref& src : a.srcs)
             for (int32_t k = 0; ok && k < d.count; ++k)

@@ -117,6 +117,15 @@ int run_rank(int rank, int nranks, const mkUniqueId& id) {
   // programmatic dependent launch, unless MK_PDL=0.
   const char* pdl = std::getenv("MK_PDL");
   CHILD_CHECK(l.pdl == (pdl && std::string(pdl) == "0" ? 0 : 1));
+  // On the registered buffer: zero-copy from MK_ZERO_COPY_MIN_BYTES on, with
+  // the schedule that reads and writes peers' buffers in place.
+  const char* zc_min = std::getenv("MK_ZERO_COPY_MIN_BYTES");
+  const bool zc = zc_min && std::string(zc_min) == "0";
+  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(reg)), reinterpret_cast<void*>(uintptr_t(reg)), 256,
+                          mkFloat32, mkSum, comm, stream) == mkSuccess);
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(std::string(l.function).find(zc ? "allreduce_direct" : "allreduce_one_shot") != std::string::npos);
+  CHILD_CHECK((l.args.windows != nullptr) == zc);
 
   CHILD_CHECK(mkCommDeregister(comm, handle) == mkSuccess);
   CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
@@ -335,6 +344,11 @@ int mkt_child_main(int argc, char** argv) {
 TEST_CASE("two processes: ranks share arenas and registered buffers, launch, and destroy cleanly") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "share", {});
+}
+
+TEST_CASE("two processes: registered buffers go zero-copy with allreduce.direct") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "share", {{"MK_ZERO_COPY_MIN_BYTES=0"}, {"MK_ZERO_COPY_MIN_BYTES=0"}});
 }
 
 TEST_CASE("two processes: MK_PDL=0 launches without programmatic dependent launch") {

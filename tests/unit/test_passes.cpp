@@ -85,6 +85,34 @@ TEST_CASE("pass fuse: does not move a write of an output before in-place reads o
   CHECK_NOTHROW(compiler::lower(s, o));
 }
 
+// An owner reads chunk c of every rank's input (a peer's, in place, is that
+// peer's output chunk c) and then copies its result into every rank's output
+// chunk c: the copies merge into the reduce, which then reads and writes the
+// same bytes element for element, as an in-place reduce does. (Zero-copy
+// all-reduce: one op per rank, no read-back of the result.)
+TEST_CASE("pass fuse: an owner's broadcast of its result merges into the reduce that read the aliased chunks") {
+  for (int n : {2, 3, 4}) {
+    CAPTURE(n);
+    ir::Schedule s = dsl::build(*dsl::find_schedule("allreduce.direct"), n, 0);
+    ir::Schedule f = passes::fuse(s);
+    size_t data = 0;
+    for (const auto& op : f.ops)
+      if (op.is_data()) {
+        ++data;
+        CHECK(op.kind == ir::OpKind::reduce);
+        CHECK(op.dsts.size() == size_t(n));
+      }
+    CHECK(data == size_t(n));
+    CHECK_NOTHROW(verify::verify_semantics(f));
+    compiler::LowerOptions o;
+    o.verify_each = true;
+    o.zero_copy = true;
+    CHECK_NOTHROW(compiler::lower(s, o));
+    o.zero_copy = false;
+    CHECK_NOTHROW(compiler::lower(s, o));
+  }
+}
+
 TEST_CASE("pass parallelize: sets instances, leaves the ops alone") {
   ir::Schedule s = staged_and_analyzed();
   ir::Schedule p = passes::parallelize(s, 3);
