@@ -9,7 +9,8 @@
 //          small messages. Needs every scratch slot written once per step.
 //
 // Defaults stand in for a measured table (`mkc tune` will replace them): LL up
-// to 64 KiB, simple above. The bucket fixes the *largest* tile (it sizes the
+// to 256 KiB (16 instances: one step per launch, so the symmetric schedules
+// run in one pass, passes/one_pass.cpp), simple above. The bucket fixes the *largest* tile (it sizes the
 // scratch slots: bounded by the scratch budget and 256 KiB); each launch picks
 // its tile at run time up to that (templates/layout.cuh pick_tile_bytes).
 //

@@ -35,7 +35,7 @@ struct Bucket {
 
 struct ProtocolOptions {
   int64_t scratch_budget = 32ll << 20;  // bytes of scratch one plan may use per rank
-  int64_t ll_max_bytes = 64 << 10;      // LL for buckets that end at or below this
+  int64_t ll_max_bytes = 256 << 10;     // LL for buckets that end at or below this
   int64_t max_tile_bytes = 256 << 10;
   int forced_proto = -1;                // -1: choose; else ir::Proto
   int64_t forced_tile = 0;              // 0: choose
@@ -43,7 +43,7 @@ struct ProtocolOptions {
   // Instances per protocol when not forced: max(schedule's, this). More
   // instances = more CTAs moving data in parallel (bandwidth), more scratch.
   int32_t simple_instances = 32;
-  int32_t ll_instances = 4;
+  int32_t ll_instances = 16;
   // At most this many thread blocks per kernel (0: no cap): instances are
   // lowered until instances x blocks per instance fits (never below 1).
   // The runtime passes mkConfig_t.maxCTAs here.

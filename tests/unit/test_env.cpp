@@ -178,7 +178,7 @@ TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
                                           "mkernel version", "compiler"});
   CHECK(v[0].second == "allreduce=allreduce.ring,allgather=allgather.ring");  // collective order, not the user's
   CHECK(v[1].second ==
-        "simple_instances=32,ll_instances=4,max_tile=262144,ll_max=4096,scratch_budget=33554432,simple_loads=16,"
+        "simple_instances=32,ll_instances=16,max_tile=262144,ll_max=4096,scratch_budget=33554432,simple_loads=16,"
         "simple_pipeline=0,one_pass=1");
   CHECK(v[2].second == "1");
   CHECK(v[3].second == "4194304");
