@@ -88,15 +88,34 @@ struct Args {
   int64_t flag_offset;
 };
 
+// The host fills Args and the kernel reads it; both compile this file.
+static_assert(sizeof(ErrorRecord) == 64, "ErrorRecord is 64 bytes on host and device");
+static_assert(sizeof(ZcPeerWindow) == 16, "ZcPeerWindow is 16 bytes on host and device");
+static_assert(sizeof(Args) == 160, "Args is 160 bytes on host and device (fixed-width fields, explicit padding)");
+
 // Flag region of one plan on one rank: [instance][slot] step values, then one
 // reserved word (the abort word is communicator-wide: Args::flag_offset).
 MK_HD int64_t flag_words(int32_t instances, int32_t slots) { return int64_t(instances) * slots + 1; }
 
-// Zero-copy plans append, after the abort word: a mailbox of 8 words per rank
-// (what that rank announced for the current launch: epoch, windows, offsets,
-// count), an exit flag per rank, then this rank's launch epoch and a counter
-// of finished blocks.
-MK_HD int64_t zc_words(int32_t nranks) { return int64_t(nranks) * 9 + 2; }
+// Zero-copy: what rank q announced to this rank for a launch (templates/
+// zero_copy.cuh). `epoch` is written last, with release semantics: the other
+// fields describe that launch.
+struct ZcMailbox {
+  uint64_t epoch;
+  uint64_t windows;  // in_window | out_window << 32 (each a uint32; -1: no buffer)
+  int64_t in_offset;
+  int64_t out_offset;
+  int64_t count;
+  uint64_t call_sig;
+  uint64_t pad[2];
+};
+static_assert(sizeof(ZcMailbox) == 64, "a mailbox is 8 words");
+
+// Zero-copy plans append, after the abort word, per rank: a mailbox per rank
+// (what that rank announced for the current launch), an exit flag per rank,
+// then this rank's launch epoch and a counter of finished blocks.
+constexpr int64_t kZcBoxWords = int64_t(sizeof(ZcMailbox) / 8);
+MK_HD int64_t zc_words(int32_t nranks) { return int64_t(nranks) * (kZcBoxWords + 1) + 2; }
 
 }  // namespace dev
 }  // namespace mk

@@ -1,67 +1,36 @@
-// Everything a generated kernel needs. The generated source defines a plan
+// What a generated kernel runs on. The generated source defines a plan
 // traits struct P (element type, reduction, sizes) and per-(class, thread
 // block) functions that call the members of Ctx<P> below:
 //
-//   c.wait_all({{slot, iter, peer, op}, ...})    acquire flags (bounded spin)
-//   c.signal_all({{peer, slot}, ...})            release flags
-//   c.template prim<NS, ND, RED, FINAL, SLL, DLL>(srcs, dsts, n)
-//                                                one tile: read NS sources,
-//                                                combine, write ND destinations
+//   c.wait_all({{slot, iter, peer, op}, ...})   acquire flags (sync.cuh's bounded spin)
+//   c.signal_all({{peer, slot}, ...})           release flags
+//   c.copy / c.reduce / c.reduce_final          one tile of one op (`op`: its id in the
+//     ({srcs}, {dsts}, pos, op)                 plan's IR, for error reports), then the
+//                                               barrier before the block's next op
+//   c.copy_pass / c.reduce_pass / ...           the same in a one-pass kernel: no barrier
+//   c.op_wide<RED, FINAL>(refs, ns, nd, pos, op) an op of many operands, in a loop
 //
-// One generic primitive, templated on what varies; the wrappers are one line.
+// The data primitives live in one header per protocol: prims_simple.cuh and
+// prims_ll.cuh; zero-copy entry and exit in zero_copy.cuh; every wait goes
+// through sync.cuh's one bounded spin.
 #pragma once
 #include "abi.cuh"
-#include "dtype.cuh"
-#include "epilogue.cuh"
 #include "layout.cuh"
-#include "ll.cuh"
-#include "reduce.cuh"
+#include "prims.cuh"
+#include "prims_ll.cuh"
+#include "prims_simple.cuh"
 #include "ref.cuh"
-#include "vec.cuh"
+#include "sync.cuh"
+#include "zero_copy.cuh"
 
 namespace mk {
 namespace dev {
-
-template <typename T>
-MK_DEV T ld_elem(const T* p) {
-  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8,
-                "element size must be 1, 2, 4 or 8 bytes");
-  if constexpr (sizeof(T) == 1) {
-    uint16_t v;
-    asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(p));
-    return bitcast<T>(uint8_t(v));
-  } else if constexpr (sizeof(T) == 2) {
-    uint16_t v;
-    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return bitcast<T>(v);
-  } else if constexpr (sizeof(T) == 4) {
-    uint32_t v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return bitcast<T>(v);
-  } else {
-    uint64_t v;
-    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p));
-    return bitcast<T>(v);
-  }
-}
-
-template <typename T>
-MK_DEV void st_elem(T* p, T x) {
-  if constexpr (sizeof(T) == 1) {
-    asm volatile("st.global.u8 [%0], %1;" ::"l"(p), "h"(uint16_t(bitcast<uint8_t>(x))) : "memory");
-  } else if constexpr (sizeof(T) == 2) {
-    asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(bitcast<uint16_t>(x)) : "memory");
-  } else if constexpr (sizeof(T) == 4) {
-    asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(bitcast<uint32_t>(x)) : "memory");
-  } else {
-    asm volatile("st.global.u64 [%0], %1;" ::"l"(p), "l"(bitcast<uint64_t>(x)) : "memory");
-  }
-}
 
 struct WaitSpec {
   int32_t slot;
   int32_t iter;  // 0, or -depth: the signal of that many steps ago
   int32_t peer;  // relative rank expected to signal (for the error report)
+  int32_t op;    // the IR op (of the plan's representative rank) the wait comes before; -1: none
 };
 struct SignalSpec {
   int32_t peer;  // relative rank
@@ -82,8 +51,9 @@ struct Shared {
 // P: plan traits from the generated source.
 template <class P>
 struct Ctx {
+  using Plan = P;
   using T = typename P::T;
-  using C = typename Compute<T>::type;
+  using Comb = Combine<T, P::kRed, P::kRanks>;
   static constexpr int N = P::kRanks;
   static constexpr int NT = P::kThreads;
   static constexpr int VE = 16 / int(sizeof(T));
@@ -188,112 +158,9 @@ struct Ctx {
     if (threadIdx.x == 0) a.seq[blockIdx.x] = base + uint64_t(L.steps);
   }
 
-  // ---- zero-copy entry and exit ------------------------------------------------
-  // Flag words after the abort word (abi.cuh zc_words): mailboxes, exit flags,
-  // epoch, finished-block counter.
-  static constexpr int64_t kZcBase = kAbortWord + 1;
-  MK_DEV uint64_t* zc(int32_t r) const { return sh.fl[r] + kZcBase; }
-  MK_DEV uint64_t* zc_epoch() const { return zc(rank) + 9 * N; }
-  MK_DEV uint64_t* zc_done() const { return zc(rank) + 9 * N + 1; }
-
-  // Bounded wait for *f >= want; false (and the abort raised) on timeout.
-  MK_DEV bool zc_spin(const uint64_t* f, uint64_t want, int32_t what, int32_t from) {
-    uint64_t have = ld_acquire_sys(f);
-    if (have >= want) return true;
-    const uint64_t t0 = globaltimer();
-    for (uint32_t spins = 1;; ++spins) {
-      have = ld_acquire_sys(f);
-      if (have >= want) return true;
-      if ((spins & 1023u) == 0 && stop_requested(t0)) {
-        fail(kErrWaitTimeout, what, from, -1, have, want, globaltimer() - t0);
-        return false;
-      }
-    }
-  }
-
-  // Every block: announce this rank's buffers (block 0 writes every peer's
-  // mailbox), then wait for every peer's announcement of this launch, check
-  // it against this call and map its buffers. A peer's announcement also
-  // means its kernel has started: its stream has produced its input and
-  // released its output. False: the collective aborted.
-  MK_DEV bool zc_enter() {
-    const uint64_t E = *reinterpret_cast<volatile uint64_t*>(zc_epoch()) + 1;
-    if (blockIdx.x == 0)
-      for (int q = threadIdx.x; q < N; q += NT) {
-        if (q == rank) continue;
-        uint64_t* box = zc(q) + 8 * rank;
-        box[1] = uint64_t(uint32_t(a.in_window)) | (uint64_t(uint32_t(a.out_window)) << 32);
-        box[2] = uint64_t(a.in_offset);
-        box[3] = uint64_t(a.out_offset);
-        box[4] = uint64_t(a.count);
-        box[5] = a.call_sig;
-        st_release_sys(box, E);
-      }
-    for (int q = threadIdx.x; q < N; q += NT) {
-      if (q == rank) {
-        sh.zin[q] = const_cast<char*>(static_cast<const char*>(a.input));
-        sh.zout[q] = static_cast<char*>(a.output);
-        continue;
-      }
-      const uint64_t* box = zc(rank) + 8 * q;
-      if (!zc_spin(box, E, -1, q)) break;
-      const volatile uint64_t* vb = box;
-      const int32_t win[2] = {int32_t(uint32_t(vb[1])), int32_t(uint32_t(vb[1] >> 32))};
-      const int64_t off[2] = {int64_t(vb[2]), int64_t(vb[3])};
-      const int64_t bytes[2] = {a.in_bytes, a.out_bytes};
-      const int64_t count = int64_t(vb[4]);
-      char* ptr[2] = {nullptr, nullptr};
-      if (vb[5] != a.call_sig) {  // another collective, dtype, op or root: its buffers mean something else
-        fail(kErrZcMismatch, kZcCall, q, -1, vb[5], a.call_sig, 0);
-        break;
-      }
-      if (count != a.count) {
-        fail(kErrZcMismatch, kZcCount, q, -1, uint64_t(count), uint64_t(a.count), 0);
-        break;
-      }
-      for (int k = 0; k < 2; ++k) {
-        if (win[k] < 0) continue;
-        const ZcPeerWindow* w = win[k] < a.max_windows ? a.windows + int64_t(win[k]) * N + q : nullptr;
-        if (!w || !w->base) {
-          fail(kErrZcMismatch, kZcWindow, q, -1, uint64_t(win[k]), 0, 0);
-          break;
-        }
-        if (off[k] < 0 || off[k] + bytes[k] > w->bytes) {
-          fail(kErrZcMismatch, kZcBounds, q, -1, uint64_t(off[k] + bytes[k]), uint64_t(w->bytes), 0);
-          break;
-        }
-        ptr[k] = w->base + off[k];
-      }
-      sh.zin[q] = ptr[0];
-      sh.zout[q] = ptr[1];
-    }
-    return !__syncthreads_or(aborted);
-  }
-
-  // Every block after its last step: the launch's last block on this rank
-  // tells every peer "done with your buffers" and waits until every peer has
-  // said the same, so no rank returns while a peer may still read or write
-  // its buffers. Then it advances the epoch for the next launch.
-  MK_DEV void zc_exit() {
-    const uint64_t E = *reinterpret_cast<volatile uint64_t*>(zc_epoch()) + 1;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence_system();  // this block's peer writes, before it is counted
-      sh.last = atomicAdd(reinterpret_cast<unsigned long long*>(zc_done()), 1ull) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!sh.last) return;
-    __threadfence_system();
-    for (int q = threadIdx.x; q < N; q += NT)
-      if (q != rank) st_release_sys(zc(q) + 8 * N + rank, E);
-    for (int q = threadIdx.x; q < N; q += NT)
-      if (q != rank && !zc_spin(zc(rank) + 8 * N + q, E, -2, q)) break;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      *zc_done() = 0;
-      *reinterpret_cast<volatile uint64_t*>(zc_epoch()) = E;
-    }
-  }
+  // ---- zero-copy entry and exit (zero_copy.cuh) -------------------------------
+  MK_DEV bool zc_enter() { return dev::zc_enter(*this); }
+  MK_DEV void zc_exit() { dev::zc_exit(*this); }
 
   // ---- failure -------------------------------------------------------------
   MK_DEV bool stop_requested(uint64_t t0) const {
@@ -328,21 +195,15 @@ struct Ctx {
   }
 
   // ---- synchronisation -------------------------------------------------------
-  __device__ __noinline__ void spin(const WaitSpec& w) {
+  MK_DEV void spin(const WaitSpec& w) {
     const int64_t target = int64_t(value()) + w.iter;
     if (target <= 0) return;
     const uint64_t* f = sh.fl[rank] + int64_t(inst) * P::kSlots + w.slot;
-    uint64_t have = ld_acquire_sys(f);
-    if (have >= uint64_t(target)) return;
-    const uint64_t t0 = globaltimer();
-    for (uint32_t spins = 1;; ++spins) {
-      have = ld_acquire_sys(f);
-      if (have >= uint64_t(target)) return;
-      if ((spins & 1023u) == 0 && stop_requested(t0)) {
-        fail(kErrWaitTimeout, w.slot, peer(w.peer), -1, have, uint64_t(target), globaltimer() - t0);
-        return;
-      }
-    }
+    uint64_t have = 0, t0 = 0;
+    if (bounded_spin([&] { return (have = ld_acquire_sys(f)) >= uint64_t(target); },
+                     [&](uint64_t since) { return stop_requested(since); }, &t0))
+      return;
+    fail(kErrWaitTimeout, w.slot, peer(w.peer), w.op, have, uint64_t(target), globaltimer() - t0);
   }
   // Thread i spins on wait i; then the whole block proceeds together.
   template <int CNT>
@@ -363,89 +224,71 @@ struct Ctx {
   MK_DEV bool barrier() { return !__syncthreads_or(aborted); }
 
   // ---- data --------------------------------------------------------------
-  // acc := load(0) op load(1) op ... op load(ns - 1), left to right in the
-  // compute type, finalised if FINAL. NS > 0: that many sources, unrolled;
-  // NS == 0: `ns` sources in a loop (wide reduces). Both fold in the same
-  // order, so a reduce gives the same bits on either path.
-  template <int NS, bool FINAL, typename V, int E, typename Load>
-  MK_DEV static void fold(int ns, Load load, V& out) {
-    union U {
-      V v;
-      T e[E];
-    };
-    U u;
-    u.v = load(0);
-    C acc[E];
-#pragma unroll
-    for (int i = 0; i < E; ++i) acc[i] = Compute<T>::load(u.e[i]);
-    auto add = [&](int s) {
-      U w;
-      w.v = load(s);
-#pragma unroll
-      for (int i = 0; i < E; ++i) acc[i] = red_apply<P::kRed, C>(acc[i], Compute<T>::load(w.e[i]));
-    };
-    if constexpr (NS > 0) {
-#pragma unroll
-      for (int s = 1; s < NS; ++s) add(s);
-    } else {
-      // never unrolled, even where NVVM propagates a constant `ns` into op_wide
-#pragma unroll 1
-      for (int s = 1; s < ns; ++s) add(s);
-    }
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-      C x = acc[i];
-      if constexpr (FINAL) x = NoEpilogue::apply(red_finalize<P::kRed, C>(x, N));
-      u.e[i] = Compute<T>::store(x);
-    }
-    out = u.v;
-  }
-
-  template <int NS, bool RED, bool FINAL, typename V, int E>
-  MK_DEV static void combine(const V (&v)[NS], V& out) {
-    if constexpr (!RED)
-      out = v[0];
-    else
-      fold<NS, FINAL, V, E>(NS, [&](int s) { return v[s]; }, out);
-  }
-
   // One tile: dst[d][0..n) := combine(src[0][0..n), ..., src[NS-1][0..n)).
   // SLL/DLL: bit masks of sources/destinations in LL format (LL plans only).
   template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
-  MK_DEV void prim(T* const (&src)[NS], T* const (&dst)[ND], int64_t n) {
+  MK_DEV void prim(T* const (&src)[NS], T* const (&dst)[ND], int64_t n, int32_t op) {
     static_assert(NS >= 1 && ND >= 1, "an op reads and writes something");
     static_assert(RED || NS == 1, "a copy has one source");
     if (n <= 0) return;
     if constexpr (P::kLL)
-      prim_ll<NS, ND, RED, FINAL, SLL, DLL>(src, dst, n);
+      ll_tile<Ctx, NS, ND, RED, FINAL, SLL, DLL>(*this, src, dst, n, op);
     else
-      prim_simple<NS, ND, RED, FINAL>(src, dst, n);
+      simple_tile<Ctx, NS, ND, RED, FINAL>(src, dst, n);
   }
 
-  // One op of the schedule: decode operands, run the tile, then the barrier
-  // that orders it before the block's next op. False: the collective aborted.
+  // Decodes an op's operands and runs its tile.
   template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
-  __device__ __noinline__ bool op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode) {
-    run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode);
-    return barrier();
-  }
-  // An op of a one-pass kernel (passes/one_pass.cpp): inlined, and no
-  // barrier after it (each thread's units are its own in every op).
-  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
-  MK_DEV bool op_pass(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode) {
-    run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode);
-    return !aborted;
-  }
-  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
-  MK_DEV void run_op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode) {
+  MK_DEV void run_op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
     T* src[NS];
     T* dst[ND];
 #pragma unroll
     for (int i = 0; i < NS; ++i) src[i] = decode(s[i]);
 #pragma unroll
     for (int i = 0; i < ND; ++i) dst[i] = decode(d[i]);
-    prim<NS, ND, RED, FINAL, SLL, DLL>(src, dst, len(decode_pos(pcode)));
+    prim<NS, ND, RED, FINAL, SLL, DLL>(src, dst, len(decode_pos(pcode)), op);
   }
+
+  // One op of the schedule, then the barrier that orders it before the
+  // block's next op: inlined in kernels of few statements (P::kInlineOps),
+  // else called, so that a kernel of many ops stays small. False: the
+  // collective aborted.
+  template <bool RED, bool FINAL, unsigned SLL, unsigned DLL, int NS, int ND>
+  MK_DEV bool op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
+    if constexpr (P::kInlineOps) {
+      run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode, op);
+      return barrier();
+    } else {
+      return op_called<RED, FINAL, SLL, DLL>(s, d, pcode, op);
+    }
+  }
+  template <bool RED, bool FINAL, unsigned SLL, unsigned DLL, int NS, int ND>
+  __device__ __noinline__ bool op_called(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
+    run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode, op);
+    return barrier();
+  }
+  // An op of a one-pass kernel (passes/one_pass.cpp): inlined, and no
+  // barrier after it (each thread's units are its own in every op).
+  template <bool RED, bool FINAL, unsigned SLL, unsigned DLL, int NS, int ND>
+  MK_DEV bool op_pass(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
+    run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode, op);
+    return !aborted;
+  }
+
+  // What generated code calls: named forms of op and op_pass.
+#define MK_NAMED_OP(name, red, fin)                                                                           \
+  template <unsigned SLL = 0u, unsigned DLL = 0u, int NS, int ND>                                             \
+  MK_DEV bool name(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t id) {             \
+    return op<red, fin, SLL, DLL>(s, d, pcode, id);                                                           \
+  }                                                                                                           \
+  template <unsigned SLL = 0u, unsigned DLL = 0u, int NS, int ND>                                             \
+  MK_DEV bool name##_pass(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t id) {      \
+    return op_pass<red, fin, SLL, DLL>(s, d, pcode, id);                                                      \
+  }
+  MK_NAMED_OP(copy, false, false)
+  MK_NAMED_OP(reduce, true, false)
+  MK_NAMED_OP(reduce_final, true, true)
+#undef MK_NAMED_OP
 
   // ---- wide ops -----------------------------------------------------------
   // An op of many operands (codegen: more than 8 sources or destinations, or
@@ -463,10 +306,9 @@ struct Ctx {
     __shared__ uint32_t m[(P::kWide > 0 ? P::kWide : 1) / 32 + 1];
     return m;
   }
-  MK_DEV static bool bit(const uint32_t* m, int i) { return (m[i / 32] >> (i % 32)) & 1u; }
 
   template <bool RED, bool FINAL>
-  __device__ __noinline__ bool op_wide(const uint64_t* r, int ns, int nd, int32_t pcode) {
+  __device__ __noinline__ bool op_wide(const uint64_t* r, int ns, int nd, int32_t pcode, int32_t op) {
     T** p = wide_ptrs();
     uint32_t* ll = wide_ll();
     const int nr = ns + nd;
@@ -482,244 +324,11 @@ struct Ctx {
     const int64_t n = len(decode_pos(pcode));
     if (n > 0) {
       if constexpr (P::kLL)
-        wide_ll_tile<RED, FINAL>(p, ll, ns, nd, n);
+        ll_wide<Ctx, RED, FINAL>(*this, p, ll, ns, nd, n, op);
       else
-        wide_simple<RED, FINAL>(p, ns, nd, n);
+        simple_wide<Ctx, RED, FINAL>(p, ns, nd, n);
     }
     return barrier();  // also: no thread rewrites p/ll while another reads them
-  }
-
-  // The combined value of `ns` sources: a copy's one source as it is, a
-  // reduce's folded (fold above: the unrolled ops' order).
-  template <bool RED, bool FINAL, typename V, int E, typename Load>
-  MK_DEV static void gather(int ns, Load load, V& out) {
-    if constexpr (RED)
-      fold<0, FINAL, V, E>(ns, load, out);
-    else
-      out = load(0);
-  }
-
-  // p: ns sources then nd destinations. A copy onto its own source (in-place)
-  // writes nothing there, as in prim_simple.
-  template <bool RED, bool FINAL>
-  MK_DEV void wide_simple(T* const* p, int ns, int nd, int64_t n) {
-    uintptr_t bits = 0;
-#pragma unroll 1
-    for (int k = 0; k < ns + nd; ++k) bits |= uintptr_t(p[k]);
-    const int64_t nvec = (bits & 15) == 0 ? n / VE : 0;
-    for (int64_t i = threadIdx.x; i < nvec; i += NT) {
-      V16 r;
-      gather<RED, FINAL, V16, VE>(ns, [&](int s) { return ld_cg16(p[s] + i * VE); }, r);
-#pragma unroll 1
-      for (int d = ns; d < ns + nd; ++d)
-        if (RED || p[d] != p[0]) st16(p[d] + i * VE, r);
-    }
-    for (int64_t e = nvec * VE + threadIdx.x; e < n; e += NT) {
-      T r;
-      gather<RED, FINAL, T, 1>(ns, [&](int s) { return ld_elem(p[s] + e); }, r);
-#pragma unroll 1
-      for (int d = ns; d < ns + nd; ++d)
-        if (RED || p[d] != p[0]) st_elem(p[d] + e, r);
-    }
-  }
-
-  template <bool RED, bool FINAL>
-  MK_DEV void wide_ll_tile(T* const* p, const uint32_t* ll, int ns, int nd, int64_t n) {
-    const int64_t nbytes = n * int64_t(sizeof(T));
-    const int64_t units = (nbytes + 7) / 8;
-    const uint32_t flag = uint32_t(value());
-    for (int64_t u = threadIdx.x; u < units; u += NT) {
-      const int bytes = int(min64(8, nbytes - u * 8));
-      V8 r;
-      gather<RED, FINAL, V8, 8 / int(sizeof(T))>(
-          ns, [&](int s) { return bit(ll, s) ? ll_read(p[s], u, s) : unit_load(p[s], u, bytes); }, r);
-      if (aborted) return;
-#pragma unroll 1
-      for (int d = ns; d < ns + nd; ++d) {
-        if (bit(ll, d))
-          ll_store(reinterpret_cast<char*>(p[d]) + u * 16, r, flag);
-        else if (RED || bit(ll, 0) || p[d] != p[0])
-          unit_store(p[d], u, bytes, r);
-      }
-    }
-  }
-
-  // The streaming loop: each thread keeps P::kLoads 16-byte loads in flight
-  // (over all sources: U = kLoads / NS vectors of each), issued as a batch,
-  // then combines and stores them. With P::kPipeline the next batch's loads
-  // are issued before this batch's stores (twice the registers): no thread
-  // waits a full load latency between batches. The source order is the
-  // memory order: loads and stores may alias (in-place), so the compiler
-  // keeps them as written.
-  template <int NS, int ND, bool RED, bool FINAL>
-  MK_DEV void prim_simple(T* const (&src)[NS], T* const (&dst)[ND], int64_t n) {
-    unsigned skip = 0;  // in-place: a copy onto its own source does nothing
-    if constexpr (!RED) {
-#pragma unroll
-      for (int d = 0; d < ND; ++d)
-        if (dst[d] == src[0]) skip |= 1u << d;
-      if (skip == (1u << ND) - 1u) return;
-    }
-    uintptr_t bits = 0;
-#pragma unroll
-    for (int s = 0; s < NS; ++s) bits |= uintptr_t(src[s]);
-#pragma unroll
-    for (int d = 0; d < ND; ++d) bits |= uintptr_t(dst[d]);
-    const int64_t nvec = (bits & 15) == 0 ? n / VE : 0;
-    constexpr int U = P::kLoads / NS > 0 ? P::kLoads / NS : 1;
-    constexpr int64_t B = int64_t(U) * NT;  // vectors per batch of the block
-    auto load = [&](V16 (&v)[U][NS], int64_t at) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int s = 0; s < NS; ++s) v[u][s] = ld_cg16(src[s] + (at + int64_t(u) * NT) * VE);
-    };
-    auto store = [&](const V16 (&v)[U][NS], int64_t at) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        V16 r;
-        combine<NS, RED, FINAL, V16, VE>(v[u], r);
-#pragma unroll
-        for (int d = 0; d < ND; ++d)
-          if (!(skip >> d & 1u)) st16(dst[d] + (at + int64_t(u) * NT) * VE, r);
-      }
-    };
-    int64_t i = threadIdx.x;
-    const int64_t full = nvec / B * B;  // vectors in whole batches
-    if constexpr (P::kPipeline) {
-      if (i < full) {
-        V16 a[U][NS], b[U][NS];
-        load(a, i);
-        for (;;) {
-          const bool more = i + B < full;  // (batches are whole: i + B < full iff the next one is)
-          if (more) load(b, i + B);
-          store(a, i);
-          i += B;
-          if (!more) break;
-          const bool again = i + B < full;
-          if (again) load(a, i + B);
-          store(b, i);
-          i += B;
-          if (!again) break;
-        }
-      }
-    } else {
-      for (; i < full; i += B) {
-        V16 a[U][NS];
-        load(a, i);
-        store(a, i);
-      }
-    }
-    for (; i < nvec; i += NT) {
-      V16 v[NS];
-#pragma unroll
-      for (int s = 0; s < NS; ++s) v[s] = ld_cg16(src[s] + i * VE);
-      V16 r;
-      combine<NS, RED, FINAL, V16, VE>(v, r);
-#pragma unroll
-      for (int d = 0; d < ND; ++d)
-        if (!(skip >> d & 1u)) st16(dst[d] + i * VE, r);
-    }
-    for (int64_t e = nvec * VE + threadIdx.x; e < n; e += NT) {
-      T v[NS];
-#pragma unroll
-      for (int s = 0; s < NS; ++s) v[s] = ld_elem(src[s] + e);
-      T r;
-      combine<NS, RED, FINAL, T, 1>(v, r);
-#pragma unroll
-      for (int d = 0; d < ND; ++d)
-        if (!(skip >> d & 1u)) st_elem(dst[d] + e, r);
-    }
-  }
-
-  // LL: 8 data bytes per 16-byte packet; units of 8 bytes of the tile.
-  MK_DEV V8 ll_read(const T* packets, int64_t unit, int32_t slot_hint) {
-    const char* p = reinterpret_cast<const char*>(packets) + unit * 16;
-    const uint32_t flag = uint32_t(value());
-    V8 v;
-    if (ll_try_load(p, flag, &v)) return v;
-    const uint64_t t0 = globaltimer();
-    for (uint32_t spins = 1;; ++spins) {
-      if (ll_try_load(p, flag, &v)) return v;
-      if ((spins & 1023u) == 0 && (aborted || stop_requested(t0))) {
-        if (!aborted) fail(kErrLLTimeout, slot_hint, -1, -1, 0, flag, globaltimer() - t0);
-        v.x = v.y = 0;
-        return v;
-      }
-    }
-  }
-  MK_DEV static V8 unit_load(const T* p, int64_t unit, int bytes) {
-    const char* b = reinterpret_cast<const char*>(p) + unit * 8;
-    if (bytes == 8 && (uintptr_t(b) & 7) == 0) return ld_cg8(b);
-    union {
-      V8 v;
-      T e[8 / sizeof(T)];
-    } u;
-    u.v.x = u.v.y = 0;
-    const T* q = reinterpret_cast<const T*>(b);
-    for (int k = 0; k < bytes / int(sizeof(T)); ++k) u.e[k] = ld_elem(q + k);
-    return u.v;
-  }
-  MK_DEV static void unit_store(T* p, int64_t unit, int bytes, V8 v) {
-    char* b = reinterpret_cast<char*>(p) + unit * 8;
-    if (bytes == 8 && (uintptr_t(b) & 7) == 0) {
-      st8(b, v);
-      return;
-    }
-    union {
-      V8 v;
-      T e[8 / sizeof(T)];
-    } u;
-    u.v = v;
-    T* q = reinterpret_cast<T*>(b);
-    for (int k = 0; k < bytes / int(sizeof(T)); ++k) st_elem(q + k, u.e[k]);
-  }
-
-  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
-  MK_DEV void prim_ll(T* const (&src)[NS], T* const (&dst)[ND], int64_t n) {
-    unsigned skip = 0;
-    if constexpr (!RED) {
-#pragma unroll
-      for (int d = 0; d < ND; ++d)
-        if (!(DLL >> d & 1u) && !(SLL & 1u) && dst[d] == src[0]) skip |= 1u << d;
-    }
-    const int64_t nbytes = n * int64_t(sizeof(T));
-    const int64_t units = (nbytes + 7) / 8;
-    const uint32_t flag = uint32_t(value());
-    for (int64_t u = threadIdx.x; u < units; u += NT) {
-      const int bytes = int(min64(8, nbytes - u * 8));
-      // Every source's load issued back to back, then the LL packets not
-      // there yet polled one by one.
-      V8 v[NS];
-      V16 pk[NS];
-#pragma unroll
-      for (int s = 0; s < NS; ++s)
-        if (SLL >> s & 1u)
-          pk[s] = ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16);
-        else
-          v[s] = unit_load(src[s], u, bytes);
-#pragma unroll
-      for (int s = 0; s < NS; ++s)
-        if (SLL >> s & 1u) {
-          if (pk[s].y == flag && pk[s].w == flag) {
-            v[s].x = pk[s].x;
-            v[s].y = pk[s].z;
-          } else {
-            v[s] = ll_read(src[s], u, s);
-          }
-        }
-      if (aborted) return;
-      V8 r;
-      combine<NS, RED, FINAL, V8, 8 / int(sizeof(T))>(v, r);
-#pragma unroll
-      for (int d = 0; d < ND; ++d) {
-        if (skip >> d & 1u) continue;
-        if (DLL >> d & 1u)
-          ll_store(reinterpret_cast<char*>(dst[d]) + u * 16, r, flag);
-        else
-          unit_store(dst[d], u, bytes, r);
-      }
-    }
   }
 };
 

@@ -73,6 +73,10 @@ struct Item {
   std::vector<RefShape> refs;  // per chunk k: srcs then dsts (none if wide)
   bool pos_rot = false;
   std::string comment;
+  // The representative rank's data op (its IR id, a constant for every
+  // member: the error record names it and the host finds its comment, with
+  // the DSL line, in the generated source); -1: none.
+  int32_t op_id = -1;
   // waits (slot, iter, peer)*, then the data numbers (refs (a, b)* or the
   // encoded operands, then pos: `ndata` numbers), then signals (peer, slot)*,
   // then, once counted (count_chunks), the chunk count and the data numbers'
@@ -473,6 +477,7 @@ std::vector<Item> count_chunks(const ClassPlan& cp, size_t c, size_t tb, bool me
     const Item& a = shape(i);
     Item c = a;
     c.comment = a.data ? comment_of(rep.op[i]) : "";
+    c.op_id = a.data && rep.op[i] ? rep.op[i]->id : -1;
     if (!a.data) {
       for (const Stream* m : st) c.nums.insert(c.nums.end(), m->nums.begin() + int64_t(m->at[i]), m->nums.begin() + int64_t(m->at[i + 1]));
       out.push_back(std::move(c));
@@ -537,6 +542,8 @@ class Emitter {
   }
   // The kernel holds one rank's table rows and serves that rank alone.
   bool row_only() const { return row_only_; }
+  // Its ops are inlined (kernel.cuh P::kInlineOps): few statements.
+  bool inline_ops() const { return total_items() <= kInlineItems; }
 
   std::string P() const { return fmt::format("P{}", b_); }
 
@@ -549,7 +556,7 @@ class Emitter {
     if (it.nwait) {
       std::string list;
       for (int w = 0; w < it.nwait; ++w, k += 3)
-        list += fmt::format("{}{{{}, {}, {}}}", w ? ", " : "", e[k], e[k + 1], e[k + 2]);
+        list += fmt::format("{}{{{}, {}, {}, {}}}", w ? ", " : "", e[k], e[k + 1], e[k + 2], it.op_id);
       o += ind + "if (!c.wait_all({" + list + "})) return;\n";
     }
     if (it.data) {
@@ -603,13 +610,16 @@ class Emitter {
     MK_CHECK(k + 1 == d.size(), "codegen: item data numbers and shape disagree");
     if (it.wide)
       return ind + fmt::format("{{\n{0}  const uint64_t r[{1}] = {{{2}}};\n{0}  if (!c.template op_wide<{3}, {4}>(r, {5}, {6}, "
-                               "mk::dev::pos_code({7}, {8}))) return;\n{0}}}\n",
+                               "mk::dev::pos_code({7}, {8}), {9})) return;\n{0}}}\n",
                                ind, it.ns + it.nd, wide, it.red ? "true" : "false", it.fin ? "true" : "false", it.ns,
-                               it.nd, d[k], it.pos_rot ? "true" : "false");
-    return ind + fmt::format("if (!c.template {}<{}, {}, {}, {}, {}u, {}u>({{{}}}, {{{}}}, mk::dev::pos_code({}, {}))) return;\n",
-                             s_.one_pass ? "op_pass" : "op", it.ns, it.nd, it.red ? "true" : "false",
-                             it.fin ? "true" : "false", it.sll, it.dll, refs[0], refs[1], d[k],
-                             it.pos_rot ? "true" : "false");
+                               it.nd, d[k], it.pos_rot ? "true" : "false", it.op_id);
+    // Named forms (kernel.cuh): copy, reduce, reduce_final, and their _pass
+    // forms in one-pass kernels; LL masks as template arguments where set.
+    const std::string name =
+        std::string(!it.red ? "copy" : it.fin ? "reduce_final" : "reduce") + (s_.one_pass ? "_pass" : "");
+    const std::string masks = it.sll || it.dll ? fmt::format("template {}<{}u, {}u>", name, it.sll, it.dll) : name;
+    return ind + fmt::format("if (!c.{}({{{}}}, {{{}}}, mk::dev::pos_code({}, {}), {})) return;\n", masks, refs[0],
+                             refs[1], d[k], it.pos_rot ? "true" : "false", it.op_id);
   }
 
   // NVRTC's cost, roughly: every operand of every statement, and much more
@@ -801,12 +811,19 @@ class Emitter {
     o_ += "\n";
   }
 
+  // Statements of the kernel (before merging and rerolling): small kernels
+  // inline their thread blocks' functions and their ops.
+  size_t total_items() const {
+    size_t n = 0;
+    for (size_t c = 0; c < cp_.members.size(); ++c)
+      for (size_t tb = 0; served_[c] && tb < size_t(cp_.tbs); ++tb) n += cp_.path(c, tb).size();
+    return n;
+  }
+  static constexpr size_t kInlineItems = 64;
+
   KernelInfo emit(const std::string& kernel_name, const Limits& lim) {
     const int32_t nclasses = int32_t(cp_.rc.representative.size());
-    size_t total_items = 0;
-    for (size_t c = 0; c < cp_.members.size(); ++c)
-      for (size_t tb = 0; served_[c] && tb < size_t(cp_.tbs); ++tb) total_items += cp_.path(c, tb).size();
-    const bool inline_fns = total_items <= 64;
+    const bool inline_fns = total_items() <= kInlineItems;
     std::vector<Table> tables;
     for (int32_t c = 0; c < nclasses; ++c) {
       tables.emplace_back(cp_.members[size_t(c)].size());
@@ -1004,19 +1021,20 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
       s.one_pass ? "\n// one pass: each thread runs every op on its own units, no barrier or flag between them "
                    "(passes/one_pass.cpp)"
                  : "");
+  Emitter e(s, int32_t(b), cp, o, served, lim.reroll && !s.one_pass, rooted || (s.one_pass && !own) ? -1 : rank,
+            lim.row_only_bytes);
   o += fmt::format(
       "struct P{} {{\n  using T = {};\n  static constexpr int kRed = {};\n"
       "  static constexpr int kRanks = {}, kChunks = {}, kTbs = {}, kInstances = {}, kDepth = {};\n"
       "  static constexpr int kScratch = {}, kSlots = {}, kThreads = {}, kPosRot = {}, kWide = {};\n"
       "  static constexpr long long kMaxTileBytes = {};\n"
       "  static constexpr int kLoads = {};\n"
-      "  static constexpr bool kLL = {}, kRooted = {}, kZeroCopy = {}, kPipeline = {}, kOnePass = {};\n}};\n\n",
+      "  static constexpr bool kLL = {}, kRooted = {}, kZeroCopy = {}, kPipeline = {}, kOnePass = {}, kInlineOps = {};\n}};\n\n",
       b, dtype_device_name(dtype), int(op), s.nranks, s.chunks, s.tbs, s.instances, s.depth,
       std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot, cp.wide,
       s.tile_bytes, std::max(lim.loads, 1), s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
-      s.zero_copy ? "true" : "false", lim.pipeline ? "true" : "false", s.one_pass ? "true" : "false");
-  Emitter e(s, int32_t(b), cp, o, served, lim.reroll && !s.one_pass, rooted || (s.one_pass && !own) ? -1 : rank,
-            lim.row_only_bytes);
+      s.zero_copy ? "true" : "false", lim.pipeline ? "true" : "false", s.one_pass ? "true" : "false",
+      e.inline_ops() ? "true" : "false");
   u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);
   if (e.row_only()) u.serves = {rank};
   return u;

@@ -11,42 +11,42 @@ struct P0 {
   static constexpr int kScratch = 6, kSlots = 7, kThreads = 256, kPosRot = 1, kWide = 0;
   static constexpr long long kMaxTileBytes = 4096;
   static constexpr int kLoads = 16;
-  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = false;
+  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = false, kInlineOps = true;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {
   do {
-    if (!c.wait_all({{0, -2, 1}})) return;
+    if (!c.wait_all({{0, -2, 1, 0}})) return;
     // %0 copy r0.in[3] -> r1.sc[0]  (allreduce_ring.cpp:28)
-    if (!c.template op<1, 1, false, false, 0u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 3, true)}, {mk::dev::scratch_ref(1, 0)}, mk::dev::pos_code(3, true))) return;
-    if (!c.wait_all({{1, -2, 1}})) return;
+    if (!c.template copy<0u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 3, true)}, {mk::dev::scratch_ref(1, 0)}, mk::dev::pos_code(3, true), 0)) return;
+    if (!c.wait_all({{1, -2, 1, 4}})) return;
     // %4 reduce r0.in[2], r0.sc[0] -> r1.sc[1]  (allreduce_ring.cpp:30)
-    if (!c.template op<2, 1, true, false, 2u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 2, true), mk::dev::scratch_ref(0, 0)}, {mk::dev::scratch_ref(1, 1)}, mk::dev::pos_code(2, true))) return;
+    if (!c.template reduce<2u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 2, true), mk::dev::scratch_ref(0, 0)}, {mk::dev::scratch_ref(1, 1)}, mk::dev::pos_code(2, true), 4)) return;
     c.signal_all({{3, 0}});
-    if (!c.wait_all({{2, -2, 1}})) return;
+    if (!c.wait_all({{2, -2, 1, 8}})) return;
     // %8 reduce r0.in[1], r0.sc[1] -> r1.sc[2]  (allreduce_ring.cpp:30)
-    if (!c.template op<2, 1, true, false, 2u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 1, true), mk::dev::scratch_ref(0, 1)}, {mk::dev::scratch_ref(1, 2)}, mk::dev::pos_code(1, true))) return;
+    if (!c.template reduce<2u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 1, true), mk::dev::scratch_ref(0, 1)}, {mk::dev::scratch_ref(1, 2)}, mk::dev::pos_code(1, true), 8)) return;
     c.signal_all({{0, 6}, {3, 1}});
-    if (!c.wait_all({{3, -2, 1}})) return;
+    if (!c.wait_all({{3, -2, 1, 12}})) return;
     // %12 reduce r0.in[0], r0.sc[2] -> r0.out[0], r1.sc[3] final  (allreduce_ring.cpp:32)
-    if (!c.template op<2, 2, true, true, 2u, 2u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, true), mk::dev::scratch_ref(0, 2)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, true), mk::dev::scratch_ref(1, 3)}, mk::dev::pos_code(0, true))) return;
+    if (!c.template reduce_final<2u, 2u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, true), mk::dev::scratch_ref(0, 2)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, true), mk::dev::scratch_ref(1, 3)}, mk::dev::pos_code(0, true), 12)) return;
     c.signal_all({{3, 2}});
-    if (!c.wait_all({{4, -2, 1}})) return;
+    if (!c.wait_all({{4, -2, 1, 31}})) return;
     // %31 copy r0.sc[3] -> r0.out[3], r1.sc[4]  (allreduce_ring.cpp:37)
-    if (!c.template op<1, 2, false, false, 1u, 2u>({mk::dev::scratch_ref(0, 3)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 3, true), mk::dev::scratch_ref(1, 4)}, mk::dev::pos_code(3, true))) return;
+    if (!c.template copy<1u, 2u>({mk::dev::scratch_ref(0, 3)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 3, true), mk::dev::scratch_ref(1, 4)}, mk::dev::pos_code(3, true), 31)) return;
     c.signal_all({{3, 3}});
-    if (!c.wait_all({{5, -2, 1}})) return;
+    if (!c.wait_all({{5, -2, 1, 35}})) return;
     // %35 copy r0.sc[4] -> r0.out[2], r1.sc[5]  (allreduce_ring.cpp:37)
-    if (!c.template op<1, 2, false, false, 1u, 2u>({mk::dev::scratch_ref(0, 4)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 2, true), mk::dev::scratch_ref(1, 5)}, mk::dev::pos_code(2, true))) return;
+    if (!c.template copy<1u, 2u>({mk::dev::scratch_ref(0, 4)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 2, true), mk::dev::scratch_ref(1, 5)}, mk::dev::pos_code(2, true), 35)) return;
     c.signal_all({{3, 4}});
   } while (c.next());
 }
 
 static __device__ __forceinline__ void b0_c0_tb1(mk::dev::Ctx<P0>& c) {
   do {
-    if (!c.wait_all({{6, 0, 0}})) return;
+    if (!c.wait_all({{6, 0, 0, 39}})) return;
     // %39 copy r0.sc[5] -> r0.out[1]  (allreduce_ring.cpp:37)
-    if (!c.template op<1, 1, false, false, 1u, 0u>({mk::dev::scratch_ref(0, 5)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 1, true)}, mk::dev::pos_code(1, true))) return;
+    if (!c.template copy<1u, 0u>({mk::dev::scratch_ref(0, 5)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 1, true)}, mk::dev::pos_code(1, true), 39)) return;
     c.signal_all({{3, 5}});
   } while (c.next());
 }

@@ -11,7 +11,7 @@ struct P1 {
   static constexpr int kScratch = 1, kSlots = 2, kThreads = 512, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 262144;
   static constexpr int kLoads = 16;
-  static constexpr bool kLL = false, kRooted = true, kZeroCopy = false, kPipeline = false, kOnePass = false;
+  static constexpr bool kLL = false, kRooted = true, kZeroCopy = false, kPipeline = false, kOnePass = false, kInlineOps = true;
 };
 
 // per rank: its row in its class's table
@@ -24,33 +24,33 @@ static __constant__ const int kT1_c1[2][2] = {
 static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {
   do {
     // %0 copy r0.in[0] -> r0.out[0]  (broadcast_direct.cpp:11)
-    if (!c.template op<1, 1, false, false, 0u, 0u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, false)}, mk::dev::pos_code(0, false))) return;
+    if (!c.copy({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, false)}, mk::dev::pos_code(0, false), 0)) return;
   } while (c.next());
 }
 
 static __device__ __forceinline__ void b1_c0_tb1(mk::dev::Ctx<P1>& c) {
   do {
-    if (!c.wait_all({{0, -2, 1}})) return;
+    if (!c.wait_all({{0, -2, 1, 1}})) return;
     // %1 copy r0.in[0] -> r1.sc[0]  (broadcast_direct.cpp:11)
-    if (!c.template op<1, 1, false, false, 0u, 0u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(1, 0)}, mk::dev::pos_code(0, false))) return;
+    if (!c.copy({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(1, 0)}, mk::dev::pos_code(0, false), 1)) return;
     c.signal_all({{1, 0}});
   } while (c.next());
 }
 
 static __device__ __forceinline__ void b1_c0_tb2(mk::dev::Ctx<P1>& c) {
   do {
-    if (!c.wait_all({{1, -2, 2}})) return;
+    if (!c.wait_all({{1, -2, 2, 2}})) return;
     // %2 copy r0.in[0] -> r2.sc[0]  (broadcast_direct.cpp:11)
-    if (!c.template op<1, 1, false, false, 0u, 0u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(2, 0)}, mk::dev::pos_code(0, false))) return;
+    if (!c.copy({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(2, 0)}, mk::dev::pos_code(0, false), 2)) return;
     c.signal_all({{2, 0}});
   } while (c.next());
 }
 
 static __device__ __forceinline__ void b1_c1_tb0(mk::dev::Ctx<P1>& c, const int* t) {
   do {
-    if (!c.wait_all({{0, 0, t[0]}})) return;
+    if (!c.wait_all({{0, 0, t[0], 3}})) return;
     // %3 copy r1.sc[0] -> r1.out[0]  (broadcast_direct.cpp:11)
-    if (!c.template op<1, 1, false, false, 0u, 0u>({mk::dev::scratch_ref(0, 0)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, false)}, mk::dev::pos_code(0, false))) return;
+    if (!c.copy({mk::dev::scratch_ref(0, 0)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, false)}, mk::dev::pos_code(0, false), 3)) return;
     c.signal_all({{t[0], t[1]}});
   } while (c.next());
 }

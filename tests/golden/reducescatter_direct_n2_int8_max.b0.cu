@@ -12,15 +12,15 @@ struct P0 {
   static constexpr int kScratch = 1, kSlots = 1, kThreads = 256, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 16384;
   static constexpr int kLoads = 16;
-  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = true;
+  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = true, kInlineOps = true;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {
   do {
     // %0 copy r0.in[1] -> r1.sc[0]  (reducescatter_direct.cpp:18)
-    if (!c.template op_pass<1, 1, false, false, 0u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 1, true, 0, false)}, {mk::dev::scratch_ref(1, 0)}, mk::dev::pos_code(0, false))) return;
+    if (!c.template copy_pass<0u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 1, true, 0, false)}, {mk::dev::scratch_ref(1, 0)}, mk::dev::pos_code(0, false), 0)) return;
     // %2 reduce r0.in[0], r0.sc[0] -> r0.out[0] final  (reducescatter_direct.cpp:23)
-    if (!c.template op_pass<2, 1, true, true, 2u, 0u>({mk::dev::data_ref(mk::dev::kRefIn, 0, true, 0, false), mk::dev::scratch_ref(0, 0)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, false)}, mk::dev::pos_code(0, false))) return;
+    if (!c.template reduce_final_pass<2u, 0u>({mk::dev::data_ref(mk::dev::kRefIn, 0, true, 0, false), mk::dev::scratch_ref(0, 0)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, false)}, mk::dev::pos_code(0, false), 2)) return;
   } while (c.next());
 }
 

@@ -125,6 +125,7 @@ TEST_CASE("a kernel's error record makes mkCommGetAsyncError report the rank, bl
   rec.have = 5;
   rec.want = 6;
   rec.waited_ns = 2000000000;
+  rec.op = 1;  // the IR op the block was at: the message quotes its line of the generated source
   auto inject = mkt::require_fn<decltype(mkfake_inject_record)>("mkfake_inject_record");
   mkGroupStart();
   mkAllReduce(a1.ptr(), a1.ptr(), 64, mkFloat32, mkSum, comms[1], d1.stream);
@@ -141,6 +142,8 @@ TEST_CASE("a kernel's error record makes mkCommGetAsyncError report the rank, bl
   CHECK_MESSAGE(msg.find("thread block 3") != std::string::npos, msg);
   CHECK_MESSAGE(msg.find("from rank 0") != std::string::npos, msg);
   CHECK_MESSAGE(msg.find("step 7") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("at op `%1 copy r1.in[0]") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("allreduce_one_shot.cpp:") != std::string::npos, msg);
   // Sticky: the next call on that communicator fails with the same error.
   CHECK(mkAllReduce(a1.ptr(), a1.ptr(), 64, mkFloat32, mkSum, comms[1], d1.stream) == mkRemoteError);
   CHECK(mkCommDestroy(comms[0]) == mkSuccess);
