@@ -242,7 +242,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
     }
     if (rops.empty()) rops.push_back(RedOp::sum);
     struct Job {
-      std::string schedule;
+      Choice choice;
       Collective coll;
       DType dtype;
       RedOp op;
@@ -250,7 +250,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
     std::vector<Job> jobs;
     for (int ci = 0; ci < kNumCollectives; ++ci) {
       const Collective coll = Collective(ci);
-      for (const std::string& s : schedules_for(coll, c->nranks))
+      for (const Choice& s : schedules_for(coll, c->nranks))
         for (DType dt : dts)
           for (RedOp op : rops) {
             if (!collective_reduces(coll) && op != rops.front()) continue;  // one plan serves every op
@@ -266,7 +266,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
       const Job& j = jobs[i];
       try {
         c->check_usable("mkCommPrewarm");  // stops early once the communicator is aborted or destroyed
-        get_plan(j.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank);
+        get_plan(j.choice.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank, j.choice.tune);
       } catch (const RtError& e) {
         std::lock_guard<std::mutex> g(err_mu);
         if (!first) first = e;

@@ -543,7 +543,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
                                     int64_t* hi) {
   const Choice choice = choose_schedule(coll, nranks, bytes, zc);
   const int32_t max_grid = grid_cap();
-  auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank);
+  auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
   const plan::Kernel* k = plan::select(*plan, bytes);
   if (!k) fail(mkInternalError, fmt::format("plan {} has no kernel for {} bytes", plan->schedule, bytes));
   if (max_grid > 0 && k->grid > max_grid) {

@@ -304,6 +304,7 @@ int current_device();
 struct Choice {
   std::string schedule;
   int64_t lo = 0, hi = -1;  // inclusive; hi -1: unbounded
+  std::string tune;         // protocol knobs of the table entry (MK_TUNE syntax), applied after MK_TUNE
 };
 // `zero_copy`: every buffer of the call is registered (peers' buffers are
 // read and written in place).
@@ -314,15 +315,18 @@ Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_cop
 // `rank` >= 0: a plan whose kernels run on that rank (a compiled one holds
 // only that rank's class; a process with several ranks gets one plan per
 // class); -1: a plan for every rank.
+// `tune`: the selection entry's knobs (Choice::tune), applied after MK_TUNE.
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
                                            RedOp op, int arch, bool zero_copy, int32_t max_grid = 0,
-                                           int32_t rank = -1);
+                                           int32_t rank = -1, const std::string& tune = "");
 
-// The options get_plan compiles with (MK_TUNE applied), for `mkc prebuild`
-// and mkCommPrewarm to compile exactly what a communicator would ask for.
+// The options get_plan compiles with (MK_TUNE, then `tune`), for `mkc
+// prebuild` and mkCommPrewarm to compile exactly what a communicator would
+// ask for.
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
-                                      int32_t max_grid, int32_t rank);
-// Every schedule choose_schedule may pick for `coll` at `nranks`, over all sizes.
-std::vector<std::string> schedules_for(Collective coll, int nranks);
+                                      int32_t max_grid, int32_t rank, const std::string& tune = "");
+// Every (schedule, knobs) choose_schedule may pick for `coll` at `nranks`
+// for unregistered buffers, over all sizes.
+std::vector<Choice> schedules_for(Collective coll, int nranks);
 
 }  // namespace mk::rt

@@ -11,6 +11,7 @@
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "runtime/plans.hpp"
+#include "runtime/select.hpp"
 #include "runtime/status.hpp"
 
 #ifndef MK_VERSION
@@ -179,6 +180,7 @@ std::vector<std::pair<std::string, std::string>> plan_shaping_settings() {
   s.emplace_back("MK_FLAG_BYTES", std::to_string(flag_bytes()));
   s.emplace_back("MK_MAX_REGISTRATIONS", std::to_string(max_registrations()));
   s.emplace_back("MK_PLAN_DIR", plan_dir_digest());
+  s.emplace_back("MK_SELECT_FILE", select_file_digest());
   s.emplace_back("mkernel version", MK_VERSION);
   s.emplace_back("compiler", jit::nvrtc_identity() + " templates " + jit::templates_hash());
   return s;

@@ -127,32 +127,37 @@ std::string plan_dir_digest() {
 }
 
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
-                                      int32_t max_grid, int32_t rank) {
+                                      int32_t max_grid, int32_t rank, const std::string& tune) {
   compiler::CompileOptions o;
   o.arch = arch;
   o.dtype = dtype;
   o.op = collective_reduces(coll) ? op : RedOp::sum;
   o.lower.zero_copy = zero_copy;
   env::apply_tune(&o.lower.proto);
+  if (!tune.empty()) env::apply_tune(tune, &o.lower.proto);
   o.lower.proto.max_grid = max_grid;
   o.rank = rank;
   return o;
 }
 
-std::vector<std::string> schedules_for(Collective coll, int nranks) {
-  std::vector<std::string> out;
-  // every size range choose_schedule distinguishes: powers of two up to 2^44
-  for (int64_t bytes = 0; bytes <= (int64_t(1) << 44); bytes = bytes < 1024 ? 1024 : bytes * 2) {
+std::vector<Choice> schedules_for(Collective coll, int nranks) {
+  std::vector<Choice> out;
+  // every size range choose_schedule distinguishes: each range's ends, and
+  // powers of two up to 2^44 (the cost model's ranges)
+  for (int64_t bytes = 0; bytes <= (int64_t(1) << 44);) {
     const Choice c = choose_schedule(coll, nranks, bytes);
-    if (std::find(out.begin(), out.end(), c.schedule) == out.end()) out.push_back(c.schedule);
+    if (std::none_of(out.begin(), out.end(), [&](const Choice& x) { return x.schedule == c.schedule && x.tune == c.tune; }))
+      out.push_back(c);
     if (c.hi < 0) break;
+    bytes = std::min(c.hi + 1, bytes < 1024 ? 1024 : bytes * 2);
   }
   return out;
 }
 
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch, bool zero_copy, int32_t max_grid, int32_t rank) {
-  compiler::CompileOptions o = plan_options(coll, dtype, op, arch, zero_copy, max_grid, -1);
+                                           RedOp op, int arch, bool zero_copy, int32_t max_grid, int32_t rank,
+                                           const std::string& tune) {
+  compiler::CompileOptions o = plan_options(coll, dtype, op, arch, zero_copy, max_grid, -1, tune);
   const std::string key = fmt::format("{}|{}|{}", schedule, nranks, compiler::options_json(o));
   o.rank = rank;
   std::unique_lock<std::mutex> lock(mutex());

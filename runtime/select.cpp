@@ -1,17 +1,23 @@
-// Which schedule serves a call. Up to 8 ranks a default table (from the
-// measurements on 2 x H200; `mkc tune` will fill it); above, where nothing has
-// been measured, the cost model (compiler/cost estimate_us) picks among the
-// built-in schedules of the collective. MK_ALGO overrides per collective:
-//   MK_ALGO="allreduce=allreduce.ring,allgather=allgather.ring"
-// (every item a collective and a built-in schedule of it, runtime/env.hpp).
+// Which schedule serves a call: MK_ALGO overrides per collective
+// ("allreduce=allreduce.ring,allgather=allgather.ring", runtime/env.hpp);
+// else the selection tables (runtime/select.hpp: MK_SELECT_FILE's entries,
+// then the built-in ones); above 8 ranks, where no entry matches, the cost
+// model (compiler/cost estimate_us) picks among the built-in schedules of
+// the collective.
+#include "runtime/select.hpp"
+
 #include <fmt/format.h>
 
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "compiler/cost/cost.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/pipeline.hpp"
 #include "mk/dsl.hpp"
 #include "runtime/comm.hpp"
@@ -68,7 +74,7 @@ Choice estimated(Collective coll, int nranks, int64_t bytes) {
     const double us = cost::estimate_us(compiler::variant_for(lowered, hi), topo, hi);
     if (!best || us < best_us) best = &schedule, best_us = us;
   }
-  return {*best, lo, hi};
+  return {*best, lo, hi, ""};
 }
 
 }  // namespace
@@ -76,32 +82,210 @@ Choice estimated(Collective coll, int nranks, int64_t bytes) {
 Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_copy) {
   const auto& o = overrides();
   if (auto it = o.find(coll); it != o.end()) {
-    return {it->second, 0, -1};
+    return {it->second, 0, -1, ""};
   }
-  // Registered buffers: the schedules that read and write peers' buffers in
-  // place (no scratch, no flag inside the kernel); the runtime only goes
-  // zero-copy from MK_ZERO_COPY_MIN_BYTES on.
-  if (zero_copy && nranks <= 8) {
-    if (coll == Collective::allreduce) return {"allreduce.direct", 0, -1};
-    if (coll == Collective::reducescatter) return {"reducescatter.pull", 0, -1};
+  for (const SelectTable* t : {&file_select(), &builtin_select()}) {
+    const SelectEntry* e = zero_copy ? lookup(*t, coll, nranks, bytes, true) : nullptr;
+    if (!e) e = lookup(*t, coll, nranks, bytes, false);
+    if (e) return {e->schedule, e->min_bytes, e->max_bytes, e->tune};
   }
   if (nranks > 8) return estimated(coll, nranks, bytes);
-  // Below `small`: one-shot (one hop, LL); above: a bandwidth schedule.
-  const int64_t small = 256 << 10;
-  auto split = [&](const char* below, const char* above) -> Choice {
-    return bytes <= small ? Choice{below, 0, small} : Choice{above, small + 1, -1};
-  };
-  switch (coll) {
-    case Collective::allreduce:
-      if (nranks <= 2) return split("allreduce.one_shot", "allreduce.ring");
-      return split("allreduce.one_shot", "allreduce.two_shot");
-    case Collective::allgather: return {"allgather.direct", 0, -1};
-    case Collective::reducescatter: return {"reducescatter.direct", 0, -1};
-    case Collective::broadcast: return {"broadcast.direct", 0, -1};
-    case Collective::reduce: return {"reduce.direct", 0, -1};
-    case Collective::alltoall: return {"alltoall.direct", 0, -1};
+  fail(mkInternalError, fmt::format("no schedule for {} at {} ranks and {} bytes in the selection tables", name(coll),
+                                    nranks, bytes));
+}
+
+// ---- selection tables ----------------------------------------------------------
+
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kMaxSelectBytes = 16u << 20;
+constexpr size_t kMaxEntries = 100000;
+
+[[noreturn]] void bad_select(const std::string& where, const std::string& path, const std::string& what) {
+  fail(mkInvalidArgument, fmt::format("{}: {}: {}", where, path, what));
+}
+
+int64_t num(const json& j, const char* key, const std::string& where, const std::string& path, int64_t lo, int64_t hi,
+            int64_t dflt) {
+  if (!j.contains(key)) return dflt;
+  const json& v = j[key];
+  if (!v.is_number_integer()) bad_select(where, path + "." + key, "expected an integer");
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) bad_select(where, path + "." + key, fmt::format("{} is outside {}..{}", x, lo, hi));
+  return x;
+}
+
+// Built on 2 x H200 (bench/results/2026-11-30-*) and one H200 with ranks
+// sharing it (bench/results/2026-12-02-*): one-shot (one pass) up to 256 KiB,
+// a bandwidth schedule above; registered buffers in place. `mkc tune` on
+// the target machine writes a table of this format (MK_SELECT_FILE).
+constexpr const char* kBuiltin = R"json({
+ "mkernel_select": 1,
+ "note": "built-in defaults (measured on 2 x H200 and one H200 with ranks sharing it; not yet by mkc tune on 2 GPUs)",
+ "entries": [
+  {"collective": "allreduce", "min_ranks": 1, "max_ranks": 8, "registered": true, "schedule": "allreduce.direct"},
+  {"collective": "reducescatter", "min_ranks": 1, "max_ranks": 8, "registered": true, "schedule": "reducescatter.pull"},
+  {"collective": "allreduce", "min_ranks": 1, "max_ranks": 2, "min_bytes": 0, "max_bytes": 262144, "schedule": "allreduce.one_shot"},
+  {"collective": "allreduce", "min_ranks": 1, "max_ranks": 2, "min_bytes": 262145, "schedule": "allreduce.ring"},
+  {"collective": "allreduce", "min_ranks": 3, "max_ranks": 8, "min_bytes": 0, "max_bytes": 262144, "schedule": "allreduce.one_shot"},
+  {"collective": "allreduce", "min_ranks": 3, "max_ranks": 8, "min_bytes": 262145, "schedule": "allreduce.two_shot"},
+  {"collective": "allgather", "min_ranks": 1, "max_ranks": 8, "schedule": "allgather.direct"},
+  {"collective": "reducescatter", "min_ranks": 1, "max_ranks": 8, "schedule": "reducescatter.direct"},
+  {"collective": "broadcast", "min_ranks": 1, "max_ranks": 8, "schedule": "broadcast.direct"},
+  {"collective": "reduce", "min_ranks": 1, "max_ranks": 8, "schedule": "reduce.direct"},
+  {"collective": "alltoall", "min_ranks": 1, "max_ranks": 8, "schedule": "alltoall.direct"}
+ ]
+})json";
+
+std::string read_select_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(mkInvalidArgument, "MK_SELECT_FILE='" + path + "' cannot be read");
+  std::string text;
+  char buf[65536];
+  while (f.read(buf, sizeof buf) || f.gcount() > 0) {
+    text.append(buf, size_t(f.gcount()));
+    if (text.size() > kMaxSelectBytes)
+      fail(mkInvalidArgument, fmt::format("MK_SELECT_FILE='{}' is larger than {} bytes", path, kMaxSelectBytes));
   }
-  return {"allreduce.ring", 0, -1};
+  return text;
+}
+
+}  // namespace
+
+SelectTable parse_select(const std::string& text, const std::string& where) {
+  if (text.size() > kMaxSelectBytes) bad_select(where, "$", "larger than 16 MiB");
+  json j;
+  try {
+    int depth_seen = 0;
+    j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      depth_seen = std::max(depth_seen, depth);
+      if (depth > 8) throw std::runtime_error("nested more than 8 levels deep");
+      return true;
+    });
+  } catch (const std::exception& e) {
+    bad_select(where, "$", std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad_select(where, "$", "expected an object");
+  for (const auto& [k, v] : j.items())
+    if (k != "mkernel_select" && k != "note" && k != "entries" && k != "measured_on" && k != "command")
+      bad_select(where, "$." + k, "unknown key (known: mkernel_select, note, entries, measured_on, command)");
+  if (!j.contains("mkernel_select") || j["mkernel_select"] != 1)
+    bad_select(where, "$.mkernel_select", "expected 1 (the format's version)");
+  SelectTable t;
+  if (j.contains("note")) {
+    if (!j["note"].is_string()) bad_select(where, "$.note", "expected a string");
+    t.note = j["note"].get<std::string>();
+  }
+  if (!j.contains("entries") || !j["entries"].is_array()) bad_select(where, "$.entries", "expected an array");
+  if (j["entries"].size() > kMaxEntries) bad_select(where, "$.entries", "more than 100000 entries");
+  size_t i = 0;
+  for (const json& x : j["entries"]) {
+    const std::string path = fmt::format("$.entries[{}]", i++);
+    if (!x.is_object()) bad_select(where, path, "expected an object");
+    for (const auto& [k, v] : x.items())
+      if (k != "collective" && k != "min_ranks" && k != "max_ranks" && k != "min_bytes" && k != "max_bytes" &&
+          k != "schedule" && k != "tune" && k != "registered" && k != "measured_us")
+        bad_select(where, path + "." + k, "unknown key");
+    SelectEntry e;
+    if (!x.contains("collective") || !x["collective"].is_string())
+      bad_select(where, path + ".collective", "expected a collective's name");
+    const auto coll = parse_collective(x["collective"].get<std::string>());
+    if (!coll) bad_select(where, path + ".collective", "'" + x["collective"].get<std::string>() + "' is not a collective");
+    e.coll = *coll;
+    e.min_ranks = int32_t(num(x, "min_ranks", where, path, 1, 65536, 1));
+    e.max_ranks = int32_t(num(x, "max_ranks", where, path, e.min_ranks, 65536, e.min_ranks));
+    e.min_bytes = num(x, "min_bytes", where, path, 0, int64_t(1) << 62, 0);
+    e.max_bytes = num(x, "max_bytes", where, path, -1, int64_t(1) << 62, -1);
+    if (e.max_bytes >= 0 && e.max_bytes < e.min_bytes)
+      bad_select(where, path + ".max_bytes", fmt::format("{} is below min_bytes {}", e.max_bytes, e.min_bytes));
+    if (!x.contains("schedule") || !x["schedule"].is_string())
+      bad_select(where, path + ".schedule", "expected a schedule's name");
+    e.schedule = x["schedule"].get<std::string>();
+    const dsl::ScheduleInfo* info = dsl::find_schedule(e.schedule);
+    if (!info) bad_select(where, path + ".schedule", "no schedule named '" + e.schedule + "' (`mkc list` lists them)");
+    if (info->coll != e.coll)
+      bad_select(where, path + ".schedule",
+                 fmt::format("'{}' implements {}, not {}", e.schedule, name(info->coll), name(e.coll)));
+    if (x.contains("tune")) {
+      if (!x["tune"].is_string()) bad_select(where, path + ".tune", "expected a string of MK_TUNE's form");
+      e.tune = x["tune"].get<std::string>();
+      if (!e.tune.empty()) {
+        passes::ProtocolOptions scratch;
+        try {
+          env::apply_tune(e.tune, &scratch);
+        } catch (const RtError& err) {
+          bad_select(where, path + ".tune", err.what());
+        }
+      }
+    }
+    if (x.contains("registered")) {
+      if (!x["registered"].is_boolean()) bad_select(where, path + ".registered", "expected true or false");
+      e.registered = x["registered"].get<bool>();
+    }
+    if (x.contains("measured_us") && !x["measured_us"].is_number())
+      bad_select(where, path + ".measured_us", "expected a number");
+    t.entries.push_back(std::move(e));
+  }
+  return t;
+}
+
+std::string to_json(const SelectTable& t) {
+  json j;
+  j["mkernel_select"] = 1;
+  if (!t.note.empty()) j["note"] = t.note;
+  j["entries"] = json::array();
+  for (const SelectEntry& e : t.entries) {
+    json x = {{"collective", std::string(name(e.coll))},
+              {"min_ranks", e.min_ranks},
+              {"max_ranks", e.max_ranks},
+              {"min_bytes", e.min_bytes},
+              {"max_bytes", e.max_bytes},
+              {"schedule", e.schedule}};
+    if (!e.tune.empty()) x["tune"] = e.tune;
+    if (e.registered) x["registered"] = true;
+    j["entries"].push_back(std::move(x));
+  }
+  return j.dump(1) + "\n";
+}
+
+const SelectTable& builtin_select() {
+  static const SelectTable t = parse_select(kBuiltin, "the built-in selection table");
+  return t;
+}
+
+const SelectTable& file_select() {
+  static std::once_flag once;
+  static SelectTable table;
+  static std::string error;
+  std::call_once(once, [] {
+    const auto path = env::raw("MK_SELECT_FILE");
+    if (!path) return;
+    try {
+      table = parse_select(read_select_file(*path), "MK_SELECT_FILE='" + *path + "'");
+    } catch (const RtError& e) {
+      error = e.what();
+    }
+  });
+  if (!error.empty()) fail(mkInvalidArgument, error);
+  return table;
+}
+
+std::string select_file_digest() {
+  const auto path = env::raw("MK_SELECT_FILE");
+  if (!path) return "none";
+  const std::string text = read_select_file(*path);
+  parse_select(text, "MK_SELECT_FILE='" + *path + "'");  // malformed: init fails, naming it
+  return jit::hash_hex(text);
+}
+
+const SelectEntry* lookup(const SelectTable& t, Collective coll, int nranks, int64_t bytes, bool registered) {
+  for (const SelectEntry& e : t.entries)
+    if (e.coll == coll && e.registered == registered && nranks >= e.min_ranks && nranks <= e.max_ranks &&
+        bytes >= e.min_bytes && (e.max_bytes < 0 || bytes <= e.max_bytes))
+      return &e;
+  return nullptr;
 }
 
 }  // namespace mk::rt

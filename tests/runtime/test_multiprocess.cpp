@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -153,6 +155,36 @@ int expect_init_failure(int rank, int nranks, const mkUniqueId& id, mkResult_t c
   CHILD_CHECK(r == code);
   CHILD_CHECK(comm == nullptr);
   for (const auto& w : want) CHILD_CHECK(msg.find(w) != std::string::npos);
+  return 0;
+}
+
+// MK_SELECT_FILE picks the schedule and its knobs: a small all-reduce runs
+// two_shot with 2 LL instances instead of the built-in one-shot with 16.
+int selected(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 4096) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(buf));
+  CHILD_CHECK(mkAllReduce(p, p, 256, mkFloat32, mkSum, comm, stream) == mkSuccess);
+  mkfake_launch l{};
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  std::fprintf(stderr, "rank %d launched %s grid %u\n", rank, l.function, l.grid[0]);
+  CHILD_CHECK(std::string(l.function).find("allreduce_two_shot") != std::string::npos);
+  CHILD_CHECK(l.grid[0] <= 2 * 4);  // 2 instances of at most 4 blocks (the built-in: 16 instances)
+  // the other collectives keep the built-in choices
+  CHILD_CHECK(mkAllGather(p, reinterpret_cast<char*>(p) + 2048, 64, mkFloat32, comm, stream) == mkSuccess);
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(std::string(l.function).find("allgather_direct") != std::string::npos);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
   return 0;
 }
 
@@ -333,6 +365,12 @@ int mkt_child_main(int argc, char** argv) {
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "MK_TUNE"});
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
+  if (scenario == "select") return selected(rank, nranks, id);
+  if (scenario == "select_differs")
+    return expect_init_failure(rank, nranks, id, mkInvalidUsage, {"ranks disagree on MK_SELECT_FILE", "rank 0 has 'none'"});
+  if (scenario == "select_bad")
+    return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
+                               {"rank 1:", "MK_SELECT_FILE=", "$.entries[0].schedule", "implements allgather, not allreduce"});
 #ifdef MKT_SHIM
   if (scenario == "shim") return shim_fallback(rank, nranks, id);
   if (scenario == "shim_eager") return shim_eager(rank, nranks, id);
@@ -364,6 +402,28 @@ TEST_CASE("two processes: a setting that shapes plans differs between ranks: ini
 TEST_CASE("two processes: a malformed setting on one rank fails init on both, with that rank's message") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "bad_env", {{}, {"MK_TUNE=simple_instances=2abc"}});
+}
+
+namespace {
+std::string write_select(const std::string& name, const std::string& text) {
+  const std::string path = (std::filesystem::temp_directory_path() / (name + "." + std::to_string(::getpid()))).string();
+  std::ofstream(path) << text;
+  return path;
+}
+}  // namespace
+
+TEST_CASE("two processes: MK_SELECT_FILE picks schedules and knobs, and init fails on both when it differs or is malformed") {
+  MKT_REQUIRE_FAKE();
+  const std::string good = write_select("mkt_select_good.json", R"({"mkernel_select": 1, "entries": [
+    {"collective": "allreduce", "min_ranks": 2, "max_ranks": 2, "min_bytes": 0, "max_bytes": 1048576,
+     "schedule": "allreduce.two_shot", "tune": "ll_instances=2"}]})");
+  const std::string bad = write_select("mkt_select_bad.json", R"({"mkernel_select": 1, "entries": [
+    {"collective": "allreduce", "schedule": "allgather.direct"}]})");
+  run_ranks(2, "select", {{"MK_SELECT_FILE=" + good}, {"MK_SELECT_FILE=" + good}});
+  run_ranks(2, "select_differs", {{}, {"MK_SELECT_FILE=" + good}});
+  run_ranks(2, "select_bad", {{}, {"MK_SELECT_FILE=" + bad}});
+  std::filesystem::remove(good);
+  std::filesystem::remove(bad);
 }
 
 TEST_CASE("two processes: mkCommBootstrapBroadcast carries rank 0's bytes and refuses bad arguments") {

@@ -18,6 +18,7 @@
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "plan_util.hpp"
+#include "runtime/select.hpp"
 #include "support.hpp"
 
 using namespace mk;
@@ -38,6 +39,9 @@ int marked_line(const std::string& name) {
 }
 
 bool have_nvrtc() { return jit::nvrtc_version() > 0; }
+
+// A real driver (libcuda.so.1) on this machine, found without the fake's directory.
+bool cuda_available_here() { return fs::exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1") || fs::exists("/usr/lib64/libcuda.so.1"); }
 
 nlohmann::json plan_json(const std::string& dir) { return nlohmann::json::parse(mkt::read_text(fs::path(dir) / "plan.json")); }
 
@@ -788,4 +792,44 @@ MK_SCHEDULE(LOCAL_NAME, broadcast, build, "a broadcast named by a header");
   size_t sos = 0;
   for (const auto& e : fs::directory_iterator(cache.path / "plugins")) sos += e.path().extension() == ".so";
   CHECK(sos == 2);
+}
+
+// mkc tune end to end against the fake driver (tests/fake_cuda): every
+// candidate runs in its own process through the real runtime, and the table
+// it writes is one the runtime accepts, covering every size of every
+// collective asked for. (The fake runs no kernels: the times are the launch
+// path's and results cannot be checked here; tests/gpu runs it on a GPU.)
+TEST_CASE("mkc tune: runs every candidate and writes a selection table the runtime accepts") {
+  mkt::TempDir d;
+  const std::string out = (d.path / "select.json").string();
+  const auto r = mkc({"tune", "-n", "2", "--share-gpu", "--colls", "allreduce,broadcast", "--min-bytes", "1024",
+                      "--max-bytes", "65536", "--no-check", "--batches", "1", "-o", out},
+                     {{"LD_LIBRARY_PATH", MKT_FAKE_CUDA_DIR}, {"MK_SCRATCH_BYTES", "67108864"}});
+  INFO(r);
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.err, "allreduce.one_shot"));
+  CHECK(contains(r.err, "broadcast.direct"));
+  const auto t = rt::parse_select(mkt::read_text(out), out);
+  CHECK(contains(t.note, "sharing GPU 0"));
+  CHECK(contains(t.note, "do not ship"));
+  for (Collective c : {Collective::allreduce, Collective::broadcast}) {
+    CAPTURE(name(c));
+    int64_t next = 0;  // the entries of a collective cover 0.. without gaps, the last unbounded
+    for (const auto& e : t.entries) {
+      if (e.coll != c) continue;
+      CHECK(e.min_ranks == 2);
+      CHECK(e.max_ranks == 2);
+      CHECK(e.min_bytes == next);
+      next = e.max_bytes < 0 ? -1 : e.max_bytes + 1;
+    }
+    CHECK(next == -1);
+  }
+  // without a driver: a clear error, no table
+  const auto none = mkc({"tune", "-n", "2", "--colls", "allreduce", "--max-bytes", "4096", "-o", out + ".2"},
+                        {{"LD_LIBRARY_PATH", "/nonexistent"}});
+  if (!cuda_available_here()) {
+    MKT_CHECK_USER_ERROR(none, "mk.cli.E011");
+    CHECK(contains(none.err, "no NVIDIA driver"));
+    CHECK_FALSE(fs::exists(out + ".2"));
+  }
 }

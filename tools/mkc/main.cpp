@@ -50,6 +50,7 @@
 #include "runtime/comm.hpp"
 #include "runtime/env.hpp"
 #include "runtime/status.hpp"
+#include "tools/mkc/tune.hpp"
 
 using namespace mk;
 namespace fs = std::filesystem;
@@ -556,7 +557,7 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
                  const std::vector<std::string>& dtypes, const std::vector<std::string>& copy_dtypes,
                  const std::vector<std::string>& ops, const std::string& out, int jobs) {
   struct Job {
-    std::string schedule;
+    std::string schedule, tune;
     Collective coll;
     int nranks, arch, rank;
     DType dtype;
@@ -568,7 +569,7 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
       if (n < 1) throw Error(ErrId::cli_E004, fmt::format("--ranks {}: must be at least 1", n));
       for (int ci = 0; ci < kNumCollectives; ++ci) {
         const Collective coll = Collective(ci);
-        for (const auto& s : rt::schedules_for(coll, n)) {
+        for (const rt::Choice& s : rt::schedules_for(coll, n)) {
           // collectives that only move data also for the copy dtypes
           std::vector<std::string> ds = dtypes;
           if (!collective_reduces(coll))
@@ -579,7 +580,7 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
               const RedOp op = op_arg(o);
               if (!collective_reduces(coll) && o != ops.front()) continue;
               for (int r = 0; r < n; ++r)
-                all.push_back({s, coll, n, jit::parse_arch(a), r, dtype_arg(d),
+                all.push_back({s.schedule, s.tune, coll, n, jit::parse_arch(a), r, dtype_arg(d),
                                collective_reduces(coll) ? op : RedOp::sum});
             }
         }
@@ -595,7 +596,7 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
     try {
       const dsl::ScheduleInfo* info = dsl::find_schedule(j.schedule);
       if (!info) throw Error(ErrId::cli_E001, "no schedule named " + j.schedule);
-      const compiler::CompileOptions o = rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, j.rank);
+      const compiler::CompileOptions o = rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, j.rank, j.tune);
       ir::Schedule built = dsl::build(*info, j.nranks, 0);
       const std::string key = prebuilt::key(built, o);
       w.add(key, compiler::compile_plan(std::move(built), o));
@@ -726,6 +727,24 @@ int main(int argc, char** argv) {
   prebuild->add_option("-o,--out", pb_out, "output directory (index.json is merged)")->required();
   prebuild->add_option("-j,--jobs", pb_jobs, "plans compiled at once (default: one per core)");
 
+  auto* tune = app.add_subcommand("tune", "measure every schedule (and knob variant) of each collective per size on "
+                                          "the GPUs present and write the selection table (MK_SELECT_FILE)");
+  tune::Options tu;
+  std::vector<std::string> tu_colls = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall"};
+  std::string tu_dtype = "bf16";
+  bool tu_no_check = false;
+  tune->add_option("-n,--ranks", tu.ranks, "ranks (one per GPU, GPUs 0..n-1; default 2)");
+  tune->add_flag("--share-gpu", tu.share,
+                 "every rank on GPU 0 (a one-GPU proxy to try the tuner: never a table to ship)");
+  tune->add_option("--colls", tu_colls, "collectives (default all six)")->delimiter(',');
+  tune->add_option("--dtype", tu_dtype, "element type (default bf16)");
+  tune->add_option("--min-bytes", tu.min_bytes, "smallest size (default 1024); size = a rank's larger buffer");
+  tune->add_option("--max-bytes", tu.max_bytes, "largest size (default 64 MiB); sizes in x2 steps");
+  tune->add_option("--knobs", tu.knobs, "quick: each schedule with the defaults; full: also knob variants");
+  tune->add_option("--batches", tu.batches, "timed batches per size (median; default 5)");
+  tune->add_flag("--no-check", tu_no_check, "do not check each candidate's results (they are checked up to 16 MiB)");
+  tune->add_option("-o,--out", tu.out, "the table (default: standard output)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -740,6 +759,17 @@ int main(int argc, char** argv) {
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
     if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache, compile_rank);
     if (*prebuild) return cmd_prebuild(pb_archs, pb_ranks, pb_dtypes, pb_copy, pb_ops, pb_out, pb_jobs);
+    if (*tune) {
+      for (const auto& c : tu_colls) {
+        const auto coll = parse_collective(c);
+        if (!coll) throw Error(ErrId::cli_E011, "--colls: '" + c + "' is not a collective");
+        tu.colls.push_back(*coll);
+      }
+      tu.dtype = dtype_arg(tu_dtype);
+      tu.check = !tu_no_check;
+      for (int i = 0; i < argc; ++i) tu.command += (i ? " " : "") + std::string(i ? argv[i] : "mkc");
+      return tune::run(tu);
+    }
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
     if (*import) return cmd_import(import_file, import_out, import_no_verify);
     if (*exp) return cmd_export(export_o, export_format, export_out);

@@ -1,0 +1,61 @@
+// The selection table: which schedule (and which protocol knobs) serves a
+// call, per collective, rank count, size range and whether the buffers are
+// registered. One format for the built-in default, for MK_SELECT_FILE and for
+// what `mkc tune` writes (docs/select.md):
+//
+//   {"mkernel_select": 1, "note": "...",
+//    "entries": [{"collective": "allreduce", "min_ranks": 2, "max_ranks": 2,
+//                 "min_bytes": 0, "max_bytes": 262144, "schedule": "allreduce.one_shot",
+//                 "tune": "ll_instances=16", "registered": false}, ...]}
+//
+// A call takes the first entry (in file order) of its collective whose rank
+// range holds the communicator's size and whose byte range holds the call's
+// bytes (count x element size; max_bytes -1: no bound), with "registered"
+// true only for zero-copy calls (a registered call with no such entry uses
+// the others). MK_SELECT_FILE's entries come before the built-in ones; MK_ALGO
+// overrides both; above 8 ranks, where neither has an entry, the cost model
+// picks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mk/types.hpp"
+
+namespace mk::rt {
+
+struct SelectEntry {
+  Collective coll = Collective::allreduce;
+  int32_t min_ranks = 1, max_ranks = 1;
+  int64_t min_bytes = 0, max_bytes = -1;  // inclusive; -1: no bound
+  std::string schedule;
+  std::string tune;  // MK_TUNE syntax, applied after MK_TUNE; "" for none
+  bool registered = false;
+};
+
+struct SelectTable {
+  std::string note;
+  std::vector<SelectEntry> entries;
+};
+
+// Parses and checks a table (hostile input: any bytes). Throws
+// RtError(mkInvalidArgument) naming `where` and the JSON path of what is
+// wrong: unknown collectives or schedules (a schedule of another
+// collective), bad ranges, malformed knobs.
+SelectTable parse_select(const std::string& text, const std::string& where);
+std::string to_json(const SelectTable& t);
+
+// The built-in table (the same format, measured on 2 x H200 up to 8 ranks).
+const SelectTable& builtin_select();
+// MK_SELECT_FILE's table (empty when unset), read once per process; a
+// malformed file throws from every call.
+const SelectTable& file_select();
+// What MK_SELECT_FILE holds, for the settings every rank must agree on:
+// "none", or its path's content hash.
+std::string select_file_digest();
+
+// The first matching entry of `t`, or nullptr.
+const SelectEntry* lookup(const SelectTable& t, Collective coll, int nranks, int64_t bytes, bool registered);
+
+}  // namespace mk::rt

@@ -1,0 +1,120 @@
+// The selection table (runtime/select.hpp): the built-in table's choices,
+// the format's checks on hostile input, and its round trip.
+#include <doctest/doctest.h>
+
+#include "runtime/comm.hpp"
+#include "runtime/select.hpp"
+#include "runtime/status.hpp"
+#include "support.hpp"
+
+using namespace mk;
+using mkt::contains;
+
+namespace {
+
+std::string parse_error(const std::string& text) {
+  try {
+    rt::parse_select(text, "t.json");
+  } catch (const rt::RtError& e) {
+    CHECK(e.code() == mkInvalidArgument);
+    return e.what();
+  }
+  FAIL("no error for " << text);
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("select: the built-in table picks one-shot up to 256 KiB, a bandwidth schedule above, in place when registered") {
+  const auto& t = rt::builtin_select();
+  CHECK(!t.entries.empty());
+  auto pick = [&](Collective c, int n, int64_t bytes, bool reg) {
+    const rt::SelectEntry* e = reg ? rt::lookup(t, c, n, bytes, true) : nullptr;
+    if (!e) e = rt::lookup(t, c, n, bytes, false);
+    REQUIRE(e != nullptr);
+    return e->schedule;
+  };
+  CHECK(pick(Collective::allreduce, 2, 8, false) == "allreduce.one_shot");
+  CHECK(pick(Collective::allreduce, 2, 256 << 10, false) == "allreduce.one_shot");
+  CHECK(pick(Collective::allreduce, 2, (256 << 10) + 1, false) == "allreduce.ring");
+  CHECK(pick(Collective::allreduce, 8, int64_t(1) << 30, false) == "allreduce.two_shot");
+  CHECK(pick(Collective::allreduce, 2, 64 << 20, true) == "allreduce.direct");
+  CHECK(pick(Collective::reducescatter, 4, 64 << 20, true) == "reducescatter.pull");
+  CHECK(pick(Collective::allgather, 4, 64 << 20, true) == "allgather.direct");  // no registered entry: the others
+  for (Collective c : all_collectives())
+    for (int n = 1; n <= 8; ++n) CHECK(rt::lookup(t, c, n, 12345, false) != nullptr);
+  CHECK(rt::lookup(t, Collective::allreduce, 16, 1000, false) == nullptr);  // above 8 ranks: the cost model
+  // and the runtime follows it
+  CHECK(rt::choose_schedule(Collective::allreduce, 2, 1000).schedule == "allreduce.one_shot");
+  CHECK(rt::choose_schedule(Collective::allreduce, 2, 64 << 20, true).schedule == "allreduce.direct");
+  const rt::Choice c = rt::choose_schedule(Collective::allreduce, 2, (256 << 10) + 7);
+  CHECK(c.schedule == "allreduce.ring");
+  CHECK(c.lo == (256 << 10) + 1);
+  CHECK(c.hi == -1);
+}
+
+TEST_CASE("select: what schedules_for lists covers every entry the tables can pick") {
+  const auto v = rt::schedules_for(Collective::allreduce, 2);
+  auto has = [&](const char* s) {
+    return std::any_of(v.begin(), v.end(), [&](const rt::Choice& c) { return c.schedule == s; });
+  };
+  CHECK(has("allreduce.one_shot"));
+  CHECK(has("allreduce.ring"));
+}
+
+TEST_CASE("select: a table round-trips through its JSON, and hostile tables are refused naming the field") {
+  rt::SelectTable t;
+  t.note = "measured here";
+  rt::SelectEntry e;
+  e.coll = Collective::allgather;
+  e.min_ranks = 2;
+  e.max_ranks = 4;
+  e.min_bytes = 16;
+  e.max_bytes = 4096;
+  e.schedule = "allgather.ring";
+  e.tune = "ll_instances=8";
+  e.registered = true;
+  t.entries.push_back(e);
+  const rt::SelectTable back = rt::parse_select(rt::to_json(t), "t.json");
+  REQUIRE(back.entries.size() == 1);
+  CHECK(back.note == "measured here");
+  CHECK(back.entries[0].coll == Collective::allgather);
+  CHECK(back.entries[0].min_ranks == 2);
+  CHECK(back.entries[0].max_ranks == 4);
+  CHECK(back.entries[0].min_bytes == 16);
+  CHECK(back.entries[0].max_bytes == 4096);
+  CHECK(back.entries[0].schedule == "allgather.ring");
+  CHECK(back.entries[0].tune == "ll_instances=8");
+  CHECK(back.entries[0].registered);
+
+  CHECK(contains(parse_error("not json"), "t.json: $: not valid JSON"));
+  CHECK(contains(parse_error("[]"), "$: expected an object"));
+  CHECK(contains(parse_error(R"({"entries": []})"), "$.mkernel_select: expected 1"));
+  CHECK(contains(parse_error(R"({"mkernel_select": 2, "entries": []})"), "$.mkernel_select"));
+  CHECK(contains(parse_error(R"({"mkernel_select": 1, "entries": [], "extra": 1})"), "$.extra: unknown key"));
+  CHECK(contains(parse_error(R"({"mkernel_select": 1})"), "$.entries: expected an array"));
+  const std::string head = R"({"mkernel_select": 1, "entries": [)";
+  CHECK(contains(parse_error(head + R"({"schedule": "allreduce.ring"}]})"), "$.entries[0].collective"));
+  CHECK(contains(parse_error(head + R"({"collective": "allsum", "schedule": "allreduce.ring"}]})"),
+                 "'allsum' is not a collective"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "nope"}]})"),
+                 "$.entries[0].schedule: no schedule named 'nope'"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allgather.ring"}]})"),
+                 "implements allgather, not allreduce"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "min_ranks": 0}]})"),
+                 "$.entries[0].min_ranks: 0 is outside"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "min_ranks": 4, "max_ranks": 2}]})"),
+                 "$.entries[0].max_ranks"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "min_bytes": 10, "max_bytes": 5}]})"),
+                 "$.entries[0].max_bytes: 5 is below min_bytes 10"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "min_bytes": 1.5}]})"),
+                 "$.entries[0].min_bytes: expected an integer"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "tune": "tile=16"}]})"),
+                 "$.entries[0].tune"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "registered": 1}]})"),
+                 "$.entries[0].registered: expected true or false"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "x": 1}]})"),
+                 "$.entries[0].x: unknown key"));
+  CHECK(contains(parse_error(std::string(100, '[') + std::string(100, ']')), "not valid JSON"));
+  CHECK(contains(parse_error(std::string(17u << 20, ' ')), "larger than 16 MiB"));
+}
