@@ -19,6 +19,7 @@
 #include "runtime/cuda_driver.hpp"
 #include "runtime/env.hpp"
 #include "runtime/handles.hpp"
+#include "runtime/select.hpp"
 #include "runtime/status.hpp"
 
 namespace mk::rt {
@@ -54,12 +55,18 @@ bool zero_copy_enabled() {
 }
 
 // Zero-copy pays an entry and an exit barrier (two flag round trips) to save
-// the staging copies: on 2 x H200 it is slower up to 1 MiB, even at 4 MiB and
-// faster from 16 MiB on (bench/results/2026-11-30-h200x2-bf16-registered.md). The size is
-// the larger buffer, as in the benchmark; every rank computes the same choice.
-int64_t zero_copy_min_bytes() {
-  static const int64_t v = env::zero_copy_min_bytes();
-  return v;
+// the staging copies. Where it pays is the selection tables' registered
+// entries (runtime/select.hpp; built in: from 4 MiB, measured on 2 x H200,
+// bench/results/2026-11-30-h200x2-bf16-registered.md); MK_ZERO_COPY_MIN_BYTES,
+// when set, decides instead (the larger buffer's bytes, as in the benchmark).
+// Every rank computes the same choice.
+bool zero_copy_pays(Collective coll, int nranks, int64_t bytes, int64_t larger_buffer) {
+  static const bool forced = env::raw("MK_ZERO_COPY_MIN_BYTES").has_value();
+  static const int64_t min_bytes = env::zero_copy_min_bytes();
+  if (forced) return larger_buffer >= min_bytes;
+  for (const SelectTable* t : {&file_select(), &builtin_select()})
+    if (lookup(*t, coll, nranks, bytes, true)) return true;
+  return false;
 }
 
 // MK_PDL=0: plain launches even for kernels that allow programmatic
@@ -213,7 +220,8 @@ void check_locked(Pending& p) {
       all &= (z.in_window = check_registered(*c, k.send, p.in_bytes, "sendbuff", api, &z.in_offset)) >= 0;
     if (p.need_recv)
       all &= (z.out_window = check_registered(*c, k.recv, p.out_bytes, "recvbuff", api, &z.out_offset)) >= 0;
-    if (all && zero_copy_enabled() && int64_t(std::max(p.in_bytes, p.out_bytes)) >= zero_copy_min_bytes()) {
+    if (all && zero_copy_enabled() &&
+        zero_copy_pays(k.coll, c->nranks, p.bytes, int64_t(std::max(p.in_bytes, p.out_bytes)))) {
       z.in_bytes = int64_t(p.in_bytes);
       z.out_bytes = int64_t(p.out_bytes);
       z.call_sig = uint64_t(k.coll) | uint64_t(p.dt) << 8 | uint64_t(p.op) << 16 |

@@ -86,6 +86,13 @@ Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_cop
   }
   for (const SelectTable* t : {&file_select(), &builtin_select()}) {
     const SelectEntry* e = zero_copy ? lookup(*t, coll, nranks, bytes, true) : nullptr;
+    if (!e && zero_copy) {
+      // zero-copy forced below the registered entries (MK_ZERO_COPY_MIN_BYTES):
+      // their schedule, for this size alone
+      for (const SelectEntry& x : t->entries)
+        if (x.coll == coll && x.registered && nranks >= x.min_ranks && nranks <= x.max_ranks)
+          return {x.schedule, bytes, bytes, x.tune};
+    }
     if (!e) e = lookup(*t, coll, nranks, bytes, false);
     if (e) return {e->schedule, e->min_bytes, e->max_bytes, e->tune};
   }
@@ -125,8 +132,12 @@ constexpr const char* kBuiltin = R"json({
  "mkernel_select": 1,
  "note": "built-in defaults (measured on 2 x H200 and one H200 with ranks sharing it; not yet by mkc tune on 2 GPUs)",
  "entries": [
-  {"collective": "allreduce", "min_ranks": 1, "max_ranks": 8, "registered": true, "schedule": "allreduce.direct"},
-  {"collective": "reducescatter", "min_ranks": 1, "max_ranks": 8, "registered": true, "schedule": "reducescatter.pull"},
+  {"collective": "allreduce", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "allreduce.direct"},
+  {"collective": "reducescatter", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "reducescatter.pull"},
+  {"collective": "allgather", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "allgather.direct"},
+  {"collective": "broadcast", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "broadcast.direct"},
+  {"collective": "reduce", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "reduce.direct"},
+  {"collective": "alltoall", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "alltoall.direct"},
   {"collective": "allreduce", "min_ranks": 1, "max_ranks": 2, "min_bytes": 0, "max_bytes": 262144, "schedule": "allreduce.one_shot"},
   {"collective": "allreduce", "min_ranks": 1, "max_ranks": 2, "min_bytes": 262145, "schedule": "allreduce.ring"},
   {"collective": "allreduce", "min_ranks": 3, "max_ranks": 8, "min_bytes": 0, "max_bytes": 262144, "schedule": "allreduce.one_shot"},

@@ -10,9 +10,11 @@
 //
 // A call takes the first entry (in file order) of its collective whose rank
 // range holds the communicator's size and whose byte range holds the call's
-// bytes (count x element size; max_bytes -1: no bound), with "registered"
-// true only for zero-copy calls (a registered call with no such entry uses
-// the others). MK_SELECT_FILE's entries come before the built-in ones; MK_ALGO
+// bytes (count x element size; max_bytes -1: no bound). Entries with
+// "registered" true serve zero-copy calls, and say where zero-copy pays: a
+// call whose buffers are all registered goes zero-copy where such an entry
+// matches (MK_ZERO_COPY_MIN_BYTES, when set, decides instead); a zero-copy
+// call with no such entry takes the others. MK_SELECT_FILE's entries come before the built-in ones; MK_ALGO
 // overrides both; above 8 ranks, where neither has an entry, the cost model
 // picks.
 #pragma once
