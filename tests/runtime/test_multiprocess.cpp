@@ -58,18 +58,25 @@ bool all_bytes(CUdeviceptr p, size_t n, unsigned char v) {
   return true;
 }
 
+// A rank's context (GPU `rank`), a stream and its communicator; nonzero on failure.
+int open_rank(int rank, int nranks, const mkUniqueId& id, CUstream* stream, mkComm_t* comm) {
+  g_rank = rank;
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuStreamCreate(stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHILD_CHECK(mkCommInitRank(comm, nranks, id, rank) == mkSuccess);
+  return 0;
+}
+
 int run_rank(int rank, int nranks, const mkUniqueId& id) {
   g_rank = rank;
   CHILD_CHECK(mkt::driver() == mkt::Driver::fake);
   mkfake_counts before{};
   mkfake_fn<decltype(mkfake_get_counts)>("mkfake_get_counts")(&before);
-  CUcontext ctx = nullptr;
-  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
-  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
   CUstream stream = nullptr;
-  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   mkComm_t comm = nullptr;
-  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
   auto* c = reinterpret_cast<mk::rt::Comm*>(comm);
   const int peer = 1 - rank;
   CHILD_CHECK(c->device == rank);
@@ -161,14 +168,9 @@ int expect_init_failure(int rank, int nranks, const mkUniqueId& id, mkResult_t c
 // MK_SELECT_FILE picks the schedule and its knobs: a small all-reduce runs
 // two_shot with 2 LL instances instead of the built-in one-shot with 16.
 int selected(int rank, int nranks, const mkUniqueId& id) {
-  g_rank = rank;
-  CUcontext ctx = nullptr;
-  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
-  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
   CUstream stream = nullptr;
-  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   mkComm_t comm = nullptr;
-  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
   CUdeviceptr buf = 0;
   CHILD_CHECK(cu().cuMemAlloc(&buf, 4096) == CUDA_SUCCESS);
   void* p = reinterpret_cast<void*>(uintptr_t(buf));

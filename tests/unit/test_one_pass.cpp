@@ -15,6 +15,15 @@ using namespace mk;
 
 namespace {
 
+verify::SimResult simulate_launches(const ir::Schedule& v, uint64_t seed) {
+  verify::SimOptions so;
+  so.dtype = DType::fp32;
+  so.count = 4096;
+  so.launches = 6;
+  so.seed = seed;
+  return verify::simulate(v, so);
+}
+
 compiler::Lowered lower_small(const std::string& name, int n, int one_pass = 1, int32_t max_tbs = 32,
                               int64_t max_bytes = 65536) {
   const auto* info = dsl::find_schedule(name);
@@ -141,13 +150,8 @@ TEST_CASE("one pass: forced on a schedule that fails its conditions, the simulat
   v.one_pass = true;
   int bad = 0;
   for (uint64_t seed = 1; seed <= 60; ++seed) {
-    verify::SimOptions so;
-    so.dtype = DType::fp32;
-    so.count = 4096;
-    so.launches = 6;
-    so.seed = seed;
     try {
-      bad += !verify::simulate(v, so).ok;
+      bad += !simulate_launches(v, seed).ok;
     } catch (const Error& e) {
       CHECK(e.id() == ErrId::verify_E005);  // deadlock
       ++bad;
@@ -157,12 +161,5 @@ TEST_CASE("one pass: forced on a schedule that fails its conditions, the simulat
   CHECK(bad > 0);
   // the same with its waits kept: always right
   v.one_pass = false;
-  for (uint64_t seed = 1; seed <= 20; ++seed) {
-    verify::SimOptions so;
-    so.dtype = DType::fp32;
-    so.count = 4096;
-    so.launches = 6;
-    so.seed = seed;
-    CHECK(verify::simulate(v, so).ok);
-  }
+  for (uint64_t seed = 1; seed <= 20; ++seed) CHECK(simulate_launches(v, seed).ok);
 }
