@@ -347,7 +347,8 @@ void alloc_buffers(Process& P, Local& l, const Layout& y) {
     } else {
       CK(cudaMalloc(reinterpret_cast<void**>(&b.arena), b.bytes));
       if (lib == 0) die("--register needs ncclMemAlloc (NCCL 2.19 or later)");
-      if (separate && mkCommRegister(l.mk, b.arena, b.bytes, &b.mk_handle) != mkSuccess)
+      // (the NCCL probe run has no mKernel communicator: nothing to register)
+      if (separate && l.mk && mkCommRegister(l.mk, b.arena, b.bytes, &b.mk_handle) != mkSuccess)
         die(std::string("mkCommRegister failed: ") + mkGetLastError(l.mk));
     }
   }

@@ -560,9 +560,10 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   }
   *lo = std::max(choice.lo, k->min_bytes);
   *hi = choice.hi < 0 ? k->max_bytes : (k->max_bytes < 0 ? choice.hi : std::min(choice.hi, k->max_bytes));
-  // One instance per (plan, kernel).
-  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", plan->schedule, name(plan->dtype), name(plan->op),
-                                      plan->nranks, k->name, plan->zero_copy);
+  // One instance per (plan, kernel): the entry's knobs make another plan of
+  // the same schedule whose kernels have the same names.
+  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", plan->schedule, name(plan->dtype), name(plan->op),
+                                      plan->nranks, k->name, plan->zero_copy, choice.tune);
   if (auto it = plans.instances.find(key); it != plans.instances.end()) return *it->second;
 
   const Driver& d = cu();

@@ -64,9 +64,7 @@ bool zero_copy_pays(Collective coll, int nranks, int64_t bytes, int64_t larger_b
   static const bool forced = env::raw("MK_ZERO_COPY_MIN_BYTES").has_value();
   static const int64_t min_bytes = env::zero_copy_min_bytes();
   if (forced) return larger_buffer >= min_bytes;
-  for (const SelectTable* t : {&file_select(), &builtin_select()})
-    if (lookup(*t, coll, nranks, bytes, true)) return true;
-  return false;
+  return lookup(registered_table(coll, nranks), coll, nranks, bytes, true) != nullptr;
 }
 
 // MK_PDL=0: plain launches even for kernels that allow programmatic

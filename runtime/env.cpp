@@ -175,7 +175,8 @@ std::vector<std::pair<std::string, std::string>> plan_shaping_settings() {
     t += fmt::format("{}{}={}", t.empty() ? "" : ",", k.key, k.i64 ? tuned.*(k.i64) : int64_t(tuned.*(k.i32)));
   s.emplace_back("MK_TUNE", t);
   s.emplace_back("MK_ZERO_COPY", zero_copy() ? "1" : "0");
-  s.emplace_back("MK_ZERO_COPY_MIN_BYTES", std::to_string(zero_copy_min_bytes()));
+  // set or not decides how zero-copy is chosen (runtime/enqueue.cpp): ranks must agree on both
+  s.emplace_back("MK_ZERO_COPY_MIN_BYTES", raw("MK_ZERO_COPY_MIN_BYTES") ? std::to_string(zero_copy_min_bytes()) : "unset");
   s.emplace_back("MK_SCRATCH_BYTES", std::to_string(scratch_bytes()));
   s.emplace_back("MK_FLAG_BYTES", std::to_string(flag_bytes()));
   s.emplace_back("MK_MAX_REGISTRATIONS", std::to_string(max_registrations()));

@@ -17,6 +17,7 @@
 #include "mk/dsl.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/env.hpp"
+#include "runtime/select.hpp"
 #include "runtime/plans.hpp"
 #include "runtime/status.hpp"
 
@@ -141,15 +142,22 @@ compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, in
 }
 
 std::vector<Choice> schedules_for(Collective coll, int nranks) {
+  // every size range choose_schedule distinguishes: where each table entry
+  // starts and ends (an entry may sit inside a later, wider one), and powers
+  // of two up to 2^44 (the cost model's ranges)
+  std::set<int64_t> at{0};
+  for (int64_t b = 1024; b <= (int64_t(1) << 44); b *= 2) at.insert(b);
+  for (const SelectTable* t : {&file_select(), &builtin_select()})
+    for (const SelectEntry& e : t->entries)
+      if (e.coll == coll && !e.registered && nranks >= e.min_ranks && nranks <= e.max_ranks) {
+        at.insert(e.min_bytes);
+        if (e.max_bytes >= 0) at.insert(e.max_bytes + 1);
+      }
   std::vector<Choice> out;
-  // every size range choose_schedule distinguishes: each range's ends, and
-  // powers of two up to 2^44 (the cost model's ranges)
-  for (int64_t bytes = 0; bytes <= (int64_t(1) << 44);) {
+  for (int64_t bytes : at) {
     const Choice c = choose_schedule(coll, nranks, bytes);
     if (std::none_of(out.begin(), out.end(), [&](const Choice& x) { return x.schedule == c.schedule && x.tune == c.tune; }))
       out.push_back(c);
-    if (c.hi < 0) break;
-    bytes = std::min(c.hi + 1, bytes < 1024 ? 1024 : bytes * 2);
   }
   return out;
 }

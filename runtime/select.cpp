@@ -84,18 +84,27 @@ Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_cop
   if (auto it = o.find(coll); it != o.end()) {
     return {it->second, 0, -1, ""};
   }
-  for (const SelectTable* t : {&file_select(), &builtin_select()}) {
-    const SelectEntry* e = zero_copy ? lookup(*t, coll, nranks, bytes, true) : nullptr;
-    if (!e && zero_copy) {
-      // zero-copy forced below the registered entries (MK_ZERO_COPY_MIN_BYTES):
-      // their schedule, for this size alone
-      for (const SelectEntry& x : t->entries)
-        if (x.coll == coll && x.registered && nranks >= x.min_ranks && nranks <= x.max_ranks)
-          return {x.schedule, bytes, bytes, x.tune};
+  if (zero_copy) {
+    const SelectTable& t = registered_table(coll, nranks);
+    if (const SelectEntry* e = lookup(t, coll, nranks, bytes, true)) return {e->schedule, e->min_bytes, e->max_bytes, e->tune};
+    // Zero-copy forced outside the registered entries' sizes
+    // (MK_ZERO_COPY_MIN_BYTES): the nearest entry's schedule, over the gap.
+    const SelectEntry* near = nullptr;
+    int64_t lo = 0, hi = -1;
+    for (const SelectEntry& x : t.entries) {
+      if (x.coll != coll || !x.registered || nranks < x.min_ranks || nranks > x.max_ranks) continue;
+      if (x.min_bytes > bytes) {
+        if (hi < 0 || x.min_bytes - 1 < hi) hi = x.min_bytes - 1, near = &x;
+      } else if (x.max_bytes >= 0 && x.max_bytes < bytes) {
+        lo = std::max(lo, x.max_bytes + 1);
+        if (!near) near = &x;
+      }
     }
-    if (!e) e = lookup(*t, coll, nranks, bytes, false);
-    if (e) return {e->schedule, e->min_bytes, e->max_bytes, e->tune};
+    if (near) return {near->schedule, lo, hi, near->tune};
   }
+  for (const SelectTable* t : {&file_select(), &builtin_select()})
+    if (const SelectEntry* e = lookup(*t, coll, nranks, bytes, false))
+      return {e->schedule, e->min_bytes, e->max_bytes, e->tune};
   if (nranks > 8) return estimated(coll, nranks, bytes);
   fail(mkInternalError, fmt::format("no schedule for {} at {} ranks and {} bytes in the selection tables", name(coll),
                                     nranks, bytes));
@@ -126,18 +135,42 @@ int64_t num(const json& j, const char* key, const std::string& where, const std:
 
 // Built on 2 x H200 (bench/results/2026-11-30-*) and one H200 with ranks
 // sharing it (bench/results/2026-12-02-*): one-shot (one pass) up to 256 KiB,
-// a bandwidth schedule above; registered buffers in place. `mkc tune` on
+// a bandwidth schedule above; registered buffers in place from where their
+// larger buffer reaches 4 MiB (sizes here are per rank, count x element
+// size: all-gather's, reduce-scatter's and all-to-all's larger buffer holds
+// one such block per rank, hence their entries per rank count). `mkc tune` on
 // the target machine writes a table of this format (MK_SELECT_FILE).
 constexpr const char* kBuiltin = R"json({
  "mkernel_select": 1,
  "note": "built-in defaults (measured on 2 x H200 and one H200 with ranks sharing it; not yet by mkc tune on 2 GPUs)",
  "entries": [
   {"collective": "allreduce", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "allreduce.direct"},
-  {"collective": "reducescatter", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "reducescatter.pull"},
-  {"collective": "allgather", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "allgather.direct"},
   {"collective": "broadcast", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "broadcast.direct"},
   {"collective": "reduce", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "reduce.direct"},
-  {"collective": "alltoall", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "alltoall.direct"},
+  {"collective": "reducescatter", "min_ranks": 1, "max_ranks": 1, "registered": true, "min_bytes": 4194304, "schedule": "reducescatter.pull"},
+  {"collective": "reducescatter", "min_ranks": 2, "max_ranks": 2, "registered": true, "min_bytes": 2097152, "schedule": "reducescatter.pull"},
+  {"collective": "reducescatter", "min_ranks": 3, "max_ranks": 3, "registered": true, "min_bytes": 1398102, "schedule": "reducescatter.pull"},
+  {"collective": "reducescatter", "min_ranks": 4, "max_ranks": 4, "registered": true, "min_bytes": 1048576, "schedule": "reducescatter.pull"},
+  {"collective": "reducescatter", "min_ranks": 5, "max_ranks": 5, "registered": true, "min_bytes": 838861, "schedule": "reducescatter.pull"},
+  {"collective": "reducescatter", "min_ranks": 6, "max_ranks": 6, "registered": true, "min_bytes": 699051, "schedule": "reducescatter.pull"},
+  {"collective": "reducescatter", "min_ranks": 7, "max_ranks": 7, "registered": true, "min_bytes": 599187, "schedule": "reducescatter.pull"},
+  {"collective": "reducescatter", "min_ranks": 8, "max_ranks": 8, "registered": true, "min_bytes": 524288, "schedule": "reducescatter.pull"},
+  {"collective": "allgather", "min_ranks": 1, "max_ranks": 1, "registered": true, "min_bytes": 4194304, "schedule": "allgather.direct"},
+  {"collective": "allgather", "min_ranks": 2, "max_ranks": 2, "registered": true, "min_bytes": 2097152, "schedule": "allgather.direct"},
+  {"collective": "allgather", "min_ranks": 3, "max_ranks": 3, "registered": true, "min_bytes": 1398102, "schedule": "allgather.direct"},
+  {"collective": "allgather", "min_ranks": 4, "max_ranks": 4, "registered": true, "min_bytes": 1048576, "schedule": "allgather.direct"},
+  {"collective": "allgather", "min_ranks": 5, "max_ranks": 5, "registered": true, "min_bytes": 838861, "schedule": "allgather.direct"},
+  {"collective": "allgather", "min_ranks": 6, "max_ranks": 6, "registered": true, "min_bytes": 699051, "schedule": "allgather.direct"},
+  {"collective": "allgather", "min_ranks": 7, "max_ranks": 7, "registered": true, "min_bytes": 599187, "schedule": "allgather.direct"},
+  {"collective": "allgather", "min_ranks": 8, "max_ranks": 8, "registered": true, "min_bytes": 524288, "schedule": "allgather.direct"},
+  {"collective": "alltoall", "min_ranks": 1, "max_ranks": 1, "registered": true, "min_bytes": 4194304, "schedule": "alltoall.direct"},
+  {"collective": "alltoall", "min_ranks": 2, "max_ranks": 2, "registered": true, "min_bytes": 2097152, "schedule": "alltoall.direct"},
+  {"collective": "alltoall", "min_ranks": 3, "max_ranks": 3, "registered": true, "min_bytes": 1398102, "schedule": "alltoall.direct"},
+  {"collective": "alltoall", "min_ranks": 4, "max_ranks": 4, "registered": true, "min_bytes": 1048576, "schedule": "alltoall.direct"},
+  {"collective": "alltoall", "min_ranks": 5, "max_ranks": 5, "registered": true, "min_bytes": 838861, "schedule": "alltoall.direct"},
+  {"collective": "alltoall", "min_ranks": 6, "max_ranks": 6, "registered": true, "min_bytes": 699051, "schedule": "alltoall.direct"},
+  {"collective": "alltoall", "min_ranks": 7, "max_ranks": 7, "registered": true, "min_bytes": 599187, "schedule": "alltoall.direct"},
+  {"collective": "alltoall", "min_ranks": 8, "max_ranks": 8, "registered": true, "min_bytes": 524288, "schedule": "alltoall.direct"},
   {"collective": "allreduce", "min_ranks": 1, "max_ranks": 2, "min_bytes": 0, "max_bytes": 262144, "schedule": "allreduce.one_shot"},
   {"collective": "allreduce", "min_ranks": 1, "max_ranks": 2, "min_bytes": 262145, "schedule": "allreduce.ring"},
   {"collective": "allreduce", "min_ranks": 3, "max_ranks": 8, "min_bytes": 0, "max_bytes": 262144, "schedule": "allreduce.one_shot"},
@@ -289,6 +322,12 @@ std::string select_file_digest() {
   const std::string text = read_select_file(*path);
   parse_select(text, "MK_SELECT_FILE='" + *path + "'");  // malformed: init fails, naming it
   return jit::hash_hex(text);
+}
+
+const SelectTable& registered_table(Collective coll, int nranks) {
+  for (const SelectEntry& e : file_select().entries)
+    if (e.coll == coll && e.registered && nranks >= e.min_ranks && nranks <= e.max_ranks) return file_select();
+  return builtin_select();
 }
 
 const SelectEntry* lookup(const SelectTable& t, Collective coll, int nranks, int64_t bytes, bool registered) {

@@ -57,6 +57,11 @@ const SelectTable& file_select();
 // "none", or its path's content hash.
 std::string select_file_digest();
 
+// The table whose registered entries decide zero-copy for (coll, nranks):
+// MK_SELECT_FILE's when it has any for them (its own decide alone), else the
+// built-in one.
+const SelectTable& registered_table(Collective coll, int nranks);
+
 // The first matching entry of `t`, or nullptr.
 const SelectEntry* lookup(const SelectTable& t, Collective coll, int nranks, int64_t bytes, bool registered);
 

@@ -11,6 +11,30 @@
 namespace mk {
 namespace dev {
 
+// Batches of UU vectors per thread from vector i (this thread's next) while
+// a whole batch lies below `end` (a multiple of UU x NT): all of a batch's
+// loads are issued before its stores. `skip`: destinations not written.
+template <class X, int NS, int ND, bool RED, bool FINAL, int UU>
+MK_DEV void simple_batches(typename X::T* const (&src)[NS], typename X::T* const (&dst)[ND], unsigned skip,
+                           int64_t& i, int64_t end) {
+  constexpr int NT = X::NT, VE = X::VE;
+  for (; i < end; i += int64_t(UU) * NT) {
+    V16 a[UU][NS];
+#pragma unroll
+    for (int u = 0; u < UU; ++u)
+#pragma unroll
+      for (int s = 0; s < NS; ++s) a[u][s] = ld_cg16(src[s] + (i + int64_t(u) * NT) * VE);
+#pragma unroll
+    for (int u = 0; u < UU; ++u) {
+      V16 r;
+      X::Comb::template combine<NS, RED, FINAL, V16, VE>(a[u], r);
+#pragma unroll
+      for (int d = 0; d < ND; ++d)
+        if (!(skip >> d & 1u)) st16(dst[d] + (i + int64_t(u) * NT) * VE, r);
+    }
+  }
+}
+
 // dst[d][0..n) := combine(src[0][0..n), ..., src[NS-1][0..n)).
 //
 // The streaming loop: each thread keeps P::kLoads 16-byte loads in flight
@@ -76,22 +100,14 @@ MK_DEV void simple_tile(typename X::T* const (&src)[NS], typename X::T* const (&
       }
     }
   } else {
-    for (; i < full; i += B) {
-      V16 a[U][NS];
-      load(a, i);
-      store(a, i);
-    }
+    simple_batches<X, NS, ND, RED, FINAL, U>(src, dst, skip, i, full);
   }
-  for (; i < nvec; i += NT) {
-    V16 v[NS];
-#pragma unroll
-    for (int s = 0; s < NS; ++s) v[s] = ld_cg16(src[s] + i * VE);
-    V16 r;
-    X::Comb::template combine<NS, RED, FINAL, V16, VE>(v, r);
-#pragma unroll
-    for (int d = 0; d < ND; ++d)
-      if (!(skip >> d & 1u)) st16(dst[d] + i * VE, r);
-  }
+  // What is left is less than a batch (a whole tile when tiles are smaller
+  // than one): in batches of a quarter as many vectors, then one at a time,
+  // so that small tiles too keep several loads in flight.
+  constexpr int U4 = U / 4 > 0 ? U / 4 : 1;
+  simple_batches<X, NS, ND, RED, FINAL, U4>(src, dst, skip, i, nvec / (int64_t(U4) * NT) * (int64_t(U4) * NT));
+  simple_batches<X, NS, ND, RED, FINAL, 1>(src, dst, skip, i, nvec);
   for (int64_t e = nvec * VE + threadIdx.x; e < n; e += NT) {
     T v[NS];
 #pragma unroll

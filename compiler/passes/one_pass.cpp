@@ -15,9 +15,10 @@
 //  - across ranks, scratch reuse (the only other waits the schedule has: a
 //    writer waits, depth steps later, for the reader's signal): every launch
 //    is exactly one step, so depth >= 2 puts launch k and launch k + 2 in the
-//    same scratch copy, launch k + 1 in another. Before a rank W writes R's
-//    scratch in launch k + 2, W's kernel k + 1 completed; it read R's packets
-//    of launch k + 1 (W receives from every rank it sends to), which R's
+//    same scratch copy, launch k + 1 in another. Before a rank W writes a
+//    slot that R reads (R's own, pushed; or W's, which R pulls) in launch
+//    k + 2, W's kernel k + 1 completed; it read R's packets of launch k + 1
+//    (W hears from every rank that reads what it writes), which R's
 //    kernel k + 1 wrote only after R's kernel k had completed (stream order,
 //    or griddepcontrol.wait at kernel entry), and with it R's reads of launch
 //    k. So launch order does what the reuse waits did, and kernels drop them.
@@ -25,10 +26,11 @@
 // Needs: protocol chosen (choose_protocol), analyzed positions. Guarantees
 // (mark_one_pass, after insert_sync): one_pass set only when every condition
 // holds: LL, depth >= 2, one thread block per rank, one step per launch for
-// every size of the bucket, every data op of a rank of one chunk at one
-// chunk position and at most 8 sources and destinations, every rank that
-// writes a peer's scratch reads scratch that peer wrote, and every wait a
-// reuse wait (iter -depth).
+// every size of the bucket, every data op of one chunk at chunk position 0
+// (never empty) and of at most 8 sources and destinations, every rank whose
+// scratch writes another rank reads (pushed into the reader's scratch, or
+// staged in its own and pulled) reads scratch that rank wrote, and every
+// wait a reuse wait (iter -depth).
 #include <set>
 
 #include "compiler/passes/passes.hpp"
@@ -58,36 +60,42 @@ bool one_pass_possible(const ir::Schedule& s, int64_t max_bytes, std::string* wh
   // covers a chunk with the instances
   const int64_t chunk = round16((max_bytes + s.chunks - 1) / s.chunks);
   if (round16((chunk + s.instances - 1) / s.instances) > s.tile_bytes) return no("more than one step per launch");
-  std::vector<int32_t> pos(size_t(s.nranks), -1);
-  std::set<std::pair<int32_t, int32_t>> writes, reads;  // (rank, peer)
-  // who writes each scratch slot of each rank
+  // Who writes each scratch slot (of whichever rank owns it): pushes write a
+  // peer's scratch, staged pulls their own, which the peer then reads.
   std::vector<std::vector<int32_t>> writer(size_t(s.nranks), std::vector<int32_t>(size_t(std::max(s.scratch, 0)), -1));
+  auto in_range = [&](const ir::Ref& r) {
+    return r.rank >= 0 && r.rank < s.nranks && r.index >= 0 && r.index < s.scratch;
+  };
   for (const ir::Op& op : s.ops) {
     if (!op.is_data()) continue;
     for (const ir::Ref& r : op.dsts)
       if (r.buf == ir::Buf::scratch) {
-        if (r.rank < 0 || r.rank >= s.nranks || r.index < 0 || r.index >= s.scratch) return no("bad scratch ref");
+        if (!in_range(r)) return no("bad scratch ref");
         writer[size_t(r.rank)][size_t(r.index)] = op.rank;
       }
   }
+  // (writer W, reader X): X reads a slot W writes; W "hears" X when W reads
+  // a slot X writes. W may reuse its slots for launch k + 2 only once X is
+  // done with launch k: W must hear X in every launch (every op is at chunk
+  // position 0, never empty for a count of at least 1).
+  std::set<std::pair<int32_t, int32_t>> feeds, hears;
   for (const ir::Op& op : s.ops) {
     if (!op.is_data()) continue;
     if (op.count() != 1 || op.pos.size() != 1) return no("an op of several chunks");
+    if (op.pos[0] != 0) return no("an op at chunk position " + std::to_string(op.pos[0]) + " (not 0: it may be empty)");
     if (int(op.srcs.size()) > kMaxOperands || int(op.dsts.size()) > kMaxOperands) return no("a wide op");
-    int32_t& p = pos[size_t(op.rank)];
-    if (p >= 0 && p != op.pos[0]) return no("ops of one rank at different chunk positions");
-    p = op.pos[0];
-    for (const ir::Ref& r : op.dsts)
-      if (r.buf == ir::Buf::scratch && r.rank != op.rank) writes.insert({op.rank, r.rank});
-    for (const ir::Ref& r : op.srcs)
-      if (r.buf == ir::Buf::scratch && r.rank == op.rank) {
-        const int32_t w = writer[size_t(r.rank)][size_t(r.index)];
-        if (w >= 0 && w != op.rank) reads.insert({op.rank, w});
-      }
+    for (const ir::Ref& r : op.srcs) {
+      if (r.buf != ir::Buf::scratch) continue;
+      if (!in_range(r)) return no("bad scratch ref");
+      const int32_t w = writer[size_t(r.rank)][size_t(r.index)];
+      if (w < 0 || w == op.rank) continue;
+      feeds.insert({w, op.rank});
+      hears.insert({op.rank, w});
+    }
   }
-  for (const auto& [w, r] : writes)
-    if (!reads.count({w, r}))
-      return no("rank " + std::to_string(w) + " sends to rank " + std::to_string(r) + " but reads nothing from it");
+  for (const auto& [w, x] : feeds)
+    if (!hears.count({w, x}))
+      return no("rank " + std::to_string(w) + " sends to rank " + std::to_string(x) + " but reads nothing from it");
   return true;
 }
 

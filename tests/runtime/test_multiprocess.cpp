@@ -190,6 +190,32 @@ int selected(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// Two entries of one schedule with different knobs are two plans whose
+// kernels have the same names: each size range gets its own (regression: the
+// first size's plan served both).
+int selected_knobs(int rank, int nranks, const mkUniqueId& id) {
+  CUstream stream = nullptr;
+  mkComm_t comm = nullptr;
+  if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 16) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(buf));
+  mkfake_launch l{};
+  CHILD_CHECK(mkAllReduce(p, p, 64, mkFloat32, mkSum, comm, stream) == mkSuccess);  // 256 B: ll_instances=2
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(l.grid[0] == 2);
+  CHILD_CHECK(mkAllReduce(p, p, 4096, mkFloat32, mkSum, comm, stream) == mkSuccess);  // 16 KiB: ll_instances=8
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  std::fprintf(stderr, "rank %d: 16 KiB launched %s grid %u\n", rank, l.function, l.grid[0]);
+  CHILD_CHECK(l.grid[0] == 8);
+  CHILD_CHECK(mkAllReduce(p, p, 64, mkFloat32, mkSum, comm, stream) == mkSuccess);  // and back
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(l.grid[0] == 2);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  return 0;
+}
+
 // mkCommBootstrapBroadcast: rank 0's bytes reach every rank; bad arguments
 // fail on the rank that passed them, before any exchange.
 int bootstrap_broadcast(int rank, int nranks, const mkUniqueId& id) {
@@ -368,6 +394,7 @@ int mkt_child_main(int argc, char** argv) {
                                {"rank 1:", "MK_TUNE"});
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
   if (scenario == "select") return selected(rank, nranks, id);
+  if (scenario == "select_knobs") return selected_knobs(rank, nranks, id);
   if (scenario == "select_differs")
     return expect_init_failure(rank, nranks, id, mkInvalidUsage, {"ranks disagree on MK_SELECT_FILE", "rank 0 has 'none'"});
   if (scenario == "select_bad")
@@ -424,8 +451,15 @@ TEST_CASE("two processes: MK_SELECT_FILE picks schedules and knobs, and init fai
   run_ranks(2, "select", {{"MK_SELECT_FILE=" + good}, {"MK_SELECT_FILE=" + good}});
   run_ranks(2, "select_differs", {{}, {"MK_SELECT_FILE=" + good}});
   run_ranks(2, "select_bad", {{}, {"MK_SELECT_FILE=" + bad}});
+  const std::string knobs = write_select("mkt_select_knobs.json", R"({"mkernel_select": 1, "entries": [
+    {"collective": "allreduce", "min_ranks": 2, "min_bytes": 0, "max_bytes": 1024, "schedule": "allreduce.one_shot",
+     "tune": "ll_instances=2"},
+    {"collective": "allreduce", "min_ranks": 2, "min_bytes": 1025, "max_bytes": 262144, "schedule": "allreduce.one_shot",
+     "tune": "ll_instances=8"}]})");
+  run_ranks(2, "select_knobs", {{"MK_SELECT_FILE=" + knobs}, {"MK_SELECT_FILE=" + knobs}});
   std::filesystem::remove(good);
   std::filesystem::remove(bad);
+  std::filesystem::remove(knobs);
 }
 
 TEST_CASE("two processes: mkCommBootstrapBroadcast carries rank 0's bytes and refuses bad arguments") {

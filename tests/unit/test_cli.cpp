@@ -802,7 +802,7 @@ MK_SCHEDULE(LOCAL_NAME, broadcast, build, "a broadcast named by a header");
 TEST_CASE("mkc tune: runs every candidate and writes a selection table the runtime accepts") {
   mkt::TempDir d;
   const std::string out = (d.path / "select.json").string();
-  const auto r = mkc({"tune", "-n", "2", "--share-gpu", "--colls", "allreduce,broadcast", "--min-bytes", "1024",
+  const auto r = mkc({"tune", "-n", "2", "--share-gpu", "--colls", "allreduce,broadcast,allgather", "--min-bytes", "1024",
                       "--max-bytes", "65536", "--no-check", "--batches", "1", "-o", out},
                      {{"LD_LIBRARY_PATH", MKT_FAKE_CUDA_DIR}, {"MK_SCRATCH_BYTES", "67108864"}});
   INFO(r);
@@ -812,7 +812,7 @@ TEST_CASE("mkc tune: runs every candidate and writes a selection table the runti
   const auto t = rt::parse_select(mkt::read_text(out), out);
   CHECK(contains(t.note, "sharing GPU 0"));
   CHECK(contains(t.note, "do not ship"));
-  for (Collective c : {Collective::allreduce, Collective::broadcast}) {
+  for (Collective c : {Collective::allreduce, Collective::broadcast, Collective::allgather}) {
     CAPTURE(name(c));
     int64_t next = 0;  // the entries of a collective cover 0.. without gaps, the last unbounded
     for (const auto& e : t.entries) {
@@ -820,6 +820,9 @@ TEST_CASE("mkc tune: runs every candidate and writes a selection table the runti
       CHECK(e.min_ranks == 2);
       CHECK(e.max_ranks == 2);
       CHECK(e.min_bytes == next);
+      // sizes in the runtime's unit (count x element size): all-gather's
+      // 64 KiB output is 32 KiB a rank, so a bounded range ends by 16 KiB
+      if (c == Collective::allgather && e.max_bytes >= 0) CHECK(e.max_bytes <= 16384);
       next = e.max_bytes < 0 ? -1 : e.max_bytes + 1;
     }
     CHECK(next == -1);

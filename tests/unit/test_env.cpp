@@ -168,6 +168,7 @@ TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
   mkt::ScopedEnv a("MK_ALGO", "allgather=allgather.ring,allreduce=allreduce.ring");
   mkt::ScopedEnv t("MK_TUNE", "ll_max=4096");
   mkt::ScopedEnv z("MK_ZERO_COPY", "");
+  mkt::ScopedEnv zm("MK_ZERO_COPY_MIN_BYTES", "");
   mkt::ScopedEnv s("MK_SCRATCH_BYTES", "00000002097152");
   mkt::ScopedEnv p("MK_PLAN_DIR", "");
   mkt::ScopedEnv sel("MK_SELECT_FILE", "");
@@ -182,7 +183,13 @@ TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
         "simple_instances=32,ll_instances=16,max_tile=262144,ll_max=4096,scratch_budget=33554432,simple_loads=16,"
         "simple_pipeline=0,one_pass=1");
   CHECK(v[2].second == "1");
-  CHECK(v[3].second == "4194304");
+  // unset and set to the built-in 4 MiB choose zero-copy differently (the
+  // table's sizes, the larger buffer's): ranks must not agree on them as one
+  CHECK(v[3].second == "unset");
+  {
+    mkt::ScopedEnv zs("MK_ZERO_COPY_MIN_BYTES", "4194304");
+    CHECK(rt::env::plan_shaping_settings()[3].second == "4194304");
+  }
   CHECK(v[4].second == "2097152");
   CHECK(v[7].second == "none");
   CHECK(v[8].second == "none");

@@ -109,8 +109,28 @@ TEST_CASE("one pass: refused where it would be wrong or cannot apply") {
   for (const auto& x : compiler::lower(raw, o).variants) CHECK_FALSE(x.one_pass);
 }
 
+// A broadcast written as a pull (each rank copies the root's input): staged,
+// the root writes its own scratch and every rank reads it remotely; the root
+// hears nothing back (regression: only pushes were counted, and this passed).
+TEST_CASE("one pass: refused for a pull whose writer hears nothing back") {
+  const int n = 3;
+  dsl::Program p(Collective::broadcast, n, 0, "test.bcast_pull");
+  for (int r = 0; r < n; ++r) p.copy(p.output(r, 0), p.input(0, 0), dsl::on(r));
+  compiler::LowerOptions o;
+  o.max_bytes = 262144;
+  const auto l = compiler::lower(std::move(p.ir()), o);
+  const ir::Schedule& v = ll_variant(l);
+  CHECK_FALSE(v.one_pass);
+  std::string why;
+  CHECK_FALSE(passes::one_pass_possible(v, 262144, &why));
+  CHECK(mkt::contains(why, "reads nothing from it"));
+  // and a pull that is symmetric (each rank's part from every rank) passes
+  CHECK(ll_variant(lower_small("reducescatter.pull", 3)).one_pass);
+}
+
 TEST_CASE("one pass: plans compute their collective when the waits and signals are dropped, launch after launch") {
-  for (const char* name : {"allreduce.one_shot", "allgather.direct", "reducescatter.direct", "alltoall.direct"})
+  for (const char* name : {"allreduce.one_shot", "allgather.direct", "reducescatter.direct", "alltoall.direct",
+                           "reducescatter.pull"})
     for (int n : {2, 3, 5}) {
       const auto l = lower_small(name, n);
       const ir::Schedule& v = ll_variant(l);

@@ -227,7 +227,8 @@ int child(const Options& o, Collective coll, int fd) {
 
 int run(const Options& o) {
   if (o.ranks < 1 || o.ranks > 64) throw Error(ErrId::cli_E004, "--ranks must be in 1..64");
-  if (o.min_bytes < 1 || o.min_bytes > o.max_bytes) throw Error(ErrId::cli_E011, "need 1 <= --min-bytes <= --max-bytes");
+  if (o.min_bytes < 1 || o.min_bytes > o.max_bytes || o.max_bytes > (int64_t(1) << 40))
+    throw Error(ErrId::cli_E011, "need 1 <= --min-bytes <= --max-bytes <= 2^40");
   if (o.batches < 1) throw Error(ErrId::cli_E011, "--batches must be at least 1");
   const auto knobs = knob_variants(o.knobs);
   struct Candidate {
@@ -276,11 +277,16 @@ int run(const Options& o) {
       if (line[0] == 'E') cand.res.failed = line.substr(2);
       if (line[0] == 'R' || line[0] == 'W') {
         const size_t sp = line.find(' ', 2);
-        const int64_t bytes = std::stoll(line.substr(2, sp - 2));
-        if (line[0] == 'R')
-          cand.res.us[bytes] = std::stod(line.substr(sp + 1));
-        else
-          cand.res.bad[bytes] = line.substr(sp + 1);
+        try {
+          if (sp == std::string::npos) throw std::invalid_argument("no value");
+          const int64_t bytes = std::stoll(line.substr(2, sp - 2));
+          if (line[0] == 'R')
+            cand.res.us[bytes] = std::stod(line.substr(sp + 1));
+          else
+            cand.res.bad[bytes] = line.substr(sp + 1);
+        } catch (const std::exception&) {
+          cand.res.failed = "unreadable output from the candidate's process: " + line;
+        }
       }
     }
     if (cand.res.failed.empty() && (!WIFEXITED(st) || WEXITSTATUS(st) != 0))
@@ -328,6 +334,9 @@ int run(const Options& o) {
       ok.push_back(&cand);
     }
     const auto sz = sizes(o);
+    // measured at the larger buffer's size (nccl-tests' convention); the
+    // table's sizes are the runtime's: count x element size
+    auto unit = [&](int64_t bytes) { return count_for(c, o.ranks, bytes, dtype_size(o.dtype)) * int64_t(dtype_size(o.dtype)); };
     int64_t prev = -1;
     const Candidate* last = nullptr;
     for (size_t k = 0; k < sz.size(); ++k) {
@@ -338,6 +347,7 @@ int run(const Options& o) {
         if (it != cand->res.us.end() && (!best || it->second < best_us)) best = cand, best_us = it->second;
       }
       if (!best) continue;
+      if (unit(sz[k]) <= prev && k + 1 != sz.size()) continue;  // tiny sizes: one element per rank already
       // Within kKeep of the best, the previous size's choice stays: fewer
       // ranges, and no flip-flop on measurement noise.
       constexpr double kKeep = 1.03;
@@ -346,8 +356,8 @@ int run(const Options& o) {
         if (it != last->res.us.end() && it->second <= best_us * kKeep) best = last, best_us = it->second;
       }
       last = best;
-      const int64_t lo = prev + 1, hi = k + 1 == sz.size() ? -1 : sz[k];
-      prev = sz[k];
+      const int64_t lo = prev + 1, hi = k + 1 == sz.size() ? -1 : unit(sz[k]);
+      prev = unit(sz[k]);
       std::fprintf(stderr, "  %-13s %12lld B  %-24s %-22s %10.2f us\n", std::string(name(c)).c_str(),
                    (long long)sz[k], best->schedule.c_str(), best->tune.c_str(), best_us);
       if (!t.entries.empty() && t.entries.back().coll == c && t.entries.back().schedule == best->schedule &&
