@@ -55,7 +55,8 @@ std::string options_json(const CompileOptions& o) {
   const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_variant,
                on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
-               simple_instances, ll_instances, max_grid, simple_loads, simple_pipeline, one_pass] = proto;
+               simple_instances, ll_instances, max_grid, simple_loads, simple_pipeline, one_pass, ce_tile_bytes] = proto;
+  (void)ce_tile_bytes;  // copy-engine transfers: no kernel
   (void)use_cache;     // where the plan is kept, not what it is
   (void)use_prebuilt;  // where the plan may come from, not what it is
   (void)on_pass;      // observes the passes, changes nothing

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "mk/dsl.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/env.hpp"
 #include "runtime/status.hpp"
@@ -368,7 +369,18 @@ mkResult_t Comm::poll_async_error() {
   const std::string who = fmt::format("thread block {} (instance {})", e.tb, e.instance);
   const char* zc_rule =
       "; with registered buffers every rank must pass registered buffers to the same call (or none), as with NCCL";
-  if (e.code == dev::kErrWaitTimeout && e.slot == -1)
+  const bool ce = where && where->ce;
+  if (ce && e.code == dev::kErrWaitTimeout)
+    what = fmt::format("the copy-engine transfer's {} side waited {:.0f} ms at tile {} for rank {} to {} (have {}, "
+                       "want {})",
+                       e.instance == 0 ? "send" : "receive", double(e.waited_ns) / 1e6, e.step, e.peer,
+                       e.instance == 0 ? "copy out an earlier tile" : "deliver the tile", e.have, e.want);
+  else if (ce && e.slot == dev::kStoppedAtEntry)
+    what = "the copy-engine transfer did not start: the communicator had already been aborted (by this rank, a peer, "
+           "or a failed collective elsewhere)";
+  else if (ce)
+    what = fmt::format("the copy-engine transfer stopped at tile {} because another rank or the host aborted", e.step);
+  else if (e.code == dev::kErrWaitTimeout && e.slot == -1)
     what = fmt::format("{} waited {:.0f} ms at kernel entry for rank {} to announce its buffers (zero-copy){}", who,
                        double(e.waited_ns) / 1e6, e.peer, zc_rule);
   else if (e.code == dev::kErrWaitTimeout && e.slot == -2)
@@ -542,6 +554,8 @@ int32_t Comm::grid_cap() const {
 PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
                                     int64_t* hi) {
   const Choice choice = choose_schedule(coll, nranks, bytes, zc);
+  if (const dsl::ScheduleInfo* info = dsl::find_schedule(choice.schedule); info && info->copy_engine)
+    return create_ce_instance(coll, choice, lo, hi);
   const int32_t max_grid = grid_cap();
   auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
   const plan::Kernel* k = plan::select(*plan, bytes);
@@ -721,11 +735,20 @@ void Comm::release() {
   for (auto& f : plans.fast)
     for (auto& v : f) v.clear();
   plans.owned.clear();
+  ce_states.clear();
   {
     std::lock_guard<std::mutex> lock(plans.res_mu);
     plans.resources.clear();
   }
   const Driver& d = cu();
+  if (ce_module) d.cuModuleUnload(ce_module);
+  for (CUstream s : ce_streams) d.cuStreamDestroy(s);
+  if (ce_fork) d.cuEventDestroy(ce_fork);
+  if (ce_join) d.cuEventDestroy(ce_join);
+  ce_module = nullptr;
+  ce_fn = nullptr;
+  ce_streams.clear();
+  ce_fork = ce_join = nullptr;
   if (regs.windows) d.cuMemFree(regs.windows);
   if (side_stream) d.cuStreamDestroy(side_stream);
   if (host) d.cuMemFreeHost(host);
@@ -745,6 +768,7 @@ void Comm::abandon() {
       if (m == this) m = nullptr;
   }
   for (auto& i : plans.owned) (void)i.release();
+  for (auto& x : ce_states) (void)x.release();
   {
     std::lock_guard<std::mutex> lock(plans.res_mu);
     for (auto& r : plans.resources) (void)r.release();

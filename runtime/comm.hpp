@@ -37,6 +37,7 @@
 namespace mk::rt {
 
 struct PlanInstance;
+struct Choice;
 
 // Scratch, flags and step counters of a kernel. Kernels lowered from the same
 // schedule to the same structure (blocks, slots, depth, tiles) share one set,
@@ -59,6 +60,20 @@ struct Resources {
   ~Resources();  // frees what was allocated (a half-built set too)
 };
 
+// The copy-engine path's memory on this rank for one tile size
+// (runtime/ce.hpp): counters and peers' words in the flag part, a slot per
+// (sending rank, slot) in the scratch part, and device tables of peers'
+// words. Allocated like Resources, in call order (so at the same offsets on
+// every rank).
+struct CeState {
+  int64_t tile = 0;
+  int64_t flag_offset = 0;     // from the flag part's base: dev::kCeWords x nranks words
+  int64_t scratch_offset = 0;  // from the scratch part's base: ce::scratch_bytes(nranks, tile)
+  CUdeviceptr tables = 0;      // [3][nranks] pointers: peers' ready words, peers' consumed words, abort words
+  Resources* res = nullptr;    // error records [2] (send side, receive side); owned by PlanCache::resources
+  ~CeState();                  // frees the tables
+};
+
 struct PlanInstance {
   std::shared_ptr<const plan::Plan> plan;
   const plan::Kernel* kernel = nullptr;
@@ -66,6 +81,9 @@ struct PlanInstance {
   CUfunction fn = nullptr;
   Resources* res = nullptr;
   bool rooted = false;
+  // A copy-engine schedule: `fn` is the communicator's mk_ce_sync, `plan`
+  // describes the schedule only (one kernel entry, proto "ce", no cubin).
+  CeState* ce = nullptr;
   ~PlanInstance();  // unloads the module
 };
 
@@ -193,8 +211,16 @@ class Comm {
   bool used = false;     // a kernel was launched eagerly (done_event is recorded)
   CUevent done_event = nullptr;  // recorded after every eager launch
 
-  std::mutex mu;  // guards plans, regs, the ordering fields and pointer checks
+  std::mutex mu;  // guards plans, regs, the ordering fields, pointer checks and the copy-engine state
   PlanCache plans;
+  // ---- the copy-engine path (runtime/ce.hpp; under mu) ----
+  CUmodule ce_module = nullptr;  // mk_ce_sync, loaded on the first copy-engine call
+  CUfunction ce_fn = nullptr;
+  std::vector<std::unique_ptr<CeState>> ce_states;  // one per tile size in use
+  // Receive-side streams: the first one not capturing a graph serves a call
+  // (a capture holds the stream it joined until it ends).
+  std::vector<CUstream> ce_streams;
+  CUevent ce_fork = nullptr, ce_join = nullptr;
   Registrations regs;
   std::map<uintptr_t, std::pair<size_t, int>> pointer_cache;  // allocation base -> (size, device ordinal)
   std::shared_ptr<Clique> clique;  // mkCommInitAll; null otherwise
@@ -269,6 +295,8 @@ class Comm {
   // The resources for kernel `k` of `p`: shared with structurally equal
   // kernels, else allocated (tables initialised on the side stream).
   Resources& resources_for(const plan::Plan& p, const plan::Kernel& k);
+  // A copy-engine schedule's instance (runtime/ce.cpp).
+  PlanInstance& create_ce_instance(Collective coll, const Choice& choice, int64_t* lo, int64_t* hi);
   void release();
   void abandon();  // gives up ownership of everything kernels may still touch
 
@@ -326,7 +354,8 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
                                       int32_t max_grid, int32_t rank, const std::string& tune = "");
 // Every (schedule, knobs) choose_schedule may pick for `coll` at `nranks`
-// for unregistered buffers, over all sizes.
+// for unregistered buffers, over all sizes: the compiled ones (copy-engine
+// schedules compile nothing).
 std::vector<Choice> schedules_for(Collective coll, int nranks);
 
 }  // namespace mk::rt

@@ -66,6 +66,7 @@ namespace mk::rt {
   X(cuStreamDestroy)                   \
   X(cuMemsetD8Async)                   \
   X(cuMemcpyHtoDAsync)                 \
+  X(cuMemcpyDtoDAsync)                 \
   X(cuEventDestroy)                    \
   X(cuEventRecord)                     \
   X(cuStreamWaitEvent)                 \

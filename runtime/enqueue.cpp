@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/ce.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/env.hpp"
@@ -255,25 +256,63 @@ void check_locked(Pending& p) {
 // launched. Caller holds c->mu.
 PlanInstance& resolve_locked(Pending& p) { return p.c->instance(p.k.coll, p.dt, p.op, p.bytes, p.zc); }
 
-// Caller holds c->mu.
-void launch_locked(Pending& p, PlanInstance& inst) {
+// What every launch does first: refuse a closing communicator, order this
+// communicator's work across streams. Returns whether the stream is eager
+// (not capturing) and its id. Caller holds c->mu.
+struct LaunchStart {
+  bool eager = true;
+  unsigned long long sid = 0;
+};
+LaunchStart start_locked(Pending& p) {
   Comm& c = *p.c;
   const char* api = api_name_of(p.k.coll);
   if (c.closing.load()) fail(mkInvalidUsage, std::string(api) + ": the communicator was aborted or destroyed");
-  std::unique_ptr<CtxGuard> g;
-  if (special_stream(p.stream)) g = std::make_unique<CtxGuard>(c.ctx);
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   MK_CU(cu().cuStreamIsCapturing(p.stream, &capture), std::string(api) + ": querying the stream's capture status");
-  const bool eager = capture == CU_STREAM_CAPTURE_STATUS_NONE;
+  LaunchStart ls;
+  ls.eager = capture == CU_STREAM_CAPTURE_STATUS_NONE;
   // One communicator's kernels must not overlap: a launch on another stream
   // waits for the previous one (done_event is valid even if that stream is
   // gone). Streams are told apart by their id, not their handle:
   // cudaStreamPerThread names another stream on every thread, and a
   // destroyed stream's handle may come back for a new stream.
-  unsigned long long sid = 0;
-  if (eager) MK_CU(cu().cuStreamGetId(p.stream, &sid), std::string(api) + ": querying the stream");
-  if (eager && c.used && sid != c.last_stream_id)
+  if (ls.eager) MK_CU(cu().cuStreamGetId(p.stream, &ls.sid), std::string(api) + ": querying the stream");
+  if (ls.eager && c.used && ls.sid != c.last_stream_id)
     MK_CU(cu().cuStreamWaitEvent(p.stream, c.done_event, 0), "ordering streams");
+  return ls;
+}
+
+// What every launch does last. Caller holds c->mu.
+void finish_locked(Pending& p, PlanInstance& inst, const LaunchStart& ls) {
+  Comm& c = *p.c;
+  inst.res->last.store(&inst);
+  if (ls.eager) {
+    // Destroy, finalize and deregistration wait for this event, not for the
+    // whole device.
+    MK_CU(cu().cuEventRecord(c.done_event, p.stream), std::string(api_name_of(p.k.coll)) + ": recording completion");
+    c.last_stream_id = ls.sid;
+    c.used = true;
+  }
+}
+
+std::unique_ptr<ce::Issue> ce_issue(Pending& p, PlanInstance& inst) {
+  return std::make_unique<ce::Issue>(*p.c, inst, p.k.coll, p.k.root, p.bytes, p.k.send, p.k.recv, p.stream);
+}
+
+// Caller holds c->mu.
+void launch_locked(Pending& p, PlanInstance& inst) {
+  Comm& c = *p.c;
+  const char* api = api_name_of(p.k.coll);
+  std::unique_ptr<CtxGuard> g;
+  if (special_stream(p.stream)) g = std::make_unique<CtxGuard>(c.ctx);
+  const LaunchStart ls = start_locked(p);
+  if (inst.ce) {
+    auto issue = ce_issue(p, inst);
+    while (issue->step()) {
+    }
+    finish_locked(p, inst, ls);
+    return;
+  }
   const plan::Kernel& kern = *inst.kernel;
   dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
   void* params[] = {&a};
@@ -300,14 +339,7 @@ void launch_locked(Pending& p, PlanInstance& inst) {
                             nullptr);
   }
   if (r != CUDA_SUCCESS) fail(mkUnhandledCudaError, std::string(api) + ": kernel launch failed: " + cu_error_string(r));
-  inst.res->last.store(&inst);
-  if (eager) {
-    // Destroy, finalize and deregistration wait for this event, not for the
-    // whole device.
-    MK_CU(cu().cuEventRecord(c.done_event, p.stream), std::string(api) + ": recording completion");
-    c.last_stream_id = sid;
-    c.used = true;
-  }
+  finish_locked(p, inst, ls);
 }
 
 }  // namespace
@@ -382,17 +414,65 @@ void group_end() {
     inst.push_back(&resolve_locked(p));
   }
   for (auto& p : calls) p.c->check_usable(api_name_of(p.k.coll));
-  size_t launched = 0;
-  try {
+  // In group order per communicator; across communicators in turn, one step
+  // at a time: a kernel is one step, a copy-engine call (ce::Issue) one per
+  // tile and side. A driver that runs work as it is enqueued (the tests'
+  // fake) then never waits for a peer's work that was not issued yet.
+  struct Lane {
+    std::vector<size_t> calls;
+    size_t next = 0;
+    std::unique_ptr<ce::Issue> ce;
+    LaunchStart ls;
+  };
+  std::vector<Lane> lanes;
+  {
+    std::vector<Comm*> order;
     for (size_t i = 0; i < calls.size(); ++i) {
-      std::lock_guard<std::mutex> lock(calls[i].c->mu);
-      launch_locked(calls[i], *inst[i]);
-      ++launched;
+      auto it = std::find(order.begin(), order.end(), calls[i].c.get());
+      if (it == order.end()) {
+        order.push_back(calls[i].c.get());
+        lanes.emplace_back();
+        it = order.end() - 1;
+      }
+      lanes[size_t(it - order.begin())].calls.push_back(i);
+    }
+  }
+  size_t launched = 0;  // calls issued completely
+  bool any = false;      // anything issued (peers may wait for the rest)
+  try {
+    for (bool busy = true; busy;) {
+      busy = false;
+      for (Lane& lane : lanes) {
+        if (lane.next == lane.calls.size()) continue;
+        busy = true;
+        Pending& p = calls[lane.calls[lane.next]];
+        PlanInstance& pi = *inst[lane.calls[lane.next]];
+        std::lock_guard<std::mutex> lock(p.c->mu);
+        if (!pi.ce) {
+          launch_locked(p, pi);
+          any = true;
+          ++launched;
+          ++lane.next;
+          continue;
+        }
+        std::unique_ptr<CtxGuard> g;
+        if (special_stream(p.stream)) g = std::make_unique<CtxGuard>(p.c->ctx);
+        if (!lane.ce) {
+          lane.ls = start_locked(p);
+          lane.ce = ce_issue(p, pi);
+        }
+        any = true;
+        if (lane.ce->step()) continue;
+        finish_locked(p, pi, lane.ls);
+        lane.ce.reset();
+        ++launched;
+        ++lane.next;
+      }
     }
   } catch (const RtError& e) {
     // Part of the group runs and waits for the rest, which never comes: stop
     // it now, on every communicator of the group, and make that sticky.
-    if (launched > 0)
+    if (any)
       for (auto& p : calls) {
         p.c->set_error(e.code(), fmt::format("mkGroupEnd launched {} of the group's {} calls, then failed: {}; the "
                                              "communicator is unusable, call mkCommAbort",

@@ -156,6 +156,7 @@ std::vector<Choice> schedules_for(Collective coll, int nranks) {
   std::vector<Choice> out;
   for (int64_t bytes : at) {
     const Choice c = choose_schedule(coll, nranks, bytes);
+    if (const dsl::ScheduleInfo* info = dsl::find_schedule(c.schedule); info && info->copy_engine) continue;
     if (std::none_of(out.begin(), out.end(), [&](const Choice& x) { return x.schedule == c.schedule && x.tune == c.tune; }))
       out.push_back(c);
   }

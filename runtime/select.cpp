@@ -46,7 +46,7 @@ const std::vector<std::pair<std::string, compiler::Lowered>>& candidates(Collect
   compiler::LowerOptions o;
   env::apply_tune(&o.proto);
   for (const auto& info : dsl::registered_schedules()) {
-    if (info.coll != coll) continue;
+    if (info.coll != coll || info.copy_engine) continue;  // the cost model knows kernels only
     try {
       it->second.emplace_back(info.name, compiler::lower(dsl::build(info, nranks, 0), o));
     } catch (const Error&) {

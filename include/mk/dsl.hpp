@@ -180,6 +180,10 @@ struct ScheduleInfo {
   std::string file;  // where it was registered
   int line = 0;
   int64_t seq = 0;   // registration order (set by register_schedule)
+  // Copy engines carry it (runtime/ce.hpp): the program says what moves
+  // where (verify and simulate it like any schedule); the runtime issues
+  // copy-engine transfers for it instead of compiling a kernel.
+  bool copy_engine = false;
 };
 
 // Adds a schedule to the process-wide registry. Returns true (for static init).
@@ -201,5 +205,11 @@ ir::Schedule build(const ScheduleInfo& info, const topology::Topology& t, int ro
 #define MK_SCHEDULE(NAME, COLL, FN, DOC)                                                      \
   static const bool MK_DSL_CAT(mk_schedule_registered_, __LINE__) = ::mk::dsl::register_schedule( \
       ::mk::dsl::ScheduleInfo{NAME, ::mk::Collective::COLL, FN, DOC, __FILE__, __LINE__})
+
+// MK_CE_SCHEDULE: the same, for a schedule the runtime runs on copy engines
+// (ScheduleInfo::copy_engine); `mkc compile` refuses it.
+#define MK_CE_SCHEDULE(NAME, COLL, FN, DOC)                                                       \
+  static const bool MK_DSL_CAT(mk_schedule_registered_, __LINE__) = ::mk::dsl::register_schedule( \
+      ::mk::dsl::ScheduleInfo{NAME, ::mk::Collective::COLL, FN, DOC, __FILE__, __LINE__, 0, true})
 
 }  // namespace mk::dsl

@@ -3,6 +3,7 @@
 // symbols (cuMemAlloc -> cuMemAlloc_v2) come out exactly as the runtime
 // dlsym()s them. One global mutex guards all state; waits poll without it.
 #include "tests/fake_cuda/fake_cuda.h"
+#include "templates/copy_engine.cuh"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +56,8 @@ struct Op {
   int device = 0;
   unsigned grid[3] = {}, block[3] = {};
   mk::dev::Args args{};
+  bool ce = false;            // mk_ce_sync: `ce_args` instead of `args`
+  mk::dev::CeSyncArgs ce_args{};
   bool pdl = false;  // launched with programmatic stream serialisation
   CUhostFn host = nullptr;
   void* user = nullptr;
@@ -400,14 +404,89 @@ void run_launch(const Op& op, Stream* stream, CUstream handle) {
 }
 
 void apply_mem(const Op& op) {
-  if (op.kind == Op::copy) std::memcpy(reinterpret_cast<void*>(op.dst), op.src, op.bytes);
+  if (op.kind == Op::copy) std::memmove(reinterpret_cast<void*>(op.dst), op.src, op.bytes);
   if (op.kind == Op::set) std::memset(reinterpret_cast<void*>(op.dst), op.value, op.bytes);
 }
 
 // Host functions are collected (they run later, without the lock).
-void run_ops(const std::vector<Op>& ops, Stream* stream, CUstream handle, std::vector<Op>* host_fns) {
+// mk_ce_sync (templates/copy_engine.cuh), run at once: signals, then polls
+// its words without the lock (peers are other processes or threads) until
+// they hold, the communicator aborts or the timeout passes.
+void run_ce_sync(std::unique_lock<std::mutex>& lock, const mk::dev::CeSyncArgs& a) {
+  State& s = S();
+  ++s.launches;
+  s.last = mkfake_launch{};
+  s.last.grid[0] = s.last.block[0] = 1;
+  std::snprintf(s.last.function, sizeof s.last.function, "%s", "mk_ce_sync");
+  s.have_last = true;
+  const size_t tables = sizeof(void*) * size_t(a.nranks > 0 ? a.nranks : 0);
+  if (a.nranks <= 0 || a.rank < 0 || a.rank >= a.nranks || !device_range_ok(uintptr_t(a.abort_words), tables) ||
+      !device_range_ok(uintptr_t(a.signal), tables) || !device_range_ok(uintptr_t(a.counters), 8 * size_t(a.nranks)) ||
+      !device_range_ok(uintptr_t(a.watch), 8 * size_t(a.nranks)) || !device_range_ok(uintptr_t(a.error), 64))
+    return;  // a real kernel would fault
+  auto abort_word = [&](int q) { return a.abort_words[q]; };
+  const auto started = std::chrono::steady_clock::now();
+  auto record = [&](int32_t code, int32_t peer, uint64_t have, uint64_t want, int32_t slot) {
+    mk::dev::ErrorRecord& e = *a.error;
+    const bool root_cause = __atomic_load_n(abort_word(a.rank), __ATOMIC_ACQUIRE) == 0 &&
+                            !(a.host_abort && __atomic_load_n(a.host_abort, __ATOMIC_ACQUIRE) != 0);
+    if (__atomic_load_n(&e.code, __ATOMIC_ACQUIRE) == 0) {
+      e.rank = a.rank;
+      e.instance = a.side;
+      e.slot = slot;
+      e.peer = peer;
+      e.op = -1;
+      e.step = a.tile;
+      e.have = have;
+      e.want = want;
+      e.waited_ns = uint64_t(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count());
+      __atomic_store_n(&e.code, root_cause ? code : int32_t(mk::dev::kErrStopped), __ATOMIC_RELEASE);
+      if (a.host_abort) __atomic_store_n(const_cast<int32_t*>(a.host_abort) + 1, 1, __ATOMIC_RELEASE);
+    }
+    for (int q = 0; q < a.nranks; ++q) __atomic_store_n(abort_word(q), uint64_t(1), __ATOMIC_RELEASE);
+  };
+  if (__atomic_load_n(abort_word(a.rank), __ATOMIC_ACQUIRE) != 0) {
+    record(mk::dev::kErrStopped, -1, 0, 0, mk::dev::kStoppedAtEntry);
+    return;
+  }
+  auto mine = [&](int p) { return p != a.rank && (a.only < 0 || p == a.only); };
+  if (a.bump)
+    for (int p = 0; p < a.nranks; ++p)
+      if (mine(p)) {
+        const uint64_t c = ++a.counters[p];
+        __atomic_store_n(a.signal[p], c, __ATOMIC_RELEASE);
+      }
+  if (!a.wait) return;
+  for (int p = 0; p < a.nranks; ++p) {
+    if (!mine(p)) continue;
+    const int64_t target = int64_t(a.counters[p]) + a.delta;
+    if (target <= 0) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      const uint64_t have = __atomic_load_n(a.watch + p, __ATOMIC_ACQUIRE);
+      if (have >= uint64_t(target)) break;
+      const bool aborted = __atomic_load_n(abort_word(a.rank), __ATOMIC_ACQUIRE) != 0 ||
+                           (a.host_abort && __atomic_load_n(a.host_abort, __ATOMIC_ACQUIRE) != 0);
+      const bool late = a.timeout_ns != 0 &&
+                        uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+                                     .count()) > a.timeout_ns;
+      if (aborted || late) {
+        record(mk::dev::kErrWaitTimeout, p, have, uint64_t(target), a.tile);
+        return;
+      }
+      lock.unlock();
+      ::usleep(50);
+      lock.lock();
+    }
+  }
+}
+
+void run_ops(std::unique_lock<std::mutex>& lock, const std::vector<Op>& ops, Stream* stream, CUstream handle,
+             std::vector<Op>* host_fns) {
   for (const Op& op : ops) {
-    if (op.kind == Op::launch) run_launch(op, stream, handle);
+    if (op.kind == Op::launch && op.ce) run_ce_sync(lock, op.ce_args);
+    else if (op.kind == Op::launch) run_launch(op, stream, handle);
     else if (op.kind == Op::host_fn) host_fns->push_back(op);
     else apply_mem(op);
   }
@@ -428,7 +507,7 @@ void submit(std::unique_lock<std::mutex>& lock, Stream* stream, CUstream handle,
     return;
   }
   std::vector<Op> fns;
-  run_ops({op}, stream, handle, &fns);
+  run_ops(lock, {op}, stream, handle, &fns);
   call_host_fns(lock, fns);
 }
 
@@ -1071,7 +1150,7 @@ CUresult cuGraphLaunch(CUgraphExec h, CUstream hs) {
   for (const Op& op : x->ops)
     if (op.kind == Op::launch && !s.functions.count(op.fn)) return CUDA_ERROR_INVALID_HANDLE;
   std::vector<Op> fns;
-  run_ops(x->ops, st, hs, &fns);
+  run_ops(lock_, x->ops, st, hs, &fns);
   call_host_fns(lock_, fns);
   return CUDA_SUCCESS;
 }
@@ -1300,6 +1379,12 @@ CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t n) {
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream hs) {
   FAKE_ENTER("cuMemcpyHtoDAsync");
   return copy_or_set(lock_, copy_op(uintptr_t(dst), src, n), hs, false);
+}
+
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs) {
+  FAKE_ENTER("cuMemcpyDtoDAsync");
+  if (!device_range_ok(uintptr_t(src), n)) return CUDA_ERROR_INVALID_VALUE;
+  return copy_or_set(lock_, copy_op(uintptr_t(dst), reinterpret_cast<const void*>(uintptr_t(src)), n), hs, false);
 }
 
 CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) {
@@ -1686,7 +1771,12 @@ static CUresult launch(std::unique_lock<std::mutex>& lock_, State& s, CUfunction
   op.grid[0] = gx, op.grid[1] = gy, op.grid[2] = gz;
   op.block[0] = bx, op.block[1] = by, op.block[2] = bz;
   op.pdl = pdl;
-  std::memcpy(&op.args, params[0], sizeof op.args);
+  if (f->name == "mk_ce_sync") {
+    op.ce = true;
+    std::memcpy(&op.ce_args, params[0], sizeof op.ce_args);
+  } else {
+    std::memcpy(&op.args, params[0], sizeof op.args);
+  }
   submit(lock_, st, hs, op);
   return CUDA_SUCCESS;
 }

@@ -1259,6 +1259,20 @@ std::vector<Scenario> scenarios() {
   // More ranks than the 8 operands generated code unrolls: reduces over every
   // rank and copies to every rank become wide ops (a loop over an operand list).
   v.push_back({"share_gpu_10ranks_1proc_wide", 10, false, 1, {}, one_each, 1});
+  // Copy engines move all-gather, all-to-all and broadcast (runtime/ce.hpp):
+  // 64 KiB tiles, so that the suite's sizes cross many tiles and reuse slots.
+  const std::map<std::string, std::string> ce_env = {
+      {"MK_ALGO", "allgather=allgather.ce,alltoall=alltoall.ce,broadcast=broadcast.ce"},
+      {"MK_TUNE", "ce_tile=65536"}};
+  auto ce_body = [](World& w) {
+    matrix(w);
+    boundaries(w);
+    large(w, g_quick ? (4ll << 20) : (64ll << 20), true);
+    graphs(w);
+  };
+  v.push_back({"copy_engine_2gpu_1proc", 2, false, 2, ce_env, ce_body});
+  v.push_back({"copy_engine_2gpu_2proc", 2, true, 2, ce_env, ce_body});
+  v.push_back({"copy_engine_share_gpu_3ranks_1proc", 3, false, 1, ce_env, ce_body, 1});
   v.push_back({"split_4ranks_1proc", 4, false, 1, {}, split, 1});
   v.push_back({"split_2ranks_2proc", 2, true, 1, {}, split, 1});
   return v;

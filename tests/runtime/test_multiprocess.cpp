@@ -216,6 +216,220 @@ int selected_knobs(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// The copy-engine schedules move real bytes in the fake (its copies run):
+// every collective, sizes around the tile (MK_TUNE=ce_tile=4096 in the
+// environment), in place and out of place, every broadcast root, and a CUDA
+// graph replayed with new inputs. Bytes differ per rank, call and index.
+unsigned char ce_byte(int call, int rank, size_t i) { return (unsigned char)(call * 29 + rank * 101 + i * 7 + (i >> 9)); }
+
+int copy_engine(int rank, int nranks, const mkUniqueId& id) {
+  CUstream stream = nullptr;
+  mkComm_t comm = nullptr;
+  if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
+  const size_t max_count = 3 * 4096 + 777;
+  CUdeviceptr in = 0, out = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&in, max_count * size_t(nranks)) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemAlloc(&out, max_count * size_t(nranks)) == CUDA_SUCCESS);
+  void* pin = reinterpret_cast<void*>(uintptr_t(in));
+  void* pout = reinterpret_cast<void*>(uintptr_t(out));
+  int call = 0;
+  std::vector<unsigned char> host(max_count * size_t(nranks));
+  auto fill = [&](CUdeviceptr p, size_t n, int c) {
+    for (size_t i = 0; i < n; ++i) host[i] = ce_byte(c, rank, i);
+    return cu().cuMemcpyHtoD(p, host.data(), n) == CUDA_SUCCESS;
+  };
+  auto poison = [&](CUdeviceptr p, size_t n) { return cu().cuMemsetD8(p, 0xEE, n) == CUDA_SUCCESS; };
+  const int64_t launches0 = mkt::counts().launches;
+  for (size_t count : {size_t(1), size_t(4095), size_t(4096), size_t(4097), size_t(3 * 4096 + 777)}) {
+    for (int inplace = 0; inplace < 2; ++inplace) {
+      // all-gather
+      ++call;
+      CHILD_CHECK(poison(out, count * size_t(nranks)));
+      void* src = pin;
+      if (inplace) {
+        src = static_cast<char*>(pout) + size_t(rank) * count;
+        CHILD_CHECK(fill(out + size_t(rank) * count, count, call));
+      } else {
+        CHILD_CHECK(fill(in, count, call));
+      }
+      CHILD_CHECK(mkAllGather(src, pout, count, mkUint8, comm, stream) == mkSuccess);
+      CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
+      CHILD_CHECK(cu().cuMemcpyDtoH(host.data(), out, count * size_t(nranks)) == CUDA_SUCCESS);
+      for (int q = 0; q < nranks; ++q)
+        for (size_t i = 0; i < count; ++i)
+          if (host[size_t(q) * count + i] != ce_byte(call, q, i)) {
+            std::fprintf(stderr, "rank %d: allgather count %zu inplace %d: block %d byte %zu wrong\n", rank, count,
+                         inplace, q, i);
+            return 1;
+          }
+      // broadcast, every root
+      for (int root = 0; root < nranks; ++root) {
+        ++call;
+        CHILD_CHECK(poison(out, count));
+        void* bsrc = pin;
+        if (inplace) {
+          bsrc = pout;
+          if (rank == root) CHILD_CHECK(fill(out, count, call));
+        } else {
+          CHILD_CHECK(fill(in, count, call));
+        }
+        CHILD_CHECK(mkBroadcast(bsrc, pout, count, mkUint8, root, comm, stream) == mkSuccess);
+        CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
+        CHILD_CHECK(cu().cuMemcpyDtoH(host.data(), out, count) == CUDA_SUCCESS);
+        for (size_t i = 0; i < count; ++i)
+          if (host[i] != ce_byte(call, root, i)) {
+            std::fprintf(stderr, "rank %d: broadcast root %d count %zu inplace %d: byte %zu wrong\n", rank, root,
+                         count, inplace, i);
+            return 1;
+          }
+      }
+    }
+    // all-to-all (no in-place form)
+    ++call;
+    CHILD_CHECK(poison(out, count * size_t(nranks)));
+    CHILD_CHECK(fill(in, count * size_t(nranks), call));
+    CHILD_CHECK(mkAllToAll(pin, pout, count, mkUint8, comm, stream) == mkSuccess);
+    CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuMemcpyDtoH(host.data(), out, count * size_t(nranks)) == CUDA_SUCCESS);
+    for (int q = 0; q < nranks; ++q)
+      for (size_t i = 0; i < count; ++i)
+        if (host[size_t(q) * count + i] != ce_byte(call, q, size_t(rank) * count + i)) {
+          std::fprintf(stderr, "rank %d: alltoall count %zu: block %d byte %zu wrong\n", rank, count, q, i);
+          return 1;
+        }
+  }
+  // Only the one-warp sync kernel ran (no data kernel was loaded).
+  mkfake_launch l{};
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(std::string(l.function) == "mk_ce_sync");
+  CHILD_CHECK(mkt::counts().launches > launches0);
+
+  // A graph: captured once, replayed with new inputs (the counters live in
+  // device memory, so replays continue the sequence).
+  const size_t count = 2 * 4096 + 3;
+  CUgraph g = nullptr;
+  CUgraphExec x = nullptr;
+  CHILD_CHECK(MKT_FN(cuStreamBeginCapture)(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CHILD_CHECK(mkAllGather(pin, pout, count, mkUint8, comm, stream) == mkSuccess);
+  CHILD_CHECK(MKT_FN(cuStreamEndCapture)(stream, &g) == CUDA_SUCCESS);
+  CHILD_CHECK(MKT_FN(cuGraphInstantiate)(&x, g, 0) == CUDA_SUCCESS);
+  for (int replay = 0; replay < 3; ++replay) {
+    ++call;
+    CHILD_CHECK(poison(out, count * size_t(nranks)));
+    CHILD_CHECK(fill(in, count, call));
+    CHILD_CHECK(MKT_FN(cuGraphLaunch)(x, stream) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuMemcpyDtoH(host.data(), out, count * size_t(nranks)) == CUDA_SUCCESS);
+    for (int q = 0; q < nranks; ++q)
+      for (size_t i = 0; i < count; ++i)
+        if (host[size_t(q) * count + i] != ce_byte(call, q, i)) {
+          std::fprintf(stderr, "rank %d: graph replay %d: block %d byte %zu wrong\n", rank, replay, q, i);
+          return 1;
+        }
+  }
+  CHILD_CHECK(MKT_FN(cuGraphExecDestroy)(x) == CUDA_SUCCESS);
+  CHILD_CHECK(MKT_FN(cuGraphDestroy)(g) == CUDA_SUCCESS);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(in) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemFree(out) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
+  return 0;
+}
+
+// One thread drives three ranks (mkCommInitAll) with grouped copy-engine
+// calls: mkGroupEnd issues the ranks' calls step by step in turn, so a driver
+// that runs work as it is enqueued (this fake) never waits for a peer's step
+// that was not issued yet; the bytes must come out right.
+int copy_engine_group(int rank, int, const mkUniqueId&) {
+  g_rank = rank;
+  const int n = 3;
+  mkComm_t comms[n];
+  int devs[n] = {0, 1, 2};
+  CHILD_CHECK(mkCommInitAll(comms, n, devs) == mkSuccess);
+  std::vector<CUcontext> ctx(n);
+  std::vector<CUstream> st(n);
+  std::vector<CUdeviceptr> in(n), out(n);
+  const size_t count = 2 * 4096 + 99;
+  for (int r = 0; r < n; ++r) {
+    CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx[size_t(r)], r) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuCtxSetCurrent(ctx[size_t(r)]) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuStreamCreate(&st[size_t(r)], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuMemAlloc(&in[size_t(r)], count * n) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuMemAlloc(&out[size_t(r)], count * n) == CUDA_SUCCESS);
+  }
+  std::vector<unsigned char> host(count * n);
+  for (int call = 1; call <= 3; ++call) {
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count * n; ++i) host[i] = ce_byte(call, r, i);
+      CHILD_CHECK(cu().cuMemcpyHtoD(in[size_t(r)], host.data(), count * n) == CUDA_SUCCESS);
+      CHILD_CHECK(cu().cuMemsetD8(out[size_t(r)], 0xEE, count * n) == CUDA_SUCCESS);
+    }
+    CHILD_CHECK(mkGroupStart() == mkSuccess);
+    for (int r = 0; r < n; ++r) {
+      void* i = reinterpret_cast<void*>(uintptr_t(in[size_t(r)]));
+      void* o = reinterpret_cast<void*>(uintptr_t(out[size_t(r)]));
+      if (call == 1) CHILD_CHECK(mkAllGather(i, o, count, mkUint8, comms[r], st[size_t(r)]) == mkSuccess);
+      if (call == 2) CHILD_CHECK(mkAllToAll(i, o, count, mkUint8, comms[r], st[size_t(r)]) == mkSuccess);
+      if (call == 3) CHILD_CHECK(mkBroadcast(i, o, count, mkUint8, 1, comms[r], st[size_t(r)]) == mkSuccess);
+    }
+    CHILD_CHECK(mkGroupEnd() == mkSuccess);
+    for (int r = 0; r < n; ++r) {
+      CHILD_CHECK(cu().cuStreamSynchronize(st[size_t(r)]) == CUDA_SUCCESS);
+      CHILD_CHECK(cu().cuMemcpyDtoH(host.data(), out[size_t(r)], count * n) == CUDA_SUCCESS);
+      const int blocks = call == 3 ? 1 : n;
+      for (int q = 0; q < blocks; ++q)
+        for (size_t i = 0; i < count; ++i) {
+          const unsigned char want = call == 1   ? ce_byte(call, q, i)
+                                     : call == 2 ? ce_byte(call, q, size_t(r) * count + i)
+                                                 : ce_byte(call, 1, i);
+          if (host[size_t(q) * count + i] != want) {
+            std::fprintf(stderr, "call %d rank %d block %d byte %zu wrong\n", call, r, q, i);
+            return 1;
+          }
+        }
+    }
+  }
+  for (int r = 0; r < n; ++r) CHILD_CHECK(mkCommDestroy(comms[r]) == mkSuccess);
+  return 0;
+}
+
+// A peer that never makes the call: the copy-engine transfer's wait is
+// bounded (MK_TIMEOUT_MS), the error is sticky and names the side, the tile
+// and the peer; the peer aborts and leaves.
+int copy_engine_stall(int rank, int nranks, const mkUniqueId& id) {
+  CUstream stream = nullptr;
+  mkComm_t comm = nullptr;
+  if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
+  auto* c = reinterpret_cast<mk::rt::Comm*>(comm);
+  CUdeviceptr in = 0, out = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&in, 1 << 16) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemAlloc(&out, 1 << 17) == CUDA_SUCCESS);
+  if (rank == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHILD_CHECK(mkAllGather(reinterpret_cast<void*>(uintptr_t(in)), reinterpret_cast<void*>(uintptr_t(out)), 1 << 16,
+                            mkUint8, comm, stream) == mkSuccess);
+    CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    CHILD_CHECK(mkt::ms_since(t0) < 20000);
+    mkResult_t async = mkSuccess;
+    CHILD_CHECK(mkCommGetAsyncError(comm, &async) == mkSuccess);
+    CHILD_CHECK(async == mkRemoteError);
+    const std::string msg = mkGetLastError(comm);
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    CHILD_CHECK(msg.find("copy-engine transfer's send side waited") != std::string::npos ||
+                msg.find("copy-engine transfer's receive side waited") != std::string::npos);
+    CHILD_CHECK(msg.find("for rank 1") != std::string::npos);
+    CHILD_CHECK(msg.find("allgather.ce") != std::string::npos);
+    // sticky: the next call fails at once
+    CHILD_CHECK(mkAllGather(reinterpret_cast<void*>(uintptr_t(in)), reinterpret_cast<void*>(uintptr_t(out)), 1 << 16,
+                            mkUint8, comm, stream) == mkRemoteError);
+  }
+  c->boot->barrier();
+  CHILD_CHECK(mkCommAbort(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(in) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemFree(out) == CUDA_SUCCESS);
+  return 0;
+}
+
 // mkCommBootstrapBroadcast: rank 0's bytes reach every rank; bad arguments
 // fail on the rank that passed them, before any exchange.
 int bootstrap_broadcast(int rank, int nranks, const mkUniqueId& id) {
@@ -393,6 +607,9 @@ int mkt_child_main(int argc, char** argv) {
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "MK_TUNE"});
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
+  if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
+  if (scenario == "copy_engine_group") return copy_engine_group(rank, nranks, id);
+  if (scenario == "copy_engine_stall") return copy_engine_stall(rank, nranks, id);
   if (scenario == "select") return selected(rank, nranks, id);
   if (scenario == "select_knobs") return selected_knobs(rank, nranks, id);
   if (scenario == "select_differs")
@@ -460,6 +677,21 @@ TEST_CASE("two processes: MK_SELECT_FILE picks schedules and knobs, and init fai
   std::filesystem::remove(good);
   std::filesystem::remove(bad);
   std::filesystem::remove(knobs);
+}
+
+TEST_CASE("processes: copy-engine all-gather, all-to-all and broadcast move the right bytes, also in a graph") {
+  MKT_REQUIRE_FAKE();
+  const std::vector<std::string> env = {"MK_ALGO=allgather=allgather.ce,alltoall=alltoall.ce,broadcast=broadcast.ce",
+                                        "MK_TUNE=ce_tile=4096"};
+  run_ranks(2, "copy_engine", {env, env});
+  run_ranks(3, "copy_engine", {env, env, env});
+  run_ranks(1, "copy_engine_group", {env});
+}
+
+TEST_CASE("two processes: a peer that never calls stops a copy-engine transfer at the timeout, sticky and named") {
+  MKT_REQUIRE_FAKE();
+  const std::vector<std::string> env = {"MK_ALGO=allgather=allgather.ce", "MK_TUNE=ce_tile=4096", "MK_TIMEOUT_MS=300"};
+  run_ranks(2, "copy_engine_stall", {env, env});
 }
 
 TEST_CASE("two processes: mkCommBootstrapBroadcast carries rank 0's bytes and refuses bad arguments") {

@@ -325,6 +325,21 @@ TEST_CASE("mkc simulate: prints the result and ok") {
   CHECK(lines(forced.out).back() == "ok");
 }
 
+TEST_CASE("mkc: copy-engine schedules verify and simulate, and compile refuses them with the reason") {
+  for (const char* sched : {"allgather.ce", "alltoall.ce", "broadcast.ce"}) {
+    INFO(sched);
+    CHECK_OK(mkc({"verify", "-s", sched, "-n", "3"}));
+    auto sim = mkc({"simulate", "-s", sched, "-n", "3", "--dtype", "bf16", "--count", "777"});
+    CHECK_OK(sim);
+    CHECK(lines(sim.out).back() == "ok");
+    auto c = mkc({"compile", "-s", sched, "-n", "2", "-o", "/tmp/mkt-ce-plan-should-not-exist"});
+    MKT_CHECK_USER_ERROR(c, "mk.cli.E011");
+    CHECK(contains(c.err, "runs on copy engines: there is no kernel to compile"));
+  }
+  auto l = mkc({"list"});
+  CHECK(contains(l.out, "allgather.ce"));
+}
+
 // ---- user-authored schedules ----------------------------------------------------
 
 TEST_CASE("user DSL file: verify, simulate and compile a hand-written all-reduce") {

@@ -392,7 +392,7 @@ std::vector<std::string> estimate_picks(Collective coll, const Common& o) {
   std::vector<std::string> best(std::size(kShowSizes));
   std::vector<double> best_us(best.size(), 0);
   for (const auto& info : dsl::registered_schedules()) {
-    if (info.coll != coll) continue;
+    if (info.coll != coll || info.copy_engine) continue;  // estimates are for kernels
     std::vector<double> us;
     try {
       us = estimates(compiler::lower(dsl::build(info, *o.topo, 0), lower_options(o)));
@@ -439,7 +439,13 @@ int cmd_compile(Common o, const std::string& dtype, const std::string& op, const
   co.use_cache = !no_cache;
   co.use_prebuilt = false;  // a plan directory with its sources, compiled here
   auto t0 = std::chrono::steady_clock::now();
-  ir::Schedule s = load_schedule(o).raw;
+  Loaded in = load_schedule(o);
+  if (const dsl::ScheduleInfo* info = dsl::find_schedule(in.name); info && info->copy_engine && !in.imported)
+    throw Error(ErrId::cli_E011,
+                fmt::format("{} runs on copy engines: there is no kernel to compile (the runtime issues its "
+                            "transfers; `mkc verify` and `mkc simulate` check its data flow)",
+                            in.name));
+  ir::Schedule s = std::move(in.raw);
   co.lower = lower_options(o);
   compiler::CompileStats st;
   plan::Plan p = compiler::compile_plan(std::move(s), co, &st);

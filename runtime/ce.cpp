@@ -1,0 +1,357 @@
+// The copy-engine protocol as data (ce.hpp). The order below is the issue
+// order; the fake driver runs it as one sequence per process, which is why a
+// slot is reused three tiles later, not two (see program()).
+#include "runtime/ce.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "compiler/jit/jit.hpp"
+#include "compiler/passes/passes.hpp"
+#include "mk/dsl.hpp"
+#include "runtime/comm.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/env.hpp"
+#include "runtime/status.hpp"
+#include "templates/copy_engine.cuh"
+
+namespace mk::rt {
+namespace ce {
+
+bool supports(Collective coll) {
+  return coll == Collective::allgather || coll == Collective::alltoall || coll == Collective::broadcast;
+}
+
+int64_t scratch_bytes(int32_t nranks, int64_t tile) { return int64_t(nranks) * kSlots * tile; }
+
+int64_t slot_offset(int32_t from, int32_t slot, int64_t tile) { return (int64_t(from) * kSlots + slot) * tile; }
+
+std::vector<int32_t> peers(Collective coll, int32_t nranks, int32_t rank, int32_t root, int side) {
+  std::vector<int32_t> v;
+  if (coll == Collective::broadcast) {
+    if (side == 0 && rank == root)
+      for (int32_t d = 1; d < nranks; ++d) v.push_back((rank + d) % nranks);
+    if (side == 1 && rank != root) v.push_back(root);
+    return v;
+  }
+  // All-gather and all-to-all: everyone, starting from the next rank (so
+  // that at each moment the ranks write to different peers).
+  for (int32_t d = 1; d < nranks; ++d) v.push_back(side == 0 ? (rank + d) % nranks : (rank - d + nranks) % nranks);
+  return v;
+}
+
+std::vector<Op> program(const Shape& s) {
+  std::vector<Op> ops;
+  const int64_t B = s.bytes;
+  if (B <= 0) return ops;
+  const int64_t T = std::max<int64_t>(1, s.tile);
+  const int32_t tiles = int32_t((B + T - 1) / T);
+  const std::vector<int32_t> to = peers(s.coll, s.nranks, s.rank, s.root, 0);
+  const std::vector<int32_t> from = peers(s.coll, s.nranks, s.rank, s.root, 1);
+  const bool a2a = s.coll == Collective::alltoall;
+  // Where this rank's block for peer p starts in its input, and where peer
+  // q's block goes in its output.
+  auto in_block = [&](int32_t p) { return a2a ? int64_t(p) * B : 0; };
+  auto out_block = [&](int32_t q) { return s.coll == Collective::broadcast ? 0 : int64_t(q) * B; };
+  int32_t step = 0;
+  auto sync = [&](int8_t stream, bool bump, bool wait, int64_t delta, int32_t tile) {
+    Op o;
+    o.step = step;
+    o.kind = Op::sync;
+    o.stream = stream;
+    o.bump = bump;
+    o.wait = wait;
+    o.delta = delta;
+    o.tile = tile;
+    if (s.coll == Collective::broadcast && stream == 1) o.only = s.root;
+    ops.push_back(o);
+  };
+  auto copy = [&](int8_t stream, Loc dst, Loc src, int64_t bytes) {
+    Op o;
+    o.kind = Op::copy;
+    o.stream = stream;
+    o.dst = dst;
+    o.src = src;
+    o.bytes = bytes;
+    o.step = step;
+    ops.push_back(o);
+  };
+  // Slots restart at 0 in every call: first, every tile shipped before must
+  // have been consumed.
+  if (!to.empty()) sync(0, false, true, 0, 0);
+  // The rank's own block, on the receive stream (next to the first tiles).
+  const bool own = s.coll == Collective::broadcast ? s.rank == s.root : true;
+  if (own && !s.in_place) copy(1, {Loc::output, 0, out_block(s.rank)}, {Loc::input, 0, in_block(s.rank)}, B);
+  for (int32_t t = 0; t < tiles; ++t) {
+    const int64_t at = int64_t(t) * T, n = std::min(T, B - at);
+    const int32_t slot = t % kSlots;
+    step = 2 * t + 1;
+    if (!to.empty()) {
+      for (int32_t p : to)
+        copy(0, {Loc::scratch, p, slot_offset(s.rank, slot, T)}, {Loc::input, 0, in_block(p) + at}, n);
+      // Tile t shipped. Before tile t+1 goes into slot (t+1) % kSlots, its
+      // previous tile (t+1-kSlots) must have been consumed: shipped is
+      // now t+1 (plus earlier calls), so consumed >= shipped + 1 - kSlots.
+      const bool reuse = t + 1 < tiles && t + 1 >= kSlots;
+      sync(0, true, reuse, 1 - kSlots, t);
+    }
+    step = 2 * t + 2;
+    if (!from.empty()) {
+      // Tile t-1 consumed (from the second tile on); tile t there?
+      sync(1, t > 0, true, 1, t);
+      for (int32_t q : from)
+        copy(1, {Loc::output, 0, out_block(q) + at}, {Loc::scratch, s.rank, slot_offset(q, slot, T)}, n);
+    }
+  }
+  step = 2 * tiles + 1;
+  if (!from.empty()) sync(1, true, false, 0, tiles - 1);  // the last tile consumed
+  return ops;
+}
+
+// ---- the runtime side ----------------------------------------------------------
+
+namespace {
+
+// Where `l` is for this call on this rank.
+CUdeviceptr address(const Comm& c, const CeState& st, const Loc& l, const void* input, void* output) {
+  switch (l.space) {
+    case Loc::input: return reinterpret_cast<CUdeviceptr>(input) + CUdeviceptr(l.offset);
+    case Loc::output: return reinterpret_cast<CUdeviceptr>(output) + CUdeviceptr(l.offset);
+    case Loc::scratch: break;
+  }
+  return c.peer_base[size_t(l.rank)] + CUdeviceptr(c.plans.scratch_base + st.scratch_offset + l.offset);
+}
+
+// The words of rank `r`'s copy-engine region (as this GPU maps it).
+CUdeviceptr words(const Comm& c, const CeState& st, int32_t r, int32_t row) {
+  return c.peer_base[size_t(r)] +
+         CUdeviceptr(c.plans.flag_base + st.flag_offset + int64_t(row) * c.nranks * int64_t(sizeof(uint64_t)));
+}
+
+CUstream receive_stream(Comm& c) {
+  const Driver& d = cu();
+  for (CUstream s : c.ce_streams) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    MK_CU(d.cuStreamIsCapturing(s, &st), "querying a copy-engine stream");
+    if (st == CU_STREAM_CAPTURE_STATUS_NONE) return s;
+  }
+  CUstream s = nullptr;
+  CtxGuard g(c.ctx);  // the caller's current context may be another GPU's (one thread driving several)
+  MK_CU(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "creating a copy-engine stream");
+  c.ce_streams.push_back(s);
+  return s;
+}
+
+// mk_ce_sync, compiled (NVRTC, cached) and loaded once per communicator.
+void load_kernel(Comm& c) {
+  if (c.ce_fn) return;
+  const Driver& d = cu();
+  std::string src = "#define MK_CE_KERNEL 1\n#include \"copy_engine.cuh\"\n";
+  jit::CompileResult r;
+  try {
+    r = jit::compile(src, "mk_ce_sync", c.arch);
+  } catch (const Error& e) {
+    fail(mkSystemError, std::string("compiling the copy-engine kernel: ") + e.what());
+  }
+  CUmodule m = nullptr;
+  MK_CU(d.cuModuleLoadData(&m, r.cubin.data()), "loading the copy-engine kernel");
+  CUfunction f = nullptr;
+  if (CUresult e = d.cuModuleGetFunction(&f, m, "mk_ce_sync"); e != CUDA_SUCCESS) {
+    d.cuModuleUnload(m);
+    fail(mkSystemError, "finding the copy-engine kernel: " + cu_error_string(e));
+  }
+  if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(f), "loading the copy-engine kernel");
+  if (!c.ce_fork) MK_CU(d.cuEventCreate(&c.ce_fork, CU_EVENT_DISABLE_TIMING), "creating an event");
+  if (!c.ce_join) MK_CU(d.cuEventCreate(&c.ce_join, CU_EVENT_DISABLE_TIMING), "creating an event");
+  c.ce_module = m;
+  c.ce_fn = f;
+}
+
+}  // namespace
+
+Issue::Issue(Comm& c, PlanInstance& inst, Collective coll, int32_t root, int64_t bytes, const void* input,
+             void* output, CUstream stream)
+    : c_(c), inst_(inst), coll_(coll), input_(input), output_(output), stream_(stream) {
+  Shape s;
+  s.coll = coll;
+  s.nranks = c.nranks;
+  s.rank = c.rank;
+  s.root = coll == Collective::broadcast ? root : 0;
+  s.bytes = bytes;
+  s.tile = inst.ce->tile;
+  const auto in = reinterpret_cast<uintptr_t>(input), out = reinterpret_cast<uintptr_t>(output);
+  s.in_place = coll == Collective::allgather   ? in == out + uintptr_t(c.rank) * uintptr_t(bytes)
+               : coll == Collective::broadcast ? in == out
+                                               : false;
+  ops_ = program(s);
+  steps_ = ops_.empty() ? 0 : ops_.back().step + 1;
+}
+
+void Issue::issue(const Op& o) {
+  const Driver& d = cu();
+  const CeState& st = *inst_.ce;
+  const int32_t n = c_.nranks;
+  CUstream on = o.stream == 0 ? stream_ : recv_;
+  if (o.kind == Op::copy) {
+    MK_CU(d.cuMemcpyDtoDAsync(address(c_, st, o.dst, input_, output_), address(c_, st, o.src, input_, output_),
+                              size_t(o.bytes), on),
+          "issuing a copy-engine transfer");
+    return;
+  }
+  dev::CeSyncArgs a{};
+  a.counters = reinterpret_cast<uint64_t*>(words(c_, st, c_.rank, o.stream == 0 ? dev::kCeShipped : dev::kCeTaken));
+  a.signal = reinterpret_cast<uint64_t* const*>(st.tables + CUdeviceptr(o.stream) * CUdeviceptr(n) * sizeof(void*));
+  a.watch = reinterpret_cast<const uint64_t*>(words(c_, st, c_.rank, o.stream == 0 ? dev::kCeConsumed : dev::kCeReady));
+  a.abort_words = reinterpret_cast<uint64_t* const*>(st.tables + 2 * CUdeviceptr(n) * sizeof(void*));
+  a.error = reinterpret_cast<dev::ErrorRecord*>(st.res->errors_dev) + o.stream;
+  a.host_abort = reinterpret_cast<volatile int32_t*>(c_.host_dev);
+  a.timeout_ns = c_.config.timeout_ns;
+  a.delta = o.delta;
+  a.rank = c_.rank;
+  a.nranks = n;
+  a.only = o.only;
+  a.bump = o.bump;
+  a.wait = o.wait;
+  a.side = o.stream;
+  a.tile = o.tile;
+  void* params[] = {&a};
+  if (CUresult r = d.cuLaunchKernel(c_.ce_fn, 1, 1, 1, 32, 1, 1, 0, on, params, nullptr); r != CUDA_SUCCESS)
+    fail(mkUnhandledCudaError, "launching the copy-engine kernel: " + cu_error_string(r));
+}
+
+bool Issue::step() {
+  if (step_ >= steps_) return false;
+  const Driver& d = cu();
+  try {
+    if (step_ < 0) {
+      recv_ = receive_stream(c_);
+      MK_CU(d.cuEventRecord(c_.ce_fork, stream_), "forking the copy-engine streams");
+      MK_CU(d.cuStreamWaitEvent(recv_, c_.ce_fork, 0), "forking the copy-engine streams");
+      step_ = 0;
+    }
+    for (; next_ < ops_.size() && ops_[next_].step == step_; ++next_, ++issued_) issue(ops_[next_]);
+    if (++step_ < steps_) return true;
+    MK_CU(d.cuEventRecord(c_.ce_join, recv_), "joining the copy-engine streams");
+    MK_CU(d.cuStreamWaitEvent(stream_, c_.ce_join, 0), "joining the copy-engine streams");
+    return false;
+  } catch (const RtError& e) {
+    step_ = steps_;  // nothing more of this call
+    // Peers wait for the rest of this rank's program: stop them, for good.
+    if (issued_ > 0) {
+      c_.set_error(e.code(), fmt::format("{}: the copy-engine transfer was issued only in part ({} of {} operations): "
+                                         "{}; the communicator is unusable, call mkCommAbort",
+                                         api_name(coll_), issued_, ops_.size(), e.what()));
+      c_.raise_abort();
+    }
+    throw;
+  }
+}
+
+}  // namespace ce
+
+CeState::~CeState() {
+  try {
+    if (tables) cu().cuMemFree(tables);
+  } catch (...) {
+  }
+}
+
+PlanInstance& Comm::create_ce_instance(Collective coll, const Choice& choice, int64_t* lo, int64_t* hi) {
+  if (!ce::supports(coll))
+    fail(mkInvalidUsage, fmt::format("schedule {} runs on copy engines, which serve all-gather, all-to-all and "
+                                     "broadcast only, not {}",
+                                     choice.schedule, name(coll)));
+  passes::ProtocolOptions o;
+  env::apply_tune(&o);
+  if (!choice.tune.empty()) env::apply_tune(choice.tune, &o);
+  const int64_t tile = o.ce_tile_bytes;
+  *lo = choice.lo;
+  *hi = choice.hi;
+  const std::string key = fmt::format("ce|{}|{}", choice.schedule, tile);
+  if (auto it = plans.instances.find(key); it != plans.instances.end()) return *it->second;
+  ce::load_kernel(*this);
+  const Driver& d = cu();
+  CeState* st = nullptr;
+  for (auto& x : ce_states)
+    if (x->tile == tile) st = x.get();
+  if (!st) {
+    // Built completely before it is published (see resources_for).
+    auto fresh = std::make_unique<CeState>();
+    fresh->tile = tile;
+    auto res = std::make_unique<Resources>();
+    res->key = fmt::format("copy-engine|{}", tile);
+    res->grid = 2;
+    const int64_t align = 256;
+    const int64_t flag_bytes = int64_t(dev::kCeWords) * nranks * int64_t(sizeof(uint64_t));
+    const int64_t scratch = ce::scratch_bytes(nranks, tile);
+    fresh->flag_offset = (plans.flags_used + align - 1) / align * align;
+    fresh->scratch_offset = (plans.scratch_used + align - 1) / align * align;
+    const int64_t flag_size = plans.flag_end - plans.flag_base, scratch_size = plans.scratch_end - plans.scratch_base;
+    if (fresh->flag_offset + flag_bytes > flag_size)
+      fail(mkSystemError, fmt::format("flag memory exhausted ({} bytes); raise MK_FLAG_BYTES (on every rank)", flag_size));
+    if (fresh->scratch_offset + scratch > scratch_size)
+      fail(mkSystemError, fmt::format("symmetric scratch exhausted: the copy-engine path needs {} more bytes ({} "
+                                      "ranks x {} slots x tile {}), {} of {} are in use; raise MK_SCRATCH_BYTES or "
+                                      "lower MK_TUNE=ce_tile (on every rank)",
+                                      scratch, nranks, ce::kSlots, tile, plans.scratch_used, scratch_size));
+    std::vector<CUdeviceptr> t(size_t(3 * nranks));
+    for (int32_t p = 0; p < nranks; ++p) {
+      auto word = [&](int32_t row) {
+        return peer_base[size_t(p)] +
+               CUdeviceptr(plans.flag_base + fresh->flag_offset + (int64_t(row) * nranks + rank) * 8);
+      };
+      t[size_t(p)] = word(dev::kCeReady);                // p's word of what this rank shipped
+      t[size_t(nranks + p)] = word(dev::kCeConsumed);    // p's word of what this rank consumed
+      t[size_t(2 * nranks + p)] = peer_base[size_t(p)] + CUdeviceptr(plans.flag_base);  // p's abort word
+    }
+    MK_CU(d.cuMemAlloc(&fresh->tables, sizeof(CUdeviceptr) * t.size()), "allocating the copy-engine tables");
+    MK_CU(d.cuMemcpyHtoDAsync(fresh->tables, t.data(), sizeof(CUdeviceptr) * t.size(), side_stream),
+          "copying the copy-engine tables");
+    MK_CU(d.cuStreamSynchronize(side_stream), "initialising the copy-engine tables");
+    void* host_rec = nullptr;
+    MK_CU(d.cuMemHostAlloc(&host_rec, 2 * sizeof(dev::ErrorRecord), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+          "allocating error records");
+    std::memset(host_rec, 0, 2 * sizeof(dev::ErrorRecord));
+    res->errors = static_cast<dev::ErrorRecord*>(host_rec);
+    MK_CU(d.cuMemHostGetDevicePointer(&res->errors_dev, host_rec, 0), "mapping error records");
+    plans.flags_used = fresh->flag_offset + flag_bytes;
+    plans.scratch_used = fresh->scratch_offset + scratch;
+    fresh->res = res.get();
+    {
+      std::lock_guard<std::mutex> lock(plans.res_mu);
+      plans.resources.push_back(std::move(res));
+    }
+    st = fresh.get();
+    ce_states.push_back(std::move(fresh));
+    debug_log(fmt::format("rank {}: copy-engine path ready (tile {} B, scratch {} B at +{}, flags at +{})", rank, tile,
+                          scratch, st->scratch_offset, st->flag_offset));
+  }
+  auto plan = std::make_shared<plan::Plan>();
+  plan->schedule = choice.schedule;
+  plan->coll = coll;
+  plan->nranks = nranks;
+  plan->arch = arch;
+  plan::Kernel k;
+  k.name = "mk_ce_sync";
+  k.proto = "ce";
+  k.max_tile_bytes = tile;
+  k.grid = 1;
+  k.threads = 32;
+  plan->kernels.push_back(std::move(k));
+  auto inst = std::make_unique<PlanInstance>();
+  inst->plan = plan;
+  inst->kernel = &plan->kernels.front();
+  inst->fn = ce_fn;
+  inst->res = st->res;
+  inst->rooted = collective_rooted(coll);
+  inst->ce = st;
+  PlanInstance* raw = inst.get();
+  plans.owned.push_back(std::move(inst));
+  plans.instances[key] = raw;
+  return *raw;
+}
+
+}  // namespace mk::rt

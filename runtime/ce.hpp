@@ -1,0 +1,119 @@
+// The copy-engine path: all-gather, all-to-all and broadcast moved by the
+// GPU's copy engines instead of SM stores (schedules `allgather.ce`,
+// `alltoall.ce`, `broadcast.ce`; the selection table or MK_ALGO picks them).
+//
+// A call is cut into tiles of at most `tile` bytes per peer. For each tile a
+// rank copies its block(s) into a slot of each receiving peer's scratch (a
+// copy engine writing over NVLink), then a one-warp kernel
+// (templates/copy_engine.cuh) bumps its "shipped" counter for each of those
+// peers and writes it to them. The receiving side waits (same kernel) until
+// each sending peer's word says the tile is there, copies it from its own
+// scratch into the output, and signals "consumed" back. Sending and
+// receiving run on two streams (the caller's and one of the communicator's),
+// so tile t+1 travels while tile t is copied out. A slot is reused three tiles
+// later, after its consumer said so; every call first waits until all
+// earlier tiles were consumed, because each call numbers its slots from 0.
+//
+// program() is the whole protocol as data: the runtime issues it with the
+// driver (ce.cpp, issue()), and the tests run it in a model of the streams
+// with random interleavings against the collective's definition.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda.h>
+
+#include "mk/types.hpp"
+
+namespace mk::rt::ce {
+
+constexpr int32_t kSlots = 3;  // per (sender, receiver); three keep the sequential order (fake driver) deadlock-free
+constexpr int64_t kDefaultTile = int64_t(4) << 20;
+
+// Whether the copy-engine path implements `coll` (pure data movement).
+bool supports(Collective coll);
+
+// Where bytes are: the caller's buffers of this rank, or rank `rank`'s
+// copy-engine scratch (as this rank maps it).
+struct Loc {
+  enum Space : int8_t { input, output, scratch } space = input;
+  int32_t rank = 0;  // scratch only
+  int64_t offset = 0;
+};
+
+struct Op {
+  enum Kind : int8_t { copy, sync } kind = copy;
+  int8_t stream = 0;  // 0: the caller's (send side), 1: the communicator's (receive side)
+  // copy
+  Loc dst, src;
+  int64_t bytes = 0;
+  // sync (CeSyncArgs): side = stream
+  bool bump = false;
+  bool wait = false;
+  int64_t delta = 0;
+  int32_t only = -1;  // -1: every peer of the side; else one rank
+  int32_t tile = 0;
+  // Issue step: 0 before the first tile, 2t+1 tile t's send side, 2t+2 its
+  // receive side, 2 x tiles + 1 after the last. Ranks whose calls are issued
+  // step by step in turn (one thread driving several ranks) never wait for a
+  // peer's op that was not issued yet, even where enqueueing runs the work.
+  int32_t step = 0;
+};
+
+struct Shape {
+  Collective coll = Collective::allgather;
+  int32_t nranks = 1, rank = 0, root = 0;
+  int64_t bytes = 0;       // per block: count x element size
+  bool in_place = false;   // the rank's own block is already where it belongs
+  int64_t tile = kDefaultTile;
+};
+
+// Bytes of copy-engine scratch per rank: a slot per (sending rank, slot).
+int64_t scratch_bytes(int32_t nranks, int64_t tile);
+// Offset of sender `from`'s slot `slot` in a rank's scratch.
+int64_t slot_offset(int32_t from, int32_t slot, int64_t tile);
+
+// The ops of rank shape.rank for one call, in the order they are issued
+// (each stream runs its own ops in this order). Counters and words are
+// indexed by peer; a sync's peers are the ranks this side sends to (stream
+// 0) or receives from (stream 1), narrowed by `only`.
+std::vector<Op> program(const Shape& s);
+
+// The peers rank `rank` sends to (side 0) or receives from (side 1).
+std::vector<int32_t> peers(Collective coll, int32_t nranks, int32_t rank, int32_t root, int side);
+
+}  // namespace mk::rt::ce
+
+namespace mk::rt {
+class Comm;
+struct PlanInstance;
+namespace ce {
+// One call of a copy-engine instance, issued on `stream` (the send side; the
+// receive side runs on one of the communicator's streams, forked from and
+// joined back into `stream`, so the call is stream-ordered and capturable),
+// one step at a time. Caller holds c.mu around each step(). A driver failure
+// part-way makes the communicator's error sticky and aborts it (peers would
+// wait for the rest).
+class Issue {
+ public:
+  Issue(Comm& c, PlanInstance& inst, Collective coll, int32_t root, int64_t bytes, const void* input, void* output,
+        CUstream stream);
+  // Issues the next step; false once the call is complete (joined).
+  bool step();
+
+ private:
+  void issue(const Op& o);
+  Comm& c_;
+  PlanInstance& inst_;
+  Collective coll_;
+  const void* input_;
+  void* output_;
+  CUstream stream_, recv_ = nullptr;
+  std::vector<Op> ops_;
+  size_t next_ = 0, issued_ = 0;
+  int32_t step_ = -1, steps_ = 0;
+};
+}  // namespace ce
+}  // namespace mk::rt
