@@ -25,6 +25,12 @@ bool supports(Collective coll) {
   return coll == Collective::allgather || coll == Collective::alltoall || coll == Collective::broadcast;
 }
 
+int64_t default_tile(int32_t nranks) {
+  const int64_t mib = int64_t(1) << 20;
+  const int64_t per = (int64_t(64) << 20) / (int64_t(std::max(nranks, 1)) * kSlots) / mib * mib;
+  return std::clamp(per, mib, 16 * mib);
+}
+
 int64_t scratch_bytes(int32_t nranks, int64_t tile) { return int64_t(nranks) * kSlots * tile; }
 
 int64_t slot_offset(int32_t from, int32_t slot, int64_t tile) { return (int64_t(from) * kSlots + slot) * tile; }
@@ -267,7 +273,7 @@ PlanInstance& Comm::create_ce_instance(Collective coll, const Choice& choice, in
   passes::ProtocolOptions o;
   env::apply_tune(&o);
   if (!choice.tune.empty()) env::apply_tune(choice.tune, &o);
-  const int64_t tile = o.ce_tile_bytes;
+  const int64_t tile = o.ce_tile_bytes > 0 ? o.ce_tile_bytes : ce::default_tile(nranks);
   *lo = choice.lo;
   *hi = choice.hi;
   const std::string key = fmt::format("ce|{}|{}", choice.schedule, tile);

@@ -30,7 +30,13 @@
 namespace mk::rt::ce {
 
 constexpr int32_t kSlots = 3;  // per (sender, receiver); three keep the sequential order (fake driver) deadlock-free
-constexpr int64_t kDefaultTile = int64_t(4) << 20;
+constexpr int64_t kDefaultTile = int64_t(4) << 20;  // ce::Shape's default (tests)
+
+// The tile when MK_TUNE's ce_tile is 0 (the default): 64 MiB of scratch over
+// nranks x kSlots slots, whole MiB, between 1 and 16 MiB. Each tile costs two
+// small launches and their stream switches (about 10 us a tile measured on
+// one H200: bench/NOTES.md), so tiles are as large as that scratch allows.
+int64_t default_tile(int32_t nranks);
 
 // Whether the copy-engine path implements `coll` (pure data movement).
 bool supports(Collective coll);

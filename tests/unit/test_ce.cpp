@@ -260,3 +260,13 @@ TEST_CASE("copy engine: the checks catch a broken protocol") {
   // The intact protocol passes the same interleavings.
   for (uint64_t seed = 0; seed < 40; ++seed) CHECK(run(2, 16, {{Collective::allgather, 0, 16 * 40, false}}, 0, seed) == "");
 }
+
+TEST_CASE("copy engine: the default tile fills 64 MiB of scratch, whole MiB, 1 to 16 MiB") {
+  const int64_t mib = int64_t(1) << 20;
+  CHECK(ce::default_tile(1) == 16 * mib);
+  CHECK(ce::default_tile(2) == 10 * mib);  // 64 / 6 = 10.7
+  CHECK(ce::default_tile(4) == 5 * mib);
+  CHECK(ce::default_tile(8) == 2 * mib);
+  CHECK(ce::default_tile(64) == mib);
+  for (int32_t n = 1; n <= 64; ++n) CHECK(ce::scratch_bytes(n, ce::default_tile(n)) <= std::max<int64_t>(64 * mib, n * ce::kSlots * mib));
+}
