@@ -33,9 +33,11 @@ constexpr int32_t kSlots = 3;  // per (sender, receiver); three keep the sequent
 constexpr int64_t kDefaultTile = int64_t(4) << 20;  // ce::Shape's default (tests)
 
 // The tile when MK_TUNE's ce_tile is 0 (the default): 64 MiB of scratch over
-// nranks x kSlots slots, whole MiB, between 1 and 16 MiB. Each tile costs two
-// small launches and their stream switches (about 10 us a tile measured on
-// one H200: bench/NOTES.md), so tiles are as large as that scratch allows.
+// nranks x kSlots slots, whole MiB, between 1 and 16 MiB. Each tile costs a
+// copy and two small launches per rank and side, and switches each stream
+// between copies and kernels (4 -> 16 MiB tiles took a 256 MiB all-gather from
+// 1418 to 473 us eager on one H200: bench/results/*-copy-engine.md), so tiles
+// are as large as that scratch allows.
 int64_t default_tile(int32_t nranks);
 
 // Whether the copy-engine path implements `coll` (pure data movement).

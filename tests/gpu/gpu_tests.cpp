@@ -1272,7 +1272,29 @@ std::vector<Scenario> scenarios() {
   };
   v.push_back({"copy_engine_2gpu_1proc", 2, false, 2, ce_env, ce_body});
   v.push_back({"copy_engine_2gpu_2proc", 2, true, 2, ce_env, ce_body});
-  v.push_back({"copy_engine_share_gpu_3ranks_1proc", 3, false, 1, ce_env, ce_body, 1});
+  // Three ranks on one GPU: the copy-engine collectives alone (every dtype,
+  // the matrix's sizes and 4 MiB, in place and out of place).
+  auto ce_only = [](World& w) {
+    uint64_t seed = 500;
+    for (Collective c : {Collective::allgather, Collective::alltoall, Collective::broadcast})
+      for (DType t : all_dtypes()) {
+        std::vector<int64_t> counts = matrix_counts(t);
+        counts.push_back((4 << 20) / int64_t(dtype_size(t)) / w.nranks);
+        for (int64_t count : counts)
+          for (bool inplace : {false, true}) {
+            if (inplace && c == Collective::alltoall) continue;
+            CallSpec s;
+            s.coll = c;
+            s.dtype = t;
+            s.count = count;
+            s.inplace = inplace;
+            s.root = c == Collective::broadcast ? int(seed % uint64_t(w.nranks)) : 0;
+            s.seed = seed++;
+            run_checked(w, s);
+          }
+      }
+  };
+  v.push_back({"copy_engine_share_gpu_3ranks_1proc", 3, false, 1, ce_env, ce_only, 1});
   v.push_back({"split_4ranks_1proc", 4, false, 1, {}, split, 1});
   v.push_back({"split_2ranks_2proc", 2, true, 1, {}, split, 1});
   return v;
