@@ -22,7 +22,8 @@ namespace mk::rt {
 namespace ce {
 
 bool supports(Collective coll) {
-  return coll == Collective::allgather || coll == Collective::alltoall || coll == Collective::broadcast;
+  return coll == Collective::allgather || coll == Collective::alltoall || coll == Collective::broadcast ||
+         coll == Collective::reducescatter || coll == Collective::allreduce;
 }
 
 int64_t default_tile(int32_t nranks) {
@@ -43,77 +44,198 @@ std::vector<int32_t> peers(Collective coll, int32_t nranks, int32_t rank, int32_
     if (side == 1 && rank != root) v.push_back(root);
     return v;
   }
-  // All-gather and all-to-all: everyone, starting from the next rank (so
-  // that at each moment the ranks write to different peers).
+  // The others: everyone, starting from the next rank (so that at each
+  // moment the ranks write to different peers).
   for (int32_t d = 1; d < nranks; ++d) v.push_back(side == 0 ? (rank + d) % nranks : (rank - d + nranks) % nranks);
   return v;
 }
 
-std::vector<Op> program(const Shape& s) {
-  std::vector<Op> ops;
-  const int64_t B = s.bytes;
-  if (B <= 0) return ops;
+int64_t chunk_offset(int64_t count, int32_t nranks, int32_t q, int32_t elem) {
+  const int64_t per = (count + nranks - 1) / nranks;
+  return std::min(count, per * q) * elem;
+}
+
+namespace {
+
+// A region of this rank's buffers and its length.
+struct Block {
+  Loc loc;
+  int64_t bytes = 0;
+};
+
+// One phase: tiles through peers' scratch, each received tile copied out
+// (`reduce` false) or all of them reduced with this rank's own block into
+// `red_dst` (`reduce` true).
+struct Phase {
+  std::vector<int32_t> to, from;
+  std::vector<Block> send;  // [peer]: what goes to each peer of `to`
+  std::vector<Block> recv;  // [peer]: where each peer of `from`'s data goes (copy phases)
+  bool own_copy = false;    // copy phases: own_src -> own_dst first
+  Block own_src, own_dst;
+  bool reduce = false;
+  Block red_own, red_dst;   // reduce phases: this rank's contribution and the result
+  int32_t only = -1;        // receive-side syncs: one peer (broadcast's root)
+};
+
+void emit(std::vector<Op>& ops, int32_t& step, const Shape& s, const Phase& ph) {
   const int64_t T = std::max<int64_t>(1, s.tile);
-  const int32_t tiles = int32_t((B + T - 1) / T);
-  const std::vector<int32_t> to = peers(s.coll, s.nranks, s.rank, s.root, 0);
-  const std::vector<int32_t> from = peers(s.coll, s.nranks, s.rank, s.root, 1);
-  const bool a2a = s.coll == Collective::alltoall;
-  // Where this rank's block for peer p starts in its input, and where peer
-  // q's block goes in its output.
-  auto in_block = [&](int32_t p) { return a2a ? int64_t(p) * B : 0; };
-  auto out_block = [&](int32_t q) { return s.coll == Collective::broadcast ? 0 : int64_t(q) * B; };
-  int32_t step = 0;
+  int64_t longest = ph.reduce ? ph.red_dst.bytes : 0;
+  for (int32_t p : ph.to) longest = std::max(longest, ph.send[size_t(p)].bytes);
+  for (int32_t q : ph.from) longest = std::max(longest, ph.recv[size_t(q)].bytes);
+  if (ph.own_copy) longest = std::max(longest, ph.own_dst.bytes);
+  if (longest <= 0) return;
+  const int32_t tiles = int32_t((longest + T - 1) / T);
+  auto add = [&](Op o) {
+    o.step = step;
+    ops.push_back(o);
+  };
   auto sync = [&](int8_t stream, bool bump, bool wait, int64_t delta, int32_t tile) {
     Op o;
-    o.step = step;
     o.kind = Op::sync;
     o.stream = stream;
     o.bump = bump;
     o.wait = wait;
     o.delta = delta;
     o.tile = tile;
-    if (s.coll == Collective::broadcast && stream == 1) o.only = s.root;
-    ops.push_back(o);
+    if (stream == 1) o.only = ph.only;
+    add(o);
   };
   auto copy = [&](int8_t stream, Loc dst, Loc src, int64_t bytes) {
+    if (bytes <= 0) return;
     Op o;
     o.kind = Op::copy;
     o.stream = stream;
     o.dst = dst;
     o.src = src;
     o.bytes = bytes;
-    o.step = step;
-    ops.push_back(o);
+    add(o);
   };
-  // Slots restart at 0 in every call: first, every tile shipped before must
+  auto at = [](Loc l, int64_t off) {
+    l.offset += off;
+    return l;
+  };
+  auto part = [&](int64_t bytes, int32_t t) { return std::clamp<int64_t>(bytes - int64_t(t) * T, 0, T); };
+  const int32_t first = step;
+  // Slots restart at 0 in every phase: first, every tile shipped before must
   // have been consumed.
-  if (!to.empty()) sync(0, false, true, 0, 0);
+  if (!ph.to.empty()) sync(0, false, true, 0, 0);
   // The rank's own block, on the receive stream (next to the first tiles).
-  const bool own = s.coll == Collective::broadcast ? s.rank == s.root : true;
-  if (own && !s.in_place) copy(1, {Loc::output, 0, out_block(s.rank)}, {Loc::input, 0, in_block(s.rank)}, B);
+  if (ph.own_copy) copy(1, ph.own_dst.loc, ph.own_src.loc, ph.own_dst.bytes);
   for (int32_t t = 0; t < tiles; ++t) {
-    const int64_t at = int64_t(t) * T, n = std::min(T, B - at);
     const int32_t slot = t % kSlots;
-    step = 2 * t + 1;
-    if (!to.empty()) {
-      for (int32_t p : to)
-        copy(0, {Loc::scratch, p, slot_offset(s.rank, slot, T)}, {Loc::input, 0, in_block(p) + at}, n);
+    step = first + 2 * t + 1;
+    if (!ph.to.empty()) {
+      for (int32_t p : ph.to)
+        copy(0, {Loc::scratch, p, slot_offset(s.rank, slot, T)}, at(ph.send[size_t(p)].loc, int64_t(t) * T),
+             part(ph.send[size_t(p)].bytes, t));
       // Tile t shipped. Before tile t+1 goes into slot (t+1) % kSlots, its
       // previous tile (t+1-kSlots) must have been consumed: shipped is
       // now t+1 (plus earlier calls), so consumed >= shipped + 1 - kSlots.
       const bool reuse = t + 1 < tiles && t + 1 >= kSlots;
       sync(0, true, reuse, 1 - kSlots, t);
     }
-    step = 2 * t + 2;
-    if (!from.empty()) {
-      // Tile t-1 consumed (from the second tile on); tile t there?
-      sync(1, t > 0, true, 1, t);
-      for (int32_t q : from)
-        copy(1, {Loc::output, 0, out_block(q) + at}, {Loc::scratch, s.rank, slot_offset(q, slot, T)}, n);
+    step = first + 2 * t + 2;
+    // Tile t-1 consumed (from the second tile on); tile t there?
+    if (!ph.from.empty()) sync(1, t > 0, true, 1, t);
+    if (ph.reduce || !ph.from.empty()) {
+      // (A reduction with no peer, one rank, still writes its output.)
+      if (ph.reduce) {
+        Op o;
+        o.kind = Op::reduce;
+        o.stream = 1;
+        o.dst = at(ph.red_dst.loc, int64_t(t) * T);
+        o.src = at(ph.red_own.loc, int64_t(t) * T);
+        o.bytes = part(ph.red_dst.bytes, t);
+        o.slot = slot;
+        o.tile = t;
+        if (o.bytes > 0) add(o);
+      } else {
+        for (int32_t q : ph.from)
+          copy(1, at(ph.recv[size_t(q)].loc, int64_t(t) * T), {Loc::scratch, s.rank, slot_offset(q, slot, T)},
+               part(ph.recv[size_t(q)].bytes, t));
+      }
     }
   }
-  step = 2 * tiles + 1;
-  if (!from.empty()) sync(1, true, false, 0, tiles - 1);  // the last tile consumed
+  step = first + 2 * tiles + 1;
+  if (!ph.from.empty()) sync(1, true, false, 0, tiles - 1);  // the last tile consumed
+  ++step;
+}
+
+}  // namespace
+
+std::vector<Op> program(const Shape& s) {
+  std::vector<Op> ops;
+  const int64_t B = s.bytes;
+  if (B <= 0) return ops;
+  const int32_t n = s.nranks, r = s.rank;
+  int32_t step = 0;
+  Phase ph;
+  ph.send.resize(size_t(n));
+  ph.recv.resize(size_t(n));
+  auto in = [](int64_t off) { return Loc{Loc::input, 0, off}; };
+  auto out = [](int64_t off) { return Loc{Loc::output, 0, off}; };
+  switch (s.coll) {
+    case Collective::allgather:
+    case Collective::alltoall:
+    case Collective::broadcast: {
+      const bool a2a = s.coll == Collective::alltoall, bc = s.coll == Collective::broadcast;
+      ph.to = peers(s.coll, n, r, s.root, 0);
+      ph.from = peers(s.coll, n, r, s.root, 1);
+      for (int32_t p = 0; p < n; ++p) {
+        ph.send[size_t(p)] = {in(a2a ? int64_t(p) * B : 0), B};
+        ph.recv[size_t(p)] = {out(bc ? 0 : int64_t(p) * B), B};
+      }
+      ph.own_copy = (bc ? r == s.root : true) && !s.in_place;
+      ph.own_src = {in(a2a ? int64_t(r) * B : 0), B};
+      ph.own_dst = {out(bc ? 0 : int64_t(r) * B), B};
+      if (bc) ph.only = s.root;
+      emit(ops, step, s, ph);
+      break;
+    }
+    case Collective::reducescatter: {
+      ph.to = peers(s.coll, n, r, 0, 0);
+      ph.from = peers(s.coll, n, r, 0, 1);
+      for (int32_t p = 0; p < n; ++p) ph.send[size_t(p)] = {in(int64_t(p) * B), B};
+      ph.reduce = true;
+      ph.red_own = {in(int64_t(r) * B), B};
+      ph.red_dst = {out(0), B};
+      emit(ops, step, s, ph);
+      break;
+    }
+    case Collective::allreduce: {
+      // Reduce-scatter of chunk q to rank q, into the output; then, once this
+      // rank's chunk is final (both streams meet), an all-gather of the
+      // chunks in place in the output.
+      const int32_t es = std::max<int32_t>(1, s.elem);
+      const int64_t count = B / es;
+      auto off = [&](int32_t q) { return chunk_offset(count, n, q, es); };
+      auto len = [&](int32_t q) { return off(q + 1) - off(q); };
+      ph.to = peers(s.coll, n, r, 0, 0);
+      ph.from = peers(s.coll, n, r, 0, 1);
+      for (int32_t p = 0; p < n; ++p) ph.send[size_t(p)] = {in(off(p)), len(p)};
+      ph.reduce = true;
+      ph.red_own = {in(off(r)), len(r)};
+      ph.red_dst = {out(off(r)), len(r)};
+      emit(ops, step, s, ph);
+      Op j;
+      j.kind = Op::join;
+      j.step = step++;
+      ops.push_back(j);
+      Phase ag;
+      ag.to = ph.to;
+      ag.from = ph.from;
+      ag.send.resize(size_t(n));
+      ag.recv.resize(size_t(n));
+      for (int32_t p = 0; p < n; ++p) {
+        ag.send[size_t(p)] = {out(off(r)), len(r)};
+        ag.recv[size_t(p)] = {out(off(p)), len(p)};
+      }
+      emit(ops, step, s, ag);
+      break;
+    }
+    default:
+      break;
+  }
   return ops;
 }
 
@@ -176,10 +298,39 @@ void load_kernel(Comm& c) {
   c.ce_fn = f;
 }
 
+// mk_ce_reduce for (dtype, op), compiled and loaded on first use.
+CUfunction reduce_kernel(Comm& c, DType dt, RedOp op) {
+  const int key = int(dt) * kNumRedOps + int(op);
+  if (auto it = c.ce_reduce.find(key); it != c.ce_reduce.end()) return it->second.second;
+  const Driver& d = cu();
+  const std::string fn = fmt::format("mk_ce_reduce_{}_{}", name(dt), name(op));
+  const std::string src =
+      fmt::format("#define MK_CE_REDUCE_T {}\n#define MK_CE_REDUCE_K {}\n#define MK_CE_REDUCE_NAME {}\n"
+                  "#include \"copy_engine.cuh\"\n",
+                  dtype_device_name(dt), int(op), fn);
+  jit::CompileResult r;
+  try {
+    r = jit::compile(src, fn, c.arch);
+  } catch (const Error& e) {
+    fail(mkSystemError, std::string("compiling the copy-engine reduce kernel: ") + e.what());
+  }
+  CtxGuard g(c.ctx);
+  CUmodule m = nullptr;
+  MK_CU(d.cuModuleLoadData(&m, r.cubin.data()), "loading the copy-engine reduce kernel");
+  CUfunction f = nullptr;
+  if (CUresult e = d.cuModuleGetFunction(&f, m, fn.c_str()); e != CUDA_SUCCESS) {
+    d.cuModuleUnload(m);
+    fail(mkSystemError, "finding the copy-engine reduce kernel: " + cu_error_string(e));
+  }
+  c.ce_reduce[key] = {m, f};
+  if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(f), "loading the copy-engine reduce kernel");
+  return f;
+}
+
 }  // namespace
 
-Issue::Issue(Comm& c, PlanInstance& inst, Collective coll, int32_t root, int64_t bytes, const void* input,
-             void* output, CUstream stream)
+Issue::Issue(Comm& c, PlanInstance& inst, Collective coll, DType dt, RedOp op, int32_t root, int64_t bytes,
+             const void* input, void* output, CUstream stream)
     : c_(c), inst_(inst), coll_(coll), input_(input), output_(output), stream_(stream) {
   Shape s;
   s.coll = coll;
@@ -188,10 +339,13 @@ Issue::Issue(Comm& c, PlanInstance& inst, Collective coll, int32_t root, int64_t
   s.root = coll == Collective::broadcast ? root : 0;
   s.bytes = bytes;
   s.tile = inst.ce->tile;
+  s.elem = int32_t(dtype_size(dt));
+  dtype_size_ = dtype_size(dt);
+  if (collective_reduces(coll)) reduce_ = reduce_kernel(c, dt, op);
   const auto in = reinterpret_cast<uintptr_t>(input), out = reinterpret_cast<uintptr_t>(output);
   s.in_place = coll == Collective::allgather   ? in == out + uintptr_t(c.rank) * uintptr_t(bytes)
                : coll == Collective::broadcast ? in == out
-                                               : false;
+                                               : false;  // (reduce phases read and write element by element)
   ops_ = program(s);
   steps_ = ops_.empty() ? 0 : ops_.back().step + 1;
 }
@@ -201,6 +355,31 @@ void Issue::issue(const Op& o) {
   const CeState& st = *inst_.ce;
   const int32_t n = c_.nranks;
   CUstream on = o.stream == 0 ? stream_ : recv_;
+  if (o.kind == Op::join) {
+    MK_CU(d.cuEventRecord(c_.ce_join, recv_), "joining the copy-engine streams");
+    MK_CU(d.cuStreamWaitEvent(stream_, c_.ce_join, 0), "joining the copy-engine streams");
+    MK_CU(d.cuEventRecord(c_.ce_fork, stream_), "forking the copy-engine streams");
+    MK_CU(d.cuStreamWaitEvent(recv_, c_.ce_fork, 0), "forking the copy-engine streams");
+    return;
+  }
+  if (o.kind == Op::reduce) {
+    dev::CeReduceArgs a{};
+    a.dst = reinterpret_cast<char*>(address(c_, st, o.dst, input_, output_));
+    a.own = reinterpret_cast<const char*>(address(c_, st, o.src, input_, output_));
+    a.scratch = reinterpret_cast<const char*>(address(c_, st, Loc{Loc::scratch, c_.rank, 0}, input_, output_));
+    a.bytes = o.bytes;
+    a.slot_bytes = st.tile;
+    a.rank = c_.rank;
+    a.nranks = n;
+    a.slot = o.slot;
+    a.slots = kSlots;
+    const int64_t elems = o.bytes / std::max<int64_t>(1, int64_t(dtype_size_)) ;
+    const unsigned grid = unsigned(std::clamp<int64_t>((elems + 255) / 256, 1, 2L * c_.sms));
+    void* params[] = {&a};
+    if (CUresult r = d.cuLaunchKernel(reduce_, grid, 1, 1, 256, 1, 1, 0, on, params, nullptr); r != CUDA_SUCCESS)
+      fail(mkUnhandledCudaError, "launching the copy-engine reduce kernel: " + cu_error_string(r));
+    return;
+  }
   if (o.kind == Op::copy) {
     MK_CU(d.cuMemcpyDtoDAsync(address(c_, st, o.dst, input_, output_), address(c_, st, o.src, input_, output_),
                               size_t(o.bytes), on),

@@ -1,6 +1,9 @@
 // The copy-engine path: all-gather, all-to-all and broadcast moved by the
-// GPU's copy engines instead of SM stores (schedules `allgather.ce`,
-// `alltoall.ce`, `broadcast.ce`; the selection table or MK_ALGO picks them).
+// GPU's copy engines instead of SM stores, and reduce-scatter and all-reduce
+// whose transfers they make while a kernel reduces each tile as it lands
+// (schedules `allgather.ce`, `alltoall.ce`, `broadcast.ce`,
+// `reducescatter.ce`, `allreduce.ce`; the selection table or MK_ALGO picks
+// them).
 //
 // A call is cut into tiles of at most `tile` bytes per peer. For each tile a
 // rank copies its block(s) into a slot of each receiving peer's scratch (a
@@ -8,14 +11,18 @@
 // (templates/copy_engine.cuh) bumps its "shipped" counter for each of those
 // peers and writes it to them. The receiving side waits (same kernel) until
 // each sending peer's word says the tile is there, copies it from its own
-// scratch into the output, and signals "consumed" back. Sending and
-// receiving run on two streams (the caller's and one of the communicator's),
-// so tile t+1 travels while tile t is copied out. A slot is reused three tiles
-// later, after its consumer said so; every call first waits until all
-// earlier tiles were consumed, because each call numbers its slots from 0.
+// scratch into the output (reduce-scatter: reduces every peer's slot with its
+// own block into the output, one kernel a tile), and signals "consumed"
+// back. Sending and receiving run on two streams (the caller's and one of the
+// communicator's), so tile t+1 travels while tile t is copied out or reduced.
+// A slot is reused three tiles later, after its consumer said so; every phase
+// first waits until all earlier tiles were consumed, because each phase
+// numbers its slots from 0. All-reduce is two phases: a reduce-scatter of
+// its chunks into the output, then (both streams meet) an all-gather of the
+// chunks in place.
 //
 // program() is the whole protocol as data: the runtime issues it with the
-// driver (ce.cpp, issue()), and the tests run it in a model of the streams
+// driver (ce.cpp, Issue), and the tests run it in a model of the streams
 // with random interleavings against the collective's definition.
 #pragma once
 
@@ -40,7 +47,7 @@ constexpr int64_t kDefaultTile = int64_t(4) << 20;  // ce::Shape's default (test
 // are as large as that scratch allows.
 int64_t default_tile(int32_t nranks);
 
-// Whether the copy-engine path implements `coll` (pure data movement).
+// Whether the copy-engine path implements `coll`: all but reduce.
 bool supports(Collective coll);
 
 // Where bytes are: the caller's buffers of this rank, or rank `rank`'s
@@ -52,7 +59,11 @@ struct Loc {
 };
 
 struct Op {
-  enum Kind : int8_t { copy, sync } kind = copy;
+  // copy: src -> dst by a copy engine. sync: a CeSyncArgs launch. reduce
+  // (receive side): dst := src (this rank's block) combined, in rank order,
+  // with every sending peer's slot `slot` (the reduce kernel). join: both
+  // streams meet (each waits for the other's work so far).
+  enum Kind : int8_t { copy, sync, reduce, join } kind = copy;
   int8_t stream = 0;  // 0: the caller's (send side), 1: the communicator's (receive side)
   // copy
   Loc dst, src;
@@ -63,6 +74,7 @@ struct Op {
   int64_t delta = 0;
   int32_t only = -1;  // -1: every peer of the side; else one rank
   int32_t tile = 0;
+  int32_t slot = 0;  // reduce
   // Issue step: 0 before the first tile, 2t+1 tile t's send side, 2t+2 its
   // receive side, 2 x tiles + 1 after the last. Ranks whose calls are issued
   // step by step in turn (one thread driving several ranks) never wait for a
@@ -74,9 +86,15 @@ struct Shape {
   Collective coll = Collective::allgather;
   int32_t nranks = 1, rank = 0, root = 0;
   int64_t bytes = 0;       // per block: count x element size
+  int32_t elem = 1;        // element size (all-reduce's chunks are whole elements)
   bool in_place = false;   // the rank's own block is already where it belongs
   int64_t tile = kDefaultTile;
 };
+
+// All-reduce: chunk q of a count-element buffer (byte offset; q = nranks
+// gives the end). Chunks are ceil(count / nranks) elements, the last ones
+// shorter or empty.
+int64_t chunk_offset(int64_t count, int32_t nranks, int32_t q, int32_t elem);
 
 // Bytes of copy-engine scratch per rank: a slot per (sending rank, slot).
 int64_t scratch_bytes(int32_t nranks, int64_t tile);
@@ -106,8 +124,8 @@ namespace ce {
 // wait for the rest).
 class Issue {
  public:
-  Issue(Comm& c, PlanInstance& inst, Collective coll, int32_t root, int64_t bytes, const void* input, void* output,
-        CUstream stream);
+  Issue(Comm& c, PlanInstance& inst, Collective coll, DType dt, RedOp op, int32_t root, int64_t bytes,
+        const void* input, void* output, CUstream stream);
   // Issues the next step; false once the call is complete (joined).
   bool step();
 
@@ -119,6 +137,8 @@ class Issue {
   const void* input_;
   void* output_;
   CUstream stream_, recv_ = nullptr;
+  CUfunction reduce_ = nullptr;  // reduce-scatter and all-reduce
+  size_t dtype_size_ = 1;
   std::vector<Op> ops_;
   size_t next_ = 0, issued_ = 0;
   int32_t step_ = -1, steps_ = 0;

@@ -742,6 +742,8 @@ void Comm::release() {
   }
   const Driver& d = cu();
   if (ce_module) d.cuModuleUnload(ce_module);
+  for (auto& [key, mf] : ce_reduce) d.cuModuleUnload(mf.first);
+  ce_reduce.clear();
   for (CUstream s : ce_streams) d.cuStreamDestroy(s);
   if (ce_fork) d.cuEventDestroy(ce_fork);
   if (ce_join) d.cuEventDestroy(ce_join);

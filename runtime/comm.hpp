@@ -216,6 +216,9 @@ class Comm {
   // ---- the copy-engine path (runtime/ce.hpp; under mu) ----
   CUmodule ce_module = nullptr;  // mk_ce_sync, loaded on the first copy-engine call
   CUfunction ce_fn = nullptr;
+  // mk_ce_reduce per dtype x op (reduce-scatter and all-reduce), loaded on
+  // first use; modules unloaded at release.
+  std::map<int, std::pair<CUmodule, CUfunction>> ce_reduce;
   std::vector<std::unique_ptr<CeState>> ce_states;  // one per tile size in use
   // Receive-side streams: the first one not capturing a graph serves a call
   // (a capture holds the stream it joined until it ends).

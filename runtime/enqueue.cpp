@@ -296,7 +296,8 @@ void finish_locked(Pending& p, PlanInstance& inst, const LaunchStart& ls) {
 }
 
 std::unique_ptr<ce::Issue> ce_issue(Pending& p, PlanInstance& inst) {
-  return std::make_unique<ce::Issue>(*p.c, inst, p.k.coll, p.k.root, p.bytes, p.k.send, p.k.recv, p.stream);
+  return std::make_unique<ce::Issue>(*p.c, inst, p.k.coll, p.dt, p.op, p.k.root, p.bytes, p.k.send, p.k.recv,
+                                     p.stream);
 }
 
 // Caller holds c->mu.

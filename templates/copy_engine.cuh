@@ -11,6 +11,7 @@
 // copies' addresses are fixed per call, the counters are not.
 #pragma once
 #include "abi.cuh"
+#include "reduce.cuh"
 #include "sync.cuh"
 
 namespace mk {
@@ -47,6 +48,45 @@ struct CeSyncArgs {
   int32_t pad_;
 };
 static_assert(sizeof(CeSyncArgs) == 96, "CeSyncArgs is 96 bytes on host and device");
+
+// The reduce kernel of reduce-scatter and all-reduce tiles: dst[i] :=
+// finalize(src_0[i] op src_1[i] op ... op src_{n-1}[i]) in rank order, where
+// this rank's source is `own` and peer q's is its slot in this rank's scratch
+// (scratch + (q * slots + slot) * slot_bytes). Every rank reduces its own
+// block (chunk) only, so every rank ends with the same bits.
+struct CeReduceArgs {
+  char* dst;
+  const char* own;
+  const char* scratch;  // this rank's copy-engine scratch
+  int64_t bytes;        // this tile's (a whole number of elements)
+  int64_t slot_bytes;   // the tile the scratch is laid out for
+  int32_t rank;
+  int32_t nranks;
+  int32_t slot;
+  int32_t slots;
+};
+static_assert(sizeof(CeReduceArgs) == 56, "CeReduceArgs is 56 bytes on host and device");
+
+#if MK_DEVICE_CODE
+template <typename T, int K>
+MK_DEV void ce_reduce(const CeReduceArgs& a) {
+  using C = typename Compute<T>::type;
+  const int64_t n = a.bytes / int64_t(sizeof(T));
+  const T* own = reinterpret_cast<const T*>(a.own);
+  T* dst = reinterpret_cast<T*>(a.dst);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    C acc{};
+    for (int q = 0; q < a.nranks; ++q) {
+      const T* src = q == a.rank ? own
+                                 : reinterpret_cast<const T*>(a.scratch +
+                                                              (int64_t(q) * a.slots + a.slot) * a.slot_bytes);
+      const C v = Compute<T>::load(src[i]);
+      acc = q == 0 ? v : red_apply<K, C>(acc, v);
+    }
+    dst[i] = Compute<T>::store(red_finalize<K, C>(acc, a.nranks));
+  }
+}
+#endif
 
 #if MK_DEVICE_CODE
 // The first failing lane of the launch writes the record (unless an earlier
@@ -123,4 +163,12 @@ MK_DEV void ce_sync(const CeSyncArgs& a) {
 
 #if MK_DEVICE_CODE && defined(MK_CE_KERNEL)
 extern "C" __global__ void __launch_bounds__(32) mk_ce_sync(const mk::dev::CeSyncArgs a) { mk::dev::ce_sync(a); }
+#endif
+// The source defines MK_CE_REDUCE_T (mk::dev element type), MK_CE_REDUCE_K
+// (RedKind) and MK_CE_REDUCE_NAME (mk_ce_reduce_<dtype>_<op>, e.g.
+// mk_ce_reduce_bf16_sum); runtime/ce.cpp writes it.
+#if MK_DEVICE_CODE && defined(MK_CE_REDUCE_T)
+extern "C" __global__ void __launch_bounds__(256) MK_CE_REDUCE_NAME(const mk::dev::CeReduceArgs a) {
+  mk::dev::ce_reduce<MK_CE_REDUCE_T, MK_CE_REDUCE_K>(a);
+}
 #endif

@@ -23,6 +23,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -58,6 +59,8 @@ struct Op {
   mk::dev::Args args{};
   bool ce = false;            // mk_ce_sync: `ce_args` instead of `args`
   mk::dev::CeSyncArgs ce_args{};
+  bool ce_reduce = false;     // mk_ce_reduce_<dtype>_<op>: `red_args`
+  mk::dev::CeReduceArgs red_args{};
   bool pdl = false;  // launched with programmatic stream serialisation
   CUhostFn host = nullptr;
   void* user = nullptr;
@@ -482,10 +485,54 @@ void run_ce_sync(std::unique_lock<std::mutex>& lock, const mk::dev::CeSyncArgs& 
   }
 }
 
+// mk_ce_reduce_<dtype>_<op> for the dtypes tests use (uint8, int32, fp32;
+// others leave dst as it was): dst := finalize(fold in rank order).
+template <typename T>
+void ce_reduce_as(const mk::dev::CeReduceArgs& a, const std::string& op) {
+  const int64_t n = a.bytes / int64_t(sizeof(T));
+  for (int64_t i = 0; i < n; ++i) {
+    double acc = 0;
+    T iacc{};
+    for (int q = 0; q < a.nranks; ++q) {
+      const char* base = q == a.rank ? a.own : a.scratch + (int64_t(q) * a.slots + a.slot) * a.slot_bytes;
+      T v;
+      std::memcpy(&v, base + i * int64_t(sizeof(T)), sizeof v);
+      if (q == 0) {
+        iacc = v;
+        continue;
+      }
+      if (op == "sum" || op == "avg") iacc = T(iacc + v);
+      else if (op == "prod") iacc = T(iacc * v);
+      else if (op == "max") iacc = iacc < v ? v : iacc;
+      else if (op == "min") iacc = v < iacc ? v : iacc;
+    }
+    acc = double(iacc);
+    T out = op == "avg" ? T(std::is_integral<T>::value ? T(iacc / T(a.nranks)) : T(acc / a.nranks)) : iacc;
+    std::memcpy(a.dst + i * int64_t(sizeof(T)), &out, sizeof out);
+  }
+}
+
+void run_ce_reduce(const std::string& fn, const mk::dev::CeReduceArgs& a) {
+  State& s = S();
+  ++s.launches;
+  s.last = mkfake_launch{};
+  std::snprintf(s.last.function, sizeof s.last.function, "%s", fn.c_str());
+  s.have_last = true;
+  if (a.nranks <= 0 || !device_range_ok(uintptr_t(a.dst), size_t(a.bytes)) ||
+      !device_range_ok(uintptr_t(a.own), size_t(a.bytes)))
+    return;  // a real kernel would fault
+  const std::string rest = fn.substr(std::strlen("mk_ce_reduce_"));
+  const std::string dt = rest.substr(0, rest.find('_')), op = rest.substr(rest.find('_') + 1);
+  if (dt == "uint8") ce_reduce_as<uint8_t>(a, op);
+  else if (dt == "int32") ce_reduce_as<int32_t>(a, op);
+  else if (dt == "fp32") ce_reduce_as<float>(a, op);
+}
+
 void run_ops(std::unique_lock<std::mutex>& lock, const std::vector<Op>& ops, Stream* stream, CUstream handle,
              std::vector<Op>* host_fns) {
   for (const Op& op : ops) {
     if (op.kind == Op::launch && op.ce) run_ce_sync(lock, op.ce_args);
+    else if (op.kind == Op::launch && op.ce_reduce) run_ce_reduce(op.fn_name, op.red_args);
     else if (op.kind == Op::launch) run_launch(op, stream, handle);
     else if (op.kind == Op::host_fn) host_fns->push_back(op);
     else apply_mem(op);
@@ -1774,6 +1821,9 @@ static CUresult launch(std::unique_lock<std::mutex>& lock_, State& s, CUfunction
   if (f->name == "mk_ce_sync") {
     op.ce = true;
     std::memcpy(&op.ce_args, params[0], sizeof op.ce_args);
+  } else if (f->name.rfind("mk_ce_reduce_", 0) == 0) {
+    op.ce_reduce = true;
+    std::memcpy(&op.red_args, params[0], sizeof op.red_args);
   } else {
     std::memcpy(&op.args, params[0], sizeof op.args);
   }

@@ -1262,7 +1262,8 @@ std::vector<Scenario> scenarios() {
   // Copy engines move all-gather, all-to-all and broadcast (runtime/ce.hpp):
   // 64 KiB tiles, so that the suite's sizes cross many tiles and reuse slots.
   const std::map<std::string, std::string> ce_env = {
-      {"MK_ALGO", "allgather=allgather.ce,alltoall=alltoall.ce,broadcast=broadcast.ce"},
+      {"MK_ALGO", "allgather=allgather.ce,alltoall=alltoall.ce,broadcast=broadcast.ce,reducescatter=reducescatter.ce,"
+                  "allreduce=allreduce.ce"},
       {"MK_TUNE", "ce_tile=65536"}};
   auto ce_body = [](World& w) {
     matrix(w);
@@ -1272,27 +1273,30 @@ std::vector<Scenario> scenarios() {
   };
   v.push_back({"copy_engine_2gpu_1proc", 2, false, 2, ce_env, ce_body});
   v.push_back({"copy_engine_2gpu_2proc", 2, true, 2, ce_env, ce_body});
-  // Three ranks on one GPU: the copy-engine collectives alone (every dtype,
-  // the matrix's sizes and 4 MiB, in place and out of place).
+  // Three ranks on one GPU: the copy-engine collectives alone (every dtype
+  // and op, the matrix's sizes and 4 MiB, in place and out of place).
   auto ce_only = [](World& w) {
     uint64_t seed = 500;
-    for (Collective c : {Collective::allgather, Collective::alltoall, Collective::broadcast})
-      for (DType t : all_dtypes()) {
-        std::vector<int64_t> counts = matrix_counts(t);
-        counts.push_back((4 << 20) / int64_t(dtype_size(t)) / w.nranks);
-        for (int64_t count : counts)
-          for (bool inplace : {false, true}) {
-            if (inplace && c == Collective::alltoall) continue;
-            CallSpec s;
-            s.coll = c;
-            s.dtype = t;
-            s.count = count;
-            s.inplace = inplace;
-            s.root = c == Collective::broadcast ? int(seed % uint64_t(w.nranks)) : 0;
-            s.seed = seed++;
-            run_checked(w, s);
-          }
-      }
+    for (Collective c : {Collective::allgather, Collective::alltoall, Collective::broadcast,
+                         Collective::reducescatter, Collective::allreduce})
+      for (DType t : all_dtypes())
+        for (RedOp o : collective_reduces(c) ? all_redops() : std::vector<RedOp>{RedOp::sum}) {
+          std::vector<int64_t> counts = matrix_counts(t);
+          counts.push_back((4 << 20) / int64_t(dtype_size(t)) / w.nranks);
+          for (int64_t count : counts)
+            for (bool inplace : {false, true}) {
+              if (inplace && c == Collective::alltoall) continue;
+              CallSpec s;
+              s.coll = c;
+              s.dtype = t;
+              s.op = o;
+              s.count = count;
+              s.inplace = inplace;
+              s.root = c == Collective::broadcast ? int(seed % uint64_t(w.nranks)) : 0;
+              s.seed = seed++;
+              run_checked(w, s);
+            }
+        }
   };
   v.push_back({"copy_engine_share_gpu_3ranks_1proc", 3, false, 1, ce_env, ce_only, 1});
   v.push_back({"split_4ranks_1proc", 4, false, 1, {}, split, 1});

@@ -302,6 +302,59 @@ int copy_engine(int rank, int nranks, const mkUniqueId& id) {
   mkfake_launch l{};
   CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
   CHILD_CHECK(std::string(l.function) == "mk_ce_sync");
+
+  // Reduce-scatter and all-reduce: copy engines carry the tiles, a kernel
+  // reduces them (the fake runs it for int32 and uint8); sums wrap like the
+  // GPU's; all-reduce chunks of ceil(count / nranks) elements, some empty.
+  auto ival = [&](int c, int r, size_t i) { return int32_t(uint32_t(ce_byte(c, r, i)) * 16777619u + uint32_t(i)); };
+  std::vector<int32_t> iv(max_count * size_t(nranks));
+  for (size_t count : {size_t(1), size_t(2), size_t(1023), size_t(1024), size_t(1025), size_t(3 * 1024 + 77)}) {
+    for (int inplace = 0; inplace < 2; ++inplace) {
+      for (int which = 0; which < 2; ++which) {  // 0: reduce-scatter, 1: all-reduce
+        ++call;
+        const size_t in_elems = which == 0 ? count * size_t(nranks) : count;
+        for (size_t i = 0; i < in_elems; ++i) iv[i] = ival(call, rank, i);
+        CHILD_CHECK(cu().cuMemcpyHtoD(in, iv.data(), in_elems * 4) == CUDA_SUCCESS);
+        CHILD_CHECK(poison(out, count * 4));
+        void* src = pin;
+        void* dst = pout;
+        if (inplace) dst = which == 0 ? static_cast<char*>(pin) + size_t(rank) * count * 4 : pin;
+        if (which == 0) CHILD_CHECK(mkReduceScatter(src, dst, count, mkInt32, mkSum, comm, stream) == mkSuccess);
+        else CHILD_CHECK(mkAllReduce(src, dst, count, mkInt32, mkSum, comm, stream) == mkSuccess);
+        CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
+        CHILD_CHECK(cu().cuMemcpyDtoH(iv.data(), reinterpret_cast<CUdeviceptr>(dst), count * 4) == CUDA_SUCCESS);
+        for (size_t i = 0; i < count; ++i) {
+          uint32_t want = 0;
+          for (int q = 0; q < nranks; ++q) want += uint32_t(ival(call, q, (which == 0 ? size_t(rank) * count : 0) + i));
+          if (uint32_t(iv[i]) != want) {
+            std::fprintf(stderr, "rank %d: %s count %zu inplace %d: element %zu is %d, want %d\n", rank,
+                         which == 0 ? "reducescatter" : "allreduce", count, inplace, i, iv[i], int32_t(want));
+            return 1;
+          }
+        }
+      }
+    }
+  }
+  // max on bytes, all-reduce
+  {
+    ++call;
+    const size_t count = 5000;
+    CHILD_CHECK(fill(in, count, call));
+    CHILD_CHECK(poison(out, count));
+    CHILD_CHECK(mkAllReduce(pin, pout, count, mkUint8, mkMax, comm, stream) == mkSuccess);
+    CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuMemcpyDtoH(host.data(), out, count) == CUDA_SUCCESS);
+    for (size_t i = 0; i < count; ++i) {
+      unsigned char want = 0;
+      for (int q = 0; q < nranks; ++q) want = std::max(want, ce_byte(call, q, i));
+      if (host[i] != want) {
+        std::fprintf(stderr, "rank %d: allreduce max byte %zu wrong\n", rank, i);
+        return 1;
+      }
+    }
+    CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+    CHILD_CHECK(std::string(l.function) == "mk_ce_sync");  // the last op of a call: the consumed signal
+  }
   CHILD_CHECK(mkt::counts().launches > launches0);
 
   // A graph: captured once, replayed with new inputs (the counters live in
@@ -679,10 +732,12 @@ TEST_CASE("two processes: MK_SELECT_FILE picks schedules and knobs, and init fai
   std::filesystem::remove(knobs);
 }
 
-TEST_CASE("processes: copy-engine all-gather, all-to-all and broadcast move the right bytes, also in a graph") {
+TEST_CASE("processes: copy-engine all-gather, all-to-all, broadcast, reduce-scatter and all-reduce compute the right bytes, also in a graph") {
   MKT_REQUIRE_FAKE();
-  const std::vector<std::string> env = {"MK_ALGO=allgather=allgather.ce,alltoall=alltoall.ce,broadcast=broadcast.ce",
-                                        "MK_TUNE=ce_tile=4096"};
+  const std::vector<std::string> env = {
+      "MK_ALGO=allgather=allgather.ce,alltoall=alltoall.ce,broadcast=broadcast.ce,reducescatter=reducescatter.ce,"
+      "allreduce=allreduce.ce",
+      "MK_TUNE=ce_tile=4096"};
   run_ranks(2, "copy_engine", {env, env});
   run_ranks(3, "copy_engine", {env, env, env});
   run_ranks(1, "copy_engine_group", {env});

@@ -41,7 +41,10 @@ struct Call {
   int32_t root;
   int64_t bytes;
   bool in_place;
+  int32_t elem = 1;  // all-reduce's chunks are whole elements
 };
+
+bool reduces(Collective c) { return c == Collective::reducescatter || c == Collective::allreduce; }
 
 uint8_t value(int call, int rank, int64_t i) { return uint8_t((call * 131 + rank * 37 + i * 7 + (i >> 8)) & 0xff); }
 
@@ -64,8 +67,12 @@ std::string run(int32_t n, int64_t tile, const std::vector<Call>& calls, int mod
   for (size_t ci = 0; ci < calls.size(); ++ci) {
     const Call& c = calls[ci];
     const int64_t B = c.bytes;
-    const int64_t in_blocks = c.coll == Collective::alltoall ? n : 1;
-    const int64_t out_blocks = c.coll == Collective::broadcast ? 1 : n;
+    const int64_t in_blocks = c.coll == Collective::alltoall || c.coll == Collective::reducescatter ? n : 1;
+    const int64_t out_blocks =
+        c.coll == Collective::allgather || c.coll == Collective::alltoall ? n : 1;
+    // In-place reductions: the output is the input (all-reduce) or its block
+    // `rank` (reduce-scatter).
+    const bool alias = c.in_place && reduces(c.coll);
     std::vector<std::vector<ce::Op>> prog{size_t(n)};
     for (int32_t r = 0; r < n; ++r) {
       auto& st = R[size_t(r)];
@@ -79,7 +86,8 @@ std::string run(int32_t n, int64_t tile, const std::vector<Call>& calls, int mod
       s.root = c.root;
       s.bytes = B;
       s.tile = tile;
-      s.in_place = c.in_place;
+      s.elem = c.elem;
+      s.in_place = c.in_place && !reduces(c.coll);  // as the runtime sets it
       if (c.in_place) {  // the input lives in the output already
         if (c.coll == Collective::allgather)
           std::copy(st.in.begin(), st.in.end(), st.out.begin() + int64_t(r) * B);
@@ -102,6 +110,14 @@ std::string run(int32_t n, int64_t tile, const std::vector<Call>& calls, int mod
       while (i < p.size() && p[i].stream != s) ++i;
       return i < p.size() ? &p[i] : nullptr;
     };
+    // Stream 1 may not pass a join stream 0 has not run; a join runs once
+    // stream 1 has run everything before it.
+    auto blocked_by_join = [&](int32_t r, size_t i) {
+      auto& p = prog[size_t(r)];
+      for (size_t j = 0; j < i; ++j)
+        if (p[j].kind == ce::Op::join && pos[size_t(r)][0] <= j) return true;
+      return false;
+    };
     auto peers_of = [&](const ce::Op& o, int32_t r) {
       std::vector<int32_t> v = ce::peers(c.coll, n, r, c.root, o.stream);
       if (o.only >= 0) v.erase(std::remove_if(v.begin(), v.end(), [&](int32_t p) { return p != o.only; }), v.end());
@@ -113,9 +129,41 @@ std::string run(int32_t n, int64_t tile, const std::vector<Call>& calls, int mod
       const ce::Op* o = next_of(r, s);
       if (!o) return false;
       auto& st = R[size_t(r)];
+      if (s == 1 && blocked_by_join(r, size_t(o - prog[size_t(r)].data()))) return false;
+      if (o->kind == ce::Op::join) {
+        next_of(r, 1);
+        if (pos[size_t(r)][1] < size_t(o - prog[size_t(r)].data())) return false;
+        ++pos[size_t(r)][size_t(s)];
+        return true;
+      }
+      auto slot_of = [&](int32_t q, int32_t slot) -> Slot& { return st.slots[{q, slot}]; };
+      if (o->kind == ce::Op::reduce) {
+        auto at = [&](const ce::Loc& l) -> uint8_t* {
+          if (l.space == ce::Loc::input) return st.in.data() + l.offset;
+          return alias ? st.in.data() + l.offset + (c.coll == Collective::reducescatter ? int64_t(r) * B : 0)
+                       : st.out.data() + l.offset;
+        };
+        const std::vector<int32_t> from = ce::peers(c.coll, n, r, c.root, 1);
+        for (int32_t q : from) {
+          Slot& sl = slot_of(q, o->slot);
+          if (!sl.full) err = "rank " + std::to_string(r) + " reduced an empty slot";
+          sl.full = false;
+        }
+        uint8_t* dst = at(o->dst);
+        const uint8_t* own = at(o->src);
+        for (int64_t i = 0; i < o->bytes; ++i) {
+          unsigned acc = 0;
+          for (int32_t q = 0; q < n; ++q)
+            acc += q == r ? own[i] : st.scratch[size_t(ce::slot_offset(q, o->slot, tile) + i)];
+          dst[i] = uint8_t(acc);
+        }
+        ++pos[size_t(r)][size_t(s)];
+        return true;
+      }
       if (o->kind == ce::Op::copy) {
         auto buf = [&](const ce::Loc& l, bool write) -> uint8_t* {
           if (l.space == ce::Loc::input) return st.in.data() + l.offset;
+          if (l.space == ce::Loc::output && alias) return st.in.data() + l.offset;
           if (l.space == ce::Loc::output) return st.out.data() + l.offset;
           auto& owner = R[size_t(l.rank)];
           const int32_t from = int32_t(l.offset / (tile * ce::kSlots));
@@ -196,7 +244,19 @@ std::string run(int32_t n, int64_t tile, const std::vector<Call>& calls, int mod
       if (!moved) return "deadlock in call " + std::to_string(ci);
     }
     // The collective's definition.
-    for (int32_t r = 0; r < n; ++r)
+    for (int32_t r = 0; r < n; ++r) {
+      if (reduces(c.coll)) {
+        const int64_t base = c.coll == Collective::reducescatter ? int64_t(r) * B : 0;
+        const uint8_t* res = alias ? R[size_t(r)].in.data() + base : R[size_t(r)].out.data();
+        for (int64_t i = 0; i < B; ++i) {
+          unsigned want = 0;
+          for (int32_t q = 0; q < n; ++q) want += value(int(ci), q, base + i);
+          if (res[i] != uint8_t(want))
+            return "call " + std::to_string(ci) + " rank " + std::to_string(r) + " byte " + std::to_string(i) + ": " +
+                   std::to_string(res[i]) + " != " + std::to_string(uint8_t(want));
+        }
+        continue;
+      }
       for (int64_t b = 0; b < out_blocks; ++b)
         for (int64_t i = 0; i < B; ++i) {
           int32_t src_rank = c.coll == Collective::broadcast ? c.root : int32_t(b);
@@ -207,6 +267,7 @@ std::string run(int32_t n, int64_t tile, const std::vector<Call>& calls, int mod
             return "call " + std::to_string(ci) + " rank " + std::to_string(r) + " block " + std::to_string(b) +
                    " byte " + std::to_string(i) + ": " + std::to_string(have) + " != " + std::to_string(want);
         }
+    }
   }
   return "";
 }
@@ -215,7 +276,8 @@ std::string run(int32_t n, int64_t tile, const std::vector<Call>& calls, int mod
 
 TEST_CASE("copy engine: every collective, rank count and tile boundary, random interleavings") {
   for (int32_t n : {1, 2, 3, 4, 5}) {
-    for (Collective coll : {Collective::allgather, Collective::alltoall, Collective::broadcast}) {
+    for (Collective coll : {Collective::allgather, Collective::alltoall, Collective::broadcast,
+                            Collective::reducescatter, Collective::allreduce}) {
       for (int64_t bytes : {int64_t(1), int64_t(63), int64_t(64), int64_t(65), int64_t(64 * 3), int64_t(64 * 7 + 5),
                             int64_t(64 * 11)}) {
         for (int mode : {0, 1}) {
@@ -239,8 +301,11 @@ TEST_CASE("copy engine: calls of mixed sizes, collectives and roots share counte
         std::mt19937_64 g(seed);
         std::vector<Call> calls;
         for (int k = 0; k < 8; ++k) {
-          const Collective coll = std::array{Collective::allgather, Collective::alltoall, Collective::broadcast}[g() % 3];
-          calls.push_back({coll, int32_t(g() % uint64_t(n)), int64_t(1 + g() % 600), false});
+          const Collective coll = std::array{Collective::allgather, Collective::alltoall, Collective::broadcast,
+                                             Collective::reducescatter, Collective::allreduce}[g() % 5];
+          const int32_t elem = coll == Collective::allreduce ? int32_t(1) << (g() % 4) : 1;
+          const int64_t bytes = int64_t(1 + g() % 600) * elem;
+          calls.push_back({coll, int32_t(g() % uint64_t(n)), bytes, (g() % 2) == 0 && coll != Collective::alltoall, elem});
         }
         INFO("n=" << n << " mode=" << mode << " seed=" << seed);
         CHECK(run(n, 64, calls, mode, seed) == "");
