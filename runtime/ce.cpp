@@ -340,7 +340,6 @@ Issue::Issue(Comm& c, PlanInstance& inst, Collective coll, DType dt, RedOp op, i
   s.bytes = bytes;
   s.tile = inst.ce->tile;
   s.elem = int32_t(dtype_size(dt));
-  dtype_size_ = dtype_size(dt);
   if (collective_reduces(coll)) reduce_ = reduce_kernel(c, dt, op);
   const auto in = reinterpret_cast<uintptr_t>(input), out = reinterpret_cast<uintptr_t>(output);
   s.in_place = coll == Collective::allgather   ? in == out + uintptr_t(c.rank) * uintptr_t(bytes)
@@ -373,8 +372,8 @@ void Issue::issue(const Op& o) {
     a.nranks = n;
     a.slot = o.slot;
     a.slots = kSlots;
-    const int64_t elems = o.bytes / std::max<int64_t>(1, int64_t(dtype_size_)) ;
-    const unsigned grid = unsigned(std::clamp<int64_t>((elems + 255) / 256, 1, 2L * c_.sms));
+    // 16 bytes a thread, up to 4 blocks an SM (the kernel strides over the rest).
+    const unsigned grid = unsigned(std::clamp<int64_t>((o.bytes / 16 + 255) / 256, 1, 4 * int64_t(c_.sms)));
     void* params[] = {&a};
     if (CUresult r = d.cuLaunchKernel(reduce_, grid, 1, 1, 256, 1, 1, 0, on, params, nullptr); r != CUDA_SUCCESS)
       fail(mkUnhandledCudaError, "launching the copy-engine reduce kernel: " + cu_error_string(r));

@@ -138,7 +138,6 @@ class Issue {
   void* output_;
   CUstream stream_, recv_ = nullptr;
   CUfunction reduce_ = nullptr;  // reduce-scatter and all-reduce
-  size_t dtype_size_ = 1;
   std::vector<Op> ops_;
   size_t next_ = 0, issued_ = 0;
   int32_t step_ = -1, steps_ = 0;

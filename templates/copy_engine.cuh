@@ -69,21 +69,53 @@ static_assert(sizeof(CeReduceArgs) == 56, "CeReduceArgs is 56 bytes on host and 
 
 #if MK_DEVICE_CODE
 template <typename T, int K>
+MK_DEV typename Compute<T>::type ce_source(const CeReduceArgs& a, int q, int64_t i) {
+  const T* src = q == a.rank ? reinterpret_cast<const T*>(a.own)
+                             : reinterpret_cast<const T*>(a.scratch + (int64_t(q) * a.slots + a.slot) * a.slot_bytes);
+  return Compute<T>::load(src[i]);
+}
+
+// 16 bytes a thread where every pointer allows it (scratch slots always do;
+// the caller's buffers most often), element by element for the rest. The
+// copies that wrote the slots finished before this kernel began.
+template <typename T, int K>
 MK_DEV void ce_reduce(const CeReduceArgs& a) {
   using C = typename Compute<T>::type;
+  constexpr int E = int(16 / sizeof(T));
   const int64_t n = a.bytes / int64_t(sizeof(T));
-  const T* own = reinterpret_cast<const T*>(a.own);
-  T* dst = reinterpret_cast<T*>(a.dst);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    C acc{};
-    for (int q = 0; q < a.nranks; ++q) {
-      const T* src = q == a.rank ? own
-                                 : reinterpret_cast<const T*>(a.scratch +
-                                                              (int64_t(q) * a.slots + a.slot) * a.slot_bytes);
-      const C v = Compute<T>::load(src[i]);
-      acc = q == 0 ? v : red_apply<K, C>(acc, v);
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  const bool vec = ((reinterpret_cast<uintptr_t>(a.dst) | reinterpret_cast<uintptr_t>(a.own) |
+                     reinterpret_cast<uintptr_t>(a.scratch) | uintptr_t(a.slot_bytes)) %
+                    16) == 0;
+  if (vec) {
+    const int64_t nv = n / E;
+    for (int64_t v = tid; v < nv; v += stride) {
+      C acc[E];
+#pragma unroll 4
+      for (int q = 0; q < a.nranks; ++q) {
+        const char* base =
+            q == a.rank ? a.own : a.scratch + (int64_t(q) * a.slots + a.slot) * a.slot_bytes;
+        const V16 x = *reinterpret_cast<const V16*>(base + v * 16);
+        const T* t = reinterpret_cast<const T*>(&x);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const C c = Compute<T>::load(t[e]);
+          acc[e] = q == 0 ? c : red_apply<K, C>(acc[e], c);
+        }
+      }
+      V16 out;
+      T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+      for (int e = 0; e < E; ++e) o[e] = Compute<T>::store(red_finalize<K, C>(acc[e], a.nranks));
+      *reinterpret_cast<V16*>(a.dst + v * 16) = out;
     }
-    dst[i] = Compute<T>::store(red_finalize<K, C>(acc, a.nranks));
+    done = nv * E;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) {
+    C acc = ce_source<T, K>(a, 0, i);
+    for (int q = 1; q < a.nranks; ++q) acc = red_apply<K, C>(acc, ce_source<T, K>(a, q, i));
+    reinterpret_cast<T*>(a.dst)[i] = Compute<T>::store(red_finalize<K, C>(acc, a.nranks));
   }
 }
 #endif
