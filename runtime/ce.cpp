@@ -163,8 +163,9 @@ void emit(std::vector<Op>& ops, int32_t& step, const Shape& s, const Phase& ph) 
 
 }  // namespace
 
-std::vector<Op> program(const Shape& s) {
+std::vector<Op> program(const Shape& s, int32_t* steps) {
   std::vector<Op> ops;
+  if (steps) *steps = 0;
   const int64_t B = s.bytes;
   if (B <= 0) return ops;
   const int32_t n = s.nranks, r = s.rank;
@@ -236,6 +237,7 @@ std::vector<Op> program(const Shape& s) {
     default:
       break;
   }
+  if (steps) *steps = step;  // the same on every rank, whatever its role
   return ops;
 }
 
@@ -259,23 +261,40 @@ CUdeviceptr words(const Comm& c, const CeState& st, int32_t r, int32_t row) {
          CUdeviceptr(c.plans.flag_base + st.flag_offset + int64_t(row) * c.nranks * int64_t(sizeof(uint64_t)));
 }
 
-CUstream receive_stream(Comm& c) {
+// A stream for the receive side: one that already joined the capture the
+// caller's stream is in (it stays in it until the capture ends: a stream
+// joined from `user` and still capturing is in user's current capture), else
+// one that is not capturing, else a new one.
+CUstream receive_stream(Comm& c, CUstream user) {
   const Driver& d = cu();
-  for (CUstream s : c.ce_streams) {
+  CUstreamCaptureStatus us = CU_STREAM_CAPTURE_STATUS_NONE;
+  MK_CU(d.cuStreamIsCapturing(user, &us), "querying the stream's capture status");
+  Comm::CeStream* idle = nullptr;
+  for (Comm::CeStream& x : c.ce_streams) {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    MK_CU(d.cuStreamIsCapturing(s, &st), "querying a copy-engine stream");
-    if (st == CU_STREAM_CAPTURE_STATUS_NONE) return s;
+    MK_CU(d.cuStreamIsCapturing(x.stream, &st), "querying a copy-engine stream");
+    if (st == CU_STREAM_CAPTURE_STATUS_ACTIVE && us == CU_STREAM_CAPTURE_STATUS_ACTIVE && x.joined_from == user)
+      return x.stream;
+    if (st == CU_STREAM_CAPTURE_STATUS_NONE && !idle) idle = &x;
   }
-  CUstream s = nullptr;
-  CtxGuard g(c.ctx);  // the caller's current context may be another GPU's (one thread driving several)
-  MK_CU(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "creating a copy-engine stream");
-  c.ce_streams.push_back(s);
-  return s;
+  if (!idle) {
+    CUstream s = nullptr;
+    CtxGuard g(c.ctx);  // the caller's current context may be another GPU's (one thread driving several)
+    MK_CU(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "creating a copy-engine stream");
+    c.ce_streams.push_back({s, nullptr});
+    idle = &c.ce_streams.back();
+  }
+  idle->joined_from = user;
+  return idle->stream;
 }
 
 // mk_ce_sync, compiled (NVRTC, cached) and loaded once per communicator.
 void load_kernel(Comm& c) {
   if (c.ce_fn) return;
+  if (c.ce_module) {  // a failed earlier attempt
+    cu().cuModuleUnload(c.ce_module);
+    c.ce_module = nullptr;
+  }
   const Driver& d = cu();
   std::string src = "#define MK_CE_KERNEL 1\n#include \"copy_engine.cuh\"\n";
   jit::CompileResult r;
@@ -291,10 +310,10 @@ void load_kernel(Comm& c) {
     d.cuModuleUnload(m);
     fail(mkSystemError, "finding the copy-engine kernel: " + cu_error_string(e));
   }
+  c.ce_module = m;  // owned from here (released with the communicator)
   if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(f), "loading the copy-engine kernel");
   if (!c.ce_fork) MK_CU(d.cuEventCreate(&c.ce_fork, CU_EVENT_DISABLE_TIMING), "creating an event");
   if (!c.ce_join) MK_CU(d.cuEventCreate(&c.ce_join, CU_EVENT_DISABLE_TIMING), "creating an event");
-  c.ce_module = m;
   c.ce_fn = f;
 }
 
@@ -322,8 +341,12 @@ CUfunction reduce_kernel(Comm& c, DType dt, RedOp op) {
     d.cuModuleUnload(m);
     fail(mkSystemError, "finding the copy-engine reduce kernel: " + cu_error_string(e));
   }
+  if (d.cuFuncLoad)
+    if (CUresult e = d.cuFuncLoad(f); e != CUDA_SUCCESS) {
+      d.cuModuleUnload(m);
+      fail(mkSystemError, "loading the copy-engine reduce kernel: " + cu_error_string(e));
+    }
   c.ce_reduce[key] = {m, f};
-  if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(f), "loading the copy-engine reduce kernel");
   return f;
 }
 
@@ -340,13 +363,16 @@ Issue::Issue(Comm& c, PlanInstance& inst, Collective coll, DType dt, RedOp op, i
   s.bytes = bytes;
   s.tile = inst.ce->tile;
   s.elem = int32_t(dtype_size(dt));
-  if (collective_reduces(coll)) reduce_ = reduce_kernel(c, dt, op);
+  if (collective_reduces(coll)) {
+    auto it = c.ce_reduce.find(int(dt) * kNumRedOps + int(op));
+    if (it == c.ce_reduce.end()) fail(mkInternalError, "the copy-engine reduce kernel was not loaded with its instance");
+    reduce_ = it->second.second;
+  }
   const auto in = reinterpret_cast<uintptr_t>(input), out = reinterpret_cast<uintptr_t>(output);
   s.in_place = coll == Collective::allgather   ? in == out + uintptr_t(c.rank) * uintptr_t(bytes)
                : coll == Collective::broadcast ? in == out
                                                : false;  // (reduce phases read and write element by element)
-  ops_ = program(s);
-  steps_ = ops_.empty() ? 0 : ops_.back().step + 1;
+  ops_ = program(s, &steps_);
 }
 
 void Issue::issue(const Op& o) {
@@ -411,7 +437,7 @@ bool Issue::step() {
   const Driver& d = cu();
   try {
     if (step_ < 0) {
-      recv_ = receive_stream(c_);
+      recv_ = receive_stream(c_, stream_);
       MK_CU(d.cuEventRecord(c_.ce_fork, stream_), "forking the copy-engine streams");
       MK_CU(d.cuStreamWaitEvent(recv_, c_.ce_fork, 0), "forking the copy-engine streams");
       step_ = 0;
@@ -430,6 +456,13 @@ bool Issue::step() {
                                          api_name(coll_), issued_, ops_.size(), e.what()));
       c_.raise_abort();
     }
+    // What was issued on the receive stream joins the caller's stream, so
+    // that the completion event the caller records covers it (destroy waits
+    // for that before freeing what the copies use). Best effort.
+    if (recv_) {
+      d.cuEventRecord(c_.ce_join, recv_);
+      d.cuStreamWaitEvent(stream_, c_.ce_join, 0);
+    }
     throw;
   }
 }
@@ -443,11 +476,15 @@ CeState::~CeState() {
   }
 }
 
-PlanInstance& Comm::create_ce_instance(Collective coll, const Choice& choice, int64_t* lo, int64_t* hi) {
+PlanInstance& Comm::create_ce_instance(Collective coll, DType dtype, RedOp op, const Choice& choice, int64_t* lo,
+                                       int64_t* hi) {
   if (!ce::supports(coll))
-    fail(mkInvalidUsage, fmt::format("schedule {} runs on copy engines, which serve all-gather, all-to-all and "
-                                     "broadcast only, not {}",
-                                     choice.schedule, name(coll)));
+    fail(mkInvalidUsage, fmt::format("schedule {} runs on copy engines, which do not serve {}", choice.schedule,
+                                     name(coll)));
+  // Everything a call will need is loaded here, under the instance's relaxed
+  // capture mode (a first call inside graph capture), never while issuing.
+  ce::load_kernel(*this);
+  if (collective_reduces(coll)) ce::reduce_kernel(*this, dtype, op);
   passes::ProtocolOptions o;
   env::apply_tune(&o);
   if (!choice.tune.empty()) env::apply_tune(choice.tune, &o);
@@ -456,7 +493,6 @@ PlanInstance& Comm::create_ce_instance(Collective coll, const Choice& choice, in
   *hi = choice.hi;
   const std::string key = fmt::format("ce|{}|{}", choice.schedule, tile);
   if (auto it = plans.instances.find(key); it != plans.instances.end()) return *it->second;
-  ce::load_kernel(*this);
   const Driver& d = cu();
   CeState* st = nullptr;
   for (auto& x : ce_states)

@@ -105,7 +105,9 @@ int64_t slot_offset(int32_t from, int32_t slot, int64_t tile);
 // (each stream runs its own ops in this order). Counters and words are
 // indexed by peer; a sync's peers are the ranks this side sends to (stream
 // 0) or receives from (stream 1), narrowed by `only`.
-std::vector<Op> program(const Shape& s);
+// *steps: the number of issue steps, the same on every rank of the call
+// (a rank with nothing to do at a step still counts it).
+std::vector<Op> program(const Shape& s, int32_t* steps = nullptr);
 
 // The peers rank `rank` sends to (side 0) or receives from (side 1).
 std::vector<int32_t> peers(Collective coll, int32_t nranks, int32_t rank, int32_t root, int side);

@@ -555,7 +555,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
                                     int64_t* hi) {
   const Choice choice = choose_schedule(coll, nranks, bytes, zc);
   if (const dsl::ScheduleInfo* info = dsl::find_schedule(choice.schedule); info && info->copy_engine)
-    return create_ce_instance(coll, choice, lo, hi);
+    return create_ce_instance(coll, dtype, op, choice, lo, hi);
   const int32_t max_grid = grid_cap();
   auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
   const plan::Kernel* k = plan::select(*plan, bytes);
@@ -744,7 +744,7 @@ void Comm::release() {
   if (ce_module) d.cuModuleUnload(ce_module);
   for (auto& [key, mf] : ce_reduce) d.cuModuleUnload(mf.first);
   ce_reduce.clear();
-  for (CUstream s : ce_streams) d.cuStreamDestroy(s);
+  for (const CeStream& s : ce_streams) d.cuStreamDestroy(s.stream);
   if (ce_fork) d.cuEventDestroy(ce_fork);
   if (ce_join) d.cuEventDestroy(ce_join);
   ce_module = nullptr;

@@ -222,8 +222,15 @@ class Comm {
   std::vector<std::unique_ptr<CeState>> ce_states;  // one per tile size in use
   // Receive-side streams: the first one not capturing a graph serves a call
   // (a capture holds the stream it joined until it ends).
-  std::vector<CUstream> ce_streams;
+  struct CeStream {
+    CUstream stream;
+    CUstream joined_from;  // the caller's stream it was last forked from
+  };
+  std::vector<CeStream> ce_streams;
   CUevent ce_fork = nullptr, ce_join = nullptr;
+  // A group is issuing a copy-engine call of this communicator step by step
+  // (runtime/enqueue.cpp): another call must not interleave with it.
+  bool ce_issuing = false;
   Registrations regs;
   std::map<uintptr_t, std::pair<size_t, int>> pointer_cache;  // allocation base -> (size, device ordinal)
   std::shared_ptr<Clique> clique;  // mkCommInitAll; null otherwise
@@ -299,7 +306,8 @@ class Comm {
   // kernels, else allocated (tables initialised on the side stream).
   Resources& resources_for(const plan::Plan& p, const plan::Kernel& k);
   // A copy-engine schedule's instance (runtime/ce.cpp).
-  PlanInstance& create_ce_instance(Collective coll, const Choice& choice, int64_t* lo, int64_t* hi);
+  PlanInstance& create_ce_instance(Collective coll, DType dtype, RedOp op, const Choice& choice, int64_t* lo,
+                                   int64_t* hi);
   void release();
   void abandon();  // gives up ownership of everything kernels may still touch
 

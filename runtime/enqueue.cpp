@@ -267,6 +267,10 @@ LaunchStart start_locked(Pending& p) {
   Comm& c = *p.c;
   const char* api = api_name_of(p.k.coll);
   if (c.closing.load()) fail(mkInvalidUsage, std::string(api) + ": the communicator was aborted or destroyed");
+  if (c.ce_issuing)
+    fail(mkInvalidUsage, fmt::format("{}: another thread's mkGroupEnd is still issuing a copy-engine call of this "
+                                     "communicator; calls on one communicator must not race (as with NCCL)",
+                                     api));
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   MK_CU(cu().cuStreamIsCapturing(p.stream, &capture), std::string(api) + ": querying the stream's capture status");
   LaunchStart ls;
@@ -309,7 +313,15 @@ void launch_locked(Pending& p, PlanInstance& inst) {
   const LaunchStart ls = start_locked(p);
   if (inst.ce) {
     auto issue = ce_issue(p, inst);
-    while (issue->step()) {
+    try {
+      while (issue->step()) {
+      }
+    } catch (...) {
+      try {
+        finish_locked(p, inst, ls);  // the completion event covers what was issued
+      } catch (...) {
+      }
+      throw;
     }
     finish_locked(p, inst, ls);
     return;
@@ -426,6 +438,18 @@ void group_end() {
     LaunchStart ls;
   };
   std::vector<Lane> lanes;
+  // A lane in the middle of a copy-engine call marks its communicator (so
+  // that no other thread's call interleaves) until the call is issued or fails.
+  auto end_lane_call = [&](Lane& lane, bool ok) {
+    Pending& p = calls[lane.calls[lane.next]];
+    p.c->ce_issuing = false;
+    if (!ok) {
+      try {
+        finish_locked(p, *inst[lane.calls[lane.next]], lane.ls);
+      } catch (...) {
+      }
+    }
+  };
   {
     std::vector<Comm*> order;
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -461,9 +485,19 @@ void group_end() {
         if (!lane.ce) {
           lane.ls = start_locked(p);
           lane.ce = ce_issue(p, pi);
+          p.c->ce_issuing = true;
         }
         any = true;
-        if (lane.ce->step()) continue;
+        bool more = false;
+        try {
+          more = lane.ce->step();
+        } catch (...) {
+          end_lane_call(lane, false);
+          lane.ce.reset();
+          throw;
+        }
+        if (more) continue;
+        end_lane_call(lane, true);
         finish_locked(p, pi, lane.ls);
         lane.ce.reset();
         ++launched;
@@ -471,6 +505,12 @@ void group_end() {
       }
     }
   } catch (const RtError& e) {
+    // Lanes in the middle of a copy-engine call: free their communicators.
+    for (Lane& lane : lanes)
+      if (lane.ce) {
+        std::lock_guard<std::mutex> lock(calls[lane.calls[lane.next]].c->mu);
+        end_lane_call(lane, false);
+      }
     // Part of the group runs and waits for the rest, which never comes: stop
     // it now, on every communicator of the group, and make that sticky.
     if (any)

@@ -56,8 +56,9 @@ struct ProtocolOptions {
   // LL buckets run in one pass where passes/one_pass.cpp allows (1) or keep
   // their flags and thread blocks (0).
   int32_t one_pass = 1;
-  // Copy-engine schedules (runtime/ce.hpp): bytes per peer and tile; 0: by
-  // rank count (ce::default_tile). Shapes no kernel (not part of plan cache
+  // Copy-engine schedules (runtime/ce.hpp): bytes per peer and tile, a
+  // multiple of 64 KiB (bounds the ops a call issues); 0: by rank count
+  // (ce::default_tile). Shapes no kernel (not part of plan cache
   // keys); the runtime reads it.
   int64_t ce_tile_bytes = 0;
 };

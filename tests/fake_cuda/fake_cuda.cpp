@@ -407,7 +407,16 @@ void run_launch(const Op& op, Stream* stream, CUstream handle) {
 }
 
 void apply_mem(const Op& op) {
-  if (op.kind == Op::copy) std::memmove(reinterpret_cast<void*>(op.dst), op.src, op.bytes);
+  if (op.kind == Op::copy) {
+    // Overlapping ranges are undefined for the driver's copies: a caller bug.
+    const uintptr_t d = op.dst, src = reinterpret_cast<uintptr_t>(op.src);
+    if (op.bytes && d < src + op.bytes && src < d + op.bytes && d != src) {
+      std::fprintf(stderr, "fake libcuda: a copy of %zu bytes between overlapping ranges (%#lx <- %#lx)\n", op.bytes,
+                   (unsigned long)d, (unsigned long)src);
+      std::abort();
+    }
+    std::memcpy(reinterpret_cast<void*>(op.dst), op.src, op.bytes);
+  }
   if (op.kind == Op::set) std::memset(reinterpret_cast<void*>(op.dst), op.value, op.bytes);
 }
 

@@ -217,7 +217,7 @@ int selected_knobs(int rank, int nranks, const mkUniqueId& id) {
 }
 
 // The copy-engine schedules move real bytes in the fake (its copies run):
-// every collective, sizes around the tile (MK_TUNE=ce_tile=4096 in the
+// every collective, sizes around the tile (MK_TUNE=ce_tile=65536 in the
 // environment), in place and out of place, every broadcast root, and a CUDA
 // graph replayed with new inputs. Bytes differ per rank, call and index.
 unsigned char ce_byte(int call, int rank, size_t i) { return (unsigned char)(call * 29 + rank * 101 + i * 7 + (i >> 9)); }
@@ -226,7 +226,7 @@ int copy_engine(int rank, int nranks, const mkUniqueId& id) {
   CUstream stream = nullptr;
   mkComm_t comm = nullptr;
   if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
-  const size_t max_count = 3 * 4096 + 777;
+  const size_t max_count = 3 * 65536 + 777;
   CUdeviceptr in = 0, out = 0;
   CHILD_CHECK(cu().cuMemAlloc(&in, max_count * size_t(nranks)) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuMemAlloc(&out, max_count * size_t(nranks)) == CUDA_SUCCESS);
@@ -240,7 +240,7 @@ int copy_engine(int rank, int nranks, const mkUniqueId& id) {
   };
   auto poison = [&](CUdeviceptr p, size_t n) { return cu().cuMemsetD8(p, 0xEE, n) == CUDA_SUCCESS; };
   const int64_t launches0 = mkt::counts().launches;
-  for (size_t count : {size_t(1), size_t(4095), size_t(4096), size_t(4097), size_t(3 * 4096 + 777)}) {
+  for (size_t count : {size_t(1), size_t(65535), size_t(65536), size_t(65537), size_t(3 * 65536 + 777)}) {
     for (int inplace = 0; inplace < 2; ++inplace) {
       // all-gather
       ++call;
@@ -308,7 +308,7 @@ int copy_engine(int rank, int nranks, const mkUniqueId& id) {
   // GPU's; all-reduce chunks of ceil(count / nranks) elements, some empty.
   auto ival = [&](int c, int r, size_t i) { return int32_t(uint32_t(ce_byte(c, r, i)) * 16777619u + uint32_t(i)); };
   std::vector<int32_t> iv(max_count * size_t(nranks));
-  for (size_t count : {size_t(1), size_t(2), size_t(1023), size_t(1024), size_t(1025), size_t(3 * 1024 + 77)}) {
+  for (size_t count : {size_t(1), size_t(2), size_t(16383), size_t(16384), size_t(16385), size_t(3 * 16384 + 77)}) {
     for (int inplace = 0; inplace < 2; ++inplace) {
       for (int which = 0; which < 2; ++which) {  // 0: reduce-scatter, 1: all-reduce
         ++call;
@@ -358,18 +358,31 @@ int copy_engine(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(mkt::counts().launches > launches0);
 
   // A graph: captured once, replayed with new inputs (the counters live in
-  // device memory, so replays continue the sequence).
-  const size_t count = 2 * 4096 + 3;
+  // device memory, so replays continue the sequence). Its all-reduce is the
+  // first int32 max (its reduce kernel loads inside the capture, in global
+  // mode), and two copy-engine calls share the capture's receive stream.
+  const size_t count = 2 * 65536 + 3, rcount = 40000;
+  CUdeviceptr rin = 0, rout = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&rin, rcount * 4) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemAlloc(&rout, rcount * 4) == CUDA_SUCCESS);
+  auto* c = reinterpret_cast<mk::rt::Comm*>(comm);
+  const size_t streams_before = c->ce_streams.size();
   CUgraph g = nullptr;
   CUgraphExec x = nullptr;
   CHILD_CHECK(MKT_FN(cuStreamBeginCapture)(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
   CHILD_CHECK(mkAllGather(pin, pout, count, mkUint8, comm, stream) == mkSuccess);
+  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(rin)), reinterpret_cast<void*>(uintptr_t(rout)), rcount,
+                          mkInt32, mkMax, comm, stream) == mkSuccess);
   CHILD_CHECK(MKT_FN(cuStreamEndCapture)(stream, &g) == CUDA_SUCCESS);
+  CHILD_CHECK(c->ce_streams.size() <= std::max<size_t>(streams_before, 1) + 1);
   CHILD_CHECK(MKT_FN(cuGraphInstantiate)(&x, g, 0) == CUDA_SUCCESS);
   for (int replay = 0; replay < 3; ++replay) {
     ++call;
     CHILD_CHECK(poison(out, count * size_t(nranks)));
     CHILD_CHECK(fill(in, count, call));
+    for (size_t i = 0; i < rcount; ++i) iv[i] = ival(call, rank, i);
+    CHILD_CHECK(cu().cuMemcpyHtoD(rin, iv.data(), rcount * 4) == CUDA_SUCCESS);
+    CHILD_CHECK(poison(rout, rcount * 4));
     CHILD_CHECK(MKT_FN(cuGraphLaunch)(x, stream) == CUDA_SUCCESS);
     CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
     CHILD_CHECK(cu().cuMemcpyDtoH(host.data(), out, count * size_t(nranks)) == CUDA_SUCCESS);
@@ -379,9 +392,20 @@ int copy_engine(int rank, int nranks, const mkUniqueId& id) {
           std::fprintf(stderr, "rank %d: graph replay %d: block %d byte %zu wrong\n", rank, replay, q, i);
           return 1;
         }
+    CHILD_CHECK(cu().cuMemcpyDtoH(iv.data(), rout, rcount * 4) == CUDA_SUCCESS);
+    for (size_t i = 0; i < rcount; ++i) {
+      int32_t want = ival(call, 0, i);
+      for (int q = 1; q < nranks; ++q) want = std::max(want, ival(call, q, i));
+      if (iv[i] != want) {
+        std::fprintf(stderr, "rank %d: graph replay %d: all-reduce max element %zu wrong\n", rank, replay, i);
+        return 1;
+      }
+    }
   }
   CHILD_CHECK(MKT_FN(cuGraphExecDestroy)(x) == CUDA_SUCCESS);
   CHILD_CHECK(MKT_FN(cuGraphDestroy)(g) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemFree(rin) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemFree(rout) == CUDA_SUCCESS);
   CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
   CHILD_CHECK(cu().cuMemFree(in) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuMemFree(out) == CUDA_SUCCESS);
@@ -402,16 +426,20 @@ int copy_engine_group(int rank, int, const mkUniqueId&) {
   std::vector<CUcontext> ctx(n);
   std::vector<CUstream> st(n);
   std::vector<CUdeviceptr> in(n), out(n);
-  const size_t count = 2 * 4096 + 99;
+  const size_t count = 2 * 65536 + 99;
   for (int r = 0; r < n; ++r) {
     CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx[size_t(r)], r) == CUDA_SUCCESS);
     CHILD_CHECK(cu().cuCtxSetCurrent(ctx[size_t(r)]) == CUDA_SUCCESS);
     CHILD_CHECK(cu().cuStreamCreate(&st[size_t(r)], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
     CHILD_CHECK(cu().cuMemAlloc(&in[size_t(r)], count * n) == CUDA_SUCCESS);
-    CHILD_CHECK(cu().cuMemAlloc(&out[size_t(r)], count * n) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuMemAlloc(&out[size_t(r)], count * n + 64) == CUDA_SUCCESS);
   }
-  std::vector<unsigned char> host(count * n);
-  for (int call = 1; call <= 3; ++call) {
+  std::vector<unsigned char> host(count * n + 64);
+  const size_t top = (count * size_t(n - 1) + 15) / 16 * 16;  // a second output, 16-byte aligned
+  // One group a call; then groups of two calls a rank (a broadcast, whose
+  // root has no receive side, before an all-gather; an all-reduce before a
+  // reduce-scatter): every rank's call takes the same number of steps.
+  for (int call = 1; call <= 5; ++call) {
     for (int r = 0; r < n; ++r) {
       for (size_t i = 0; i < count * n; ++i) host[i] = ce_byte(call, r, i);
       CHILD_CHECK(cu().cuMemcpyHtoD(in[size_t(r)], host.data(), count * n) == CUDA_SUCCESS);
@@ -421,14 +449,71 @@ int copy_engine_group(int rank, int, const mkUniqueId&) {
     for (int r = 0; r < n; ++r) {
       void* i = reinterpret_cast<void*>(uintptr_t(in[size_t(r)]));
       void* o = reinterpret_cast<void*>(uintptr_t(out[size_t(r)]));
+      // the second call of a two-call group writes the spare upper part of `out`
+      void* o2 = reinterpret_cast<void*>(uintptr_t(out[size_t(r)] + top));
+      void* i2 = reinterpret_cast<void*>(uintptr_t(in[size_t(r)] + count));
       if (call == 1) CHILD_CHECK(mkAllGather(i, o, count, mkUint8, comms[r], st[size_t(r)]) == mkSuccess);
       if (call == 2) CHILD_CHECK(mkAllToAll(i, o, count, mkUint8, comms[r], st[size_t(r)]) == mkSuccess);
       if (call == 3) CHILD_CHECK(mkBroadcast(i, o, count, mkUint8, 1, comms[r], st[size_t(r)]) == mkSuccess);
+      if (call == 4) {
+        CHILD_CHECK(mkBroadcast(i, o2, count, mkUint8, 1, comms[r], st[size_t(r)]) == mkSuccess);
+        CHILD_CHECK(mkAllGather(i2, o, count / size_t(n), mkUint8, comms[r], st[size_t(r)]) == mkSuccess);
+      }
+      if (call == 5) {
+        CHILD_CHECK(mkAllReduce(i, o, count / 4, mkInt32, mkSum, comms[r], st[size_t(r)]) == mkSuccess);
+        CHILD_CHECK(mkReduceScatter(i, o2, count / 4 / size_t(n), mkInt32, mkSum, comms[r], st[size_t(r)]) ==
+                    mkSuccess);
+      }
     }
     CHILD_CHECK(mkGroupEnd() == mkSuccess);
     for (int r = 0; r < n; ++r) {
       CHILD_CHECK(cu().cuStreamSynchronize(st[size_t(r)]) == CUDA_SUCCESS);
-      CHILD_CHECK(cu().cuMemcpyDtoH(host.data(), out[size_t(r)], count * n) == CUDA_SUCCESS);
+      CHILD_CHECK(cu().cuMemcpyDtoH(host.data(), out[size_t(r)], count * n + 64) == CUDA_SUCCESS);
+      if (call == 4) {  // broadcast of rank 1's first `count` bytes into the top; all-gather of the next count/n
+        const size_t per = count / size_t(n);
+        for (size_t k = 0; k < count; ++k)
+          if (host[top + k] != ce_byte(call, 1, k)) {
+            std::fprintf(stderr, "call 4 rank %d: broadcast byte %zu wrong\n", r, k);
+            return 1;
+          }
+        for (int q = 0; q < n; ++q)
+          for (size_t k = 0; k < per; ++k)
+            if (host[size_t(q) * per + k] != ce_byte(call, q, count + k)) {
+              std::fprintf(stderr, "call 4 rank %d: all-gather block %d byte %zu wrong\n", r, q, k);
+              return 1;
+            }
+        continue;
+      }
+      if (call == 5) {  // int32 sums of everyone's input words (wrapping)
+        auto word = [&](int q, size_t k) {
+          uint32_t w = 0;
+          for (int b = 0; b < 4; ++b) w |= uint32_t(ce_byte(call, q, 4 * k + size_t(b))) << (8 * b);
+          return w;
+        };
+        auto got = [&](size_t at) {
+          uint32_t w;
+          std::memcpy(&w, host.data() + at, 4);
+          return w;
+        };
+        const size_t words = count / 4, per = words / size_t(n);
+        for (size_t k = 0; k < words; ++k) {
+          uint32_t want = 0;
+          for (int q = 0; q < n; ++q) want += word(q, k);
+          if (got(4 * k) != want) {
+            std::fprintf(stderr, "call 5 rank %d: all-reduce word %zu wrong\n", r, k);
+            return 1;
+          }
+        }
+        for (size_t k = 0; k < per; ++k) {
+          uint32_t want = 0;
+          for (int q = 0; q < n; ++q) want += word(q, size_t(r) * per + k);
+          if (got(top + 4 * k) != want) {
+            std::fprintf(stderr, "call 5 rank %d: reduce-scatter word %zu wrong\n", r, k);
+            return 1;
+          }
+        }
+        continue;
+      }
       const int blocks = call == 3 ? 1 : n;
       for (int q = 0; q < blocks; ++q)
         for (size_t i = 0; i < count; ++i) {
@@ -737,7 +822,7 @@ TEST_CASE("processes: copy-engine all-gather, all-to-all, broadcast, reduce-scat
   const std::vector<std::string> env = {
       "MK_ALGO=allgather=allgather.ce,alltoall=alltoall.ce,broadcast=broadcast.ce,reducescatter=reducescatter.ce,"
       "allreduce=allreduce.ce",
-      "MK_TUNE=ce_tile=4096"};
+      "MK_TUNE=ce_tile=65536"};
   run_ranks(2, "copy_engine", {env, env});
   run_ranks(3, "copy_engine", {env, env, env});
   run_ranks(1, "copy_engine_group", {env});
@@ -745,7 +830,7 @@ TEST_CASE("processes: copy-engine all-gather, all-to-all, broadcast, reduce-scat
 
 TEST_CASE("two processes: a peer that never calls stops a copy-engine transfer at the timeout, sticky and named") {
   MKT_REQUIRE_FAKE();
-  const std::vector<std::string> env = {"MK_ALGO=allgather=allgather.ce", "MK_TUNE=ce_tile=4096", "MK_TIMEOUT_MS=300"};
+  const std::vector<std::string> env = {"MK_ALGO=allgather=allgather.ce", "MK_TUNE=ce_tile=65536", "MK_TIMEOUT_MS=300"};
   run_ranks(2, "copy_engine_stall", {env, env});
 }
 
