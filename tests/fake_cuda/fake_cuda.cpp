@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <atomic>
 #include <cstdio>
@@ -1227,8 +1228,15 @@ CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
   Ctx* c = current();
   if (!c) return CUDA_ERROR_INVALID_CONTEXT;
   if (CUresult r = unsafe_call()) return r;
-  const std::string name = new_shm_name();
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  // A name left behind by a killed process whose pid came back is taken:
+  // try the next one.
+  std::string name;
+  int fd = -1;
+  for (int tries = 0; tries < 1000 && fd < 0; ++tries) {
+    name = new_shm_name();
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   void* p = MAP_FAILED;
   if (::ftruncate(fd, off_t(bytes)) == 0) p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
