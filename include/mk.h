@@ -215,7 +215,8 @@ mkResult_t mkCommBootstrapBroadcast(mkComm_t comm, void* buf, size_t bytes, int 
 /* Compiles (or loads) every plan this communicator may pick for the six
  * collectives in `dtypes` x `ops` (ops: sum when nops is 0; collectives that
  * do not reduce take one plan for all ops), on `nthreads` threads (0: one per
- * core), so that the first collectives do not wait for NVRTC. Plans shipped
+ * core), so that the first collectives do not wait for NVRTC; for
+ * copy-engine schedules it compiles their kernels into the cache. Plans shipped
  * with the library (MK_PREBUILT_DIR) and plans in the kernel cache load in
  * milliseconds. Local: no communication, call it on any rank any time. */
 mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes, const mkRedOp_t* ops, int nops,

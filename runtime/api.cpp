@@ -15,6 +15,8 @@
 #include "compiler/common/side_by_side.hpp"
 #include "mk.h"
 #include "mk/error.hpp"
+#include "compiler/jit/jit.hpp"
+#include "runtime/ce.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/enqueue.hpp"
 #include "runtime/handles.hpp"
@@ -246,17 +248,31 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
       Collective coll;
       DType dtype;
       RedOp op;
+      std::string source, name;  // a copy-engine kernel to compile instead of a plan
     };
     std::vector<Job> jobs;
+    bool ce_sync = false;
     for (int ci = 0; ci < kNumCollectives; ++ci) {
       const Collective coll = Collective(ci);
       for (const Choice& s : schedules_for(coll, c->nranks))
         for (DType dt : dts)
           for (RedOp op : rops) {
             if (!collective_reduces(coll) && op != rops.front()) continue;  // one plan serves every op
-            jobs.push_back({s, coll, dt, op});
+            jobs.push_back({s, coll, dt, op, "", ""});
+          }
+      // Copy-engine schedules compile no plan, but their kernels (the sync
+      // kernel, and the reduce kernel per dtype and op) go into the cache.
+      if (schedules_for(coll, c->nranks, true).empty()) continue;
+      ce_sync = true;
+      if (collective_reduces(coll))
+        for (DType dt : dts)
+          for (RedOp op : rops) {
+            Job j{{}, coll, dt, op, "", ""};
+            j.source = ce::reduce_source(dt, op, &j.name);
+            if (std::none_of(jobs.begin(), jobs.end(), [&](const Job& x) { return x.name == j.name; })) jobs.push_back(j);
           }
     }
+    if (ce_sync) jobs.push_back({{}, Collective::allgather, DType::uint8, RedOp::sum, ce::sync_source(), "mk_ce_sync"});
     const int32_t max_grid = c->grid_cap();
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     const size_t workers = std::min<size_t>(jobs.size(), nthreads > 0 ? size_t(nthreads) : hw);
@@ -266,6 +282,14 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
       const Job& j = jobs[i];
       try {
         c->check_usable("mkCommPrewarm");  // stops early once the communicator is aborted or destroyed
+        if (!j.source.empty()) {
+          try {
+            jit::compile(j.source, j.name, c->arch);
+          } catch (const Error& e) {
+            throw RtError(mkSystemError, std::string("mkCommPrewarm: compiling ") + j.name + ": " + e.what());
+          }
+          return;
+        }
         get_plan(j.choice.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank, j.choice.tune);
       } catch (const RtError& e) {
         std::lock_guard<std::mutex> g(err_mu);

@@ -26,6 +26,15 @@ bool supports(Collective coll) {
          coll == Collective::reducescatter || coll == Collective::allreduce;
 }
 
+std::string sync_source() { return "#define MK_CE_KERNEL 1\n#include \"copy_engine.cuh\"\n"; }
+
+std::string reduce_source(DType dt, RedOp op, std::string* name) {
+  *name = fmt::format("mk_ce_reduce_{}_{}", mk::name(dt), mk::name(op));
+  return fmt::format("#define MK_CE_REDUCE_T {}\n#define MK_CE_REDUCE_K {}\n#define MK_CE_REDUCE_NAME {}\n"
+                     "#include \"copy_engine.cuh\"\n",
+                     dtype_device_name(dt), int(op), *name);
+}
+
 int64_t default_tile(int32_t nranks) {
   const int64_t mib = int64_t(1) << 20;
   const int64_t per = (int64_t(64) << 20) / (int64_t(std::max(nranks, 1)) * kSlots) / mib * mib;
@@ -296,10 +305,9 @@ void load_kernel(Comm& c) {
     c.ce_module = nullptr;
   }
   const Driver& d = cu();
-  std::string src = "#define MK_CE_KERNEL 1\n#include \"copy_engine.cuh\"\n";
   jit::CompileResult r;
   try {
-    r = jit::compile(src, "mk_ce_sync", c.arch);
+    r = jit::compile(sync_source(), "mk_ce_sync", c.arch);
   } catch (const Error& e) {
     fail(mkSystemError, std::string("compiling the copy-engine kernel: ") + e.what());
   }
@@ -322,11 +330,8 @@ CUfunction reduce_kernel(Comm& c, DType dt, RedOp op) {
   const int key = int(dt) * kNumRedOps + int(op);
   if (auto it = c.ce_reduce.find(key); it != c.ce_reduce.end()) return it->second.second;
   const Driver& d = cu();
-  const std::string fn = fmt::format("mk_ce_reduce_{}_{}", name(dt), name(op));
-  const std::string src =
-      fmt::format("#define MK_CE_REDUCE_T {}\n#define MK_CE_REDUCE_K {}\n#define MK_CE_REDUCE_NAME {}\n"
-                  "#include \"copy_engine.cuh\"\n",
-                  dtype_device_name(dt), int(op), fn);
+  std::string fn;
+  const std::string src = reduce_source(dt, op, &fn);
   jit::CompileResult r;
   try {
     r = jit::compile(src, fn, c.arch);

@@ -105,6 +105,11 @@ int64_t slot_offset(int32_t from, int32_t slot, int64_t tile);
 // (each stream runs its own ops in this order). Counters and words are
 // indexed by peer; a sync's peers are the ranks this side sends to (stream
 // 0) or receives from (stream 1), narrowed by `only`.
+// The NVRTC sources of the sync kernel and of the reduce kernel for (dt, op)
+// (*name: its kernel name, mk_ce_reduce_<dtype>_<op>).
+std::string sync_source();
+std::string reduce_source(DType dt, RedOp op, std::string* name);
+
 // *steps: the number of issue steps, the same on every rank of the call
 // (a rank with nothing to do at a step still counts it).
 std::vector<Op> program(const Shape& s, int32_t* steps = nullptr);

@@ -365,8 +365,8 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
                                       int32_t max_grid, int32_t rank, const std::string& tune = "");
 // Every (schedule, knobs) choose_schedule may pick for `coll` at `nranks`
-// for unregistered buffers, over all sizes: the compiled ones (copy-engine
-// schedules compile nothing).
-std::vector<Choice> schedules_for(Collective coll, int nranks);
+// for unregistered buffers, over all sizes: the compiled ones, or (with
+// `copy_engine`) the copy-engine ones, which compile no plan.
+std::vector<Choice> schedules_for(Collective coll, int nranks, bool copy_engine = false);
 
 }  // namespace mk::rt

@@ -141,7 +141,7 @@ compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, in
   return o;
 }
 
-std::vector<Choice> schedules_for(Collective coll, int nranks) {
+std::vector<Choice> schedules_for(Collective coll, int nranks, bool copy_engine) {
   // every size range choose_schedule distinguishes: where each table entry
   // starts and ends (an entry may sit inside a later, wider one), and powers
   // of two up to 2^44 (the cost model's ranges)
@@ -156,7 +156,8 @@ std::vector<Choice> schedules_for(Collective coll, int nranks) {
   std::vector<Choice> out;
   for (int64_t bytes : at) {
     const Choice c = choose_schedule(coll, nranks, bytes);
-    if (const dsl::ScheduleInfo* info = dsl::find_schedule(c.schedule); info && info->copy_engine) continue;
+    const dsl::ScheduleInfo* info = dsl::find_schedule(c.schedule);
+    if ((info && info->copy_engine) != copy_engine) continue;
     if (std::none_of(out.begin(), out.end(), [&](const Choice& x) { return x.schedule == c.schedule && x.tune == c.tune; }))
       out.push_back(c);
   }

@@ -222,10 +222,30 @@ int selected_knobs(int rank, int nranks, const mkUniqueId& id) {
 // graph replayed with new inputs. Bytes differ per rank, call and index.
 unsigned char ce_byte(int call, int rank, size_t i) { return (unsigned char)(call * 29 + rank * 101 + i * 7 + (i >> 9)); }
 
+// Regular files under `dir` (the JIT cache), recursively.
+size_t files_under(const std::string& dir) {
+  size_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec); !ec && it != std::filesystem::end(it);
+       it.increment(ec))
+    n += it->is_regular_file();
+  return n;
+}
+
 int copy_engine(int rank, int nranks, const mkUniqueId& id) {
   CUstream stream = nullptr;
   mkComm_t comm = nullptr;
   if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
+  // mkCommPrewarm compiles the copy-engine kernels these calls use (no plan:
+  // every collective here is a copy-engine one), so the calls compile nothing.
+  const mkDataType_t pdt[] = {mkUint8, mkInt32};
+  const mkRedOp_t pop[] = {mkSum, mkMax};
+  CHILD_CHECK(mkCommPrewarm(comm, pdt, 2, pop, 2, 0) == mkSuccess);
+  reinterpret_cast<mk::rt::Comm*>(comm)->boot->barrier();
+  const char* cache = std::getenv("MK_CACHE_DIR");
+  CHILD_CHECK(cache != nullptr);
+  const size_t cached = files_under(cache);
+  CHILD_CHECK(cached >= 5);  // the sync kernel, reduce kernels for {uint8, int32} x {sum, max}
   const size_t max_count = 3 * 65536 + 777;
   CUdeviceptr in = 0, out = 0;
   CHILD_CHECK(cu().cuMemAlloc(&in, max_count * size_t(nranks)) == CUDA_SUCCESS);
@@ -404,6 +424,11 @@ int copy_engine(int rank, int nranks, const mkUniqueId& id) {
   }
   CHILD_CHECK(MKT_FN(cuGraphExecDestroy)(x) == CUDA_SUCCESS);
   CHILD_CHECK(MKT_FN(cuGraphDestroy)(g) == CUDA_SUCCESS);
+  if (files_under(cache) != cached) {
+    std::fprintf(stderr, "rank %d: the calls compiled %zu more kernel(s) after mkCommPrewarm\n", rank,
+                 files_under(cache) - cached);
+    return 1;
+  }
   CHILD_CHECK(cu().cuMemFree(rin) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuMemFree(rout) == CUDA_SUCCESS);
   CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
@@ -823,8 +848,16 @@ TEST_CASE("processes: copy-engine all-gather, all-to-all, broadcast, reduce-scat
       "MK_ALGO=allgather=allgather.ce,alltoall=alltoall.ce,broadcast=broadcast.ce,reducescatter=reducescatter.ce,"
       "allreduce=allreduce.ce",
       "MK_TUNE=ce_tile=65536"};
-  run_ranks(2, "copy_engine", {env, env});
-  run_ranks(3, "copy_engine", {env, env, env});
+  // a cache of their own: mkCommPrewarm must fill it, the calls must not add to it
+  const std::string cache = (std::filesystem::temp_directory_path() / ("mkt-ce-cache-" + std::to_string(::getpid()))).string();
+  std::vector<std::string> env2 = env;
+  env2.push_back("MK_CACHE_DIR=" + cache + "-2");
+  std::vector<std::string> env3 = env;
+  env3.push_back("MK_CACHE_DIR=" + cache + "-3");
+  run_ranks(2, "copy_engine", {env2, env2});
+  run_ranks(3, "copy_engine", {env3, env3, env3});
+  std::filesystem::remove_all(cache + "-2");
+  std::filesystem::remove_all(cache + "-3");
   run_ranks(1, "copy_engine_group", {env});
 }
 
