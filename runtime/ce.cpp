@@ -274,15 +274,13 @@ CUdeviceptr words(const Comm& c, const CeState& st, int32_t r, int32_t row) {
 // caller's stream is in (it stays in it until the capture ends: a stream
 // joined from `user` and still capturing is in user's current capture), else
 // one that is not capturing, else a new one.
-CUstream receive_stream(Comm& c, CUstream user) {
+CUstream receive_stream(Comm& c, CUstream user, bool capturing) {
   const Driver& d = cu();
-  CUstreamCaptureStatus us = CU_STREAM_CAPTURE_STATUS_NONE;
-  MK_CU(d.cuStreamIsCapturing(user, &us), "querying the stream's capture status");
   Comm::CeStream* idle = nullptr;
   for (Comm::CeStream& x : c.ce_streams) {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     MK_CU(d.cuStreamIsCapturing(x.stream, &st), "querying a copy-engine stream");
-    if (st == CU_STREAM_CAPTURE_STATUS_ACTIVE && us == CU_STREAM_CAPTURE_STATUS_ACTIVE && x.joined_from == user)
+    if (st == CU_STREAM_CAPTURE_STATUS_ACTIVE && capturing && x.joined_from == user)
       return x.stream;
     if (st == CU_STREAM_CAPTURE_STATUS_NONE && !idle) idle = &x;
   }
@@ -358,8 +356,8 @@ CUfunction reduce_kernel(Comm& c, DType dt, RedOp op) {
 }  // namespace
 
 Issue::Issue(Comm& c, PlanInstance& inst, Collective coll, DType dt, RedOp op, int32_t root, int64_t bytes,
-             const void* input, void* output, CUstream stream)
-    : c_(c), inst_(inst), coll_(coll), input_(input), output_(output), stream_(stream) {
+             const void* input, void* output, CUstream stream, bool capturing)
+    : c_(c), inst_(inst), coll_(coll), input_(input), output_(output), stream_(stream), capturing_(capturing) {
   Shape s;
   s.coll = coll;
   s.nranks = c.nranks;
@@ -442,7 +440,7 @@ bool Issue::step() {
   const Driver& d = cu();
   try {
     if (step_ < 0) {
-      recv_ = receive_stream(c_, stream_);
+      recv_ = receive_stream(c_, stream_, capturing_);
       MK_CU(d.cuEventRecord(c_.ce_fork, stream_), "forking the copy-engine streams");
       MK_CU(d.cuStreamWaitEvent(recv_, c_.ce_fork, 0), "forking the copy-engine streams");
       step_ = 0;
@@ -509,19 +507,13 @@ PlanInstance& Comm::create_ce_instance(Collective coll, DType dtype, RedOp op, c
     auto res = std::make_unique<Resources>();
     res->key = fmt::format("copy-engine|{}", tile);
     res->grid = 2;
-    const int64_t align = 256;
-    const int64_t flag_bytes = int64_t(dev::kCeWords) * nranks * int64_t(sizeof(uint64_t));
     const int64_t scratch = ce::scratch_bytes(nranks, tile);
-    fresh->flag_offset = (plans.flags_used + align - 1) / align * align;
-    fresh->scratch_offset = (plans.scratch_used + align - 1) / align * align;
-    const int64_t flag_size = plans.flag_end - plans.flag_base, scratch_size = plans.scratch_end - plans.scratch_base;
-    if (fresh->flag_offset + flag_bytes > flag_size)
-      fail(mkSystemError, fmt::format("flag memory exhausted ({} bytes); raise MK_FLAG_BYTES (on every rank)", flag_size));
-    if (fresh->scratch_offset + scratch > scratch_size)
-      fail(mkSystemError, fmt::format("symmetric scratch exhausted: the copy-engine path needs {} more bytes ({} "
-                                      "ranks x {} slots x tile {}), {} of {} are in use; raise MK_SCRATCH_BYTES or "
-                                      "lower MK_TUNE=ce_tile (on every rank)",
-                                      scratch, nranks, ce::kSlots, tile, plans.scratch_used, scratch_size));
+    const Regions at = place_regions(int64_t(dev::kCeWords) * nranks * int64_t(sizeof(uint64_t)), scratch,
+                                     "the copy-engine path",
+                                     fmt::format(" ({} ranks x {} slots x tile {})", nranks, ce::kSlots, tile),
+                                     "raise MK_SCRATCH_BYTES or lower MK_TUNE=ce_tile");
+    fresh->flag_offset = at.flag_offset;
+    fresh->scratch_offset = at.scratch_offset;
     std::vector<CUdeviceptr> t(size_t(3 * nranks));
     for (int32_t p = 0; p < nranks; ++p) {
       auto word = [&](int32_t row) {
@@ -536,14 +528,8 @@ PlanInstance& Comm::create_ce_instance(Collective coll, DType dtype, RedOp op, c
     MK_CU(d.cuMemcpyHtoDAsync(fresh->tables, t.data(), sizeof(CUdeviceptr) * t.size(), side_stream),
           "copying the copy-engine tables");
     MK_CU(d.cuStreamSynchronize(side_stream), "initialising the copy-engine tables");
-    void* host_rec = nullptr;
-    MK_CU(d.cuMemHostAlloc(&host_rec, 2 * sizeof(dev::ErrorRecord), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
-          "allocating error records");
-    std::memset(host_rec, 0, 2 * sizeof(dev::ErrorRecord));
-    res->errors = static_cast<dev::ErrorRecord*>(host_rec);
-    MK_CU(d.cuMemHostGetDevicePointer(&res->errors_dev, host_rec, 0), "mapping error records");
-    plans.flags_used = fresh->flag_offset + flag_bytes;
-    plans.scratch_used = fresh->scratch_offset + scratch;
+    alloc_error_records(*res);
+    commit_regions(at);
     fresh->res = res.get();
     {
       std::lock_guard<std::mutex> lock(plans.res_mu);

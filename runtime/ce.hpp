@@ -131,8 +131,9 @@ namespace ce {
 // wait for the rest).
 class Issue {
  public:
+  // `capturing`: `stream` is capturing a graph (the caller asked already).
   Issue(Comm& c, PlanInstance& inst, Collective coll, DType dt, RedOp op, int32_t root, int64_t bytes,
-        const void* input, void* output, CUstream stream);
+        const void* input, void* output, CUstream stream, bool capturing);
   // Issues the next step; false once the call is complete (joined).
   bool step();
 
@@ -144,6 +145,7 @@ class Issue {
   const void* input_;
   void* output_;
   CUstream stream_, recv_ = nullptr;
+  bool capturing_;
   CUfunction reduce_ = nullptr;  // reduce-scatter and all-reduce
   std::vector<Op> ops_;
   size_t next_ = 0, issued_ = 0;

@@ -613,6 +613,48 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   return *raw;
 }
 
+Comm::Regions Comm::place_regions(int64_t flag_bytes, int64_t scratch_bytes, const std::string& who,
+                                  const std::string& detail, const std::string& remedy) const {
+  // Regions, allocated in call order: identical on every rank because every
+  // rank makes the same calls in the same order (as NCCL requires).
+  // Flag offsets count from the abort word (the flag part's base), scratch
+  // offsets from the scratch part's base.
+  const int64_t align = 256;
+  Regions r;
+  r.flag_offset = (plans.flags_used + align - 1) / align * align;
+  r.scratch_offset = (plans.scratch_used + align - 1) / align * align;
+  r.flag_bytes = flag_bytes;
+  r.scratch_bytes = scratch_bytes;
+  const int64_t flag_size = plans.flag_end - plans.flag_base, scratch_size = plans.scratch_end - plans.scratch_base;
+  const char* share_hint = arena_shared() ? " (this communicator shares its parent's memory: splitShare gave it part "
+                                            "of the parent's free scratch; raise it there or split without splitShare)"
+                                          : "";
+  if (r.flag_offset + flag_bytes > flag_size)
+    fail(mkSystemError, fmt::format("flag memory exhausted ({} bytes); raise MK_FLAG_BYTES (on every rank){}",
+                                    flag_size, share_hint));
+  if (r.scratch_offset + scratch_bytes > scratch_size)
+    fail(mkSystemError, fmt::format("symmetric scratch exhausted: {} needs {} more bytes{}, {} of {} are in use; {} "
+                                    "(on every rank){}",
+                                    who, scratch_bytes, detail, plans.scratch_used, scratch_size, remedy, share_hint));
+  return r;
+}
+
+void Comm::commit_regions(const Regions& r) {
+  plans.flags_used = r.flag_offset + r.flag_bytes;
+  plans.scratch_used = r.scratch_offset + r.scratch_bytes;
+}
+
+void Comm::alloc_error_records(Resources& res) {
+  const Driver& d = cu();
+  const size_t bytes = sizeof(dev::ErrorRecord) * size_t(res.grid);
+  void* host_rec = nullptr;
+  MK_CU(d.cuMemHostAlloc(&host_rec, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+        "allocating error records");
+  std::memset(host_rec, 0, bytes);
+  res.errors = static_cast<dev::ErrorRecord*>(host_rec);
+  MK_CU(d.cuMemHostGetDevicePointer(&res.errors_dev, host_rec, 0), "mapping error records");
+}
+
 Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
   // Everything that shapes the flag protocol and the scratch layout.
   // (The compiler version too: another one may place synchronisation elsewhere.)
@@ -626,25 +668,9 @@ Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
   auto res = std::make_unique<Resources>();
   res->key = key;
   res->grid = k.grid;
-  // Regions, allocated in call order: identical on every rank because every
-  // rank makes the same calls in the same order (as NCCL requires).
-  // Flag offsets count from the abort word (the flag part's base), scratch
-  // offsets from the scratch part's base.
-  const int64_t align = 256;
-  res->flag_offset = (plans.flags_used + align - 1) / align * align;
-  res->scratch_offset = (plans.scratch_used + align - 1) / align * align;
-  const int64_t flag_size = plans.flag_end - plans.flag_base, scratch_size = plans.scratch_end - plans.scratch_base;
-  const bool shares = arena_shared();
-  const char* share_hint = shares ? " (this communicator shares its parent's memory: splitShare gave it part of "
-                                    "the parent's free scratch; raise it there or split without splitShare)"
-                                  : "";
-  if (res->flag_offset + k.flag_bytes > flag_size)
-    fail(mkSystemError, fmt::format("flag memory exhausted ({} bytes); raise MK_FLAG_BYTES (on every rank){}",
-                                    flag_size, share_hint));
-  if (res->scratch_offset + k.scratch_bytes > scratch_size)
-    fail(mkSystemError, fmt::format("symmetric scratch exhausted: plan {} needs {} more bytes, {} of {} are in use; "
-                                    "raise MK_SCRATCH_BYTES (on every rank){}",
-                                    k.name, k.scratch_bytes, plans.scratch_used, scratch_size, share_hint));
+  const Regions at = place_regions(k.flag_bytes, k.scratch_bytes, "plan " + k.name, "", "raise MK_SCRATCH_BYTES");
+  res->flag_offset = at.flag_offset;
+  res->scratch_offset = at.scratch_offset;
   std::vector<CUdeviceptr> sp(static_cast<size_t>(nranks)), fp(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) {
     fp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(plans.flag_base + res->flag_offset);
@@ -664,15 +690,8 @@ Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
   MK_CU(d.cuMemcpyHtoDAsync(res->seq, zeros.data(), sizeof(uint64_t) * size_t(k.grid), side_stream),
         "zeroing step counters");
   MK_CU(d.cuStreamSynchronize(side_stream), "initialising plan tables");
-  void* host_rec = nullptr;
-  MK_CU(d.cuMemHostAlloc(&host_rec, sizeof(dev::ErrorRecord) * size_t(k.grid),
-                         CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
-        "allocating error records");
-  std::memset(host_rec, 0, sizeof(dev::ErrorRecord) * size_t(k.grid));
-  res->errors = static_cast<dev::ErrorRecord*>(host_rec);
-  MK_CU(d.cuMemHostGetDevicePointer(&res->errors_dev, host_rec, 0), "mapping error records");
-  plans.flags_used = res->flag_offset + k.flag_bytes;
-  plans.scratch_used = res->scratch_offset + k.scratch_bytes;
+  alloc_error_records(*res);
+  commit_regions(at);
   Resources* raw = res.get();
   std::lock_guard<std::mutex> lock(plans.res_mu);
   plans.resources.push_back(std::move(res));

@@ -305,6 +305,20 @@ class Comm {
   // The resources for kernel `k` of `p`: shared with structurally equal
   // kernels, else allocated (tables initialised on the side stream).
   Resources& resources_for(const plan::Plan& p, const plan::Kernel& k);
+  // Where the next flag and scratch regions of `flag_bytes` and
+  // `scratch_bytes` go: after what is in use, 256-byte aligned (offsets from
+  // the flag and scratch parts' bases; the same on every rank, which
+  // allocates in the same order). Throws when they do not fit, naming `who`
+  // (with `detail` after its byte count) and saying what to raise or lower
+  // (`remedy`). Takes nothing: commit_regions does, once the rest is built.
+  struct Regions {
+    int64_t flag_offset = 0, scratch_offset = 0, flag_bytes = 0, scratch_bytes = 0;
+  };
+  Regions place_regions(int64_t flag_bytes, int64_t scratch_bytes, const std::string& who, const std::string& detail,
+                        const std::string& remedy) const;
+  void commit_regions(const Regions& r);
+  // `res`'s error records: `res.grid` of them, host-mapped, zeroed.
+  void alloc_error_records(Resources& res);
   // A copy-engine schedule's instance (runtime/ce.cpp).
   PlanInstance& create_ce_instance(Collective coll, DType dtype, RedOp op, const Choice& choice, int64_t* lo,
                                    int64_t* hi);

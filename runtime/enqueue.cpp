@@ -299,9 +299,9 @@ void finish_locked(Pending& p, PlanInstance& inst, const LaunchStart& ls) {
   }
 }
 
-std::unique_ptr<ce::Issue> ce_issue(Pending& p, PlanInstance& inst) {
+std::unique_ptr<ce::Issue> ce_issue(Pending& p, PlanInstance& inst, const LaunchStart& ls) {
   return std::make_unique<ce::Issue>(*p.c, inst, p.k.coll, p.dt, p.op, p.k.root, p.bytes, p.k.send, p.k.recv,
-                                     p.stream);
+                                     p.stream, !ls.eager);
 }
 
 // Caller holds c->mu.
@@ -312,7 +312,7 @@ void launch_locked(Pending& p, PlanInstance& inst) {
   if (special_stream(p.stream)) g = std::make_unique<CtxGuard>(c.ctx);
   const LaunchStart ls = start_locked(p);
   if (inst.ce) {
-    auto issue = ce_issue(p, inst);
+    auto issue = ce_issue(p, inst, ls);
     try {
       while (issue->step()) {
       }
@@ -484,7 +484,7 @@ void group_end() {
         if (special_stream(p.stream)) g = std::make_unique<CtxGuard>(p.c->ctx);
         if (!lane.ce) {
           lane.ls = start_locked(p);
-          lane.ce = ce_issue(p, pi);
+          lane.ce = ce_issue(p, pi, lane.ls);
           p.c->ce_issuing = true;
         }
         any = true;

@@ -24,7 +24,6 @@
 #include <set>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -421,7 +420,6 @@ void apply_mem(const Op& op) {
   if (op.kind == Op::set) std::memset(reinterpret_cast<void*>(op.dst), op.value, op.bytes);
 }
 
-// Host functions are collected (they run later, without the lock).
 // mk_ce_sync (templates/copy_engine.cuh), run at once: signals, then polls
 // its words without the lock (peers are other processes or threads) until
 // they hold, the communicator aborts or the timeout passes.
@@ -495,31 +493,34 @@ void run_ce_sync(std::unique_lock<std::mutex>& lock, const mk::dev::CeSyncArgs& 
   }
 }
 
-// mk_ce_reduce_<dtype>_<op> for the dtypes tests use (uint8, int32, fp32;
-// others leave dst as it was): dst := finalize(fold in rank order).
-template <typename T>
-void ce_reduce_as(const mk::dev::CeReduceArgs& a, const std::string& op) {
+// mk_ce_reduce_<dtype>_<op>: dst := finalize(fold in rank order), with the
+// reduction steps the kernel uses (templates/reduce.cuh compiles on the host
+// too: two's-complement integer wrap-around, narrow floats in float).
+template <typename T, int K>
+void ce_reduce_as(const mk::dev::CeReduceArgs& a) {
+  using C = typename mk::dev::Compute<T>::type;
   const int64_t n = a.bytes / int64_t(sizeof(T));
   for (int64_t i = 0; i < n; ++i) {
-    double acc = 0;
-    T iacc{};
+    C acc{};
     for (int q = 0; q < a.nranks; ++q) {
       const char* base = q == a.rank ? a.own : a.scratch + (int64_t(q) * a.slots + a.slot) * a.slot_bytes;
       T v;
       std::memcpy(&v, base + i * int64_t(sizeof(T)), sizeof v);
-      if (q == 0) {
-        iacc = v;
-        continue;
-      }
-      if (op == "sum" || op == "avg") iacc = T(iacc + v);
-      else if (op == "prod") iacc = T(iacc * v);
-      else if (op == "max") iacc = iacc < v ? v : iacc;
-      else if (op == "min") iacc = v < iacc ? v : iacc;
+      const C c = mk::dev::Compute<T>::load(v);
+      acc = q == 0 ? c : mk::dev::red_apply<K, C>(acc, c);
     }
-    acc = double(iacc);
-    T out = op == "avg" ? T(std::is_integral<T>::value ? T(iacc / T(a.nranks)) : T(acc / a.nranks)) : iacc;
+    const T out = mk::dev::Compute<T>::store(mk::dev::red_finalize<K, C>(acc, a.nranks));
     std::memcpy(a.dst + i * int64_t(sizeof(T)), &out, sizeof out);
   }
+}
+
+template <typename T>
+void ce_reduce_op(const mk::dev::CeReduceArgs& a, const std::string& op) {
+  if (op == "sum") ce_reduce_as<T, mk::dev::kRedSum>(a);
+  else if (op == "prod") ce_reduce_as<T, mk::dev::kRedProd>(a);
+  else if (op == "max") ce_reduce_as<T, mk::dev::kRedMax>(a);
+  else if (op == "min") ce_reduce_as<T, mk::dev::kRedMin>(a);
+  else if (op == "avg") ce_reduce_as<T, mk::dev::kRedAvg>(a);
 }
 
 void run_ce_reduce(const std::string& fn, const mk::dev::CeReduceArgs& a) {
@@ -533,11 +534,21 @@ void run_ce_reduce(const std::string& fn, const mk::dev::CeReduceArgs& a) {
     return;  // a real kernel would fault
   const std::string rest = fn.substr(std::strlen("mk_ce_reduce_"));
   const std::string dt = rest.substr(0, rest.find('_')), op = rest.substr(rest.find('_') + 1);
-  if (dt == "uint8") ce_reduce_as<uint8_t>(a, op);
-  else if (dt == "int32") ce_reduce_as<int32_t>(a, op);
-  else if (dt == "fp32") ce_reduce_as<float>(a, op);
+  if (dt == "int8") ce_reduce_op<int8_t>(a, op);
+  else if (dt == "uint8") ce_reduce_op<uint8_t>(a, op);
+  else if (dt == "int32") ce_reduce_op<int32_t>(a, op);
+  else if (dt == "uint32") ce_reduce_op<uint32_t>(a, op);
+  else if (dt == "int64") ce_reduce_op<int64_t>(a, op);
+  else if (dt == "uint64") ce_reduce_op<uint64_t>(a, op);
+  else if (dt == "fp16") ce_reduce_op<mk::dev::f16>(a, op);
+  else if (dt == "bf16") ce_reduce_op<mk::dev::bf16>(a, op);
+  else if (dt == "fp32") ce_reduce_op<float>(a, op);
+  else if (dt == "fp64") ce_reduce_op<double>(a, op);
+  else if (dt == "fp8e4m3") ce_reduce_op<mk::dev::f8e4m3>(a, op);
+  else if (dt == "fp8e5m2") ce_reduce_op<mk::dev::f8e5m2>(a, op);
 }
 
+// Host functions are collected (they run later, without the lock).
 void run_ops(std::unique_lock<std::mutex>& lock, const std::vector<Op>& ops, Stream* stream, CUstream handle,
              std::vector<Op>* host_fns) {
   for (const Op& op : ops) {
