@@ -556,6 +556,27 @@ int copy_engine_group(int rank, int, const mkUniqueId&) {
   return 0;
 }
 
+// Copy-engine scratch that does not fit (MK_SCRATCH_BYTES=1 MiB, the default
+// tile 16 MiB at one rank: 48 MiB): a clear error saying what to change.
+int copy_engine_scratch(int rank, int nranks, const mkUniqueId& id) {
+  CUstream stream = nullptr;
+  mkComm_t comm = nullptr;
+  if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 16) == CUDA_SUCCESS);
+  void* in = reinterpret_cast<void*>(uintptr_t(buf));
+  void* out = reinterpret_cast<void*>(uintptr_t(buf + (1 << 15)));
+  CHILD_CHECK(mkAllGather(in, out, 1 << 14, mkUint8, comm, stream) == mkSystemError);
+  const std::string msg = mkGetLastError(comm);
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  CHILD_CHECK(msg.find("symmetric scratch exhausted: the copy-engine path needs 50331648 more bytes (1 ranks x 3 "
+                       "slots x tile 16777216)") != std::string::npos);
+  CHILD_CHECK(msg.find("raise MK_SCRATCH_BYTES or lower MK_TUNE=ce_tile (on every rank)") != std::string::npos);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  return 0;
+}
+
 // A peer that never makes the call: the copy-engine transfer's wait is
 // bounded (MK_TIMEOUT_MS), the error is sticky and names the side, the tile
 // and the peer; the peer aborts and leaves.
@@ -771,6 +792,7 @@ int mkt_child_main(int argc, char** argv) {
                                {"rank 1:", "MK_TUNE"});
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
   if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
+  if (scenario == "copy_engine_scratch") return copy_engine_scratch(rank, nranks, id);
   if (scenario == "copy_engine_group") return copy_engine_group(rank, nranks, id);
   if (scenario == "copy_engine_stall") return copy_engine_stall(rank, nranks, id);
   if (scenario == "select") return selected(rank, nranks, id);
@@ -859,6 +881,11 @@ TEST_CASE("processes: copy-engine all-gather, all-to-all, broadcast, reduce-scat
   std::filesystem::remove_all(cache + "-2");
   std::filesystem::remove_all(cache + "-3");
   run_ranks(1, "copy_engine_group", {env});
+}
+
+TEST_CASE("one process: copy-engine scratch that does not fit is a clear error naming the knobs") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(1, "copy_engine_scratch", {{"MK_ALGO=allgather=allgather.ce", "MK_SCRATCH_BYTES=1048576"}});
 }
 
 TEST_CASE("two processes: a peer that never calls stops a copy-engine transfer at the timeout, sticky and named") {
