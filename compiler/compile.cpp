@@ -55,7 +55,8 @@ std::string options_json(const CompileOptions& o) {
   const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_variant,
                on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
-               simple_instances, ll_instances, max_grid, simple_loads, simple_pipeline, one_pass, ce_tile_bytes] = proto;
+               simple_instances, ll_instances, max_grid, simple_loads, simple_pipeline, one_pass, lamport,
+               lamport_units, ce_tile_bytes] = proto;
   (void)ce_tile_bytes;  // copy-engine transfers: no kernel
   (void)use_cache;     // where the plan is kept, not what it is
   (void)use_prebuilt;  // where the plan may come from, not what it is
@@ -87,7 +88,9 @@ std::string options_json(const CompileOptions& o) {
           {"max_grid", max_grid},
           {"simple_loads", simple_loads},
           {"simple_pipeline", simple_pipeline},
-          {"one_pass", one_pass}}}}}};
+          {"one_pass", one_pass},
+          {"lamport", lamport},
+          {"lamport_units", lamport_units}}}}}};
   return j.dump();
 }
 
@@ -157,11 +160,13 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
       }
     }
     started_ms[b] = ms_since(t0);
+    v = passes::mark_lamport(std::move(v), o.dtype, o.lower.proto.lamport != 0);  // per dtype: after lowering
     verify::verify_resources(v);  // refuse what no communicator could load
     auto t = std::chrono::steady_clock::now();
     codegen::Limits lim;
     lim.loads = o.lower.proto.simple_loads;
     lim.pipeline = o.lower.proto.simple_pipeline != 0;
+    lim.lamport_units = o.lower.proto.lamport_units;
     units[b] = codegen::generate_one(v, b, nb, o.dtype, o.op, tag, lim, o.rank);
     codegen_ms[b] = ms_since(t);
     std::vector<ir::Op>().swap(v.ops);
@@ -219,6 +224,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     k.seq_words = k.grid;
     k.pdl = o.arch >= 90;
     k.one_pass = s.one_pass;  // codegen: every kernel starts with mk::dev::grid_dependency_wait()
+    k.lamport = s.lamport;
     k.cubin_file = k.name + ".sm_" + std::to_string(o.arch) + ".cubin";
     k.source_file = k.name + ".cu";
     k.cubin = std::move(results[b].cubin);

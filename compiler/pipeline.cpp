@@ -80,6 +80,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
   };
   set_topology(s, o.topology);
   s.one_pass = false;  // a pass decides, never the input (an IR file may say anything)
+  s.lamport = false;
   dump("build", s);
 
   // Plans are for root 0 (the kernel relabels ranks for the caller's root): a

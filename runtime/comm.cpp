@@ -56,7 +56,7 @@ void setup_memory(Comm& c, const ParentMemory* shared) {
     c.plans.scratch_base = shared->region.scratch_lo;
     c.plans.scratch_end = shared->region.scratch_hi;
   } else {
-    c.arena->allocate(c.cudev, size_t(c.config.flag_bytes + c.config.scratch_bytes));
+    c.arena->allocate(c.cudev, size_t(c.config.flag_bytes + c.config.scratch_bytes), size_t(c.config.flag_bytes));
     publish_arena(c.arena);
     c.plans.flag_base = 0;
     c.plans.flag_end = c.config.flag_bytes;
@@ -390,7 +390,7 @@ mkResult_t Comm::poll_async_error() {
     what = fmt::format("{} waited {:.0f} ms at step {} for flag slot {} from rank {} (have {}, want {})", who,
                        double(e.waited_ns) / 1e6, e.step, e.slot, e.peer, e.have, e.want);
   else if (e.code == dev::kErrLLTimeout)
-    what = fmt::format("{} waited {:.0f} ms at step {} for data in LL scratch (source {})", who,
+    what = fmt::format("{} waited {:.0f} ms at step {} for packets in scratch (source {}, LL or Lamport)", who,
                        double(e.waited_ns) / 1e6, e.step, e.slot);
   else if (e.code == dev::kErrOnePassSteps)
     what = fmt::format("{} is a one-pass kernel (one step per launch) but this call needs {} steps: the plan's size "

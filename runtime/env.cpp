@@ -46,6 +46,8 @@ const std::vector<TuneKey>& tune_table() {
       {"simple_loads", 1, 32, 1, nullptr, &P::simple_loads},
       {"simple_pipeline", 0, 1, 1, nullptr, &P::simple_pipeline},
       {"one_pass", 0, 1, 1, nullptr, &P::one_pass},
+      {"lamport", 0, 1, 1, nullptr, &P::lamport},
+      {"lamport_units", 1, 4, 1, nullptr, &P::lamport_units},
       {"ce_tile", 0, int64_t(1) << 30, 65536, &P::ce_tile_bytes, nullptr},
   };
   return t;

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "runtime/cuda_driver.hpp"
 #include "runtime/status.hpp"
 
@@ -60,7 +62,7 @@ CUdeviceptr reserve_and_map(CUmemGenericAllocationHandle handle, size_t size, CU
 
 }  // namespace
 
-void Arena::allocate(CUdevice device, size_t size) {
+void Arena::allocate(CUdevice device, size_t size, size_t zeroed) {
   const Driver& d = cu();
   int vmm = 0, fdh = 0;
   d.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device);
@@ -81,15 +83,19 @@ void Arena::allocate(CUdevice device, size_t size) {
     throw;
   }
   set_access(base_, size_, {device});
-  // Zeroed on a private stream and waited for: peers may signal into these
-  // flags as soon as setup ends. (A context-wide sync could wait for kernels
+  // Filled on a private stream and waited for: peers may signal into these
+  // flags and write Lamport packets into this scratch as soon as setup ends.
+  // Scratch regions are never handed out twice, so a Lamport kernel's slots
+  // are all ones until it runs. (A context-wide sync could wait for kernels
   // of other communicators that wait for this very thread.)
+  zeroed = std::min(zeroed, size_);
   CUstream s = nullptr;
   MK_CU(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "creating a setup stream");
-  CUresult z = d.cuMemsetD8Async(base_, 0, size_, s);
+  CUresult z = d.cuMemsetD8Async(base_, 0, zeroed, s);
+  if (z == CUDA_SUCCESS && size_ > zeroed) z = d.cuMemsetD8Async(base_ + zeroed, 0xFF, size_ - zeroed, s);
   CUresult w = z == CUDA_SUCCESS ? d.cuStreamSynchronize(s) : z;
   d.cuStreamDestroy(s);
-  MK_CU(w, "zeroing symmetric memory");
+  MK_CU(w, "initialising symmetric memory");
 }
 
 void Arena::grant(const std::vector<CUdevice>& devices) {

@@ -19,8 +19,10 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
 
   // Allocates `size` bytes (rounded up to the granularity) on `device`,
-  // readable and writable by `device`, zeroed.
-  void allocate(CUdevice device, size_t size);
+  // readable and writable by `device`: the first `zeroed` bytes (flags)
+  // zero, the rest (scratch) all ones, the sentinel of Lamport packets at
+  // rest (templates/prims_lamport.cuh).
+  void allocate(CUdevice device, size_t size, size_t zeroed);
   // Lets more devices of this process access it (several ranks per process).
   void grant(const std::vector<CUdevice>& devices);
   int export_fd() const;  // caller closes

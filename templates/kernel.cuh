@@ -10,13 +10,15 @@
 //   c.copy_pass / c.reduce_pass / ...           the same in a one-pass kernel: no barrier
 //   c.op_wide<RED, FINAL>(refs, ns, nd, pos, op) an op of many operands, in a loop
 //
-// The data primitives live in one header per protocol: prims_simple.cuh and
-// prims_ll.cuh; zero-copy entry and exit in zero_copy.cuh; every wait goes
+// The data primitives live in one header per protocol: prims_simple.cuh,
+// prims_ll.cuh and prims_lamport.cuh (one-pass LL kernels of float dtypes,
+// P::kLamport); zero-copy entry and exit in zero_copy.cuh; every wait goes
 // through sync.cuh's one bounded spin.
 #pragma once
 #include "abi.cuh"
 #include "layout.cuh"
 #include "prims.cuh"
+#include "prims_lamport.cuh"
 #include "prims_ll.cuh"
 #include "prims_simple.cuh"
 #include "ref.cuh"
@@ -57,10 +59,13 @@ struct Ctx {
   static constexpr int N = P::kRanks;
   static constexpr int NT = P::kThreads;
   static constexpr int VE = 16 / int(sizeof(T));
-  static constexpr int64_t kSlotBytes = P::kMaxTileBytes * (P::kLL ? 2 : 1);
+  // LL packets carry 8 data bytes in 16; Lamport packets and plain data 16.
+  static constexpr int64_t kSlotBytes = P::kMaxTileBytes * (P::kLL && !P::kLamport ? 2 : 1);
   static constexpr int64_t kAbortWord = int64_t(P::kInstances) * P::kSlots;
   static_assert(P::kMaxTileBytes % 16 == 0, "tiles are whole 16-byte vectors");
   static_assert(NT % 32 == 0, "blocks are whole warps");
+  static_assert(!P::kLamport || (P::kLL && P::kOnePass && P::kWide == 0),
+                "Lamport packets are for one-pass kernels (which have no wide ops)");
 
   const Args& a;
   Shared<N>& sh;
@@ -225,13 +230,15 @@ struct Ctx {
 
   // ---- data --------------------------------------------------------------
   // One tile: dst[d][0..n) := combine(src[0][0..n), ..., src[NS-1][0..n)).
-  // SLL/DLL: bit masks of sources/destinations in LL format (LL plans only).
+  // SLL/DLL: bit masks of sources/destinations in LL (or Lamport) format.
   template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
   MK_DEV void prim(T* const (&src)[NS], T* const (&dst)[ND], int64_t n, int32_t op) {
     static_assert(NS >= 1 && ND >= 1, "an op reads and writes something");
     static_assert(RED || NS == 1, "a copy has one source");
     if (n <= 0) return;
-    if constexpr (P::kLL)
+    if constexpr (P::kLamport)
+      lamport_tile<Ctx, NS, ND, RED, FINAL, SLL, DLL>(*this, src, dst, n, op);
+    else if constexpr (P::kLL)
       ll_tile<Ctx, NS, ND, RED, FINAL, SLL, DLL>(*this, src, dst, n, op);
     else
       simple_tile<Ctx, NS, ND, RED, FINAL>(src, dst, n);

@@ -986,6 +986,7 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
   MK_CHECK(s.synced && s.tbs > 0 && s.tile_bytes > 0, "codegen needs lowered schedules");
   if (s.one_pass) {  // what the kernel relies on when it drops the waits (passes/one_pass.cpp)
     MK_CHECK(s.proto == ir::Proto::ll && s.tbs == 1 && s.depth >= 2 && !s.zero_copy, "codegen: not a one-pass schedule");
+  MK_CHECK(!s.lamport || (s.one_pass && dtype_is_float(dtype)), "codegen: Lamport packets on a schedule or dtype without them");
     for (const Op& op : s.ops)
       MK_CHECK(op.kind != OpKind::wait || op.iter == -s.depth, "codegen: a one-pass schedule with a true wait");
   }
@@ -1018,9 +1019,10 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
       : served.empty() ? ""
                        : fmt::format("; only class {} ({} rank(s)): other ranks run nothing",
                                      rc.class_of[size_t(rank)], u.serves.size()),
-      s.one_pass ? "\n// one pass: each thread runs every op on its own units, no barrier or flag between them "
-                   "(passes/one_pass.cpp)"
-                 : "");
+      s.one_pass ? std::string("\n// one pass: each thread runs every op on its own units, no barrier or flag between "
+                               "them (passes/one_pass.cpp)") +
+                       (s.lamport ? "; Lamport packets: scratch holds the data, a sentinel where none arrived yet" : "")
+                 : std::string());
   Emitter e(s, int32_t(b), cp, o, served, lim.reroll && !s.one_pass, rooted || (s.one_pass && !own) ? -1 : rank,
             lim.row_only_bytes);
   o += fmt::format(
@@ -1028,11 +1030,13 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
       "  static constexpr int kRanks = {}, kChunks = {}, kTbs = {}, kInstances = {}, kDepth = {};\n"
       "  static constexpr int kScratch = {}, kSlots = {}, kThreads = {}, kPosRot = {}, kWide = {};\n"
       "  static constexpr long long kMaxTileBytes = {};\n"
-      "  static constexpr int kLoads = {};\n"
-      "  static constexpr bool kLL = {}, kRooted = {}, kZeroCopy = {}, kPipeline = {}, kOnePass = {}, kInlineOps = {};\n}};\n\n",
+      "  static constexpr int kLoads = {}, kLamportUnits = {};\n"
+      "  static constexpr bool kLL = {}, kLamport = {}, kRooted = {}, kZeroCopy = {}, kPipeline = {}, kOnePass = {};\n"
+      "  static constexpr bool kInlineOps = {};\n}};\n\n",
       b, dtype_device_name(dtype), int(op), s.nranks, s.chunks, s.tbs, s.instances, s.depth,
       std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot, cp.wide,
-      s.tile_bytes, std::max(lim.loads, 1), s.proto == ir::Proto::ll ? "true" : "false", rooted ? "true" : "false",
+      s.tile_bytes, std::max(lim.loads, 1), std::max(lim.lamport_units, 1), s.proto == ir::Proto::ll ? "true" : "false",
+      s.lamport ? "true" : "false", rooted ? "true" : "false",
       s.zero_copy ? "true" : "false", lim.pipeline ? "true" : "false", s.one_pass ? "true" : "false",
       e.inline_ops() ? "true" : "false");
   u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);

@@ -83,6 +83,8 @@ struct Limits {
   // The simple protocol's streaming loop (P::kLoads, P::kPipeline).
   int32_t loads = 16;
   bool pipeline = false;
+  // Lamport kernels' 16-byte units in flight per thread (P::kLamportUnits).
+  int32_t lamport_units = 1;
 };
 
 // One compilation unit per size bucket (compiled in parallel).

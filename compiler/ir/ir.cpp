@@ -195,10 +195,10 @@ std::string print(const Schedule& s) {
   std::string out = fmt::format(
       "schedule {} collective={} ranks={} root={} chunks={} instances={} scratch={}\n", s.name,
       name(s.coll), s.nranks, s.root, s.chunks, s.instances, s.scratch);
-  out += fmt::format("  tbs={} slots={} depth={} proto={} tile={}{}{}{}{}{}\n", s.tbs, s.slots, s.depth,
+  out += fmt::format("  tbs={} slots={} depth={} proto={} tile={}{}{}{}{}{}{}\n", s.tbs, s.slots, s.depth,
                      name(s.proto), s.tile_bytes, s.staged ? " staged" : "",
                      s.zero_copy ? " zero_copy" : "", s.synced ? " synced" : "", s.one_pass ? " one_pass" : "",
-                     s.topology ? " topology=" + s.topology->name() : "");
+                     s.lamport ? " lamport" : "", s.topology ? " topology=" + s.topology->name() : "");
   // Group by rank, then thread block; within a group keep program order.
   // Bucketed once and stably sorted: scanning all ops per rank and per block
   // took minutes at 1024 ranks.

@@ -130,6 +130,12 @@ struct Schedule {
   // step each and whose scratch reuse is ordered by the launches themselves;
   // kernels run its data ops without its wait and signal ops.
   bool one_pass = false;
+  // Lamport packets (passes/one_pass.cpp mark_lamport): a one-pass schedule
+  // whose scratch holds plain data, with a sentinel where nothing has arrived
+  // yet; each slot's one reader polls it and puts the sentinel back. Float
+  // dtypes only (the sentinel is an all-ones word, a NaN the writer
+  // replaces), so it is set per dtype after lowering.
+  bool lamport = false;
   // What it is built and lowered for; unset: one NVLink node of nranks GPUs
   // (topology_of). When set, topology->nranks() == nranks.
   std::optional<topology::Topology> topology;

@@ -93,6 +93,7 @@ json header(const Schedule& s) {
   j["staged"] = s.staged;
   if (s.zero_copy) j["zero_copy"] = true;
   if (s.one_pass) j["one_pass"] = true;
+  if (s.lamport) j["lamport"] = true;
   j["synced"] = s.synced;
   if (s.topology) j["topology"] = topology::to_json(*s.topology);
   return j;
@@ -189,6 +190,8 @@ Schedule from_json(std::string_view text) {
   s.staged = get_bool(j, "staged", "$", false);
   s.zero_copy = get_bool(j, "zero_copy", "$", false);
   s.one_pass = get_bool(j, "one_pass", "$", false);
+  s.lamport = get_bool(j, "lamport", "$", false);
+  if (s.lamport && !s.one_pass) bad("$.lamport", "only one-pass schedules use Lamport packets");
   s.synced = get_bool(j, "synced", "$", false);
   if (s.nranks < 1) bad("$.ranks", "must be >= 1");
   if (s.chunks < 1) bad("$.chunks", "must be >= 1");

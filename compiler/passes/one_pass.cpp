@@ -31,6 +31,32 @@
 // scratch writes another rank reads (pushed into the reader's scratch, or
 // staged in its own and pulled) reads scratch that rank wrote, and every
 // wait a reuse wait (iter -depth).
+//
+// Lamport packets (mark_lamport, per dtype, after mark_one_pass): the scratch
+// of a one-pass kernel can hold the data itself, 16 bytes a 16-byte store
+// instead of LL's 8, with the readiness in the data: scratch at rest is all
+// sentinel (an all-ones 32-bit word: NaN for every float type; the arena's
+// scratch is filled with it when it is created), a writer replaces the
+// sentinel word in what it stores by another NaN (0x7fffffff: the same
+// elements stay NaN), and a reader polls until no word of its 16 bytes is the
+// sentinel, then stores the sentinel back. Why that is safe, on top of the
+// one-pass argument above:
+//  - readiness: a 32-bit word is written whole (the vector store's elements
+//    are 32-bit), so a reader that sees no sentinel word sees every byte of
+//    this launch's data (the data of launch k - depth was put back to the
+//    sentinel by its reader);
+//  - the reset: each slot has one reader (one op reads it, once), which is
+//    the thread that owns those units in every op; it resets after reading,
+//    so by the end of its launch the slot is at rest again. The writer's next
+//    write into that copy comes depth >= 2 launches later, after it heard
+//    from the reader in the launch between (the one-pass argument), which
+//    the reader began only after this launch, resets included, completed;
+//  - a slot written by one op and read by another (never the same op, whose
+//    own store would then be read back as the peer's).
+// Integer dtypes keep LL packets: every bit pattern is a value.
+#include <fmt/format.h>
+
+#include <map>
 #include <set>
 
 #include "compiler/passes/passes.hpp"
@@ -111,6 +137,63 @@ ir::Schedule mark_one_pass(ir::Schedule s, int64_t max_bytes) {
   for (const ir::Op& op : s.ops)
     if (op.kind == ir::OpKind::wait && op.iter != -s.depth) return s;  // a true dependency: flags stay
   s.one_pass = true;
+  return s;
+}
+
+bool lamport_possible(const ir::Schedule& s, std::string* why) {
+  auto no = [&](const std::string& w) {
+    if (why) *why = w;
+    return false;
+  };
+  if (!s.one_pass) return no("not a one-pass schedule");
+  // Per scratch cell (rank, slot): the op that writes it, the op that reads
+  // it and how often.
+  struct Use {
+    int64_t writer = -1, reader = -1;
+    int reads = 0;
+  };
+  std::map<std::pair<int32_t, int32_t>, Use> cells;
+  auto cell = [&](const ir::Ref& r) -> Use* {
+    if (r.buf != ir::Buf::scratch) return nullptr;
+    return &cells[{r.rank, r.index}];
+  };
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const ir::Op& op = s.ops[i];
+    if (!op.is_data()) continue;
+    for (const ir::Ref& r : op.srcs)
+      if (r.count != 1) return no("an op of several chunks");
+    for (const ir::Ref& r : op.dsts)
+      if (r.count != 1) return no("an op of several chunks");
+    for (const ir::Ref& r : op.dsts)
+      if (Use* u = cell(r)) {
+        if (u->writer >= 0 && u->writer != int64_t(i))
+          return no(fmt::format("scratch slot {} of rank {} is written by two ops", r.index, r.rank));
+        u->writer = int64_t(i);
+      }
+    for (const ir::Ref& r : op.srcs)
+      if (Use* u = cell(r)) {
+        if (u->reader >= 0 && u->reader != int64_t(i))
+          return no(fmt::format("scratch slot {} of rank {} is read by two ops (only one can put the sentinel back)",
+                                r.index, r.rank));
+        u->reader = int64_t(i);
+        ++u->reads;
+      }
+  }
+  for (const auto& [at, u] : cells) {
+    if (u.reads > 1)
+      return no(fmt::format("scratch slot {} of rank {} is read twice by one op", at.second, at.first));
+    if (u.reader < 0 || u.writer < 0)
+      return no(fmt::format("scratch slot {} of rank {} is {}", at.second, at.first,
+                            u.reader < 0 ? "written but never read (it would never go back to rest)"
+                                         : "read but never written"));
+    if (u.reader == u.writer)
+      return no(fmt::format("scratch slot {} of rank {} is read and written by one op", at.second, at.first));
+  }
+  return true;
+}
+
+ir::Schedule mark_lamport(ir::Schedule s, DType dtype, bool on) {
+  s.lamport = on && dtype_is_float(dtype) && lamport_possible(s, nullptr);
   return s;
 }
 

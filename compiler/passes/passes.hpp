@@ -56,6 +56,15 @@ struct ProtocolOptions {
   // LL buckets run in one pass where passes/one_pass.cpp allows (1) or keep
   // their flags and thread blocks (0).
   int32_t one_pass = 1;
+  // One-pass buckets of float dtypes carry Lamport packets where
+  // passes/one_pass.cpp mark_lamport allows (1: 16 data bytes a 16-byte
+  // store, no flag) or LL packets (0: 8 data bytes and a flag).
+  int32_t lamport = 1;
+  // Lamport kernels: 16-byte units each thread loads before it polls and
+  // stores (at most 4 with two sources, 2 with four, else 1). One is fastest
+  // up to 256 KiB on one H200 (session 12: 2 and 4 add 0.2-0.7 us a call up
+  // to 64 KiB); two with 32 instances from 256 KiB to 1 MiB.
+  int32_t lamport_units = 1;
   // Copy-engine schedules (runtime/ce.hpp): bytes per peer and tile, a
   // multiple of 64 KiB (bounds the ops a call issues); 0: by rank count
   // (ce::default_tile). Shapes no kernel (not part of plan cache
@@ -74,6 +83,12 @@ ir::Schedule choose_protocol(ir::Schedule s, const Bucket& b);
 bool one_pass_possible(const ir::Schedule& s, int64_t max_bytes, std::string* why = nullptr);
 ir::Schedule one_block(ir::Schedule s);
 ir::Schedule mark_one_pass(ir::Schedule s, int64_t max_bytes);
+// Lamport packets (one_pass.cpp): whether a one-pass schedule's scratch can
+// hold plain data with a sentinel (every slot written by one op and read by
+// one other op, once); mark_lamport sets Schedule::lamport for a float dtype
+// when `on` and it holds, and clears it otherwise.
+bool lamport_possible(const ir::Schedule& s, std::string* why = nullptr);
+ir::Schedule mark_lamport(ir::Schedule s, DType dtype, bool on);
 ir::Schedule insert_sync(ir::Schedule s);
 // With an explicit clock budget in bytes (tests force several chain blocks),
 // and the schedule's access needs where the caller has them

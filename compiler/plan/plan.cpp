@@ -122,6 +122,13 @@ Kernel kernel_from_json(const json& k, const Plan& p, size_t i, const std::strin
     x.one_pass = k["one_pass"].get<bool>();
     if (x.one_pass && x.proto != "ll") bad(where, path + ".one_pass", "only LL kernels run in one pass");
   }
+  if (k.contains("lamport")) {
+    if (!k["lamport"].is_boolean()) bad(where, path + ".lamport", "expected true or false");
+    x.lamport = k["lamport"].get<bool>();
+    if (x.lamport && !x.one_pass) bad(where, path + ".lamport", "only one-pass kernels carry Lamport packets");
+    if (x.lamport && !dtype_is_float(p.dtype))
+      bad(where, path + ".lamport", fmt::format("{} has no spare bit pattern for the sentinel", name(p.dtype)));
+  }
   if (k.contains("pdl")) {
     if (!k["pdl"].is_boolean()) bad(where, path + ".pdl", "expected true or false");
     x.pdl = k["pdl"].get<bool>();
@@ -141,7 +148,7 @@ Kernel kernel_from_json(const json& k, const Plan& p, size_t i, const std::strin
         fmt::format("{} bytes cannot hold {} flag words ({} instances x {} slots, abort word{})", x.flag_bytes,
                     flag_words, x.instances, x.flag_slots, p.zero_copy ? ", zero-copy mailboxes" : ""));
   if (x.scratch_bytes != 0) {
-    int64_t need = x.max_tile_bytes * (x.proto == "ll" ? 2 : 1);  // < 2^32
+    int64_t need = x.max_tile_bytes * (x.proto == "ll" && !x.lamport ? 2 : 1);  // < 2^32
     for (int64_t f : {int64_t(x.scratch_slots), int64_t(x.depth), int64_t(x.instances)}) {
       if (need > kMaxRegion / f)
         bad(where, path + ".scratch_bytes", "the scratch layout (tile x slots x depth x instances) exceeds 1 TiB");
@@ -266,6 +273,7 @@ json kernel_json(const Kernel& k) {
           {"source", k.source_file}};
   if (k.pdl) j["pdl"] = true;
   if (k.one_pass) j["one_pass"] = true;
+  if (k.lamport) j["lamport"] = true;
   return j;
 }
 
@@ -439,7 +447,8 @@ std::string summary(const Plan& p) {
     s += fmt::format(
         "  bucket {} [{}]: {} proto={} tile<={}B grid={}x{} ({} instance(s) x {} block(s)) "
         "scratch={}B/rank flags={} slot(s) classes={}\n",
-        k.bucket, range, k.name, k.proto, k.max_tile_bytes, k.grid, k.threads, k.instances, k.tbs, k.scratch_bytes,
+        k.bucket, range, k.name, k.proto + (k.lamport ? " (one pass, Lamport)" : k.one_pass ? " (one pass)" : ""),
+        k.max_tile_bytes, k.grid, k.threads, k.instances, k.tbs, k.scratch_bytes,
         k.flag_slots, k.classes);
   }
   return s;

@@ -19,7 +19,7 @@ struct Kernel {
   int32_t bucket = 0;
   int64_t min_bytes = 0;
   int64_t max_bytes = -1;  // -1: no upper bound
-  std::string proto;       // "simple" | "ll"
+  std::string proto;       // "simple" | "ll" (and `lamport`: LL with Lamport packets)
   int64_t max_tile_bytes = 0;  // the launch picks its tile up to this (pick_tile_bytes)
   int32_t instances = 1;
   int32_t tbs = 1;
@@ -40,6 +40,11 @@ struct Kernel {
   // launches of one step each. Its scratch and step counters are never
   // shared with a kernel that waits for flags (the resource key includes it).
   bool one_pass = false;
+  // Lamport packets (passes/one_pass.cpp mark_lamport): a one-pass kernel whose
+  // scratch holds plain data and the all-ones sentinel at rest (the arena's
+  // scratch starts so); slots of one tile, not LL's two. Its scratch is never
+  // shared with an LL kernel's (the resource key includes this field).
+  bool lamport = false;
   std::string cubin_file;     // relative to the plan directory
   std::string source_file;
 

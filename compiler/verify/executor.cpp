@@ -30,7 +30,8 @@ struct RankMem {
   int64_t in_bytes = 0, out_bytes = 0;
   std::vector<uint8_t> scratch;
   std::vector<uint64_t> flags;     // [inst][slot]
-  std::vector<uint64_t> ll_ready;  // [inst][depth][slot]: step value the LL data carries
+  std::vector<uint64_t> ll_ready;  // [inst][depth][slot]: step value the LL data carries;
+                                   // Lamport: 1 while data no reader took is there, 0 at rest
   std::vector<uint64_t> seq;       // [inst][tb]
   int32_t launch = 0;
   int32_t running = 0;  // threads of the current launch still running
@@ -55,7 +56,7 @@ class Sim {
     L_ = dev::make_layout(o.count, s.chunks, tile, s.instances, es_);
     // The kernel strides scratch by the plan's largest tile; the same layout
     // function with this launch's tile as the stride keeps host memory small.
-    slot_bytes_ = tile * (s.proto == ir::Proto::ll ? 2 : 1);
+    slot_bytes_ = tile * (s.proto == ir::Proto::ll && !s.lamport ? 2 : 1);
     progs_.assign(size_t(s.nranks) * s.tbs, {});
     for (size_t i = 0; i < s.ops.size(); ++i) {
       const Op& op = s.ops[i];
@@ -215,7 +216,8 @@ class Sim {
         if (r.buf != Buf::scratch) continue;
         for (int32_t k = 0; k < r.count; ++k) {
           if (dev::tile_elems(L_, op.pos[size_t(k)], tile) == 0) continue;
-          if (ll_ready(r.rank, t.inst, t.base + uint64_t(t.step), r.index + k) != value) return false;
+          const uint64_t have = ll_ready(r.rank, t.inst, t.base + uint64_t(t.step), r.index + k);
+          if (s_.lamport ? have == 0 : have != value) return false;
         }
       }
     }
@@ -283,9 +285,31 @@ class Sim {
             });
           }
         }
-        if (s_.proto == ir::Proto::ll)
+        if (s_.lamport && len > 0) {
+          // Lamport (passes/one_pass.cpp): the reader puts the sentinel back
+          // (here: bytes no value has, so a read of them shows as a wrong
+          // result); a write into a slot whose data no reader took yet is
+          // the hazard the scheme rules out.
+          for (const Ref& r : op.srcs)
+            if (r.buf == Buf::scratch) {
+              ll_ready(r.rank, t.inst, t.base + uint64_t(t.step), r.index + k) = 0;
+              std::memset(addr(t, r, k, tile, len, pos), 0xFF, size_t(len * es_));
+            }
+          for (const Ref& r : op.dsts)
+            if (r.buf == Buf::scratch) {
+              uint64_t& full = ll_ready(r.rank, t.inst, t.base + uint64_t(t.step), r.index + k);
+              if (full)
+                throw Error(ErrId::verify_E014,
+                            fmt::format("{}: rank {} writes scratch slot {} of rank {} (instance {}, step {}) "
+                                        "before its reader took the Lamport packets written there before",
+                                        s_.name, t.rank, r.index + k, r.rank, t.inst, t.base + uint64_t(t.step)),
+                            {}, "Lamport packets need each slot read once per write, the reuse ordered by launches");
+              full = 1;
+            }
+        } else if (s_.proto == ir::Proto::ll) {
           for (const Ref& r : op.dsts)
             if (r.buf == Buf::scratch) ll_ready(r.rank, t.inst, t.base + uint64_t(t.step), r.index + k) = value;
+        }
       }
     }
     if (++t.pc == t.prog->size()) {

@@ -8,7 +8,8 @@ namespace mk::verify {
 
 int64_t scratch_bytes(const ir::Schedule& s) {
   if (s.scratch == 0) return 0;
-  return s.tile_bytes * (s.proto == ir::Proto::ll ? 2 : 1) * int64_t(s.scratch) * s.depth * s.instances;
+  // LL packets carry 8 data bytes in 16; Lamport packets 16 in 16
+  return s.tile_bytes * (s.proto == ir::Proto::ll && !s.lamport ? 2 : 1) * int64_t(s.scratch) * s.depth * s.instances;
 }
 
 void verify_resources(const ir::Schedule& s) {
@@ -19,7 +20,7 @@ void verify_resources(const ir::Schedule& s) {
                           "{} instance(s)), more than the communicator's default scratch of {} bytes "
                           "(MK_SCRATCH_BYTES)",
                           s.name.empty() ? std::string(name(s.coll)) : s.name, need, s.scratch, s.tile_bytes,
-                          s.proto == ir::Proto::ll ? " x 2 (LL)" : "", s.depth, s.instances, kDefaultScratchBytes),
+                          s.proto == ir::Proto::ll && !s.lamport ? " x 2 (LL)" : "", s.depth, s.instances, kDefaultScratchBytes),
               s.loc, "use fewer scratch slots at once (reuse a slot once its data was read), fewer --instances or a "
                      "smaller --tile");
 }

@@ -10,8 +10,9 @@ struct P0 {
   static constexpr int kRanks = 4, kChunks = 4, kTbs = 2, kInstances = 16, kDepth = 2;
   static constexpr int kScratch = 6, kSlots = 7, kThreads = 256, kPosRot = 1, kWide = 0;
   static constexpr long long kMaxTileBytes = 4096;
-  static constexpr int kLoads = 16;
-  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = false, kInlineOps = true;
+  static constexpr int kLoads = 16, kLamportUnits = 1;
+  static constexpr bool kLL = true, kLamport = false, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = false;
+  static constexpr bool kInlineOps = true;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {

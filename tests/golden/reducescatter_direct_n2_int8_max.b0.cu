@@ -11,8 +11,9 @@ struct P0 {
   static constexpr int kRanks = 2, kChunks = 1, kTbs = 1, kInstances = 16, kDepth = 2;
   static constexpr int kScratch = 1, kSlots = 1, kThreads = 256, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 16384;
-  static constexpr int kLoads = 16;
-  static constexpr bool kLL = true, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = true, kInlineOps = true;
+  static constexpr int kLoads = 16, kLamportUnits = 1;
+  static constexpr bool kLL = true, kLamport = false, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = true;
+  static constexpr bool kInlineOps = true;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {

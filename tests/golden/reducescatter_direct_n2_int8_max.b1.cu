@@ -10,8 +10,9 @@ struct P1 {
   static constexpr int kRanks = 2, kChunks = 1, kTbs = 2, kInstances = 32, kDepth = 2;
   static constexpr int kScratch = 1, kSlots = 2, kThreads = 512, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 262144;
-  static constexpr int kLoads = 16;
-  static constexpr bool kLL = false, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = false, kInlineOps = true;
+  static constexpr int kLoads = 16, kLamportUnits = 1;
+  static constexpr bool kLL = false, kLamport = false, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = false;
+  static constexpr bool kInlineOps = true;
 };
 
 static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {

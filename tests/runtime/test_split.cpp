@@ -316,3 +316,33 @@ TEST_CASE("mkCommSplit inside a group: one thread splits every rank of its proce
   for (auto c : child)
     if (c) CHECK(mkCommDestroy(c) == mkSuccess);
 }
+
+// Lamport packets (templates/prims_lamport.cuh) rely on scratch at rest being
+// all ones: the arena starts so (flags zero), and a splitShare child's part
+// of its parent's scratch, never used before, is still so.
+TEST_CASE("symmetric memory starts with zero flags and all-ones scratch, in a splitShare child's part too") {
+  MKT_REQUIRE_FAKE();
+  Ranks p(2);
+  REQUIRE(p.allreduce(p.c, {0, 1}) == mkSuccess);
+  const Where parent = where_last_launch_went();
+  const int64_t flag_bytes = int64_t(1) << 20;                                              // the default
+  const int64_t scratch_bytes = std::strtoll(std::getenv("MK_SCRATCH_BYTES"), nullptr, 10);  // tests/runtime/main.cpp
+  std::vector<unsigned char> mem(size_t(flag_bytes + scratch_bytes));
+  REQUIRE(MKT_FN(cuMemcpyDtoH)(mem.data(), parent.abort_word, mem.size()) == CUDA_SUCCESS);
+  // (the fake's kernels write no flag and no scratch)
+  size_t nonzero = 0, not_ones = 0;
+  for (int64_t i = 0; i < flag_bytes; ++i) nonzero += mem[size_t(i)] != 0;
+  for (int64_t i = flag_bytes; i < flag_bytes + scratch_bytes; ++i) not_ones += mem[size_t(i)] != 0xFF;
+  CHECK(nonzero == 0);
+  CHECK(not_ones == 0);
+  CHECK(parent.scratch >= parent.abort_word + CUdeviceptr(flag_bytes));
+  const mkConfig_t cfg = share_config();
+  std::vector<mkComm_t> child;
+  for (mkResult_t r : p.split(&child, all_one, &cfg)) CHECK_MESSAGE(r == mkSuccess, mkGetLastError(nullptr));
+  REQUIRE(p.allreduce(child, {0, 1}) == mkSuccess);
+  const Where kid = where_last_launch_went();
+  std::vector<unsigned char> region(4096);
+  REQUIRE(MKT_FN(cuMemcpyDtoH)(region.data(), kid.scratch, region.size()) == CUDA_SUCCESS);
+  for (unsigned char b : region) REQUIRE(b == 0xFF);
+  for (auto c : child) CHECK(mkCommDestroy(c) == mkSuccess);
+}

@@ -119,7 +119,7 @@ TEST_CASE("codegen: the embedded templates are the files in templates/") {
     CHECK(mkt::read_text(file) == std::string(text));
   }
   for (const char* n : {"kernel.cuh", "dtype.cuh", "reduce.cuh", "layout.cuh", "prims.cuh", "prims_ll.cuh",
-                        "prims_simple.cuh", "sync.cuh", "zero_copy.cuh"})
+                        "prims_lamport.cuh", "prims_simple.cuh", "sync.cuh", "zero_copy.cuh"})
     CHECK(names.count(n) == 1);
 }
 

@@ -5,9 +5,17 @@
 // goes wrong in the simulation.
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/compile.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/pipeline.hpp"
+#include "compiler/plan/plan.hpp"
 #include "compiler/verify/executor.hpp"
+#include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "support.hpp"
 
@@ -182,4 +190,180 @@ TEST_CASE("one pass: forced on a schedule that fails its conditions, the simulat
   // the same with its waits kept: always right
   v.one_pass = false;
   for (uint64_t seed = 1; seed <= 20; ++seed) CHECK(simulate_launches(v, seed).ok);
+}
+
+// ---- Lamport packets (one_pass.cpp mark_lamport) ------------------------------
+
+namespace {
+
+bool have_nvrtc() { return jit::nvrtc_version() > 0; }
+
+ir::Schedule lamport_variant(const std::string& name, int n, DType t = DType::fp32) {
+  ir::Schedule v = ll_variant(lower_small(name, n));
+  REQUIRE(v.one_pass);
+  return passes::mark_lamport(std::move(v), t, true);
+}
+
+}  // namespace
+
+TEST_CASE("lamport: one-pass buckets of float dtypes carry Lamport packets; integers, LL buckets with flags and the knob "
+          "off do not") {
+  for (const char* name : {"allreduce.one_shot", "allgather.direct", "reducescatter.direct", "alltoall.direct",
+                           "reducescatter.pull"})
+    for (int n : {2, 3, 8}) {
+      CAPTURE(name);
+      CAPTURE(n);
+      for (DType t : all_dtypes()) {
+        CAPTURE(mk::name(t));
+        CHECK(lamport_variant(name, n, t).lamport == dtype_is_float(t));
+      }
+      std::string why;
+      CHECK_MESSAGE(passes::lamport_possible(lamport_variant(name, n), &why), why);
+      CHECK_FALSE(passes::mark_lamport(ll_variant(lower_small(name, n)), DType::bf16, false).lamport);
+      // half the scratch of LL packets
+      ir::Schedule v = lamport_variant(name, n);
+      const int64_t lamport_bytes = verify::scratch_bytes(v);
+      v.lamport = false;
+      CHECK(verify::scratch_bytes(v) == 2 * lamport_bytes);
+    }
+  // not one pass: the ring's LL bucket keeps its flags
+  ir::Schedule ring = ll_variant(lower_small("allreduce.ring", 4));
+  std::string why;
+  CHECK_FALSE(passes::mark_lamport(ring, DType::fp32, true).lamport);
+  CHECK_FALSE(passes::lamport_possible(ring, &why));
+  CHECK(mkt::contains(why, "not a one-pass"));
+  // the printed IR and its JSON say so, and a JSON file cannot ask for it without one pass
+  const ir::Schedule v = lamport_variant("allreduce.one_shot", 2);
+  CHECK(mkt::contains(ir::print(v), " one_pass lamport"));
+  CHECK(ir::from_json(ir::to_json(v)).lamport);
+  nlohmann::json j = nlohmann::json::parse(ir::to_json(v));
+  j.erase("one_pass");
+  auto c = mkt::catch_error([&] { ir::from_json(j.dump()); });
+  CHECK(c.id == "mk.ir.E001");
+  CHECK(mkt::contains(c.message, "only one-pass schedules use Lamport packets"));
+}
+
+TEST_CASE("lamport: refused where a slot has no single reader") {
+  ir::Schedule v = lamport_variant("allreduce.one_shot", 3);
+  REQUIRE(v.lamport);
+  // a second op reading a slot the reduce reads: two readers, one reset
+  size_t reader = v.ops.size();
+  for (size_t i = 0; i < v.ops.size(); ++i)
+    if (v.ops[i].is_data())
+      for (const ir::Ref& r : v.ops[i].srcs)
+        if (r.buf == ir::Buf::scratch) reader = i;
+  REQUIRE(reader < v.ops.size());
+  ir::Schedule two = v;
+  ir::Op extra = v.ops[reader];
+  extra.kind = ir::OpKind::copy;
+  extra.final = false;
+  for (const ir::Ref& r : v.ops[reader].srcs)
+    if (r.buf == ir::Buf::scratch) extra.srcs = {r};
+  extra.id = two.next_id();
+  two.ops.push_back(extra);
+  std::string why;
+  CHECK_FALSE(passes::lamport_possible(two, &why));
+  CHECK(mkt::contains(why, "read by two ops"));
+  CHECK_FALSE(passes::mark_lamport(two, DType::fp32, true).lamport);
+  // forced through: the second reader finds the sentinel the first put back
+  two.lamport = true;
+  auto c = mkt::catch_error([&] { (void)simulate_launches(two, 1); });
+  CHECK(c.id == "mk.verify.E005");
+  // a slot written but never read would never go back to rest
+  ir::Schedule unread = v;
+  auto& srcs = unread.ops[reader].srcs;
+  srcs.erase(std::remove_if(srcs.begin(), srcs.end(), [](const ir::Ref& r) { return r.buf == ir::Buf::scratch; }),
+             srcs.end());
+  CHECK_FALSE(passes::lamport_possible(unread, &why));
+  CHECK(mkt::contains(why, "never read"));
+}
+
+TEST_CASE("lamport: plans compute their collective with the readers' resets, launch after launch, every float dtype") {
+  for (const char* name : {"allreduce.one_shot", "allgather.direct", "reducescatter.direct", "alltoall.direct",
+                           "reducescatter.pull"})
+    for (int n : {2, 3, 5}) {
+      const ir::Schedule v = lamport_variant(name, n);
+      REQUIRE(v.lamport);
+      for (DType t : {DType::fp32, DType::bf16, DType::fp8e4m3, DType::fp64})
+        for (bool inplace : {false, true}) {
+          if (inplace && std::string(name) == "alltoall.direct") continue;
+          for (int64_t count : {int64_t(1), int64_t(7), int64_t(1000), int64_t(65536 / 8 / n)})
+            for (uint64_t seed : {1u, 2u}) {
+              CAPTURE(name);
+              CAPTURE(n);
+              CAPTURE(mk::name(t));
+              CAPTURE(inplace);
+              CAPTURE(count);
+              CAPTURE(seed);
+              verify::SimOptions so;
+              so.dtype = t;
+              so.op = RedOp::sum;
+              so.count = count;
+              so.inplace = inplace;
+              so.launches = 5;
+              so.seed = seed;
+              const auto r = verify::simulate(v, so);
+              CHECK_MESSAGE(r.ok, r.first_bad);
+            }
+        }
+    }
+}
+
+TEST_CASE("lamport: one copy of scratch is not enough (the next launch writes before the reader took the last)") {
+  // depth 1: launch k + 1's writer may fill a slot whose launch-k packets its
+  // reader has not taken yet; the simulation sees the overwrite (E014) or a
+  // result that mixes the two launches
+  ir::Schedule v = lamport_variant("allreduce.one_shot", 3);
+  v.depth = 1;
+  int bad = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    try {
+      bad += !simulate_launches(v, seed).ok;
+    } catch (const Error& e) {
+      CHECK(e.id() == ErrId::verify_E014);
+      ++bad;
+    }
+  }
+  MESSAGE("depth 1 went wrong in " << bad << " of 60 seeds");
+  CHECK(bad > 0);
+}
+
+TEST_CASE("lamport: compile_plan marks the kernel per dtype, halves its scratch, and the plan file round-trips" *
+          doctest::skip(!have_nvrtc())) {
+  mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
+  auto plan_for = [](DType t, int lamport) {
+    compiler::CompileOptions o;
+    o.dtype = t;
+    o.lower.proto.lamport = lamport;
+    return compiler::compile_plan(dsl::build(*dsl::find_schedule("allreduce.one_shot"), 2, 0), o);
+  };
+  const plan::Plan bf = plan_for(DType::bf16, 1), in = plan_for(DType::int32, 1), off = plan_for(DType::bf16, 0);
+  REQUIRE(bf.kernels.size() == 2);
+  CHECK(bf.kernels[0].lamport);
+  CHECK(bf.kernels[0].one_pass);
+  CHECK_FALSE(bf.kernels[1].lamport);  // the simple bucket
+  CHECK(mkt::contains(bf.kernels[0].source, "kLamport = true"));
+  CHECK(mkt::contains(plan::summary(bf), "proto=ll (one pass, Lamport)"));
+  CHECK_FALSE(in.kernels[0].lamport);
+  CHECK(mkt::contains(in.kernels[0].source, "kLamport = false"));
+  CHECK_FALSE(off.kernels[0].lamport);
+  CHECK(in.kernels[0].scratch_bytes == 2 * bf.kernels[0].scratch_bytes);
+  // Lamport and LL kernels never share scratch (the resource key differs)
+  CHECK(plan::resource_key(bf, bf.kernels[0]) != plan::resource_key(off, off.kernels[0]));
+  // the file says it, and a hand-edited one cannot put it where it does not belong
+  const std::string text = plan::to_json(bf);
+  CHECK(plan::from_json(text, "t").kernels[0].lamport);
+  nlohmann::json j = nlohmann::json::parse(text);
+  j["kernels"][1]["lamport"] = true;  // a simple kernel
+  auto c = mkt::catch_error([&] { plan::from_json(j.dump(), "t"); });
+  CHECK(c.id == "mk.plan.E001");
+  CHECK(mkt::contains(c.message, "only one-pass kernels carry Lamport packets"));
+  j = nlohmann::json::parse(plan::to_json(in));
+  j["kernels"][0]["lamport"] = true;  // an int32 plan
+  c = mkt::catch_error([&] { plan::from_json(j.dump(), "t"); });
+  CHECK(c.id == "mk.plan.E001");
+  CHECK(mkt::contains(c.message, "int32 has no spare bit pattern"));
+  j["kernels"][0]["lamport"] = "yes";
+  c = mkt::catch_error([&] { plan::from_json(j.dump(), "t"); });
+  CHECK(mkt::contains(c.message, "expected true or false"));
 }

@@ -466,13 +466,14 @@ void simulate_one(const Common& o, const verify::SimOptions& so, Loaded in, int 
     throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(in.coll)));
   auto l = compiler::lower(std::move(in.raw), lower_options(o));
   ir::Schedule v = pick_variant(l, bucket, count * int64_t(dtype_size(so.dtype)));
+  v = passes::mark_lamport(std::move(v), so.dtype, lower_options(o).proto.lamport != 0);  // as compile_plan does
   auto r = verify::simulate(v, so);
   fmt::print(
-      "{} ({} ranks, {} {}, count {}, {}{}, proto {}, tile {} B, {} step(s), {} launch(es)): max error {:.3g} "
+      "{} ({} ranks, {} {}, count {}, {}{}, proto {}{}, tile {} B, {} step(s), {} launch(es)): max error {:.3g} "
       "(tolerance {:.3g}), {} mismatch(es)\n",
       in.name, o.ranks, name(so.dtype), name(so.op), count, inplace ? "in-place" : "out-of-place",
       collective_rooted(in.coll) ? fmt::format(", root {}", o.root) : "",
-      ir::name(v.proto), v.tile_bytes, r.steps, launches, r.max_err, r.max_tol, r.mismatches);
+      ir::name(v.proto), v.lamport ? " (Lamport packets)" : "", v.tile_bytes, r.steps, launches, r.max_err, r.max_tol, r.mismatches);
   if (!r.ok)
     throw Error(ErrId::verify_E013, "simulated result differs from the float64 reference: " + r.first_bad);
   std::cout << "ok\n";

@@ -100,7 +100,17 @@ void progress(size_t done, size_t total, const std::string& what) {
 std::vector<std::string> knob_variants(const std::string& level) {
   if (level == "quick") return {""};
   if (level == "full")
-    return {"", "simple_instances=16", "simple_instances=24", "simple_loads=8", "ll_instances=8", "ll_max=65536",
+    return {"",
+            "simple_instances=16",
+            "simple_instances=24",
+            "simple_loads=8",
+            "ll_instances=8",
+            "ll_max=65536",
+            "ll_max=1048576",  // one pass (Lamport packets) further up
+            "ll_max=1048576,ll_instances=32,lamport_units=2",
+            "ll_max=4194304,ll_instances=32",
+            "lamport=0",
+            "lamport_units=2",
             "max_tile=131072"};
   throw Error(ErrId::cli_E011, "--knobs must be quick or full");
 }
