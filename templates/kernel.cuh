@@ -11,9 +11,9 @@
 //   c.op_wide<RED, FINAL>(refs, ns, nd, pos, op) an op of many operands, in a loop
 //
 // The data primitives live in one header per protocol: prims_simple.cuh,
-// prims_ll.cuh and prims_lamport.cuh (one-pass LL kernels of float dtypes,
-// P::kLamport); zero-copy entry and exit in zero_copy.cuh; every wait goes
-// through sync.cuh's one bounded spin.
+// prims_ll.cuh and prims_lamport.cuh (one-pass LL kernels of floats of at
+// most 4 bytes, P::kLamport); zero-copy entry and exit in zero_copy.cuh;
+// every wait goes through sync.cuh's one bounded spin.
 #pragma once
 #include "abi.cuh"
 #include "layout.cuh"

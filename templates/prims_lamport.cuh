@@ -1,12 +1,13 @@
 // Lamport packets (passes/one_pass.cpp mark_lamport): one-pass kernels of
-// float dtypes whose scratch holds the data itself, 16 data bytes a 16-byte
-// store (LL carries 8). A 32-bit word equal to kLamportEmpty (all ones: a NaN
-// in every float format) means "nothing arrived yet"; scratch is all empty
-// at rest (the arena's scratch starts so, runtime/memory.cpp). A writer stores
-// the empty word as 0x7fffffff (each element stays NaN); a reader polls its
-// 16 bytes until no word is empty (each 32-bit word is written whole), takes
-// them, and stores the empty words back, so the slot is at rest again when
-// its launch ends. No flag, no fence, no second round trip.
+// float dtypes of at most 4 bytes whose scratch holds the data itself, 16
+// data bytes a 16-byte store (LL carries 8). A 32-bit word equal to
+// kLamportEmpty (all ones: a NaN in each of those formats) means "nothing
+// arrived yet"; scratch is all empty at rest (the arena's scratch starts so,
+// runtime/memory.cpp). A writer stores the empty word as 0x7fffffff (each
+// element stays NaN, with another payload); a reader polls its 16 bytes until
+// no word is empty (each 32-bit word is written whole), takes them, and
+// stores the empty words back, so the slot is at rest again when its launch
+// ends. No flag, no fence, no second round trip.
 //
 // A tile is processed in 16-byte units; unit u is always thread u % NT's, in
 // every op of the kernel (one pass relies on that). Each thread handles U
@@ -98,12 +99,7 @@ MK_DEV void lamport_tile(X& c, typename X::T* const (&src)[NS], typename X::T* c
   constexpr int U = NS <= 2 ? (X::Plan::kLamportUnits < 4 ? X::Plan::kLamportUnits : 4)
                     : NS <= 4 ? (X::Plan::kLamportUnits < 2 ? X::Plan::kLamportUnits : 2)
                               : 1;
-  unsigned skip = 0;
-  if constexpr (!RED) {
-#pragma unroll
-    for (int d = 0; d < ND; ++d)
-      if (!(DLL >> d & 1u) && !(SLL & 1u) && dst[d] == src[0]) skip |= 1u << d;
-  }
+  const unsigned skip = same_as_source<NS, ND, RED, SLL, DLL>(src, dst);
   const int64_t nbytes = n * int64_t(sizeof(T));
   const int64_t units = (nbytes + 15) / 16;
   for (int64_t u0 = threadIdx.x; u0 < units; u0 += int64_t(U) * NT) {

@@ -62,6 +62,19 @@ MK_DEV void unit_store(T* p, int64_t unit, int bytes, V8 v) {
   for (int k = 0; k < bytes / int(sizeof(T)); ++k) st_elem(q + k, u.e[k]);
 }
 
+// The destinations of a copy that are its (plain) source: an in-place copy
+// stores nothing there. A bit per destination.
+template <int NS, int ND, bool RED, unsigned SLL, unsigned DLL, typename T>
+MK_DEV unsigned same_as_source(T* const (&src)[NS], T* const (&dst)[ND]) {
+  unsigned skip = 0;
+  if constexpr (!RED) {
+#pragma unroll
+    for (int d = 0; d < ND; ++d)
+      if (!(DLL >> d & 1u) && !(SLL & 1u) && dst[d] == src[0]) skip |= 1u << d;
+  }
+  return skip;
+}
+
 // Unit `unit` of an LL buffer, once its packet carries this step's flag.
 // On a timeout or an abort: zeros, with the block's `aborted` set.
 template <class X>
@@ -86,12 +99,7 @@ template <class X, int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned 
 MK_DEV void ll_tile(X& c, typename X::T* const (&src)[NS], typename X::T* const (&dst)[ND], int64_t n, int32_t op) {
   using T = typename X::T;
   constexpr int NT = X::NT;
-  unsigned skip = 0;
-  if constexpr (!RED) {
-#pragma unroll
-    for (int d = 0; d < ND; ++d)
-      if (!(DLL >> d & 1u) && !(SLL & 1u) && dst[d] == src[0]) skip |= 1u << d;
-  }
+  const unsigned skip = same_as_source<NS, ND, RED, SLL, DLL>(src, dst);
   const int64_t nbytes = n * int64_t(sizeof(T));
   const int64_t units = (nbytes + 7) / 8;
   const uint32_t flag = uint32_t(c.value());

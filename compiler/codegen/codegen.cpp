@@ -11,6 +11,7 @@
 #include <set>
 
 #include "compiler/common/side_by_side.hpp"
+#include "compiler/passes/passes.hpp"
 #include "templates/abi.cuh"
 #include "templates/ref.cuh"
 
@@ -986,10 +987,11 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
   MK_CHECK(s.synced && s.tbs > 0 && s.tile_bytes > 0, "codegen needs lowered schedules");
   if (s.one_pass) {  // what the kernel relies on when it drops the waits (passes/one_pass.cpp)
     MK_CHECK(s.proto == ir::Proto::ll && s.tbs == 1 && s.depth >= 2 && !s.zero_copy, "codegen: not a one-pass schedule");
-  MK_CHECK(!s.lamport || (s.one_pass && dtype_is_float(dtype)), "codegen: Lamport packets on a schedule or dtype without them");
     for (const Op& op : s.ops)
       MK_CHECK(op.kind != OpKind::wait || op.iter == -s.depth, "codegen: a one-pass schedule with a true wait");
   }
+  MK_CHECK(!s.lamport || (s.one_pass && passes::lamport_dtype(dtype)),
+           "codegen: Lamport packets on a schedule or dtype without them");
   MK_CHECK(b < buckets, "codegen: bucket out of range");
   Unit u;
   std::string& o = u.source;

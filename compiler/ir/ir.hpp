@@ -132,9 +132,9 @@ struct Schedule {
   bool one_pass = false;
   // Lamport packets (passes/one_pass.cpp mark_lamport): a one-pass schedule
   // whose scratch holds plain data, with a sentinel where nothing has arrived
-  // yet; each slot's one reader polls it and puts the sentinel back. Float
-  // dtypes only (the sentinel is an all-ones word, a NaN the writer
-  // replaces), so it is set per dtype after lowering.
+  // yet; each slot's one reader polls it and puts the sentinel back. Floats
+  // of at most 4 bytes only (the sentinel is an all-ones 32-bit word, there a
+  // NaN the writer replaces), so it is set per dtype after lowering.
   bool lamport = false;
   // What it is built and lowered for; unset: one NVLink node of nranks GPUs
   // (topology_of). When set, topology->nranks() == nranks.

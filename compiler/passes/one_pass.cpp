@@ -35,10 +35,12 @@
 // Lamport packets (mark_lamport, per dtype, after mark_one_pass): the scratch
 // of a one-pass kernel can hold the data itself, 16 bytes a 16-byte store
 // instead of LL's 8, with the readiness in the data: scratch at rest is all
-// sentinel (an all-ones 32-bit word: NaN for every float type; the arena's
-// scratch is filled with it when it is created), a writer replaces the
-// sentinel word in what it stores by another NaN (0x7fffffff: the same
-// elements stay NaN), and a reader polls until no word of its 16 bytes is the
+// sentinel (an all-ones 32-bit word: a NaN in every float type of at most 4
+// bytes, the dtypes that get Lamport packets; in an fp64 it can be the low
+// half of a number such as DBL_MAX; the arena's scratch is filled with it when
+// it is created), a writer replaces the sentinel word in what it stores by
+// 0x7fffffff (the elements it holds stay NaN, their payload changes: peers
+// see that NaN, the rank itself the original), and a reader polls until no word of its 16 bytes is the
 // sentinel, then stores the sentinel back. Why that is safe, on top of the
 // one-pass argument above:
 //  - readiness: a 32-bit word is written whole (the vector store's elements
@@ -53,7 +55,7 @@
 //    the reader began only after this launch, resets included, completed;
 //  - a slot written by one op and read by another (never the same op, whose
 //    own store would then be read back as the peer's).
-// Integer dtypes keep LL packets: every bit pattern is a value.
+// Integer dtypes and fp64 keep LL packets: there every 32-bit word can be a value.
 #include <fmt/format.h>
 
 #include <map>
@@ -192,8 +194,10 @@ bool lamport_possible(const ir::Schedule& s, std::string* why) {
   return true;
 }
 
+bool lamport_dtype(DType t) { return dtype_is_float(t) && dtype_size(t) <= 4; }
+
 ir::Schedule mark_lamport(ir::Schedule s, DType dtype, bool on) {
-  s.lamport = on && dtype_is_float(dtype) && lamport_possible(s, nullptr);
+  s.lamport = on && lamport_dtype(dtype) && lamport_possible(s, nullptr);
   return s;
 }
 

@@ -56,7 +56,7 @@ struct ProtocolOptions {
   // LL buckets run in one pass where passes/one_pass.cpp allows (1) or keep
   // their flags and thread blocks (0).
   int32_t one_pass = 1;
-  // One-pass buckets of float dtypes carry Lamport packets where
+  // One-pass buckets of floats of at most 4 bytes carry Lamport packets where
   // passes/one_pass.cpp mark_lamport allows (1: 16 data bytes a 16-byte
   // store, no flag) or LL packets (0: 8 data bytes and a flag).
   int32_t lamport = 1;
@@ -85,9 +85,13 @@ ir::Schedule one_block(ir::Schedule s);
 ir::Schedule mark_one_pass(ir::Schedule s, int64_t max_bytes);
 // Lamport packets (one_pass.cpp): whether a one-pass schedule's scratch can
 // hold plain data with a sentinel (every slot written by one op and read by
-// one other op, once); mark_lamport sets Schedule::lamport for a float dtype
-// when `on` and it holds, and clears it otherwise.
+// one other op, once); mark_lamport sets Schedule::lamport for a dtype
+// lamport_dtype allows when `on` and it holds, and clears it otherwise.
 bool lamport_possible(const ir::Schedule& s, std::string* why = nullptr);
+// Whether a dtype can carry Lamport packets: floats of at most 4 bytes (the
+// sentinel is an all-ones 32-bit word, a NaN only where an element fills
+// no more than that word; in an fp64 it can be the low half of a number).
+bool lamport_dtype(DType t);
 ir::Schedule mark_lamport(ir::Schedule s, DType dtype, bool on);
 ir::Schedule insert_sync(ir::Schedule s);
 // With an explicit clock budget in bytes (tests force several chain blocks),

@@ -11,6 +11,7 @@
 #include "compiler/common/cubin.hpp"
 #include "compiler/common/hash.hpp"
 #include "compiler/common/json_int.hpp"
+#include "compiler/passes/passes.hpp"
 #include "mk/error.hpp"
 #include "templates/abi.cuh"
 
@@ -126,8 +127,11 @@ Kernel kernel_from_json(const json& k, const Plan& p, size_t i, const std::strin
     if (!k["lamport"].is_boolean()) bad(where, path + ".lamport", "expected true or false");
     x.lamport = k["lamport"].get<bool>();
     if (x.lamport && !x.one_pass) bad(where, path + ".lamport", "only one-pass kernels carry Lamport packets");
-    if (x.lamport && !dtype_is_float(p.dtype))
-      bad(where, path + ".lamport", fmt::format("{} has no spare bit pattern for the sentinel", name(p.dtype)));
+    if (x.lamport && !passes::lamport_dtype(p.dtype))
+      bad(where, path + ".lamport",
+          fmt::format("{} has no spare 32-bit pattern for the sentinel (Lamport packets are for floats of at most 4 "
+                      "bytes)",
+                      name(p.dtype)));
   }
   if (k.contains("pdl")) {
     if (!k["pdl"].is_boolean()) bad(where, path + ".pdl", "expected true or false");

@@ -297,6 +297,16 @@ class Sim {
             }
           for (const Ref& r : op.dsts)
             if (r.buf == Buf::scratch) {
+              // the writer stores an all-ones 32-bit word (the sentinel) as 0x7fffffff
+              uint8_t* at = addr(t, r, k, tile, len, pos);
+              for (int64_t w = 0; w + 4 <= len * es_; w += 4) {
+                uint32_t word;
+                std::memcpy(&word, at + w, 4);
+                if (word == 0xffffffffu) {
+                  word = 0x7fffffffu;
+                  std::memcpy(at + w, &word, 4);
+                }
+              }
               uint64_t& full = ll_ready(r.rank, t.inst, t.base + uint64_t(t.step), r.index + k);
               if (full)
                 throw Error(ErrId::verify_E014,

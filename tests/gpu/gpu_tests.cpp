@@ -1026,6 +1026,97 @@ void host_time(World& w) {
               mk_us, bare_us, mk_us - bare_us);
 }
 
+// ---- values next to the Lamport sentinel ----------------------------------------
+//
+// One-pass kernels of floats of at most 4 bytes carry Lamport packets: an
+// all-ones 32-bit word means "not arrived" and a writer stores it as
+// 0x7fffffff (templates/prims_lamport.cuh). fp64 keeps LL packets because
+// there an all-ones word is the low half of numbers (regression: 1 - 2^-53
+// and DBL_MAX arrived changed on the peer). Every value must come back
+// exactly, except that an all-ones NaN may come back as another NaN.
+
+template <typename W>
+void edge_call(World& w, Collective coll, DType t, const std::vector<W>& mine, W other) {
+  const int64_t count = int64_t(mine.size());
+  const int64_t out_count = coll == Collective::allgather ? count * w.nranks : count;
+  std::vector<void*> send(w.local.size()), recv(w.local.size());
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    std::vector<W> in(static_cast<size_t>(count));
+    for (int64_t e = 0; e < count; ++e) in[size_t(e)] = w.local[i].rank == 0 ? mine[size_t(e)] : other;
+    CK_CUDA(cudaMalloc(&send[i], size_t(count) * sizeof(W)));
+    CK_CUDA(cudaMalloc(&recv[i], size_t(out_count) * sizeof(W)));
+    CK_CUDA(cudaMemcpy(send[i], in.data(), in.size() * sizeof(W), cudaMemcpyHostToDevice));
+  }
+  CK_MK(mkGroupStart(), nullptr);
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    mkResult_t r = coll == Collective::allgather
+                       ? mkAllGather(send[i], recv[i], size_t(count), to_mk(t), w.local[i].comm, w.local[i].stream)
+                       : mkAllReduce(send[i], recv[i], size_t(count), to_mk(t), mkSum, w.local[i].comm,
+                                     w.local[i].stream);
+    if (r != mkSuccess) throw Failure(std::string("edge values: ") + mkGetLastError(w.local[i].comm));
+  }
+  CK_MK(mkGroupEnd(), nullptr);
+  sync_all(w);
+  check_async(w);
+  auto is_nan = [](W x) {
+    if constexpr (sizeof(W) == 8) return (x & 0x7ff0000000000000ull) == 0x7ff0000000000000ull && (x << 12) != 0;
+    else if constexpr (sizeof(W) == 4) return (x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu) != 0;
+    else return (x & 0x7f80u) == 0x7f80u && (x & 0x7fu) != 0;  // bf16
+  };
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    std::vector<W> got(static_cast<size_t>(out_count));
+    CK_CUDA(cudaMemcpy(got.data(), recv[i], got.size() * sizeof(W), cudaMemcpyDeviceToHost));
+    for (int64_t e = 0; e < out_count; ++e) {
+      // all-reduce: rank 0's value plus zeros; all-gather: every rank's block
+      const int64_t block = coll == Collective::allgather ? e / count : 0;
+      const W want = coll == Collective::allreduce || block == 0 ? mine[size_t(e % count)] : other;
+      const W have = got[size_t(e)];
+      if (have == want || (is_nan(want) && is_nan(have))) continue;
+      char msg[200];
+      std::snprintf(msg, sizeof msg, "edge values: %s %s rank %d element %lld: got %#llx, want %#llx",
+                    std::string(name(coll)).c_str(), std::string(name(t)).c_str(), w.local[i].rank, (long long)e,
+                    (unsigned long long)have, (unsigned long long)want);
+      throw Failure(msg);
+    }
+    CK_CUDA(cudaFree(send[i]));
+    CK_CUDA(cudaFree(recv[i]));
+  }
+}
+
+void edge_values(World& w) {
+  // Patterns repeated over 1000 elements (the one-pass range), so that each
+  // sits at every position of a 16-byte unit.
+  auto repeat = [](auto pattern) {
+    decltype(pattern) v;
+    for (size_t e = 0; e < 1000; ++e) v.push_back(pattern[e % pattern.size()]);
+    return v;
+  };
+  const std::vector<uint64_t> f64 = repeat(std::vector<uint64_t>{
+      0x3fefffffffffffffull, 0x7fefffffffffffffull, 0xffefffffffffffffull, 0x00000000ffffffffull,
+      0xffffffff00000000ull, 0x3ff0000000000000ull, 0x7ff8000000000000ull});
+  edge_call<uint64_t>(w, Collective::allreduce, DType::fp64, f64, 0);
+  edge_call<uint64_t>(w, Collective::allgather, DType::fp64, f64, 0x4000000000000000ull);
+  const std::vector<uint32_t> f32 = repeat(std::vector<uint32_t>{0xffffffffu, 0x7fffffffu, 0xff7fffffu, 0x7f7fffffu,
+                                                                 0x3f800000u, 0x80000000u, 0x00000001u});
+  edge_call<uint32_t>(w, Collective::allgather, DType::fp32, f32, 0x40000000u);
+  const std::vector<uint16_t> b16 = repeat(std::vector<uint16_t>{0xffff, 0xffff, 0x7fff, 0xff7f, 0x3f80, 0x8000, 0xffff});
+  edge_call<uint16_t>(w, Collective::allgather, DType::bf16, b16, 0x4000);
+  // Lamport kernels of different dtypes share scratch and step counters
+  // (the resource key leaves the dtype out): alternate them.
+  for (int i = 0; i < 12; ++i) {
+    CallSpec s;
+    s.dtype = i % 3 == 0 ? DType::fp32 : i % 3 == 1 ? DType::bf16 : DType::fp16;
+    s.count = 3000 + 17 * i;
+    s.seed = uint64_t(500 + i);
+    run_checked(w, s);
+  }
+  std::printf("    fp64 all-reduce and all-gather, fp32 and bf16 all-gather of values next to the sentinel: exact; "
+              "fp32/bf16/fp16 all-reduces alternated\n");
+}
+
 // ---- bad input -------------------------------------------------------------------
 
 void expect_error(mkResult_t got, mkResult_t want, mkComm_t comm, const char* what, const char* needle) {
@@ -1239,6 +1330,9 @@ std::vector<Scenario> scenarios() {
   // Zero-copy from any size: the mismatched call below is small.
   v.push_back({"registered_errors_2proc", 2, true, 2, {{"MK_TIMEOUT_MS", "5000"}, {"MK_ZERO_COPY_MIN_BYTES", "0"}},
                registered_errors});
+  v.push_back({"edge_values_2gpu_1proc", 2, false, 2, {}, edge_values});
+  v.push_back({"edge_values_2gpu_2proc", 2, true, 2, {}, edge_values});
+  v.push_back({"edge_values_share_gpu_3ranks_1proc", 3, false, 1, {}, edge_values, 1});
   v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
   v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});

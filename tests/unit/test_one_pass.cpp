@@ -206,8 +206,8 @@ ir::Schedule lamport_variant(const std::string& name, int n, DType t = DType::fp
 
 }  // namespace
 
-TEST_CASE("lamport: one-pass buckets of float dtypes carry Lamport packets; integers, LL buckets with flags and the knob "
-          "off do not") {
+TEST_CASE("lamport: one-pass buckets of floats of at most 4 bytes carry Lamport packets; integers, fp64, LL buckets "
+          "with flags and the knob off do not") {
   for (const char* name : {"allreduce.one_shot", "allgather.direct", "reducescatter.direct", "alltoall.direct",
                            "reducescatter.pull"})
     for (int n : {2, 3, 8}) {
@@ -215,7 +215,7 @@ TEST_CASE("lamport: one-pass buckets of float dtypes carry Lamport packets; inte
       CAPTURE(n);
       for (DType t : all_dtypes()) {
         CAPTURE(mk::name(t));
-        CHECK(lamport_variant(name, n, t).lamport == dtype_is_float(t));
+        CHECK(lamport_variant(name, n, t).lamport == (dtype_is_float(t) && dtype_size(t) <= 4));
       }
       std::string why;
       CHECK_MESSAGE(passes::lamport_possible(lamport_variant(name, n), &why), why);
@@ -226,6 +226,11 @@ TEST_CASE("lamport: one-pass buckets of float dtypes carry Lamport packets; inte
       v.lamport = false;
       CHECK(verify::scratch_bytes(v) == 2 * lamport_bytes);
     }
+  // fp64: an all-ones 32-bit word is the low half of numbers such as DBL_MAX
+  // and 1 - 2^-53, which the writer's substitution would change (regression)
+  CHECK_FALSE(passes::lamport_dtype(DType::fp64));
+  CHECK_FALSE(lamport_variant("allreduce.one_shot", 2, DType::fp64).lamport);
+  for (DType t : {DType::fp32, DType::fp16, DType::bf16, DType::fp8e4m3, DType::fp8e5m2}) CHECK(passes::lamport_dtype(t));
   // not one pass: the ring's LL bucket keeps its flags
   ir::Schedule ring = ll_variant(lower_small("allreduce.ring", 4));
   std::string why;
@@ -278,13 +283,13 @@ TEST_CASE("lamport: refused where a slot has no single reader") {
   CHECK(mkt::contains(why, "never read"));
 }
 
-TEST_CASE("lamport: plans compute their collective with the readers' resets, launch after launch, every float dtype") {
+TEST_CASE("lamport: plans compute their collective with the readers' resets, launch after launch, every dtype they serve") {
   for (const char* name : {"allreduce.one_shot", "allgather.direct", "reducescatter.direct", "alltoall.direct",
                            "reducescatter.pull"})
     for (int n : {2, 3, 5}) {
       const ir::Schedule v = lamport_variant(name, n);
       REQUIRE(v.lamport);
-      for (DType t : {DType::fp32, DType::bf16, DType::fp8e4m3, DType::fp64})
+      for (DType t : {DType::fp32, DType::bf16, DType::fp16, DType::fp8e4m3})
         for (bool inplace : {false, true}) {
           if (inplace && std::string(name) == "alltoall.direct") continue;
           for (int64_t count : {int64_t(1), int64_t(7), int64_t(1000), int64_t(65536 / 8 / n)})
@@ -362,7 +367,12 @@ TEST_CASE("lamport: compile_plan marks the kernel per dtype, halves its scratch,
   j["kernels"][0]["lamport"] = true;  // an int32 plan
   c = mkt::catch_error([&] { plan::from_json(j.dump(), "t"); });
   CHECK(c.id == "mk.plan.E001");
-  CHECK(mkt::contains(c.message, "int32 has no spare bit pattern"));
+  CHECK(mkt::contains(c.message, "int32 has no spare 32-bit pattern"));
+  j["dtype"] = "fp64";
+  j["kernels"][0]["lamport"] = true;  // an fp64 plan
+  c = mkt::catch_error([&] { plan::from_json(j.dump(), "t"); });
+  CHECK(c.id == "mk.plan.E001");
+  CHECK(mkt::contains(c.message, "fp64 has no spare 32-bit pattern"));
   j["kernels"][0]["lamport"] = "yes";
   c = mkt::catch_error([&] { plan::from_json(j.dump(), "t"); });
   CHECK(mkt::contains(c.message, "expected true or false"));
