@@ -52,9 +52,11 @@ size_t entries(const fs::path& dir) {
   return size_t(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
 }
 
-void golden_units(const std::string& schedule, int n, DType t, RedOp op) {
+void golden_units(const std::string& schedule, int n, DType t, RedOp op, bool lamport = false) {
   auto l = lower_builtin(schedule, n);
-  const std::string tag = fmt::format("{}_n{}_{}_{}", codegen::identifier(schedule), n, name(t), name(op));
+  for (auto& v : l.variants) v = passes::mark_lamport(std::move(v), t, lamport);  // as compile_plan does
+  const std::string tag =
+      fmt::format("{}_n{}_{}_{}{}", codegen::identifier(schedule), n, name(t), name(op), lamport ? "_lamport" : "");
   auto units = codegen::generate(l.variants, t, op, tag);
   REQUIRE(units.size() == l.variants.size());
   for (size_t b = 0; b < units.size(); ++b) {
@@ -83,6 +85,47 @@ TEST_CASE("codegen golden: broadcast.direct, 3 ranks, bf16") { golden_units("bro
 
 TEST_CASE("codegen golden: reducescatter.direct, 2 ranks, int8 max") {
   golden_units("reducescatter.direct", 2, DType::int8, RedOp::max);
+}
+
+TEST_CASE("codegen golden: allreduce.one_shot, 3 ranks, fp16 max, Lamport packets in its one-pass bucket") {
+  golden_units("allreduce.one_shot", 3, DType::fp16, RedOp::max, true);
+  CHECK(mkt::contains(mkt::read_text(fs::path(mkt::test_dir()) / "golden" /
+                                     "allreduce_one_shot_n3_fp16_max_lamport.b0.cu"),
+                      "kLamport = true"));
+}
+
+// Lamport kernels compile for every dtype they serve, with each number of
+// units in flight (the number a thread can hold depends on the op's sources:
+// 2 at 3 ranks' one-shot reduce, 1 from 5).
+TEST_CASE("codegen: Lamport kernels compile with NVRTC for every dtype they serve and every unit count" *
+          doctest::skip(!have_nvrtc())) {
+  mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
+  struct Case {
+    const char* schedule;
+    int n;
+    DType t;
+    RedOp op;
+    int units;
+  };
+  for (const Case& c : {Case{"allreduce.one_shot", 3, DType::fp32, RedOp::sum, 4},
+                        Case{"allreduce.one_shot", 2, DType::bf16, RedOp::avg, 4},
+                        Case{"allreduce.one_shot", 5, DType::fp16, RedOp::max, 2},
+                        Case{"reducescatter.direct", 3, DType::fp8e4m3, RedOp::sum, 2},
+                        Case{"allgather.direct", 2, DType::fp8e5m2, RedOp::sum, 1},
+                        Case{"alltoall.direct", 4, DType::bf16, RedOp::sum, 3}}) {
+    CAPTURE(c.schedule);
+    CAPTURE(c.n);
+    compiler::CompileOptions o;
+    o.dtype = c.t;
+    o.op = c.op;
+    o.lower.max_bytes = 65536;
+    o.lower.proto.lamport_units = c.units;
+    const plan::Plan p = compiler::compile_plan(dsl::build(*dsl::find_schedule(c.schedule), c.n, 0), o);
+    REQUIRE(p.kernels.size() == 1);
+    CHECK(p.kernels[0].lamport);
+    CHECK(contains(p.kernels[0].source, fmt::format("kLamportUnits = {}", c.units)));
+    CHECK(is_elf(p.kernels[0].cubin));
+  }
 }
 
 TEST_CASE("codegen: generation is deterministic and depends on dtype and op") {
