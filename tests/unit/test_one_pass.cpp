@@ -206,7 +206,7 @@ ir::Schedule lamport_variant(const std::string& name, int n, DType t = DType::fp
 
 }  // namespace
 
-TEST_CASE("lamport: one-pass buckets of floats of at most 4 bytes carry Lamport packets; integers, fp64, LL buckets "
+TEST_CASE("lamport: one-pass buckets of floats of at most 4 bytes carry Lamport packets, integers, fp64, LL buckets "
           "with flags and the knob off do not") {
   for (const char* name : {"allreduce.one_shot", "allgather.direct", "reducescatter.direct", "alltoall.direct",
                            "reducescatter.pull"})
