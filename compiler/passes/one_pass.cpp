@@ -40,8 +40,8 @@
 // half of a number such as DBL_MAX; the arena's scratch is filled with it when
 // it is created), a writer replaces the sentinel word in what it stores by
 // 0x7fffffff (the elements it holds stay NaN, their payload changes: peers
-// see that NaN, the rank itself the original), and a reader polls until no word of its 16 bytes is the
-// sentinel, then stores the sentinel back. Why that is safe, on top of the
+// see that NaN, the rank itself the original), and a reader polls until no
+// word of its 16 bytes is the sentinel, then stores the sentinel back. Why that is safe, on top of the
 // one-pass argument above:
 //  - readiness: a 32-bit word is written whole (the vector store's elements
 //    are 32-bit), so a reader that sees no sentinel word sees every byte of

@@ -20,7 +20,8 @@ void verify_resources(const ir::Schedule& s) {
                           "{} instance(s)), more than the communicator's default scratch of {} bytes "
                           "(MK_SCRATCH_BYTES)",
                           s.name.empty() ? std::string(name(s.coll)) : s.name, need, s.scratch, s.tile_bytes,
-                          s.proto == ir::Proto::ll && !s.lamport ? " x 2 (LL)" : "", s.depth, s.instances, kDefaultScratchBytes),
+                          s.proto == ir::Proto::ll && !s.lamport ? " x 2 (LL)" : "", s.depth, s.instances,
+                          kDefaultScratchBytes),
               s.loc, "use fewer scratch slots at once (reuse a slot once its data was read), fewer --instances or a "
                      "smaller --tile");
 }

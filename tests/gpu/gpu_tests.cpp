@@ -1102,7 +1102,8 @@ void edge_values(World& w) {
   const std::vector<uint32_t> f32 = repeat(std::vector<uint32_t>{0xffffffffu, 0x7fffffffu, 0xff7fffffu, 0x7f7fffffu,
                                                                  0x3f800000u, 0x80000000u, 0x00000001u});
   edge_call<uint32_t>(w, Collective::allgather, DType::fp32, f32, 0x40000000u);
-  const std::vector<uint16_t> b16 = repeat(std::vector<uint16_t>{0xffff, 0xffff, 0x7fff, 0xff7f, 0x3f80, 0x8000, 0xffff});
+  const std::vector<uint16_t> b16 =
+      repeat(std::vector<uint16_t>{0xffff, 0xffff, 0x7fff, 0xff7f, 0x3f80, 0x8000, 0xffff});
   edge_call<uint16_t>(w, Collective::allgather, DType::bf16, b16, 0x4000);
   // Lamport kernels of different dtypes share scratch and step counters
   // (the resource key leaves the dtype out): alternate them.

@@ -230,7 +230,8 @@ TEST_CASE("lamport: one-pass buckets of floats of at most 4 bytes carry Lamport 
   // and 1 - 2^-53, which the writer's substitution would change (regression)
   CHECK_FALSE(passes::lamport_dtype(DType::fp64));
   CHECK_FALSE(lamport_variant("allreduce.one_shot", 2, DType::fp64).lamport);
-  for (DType t : {DType::fp32, DType::fp16, DType::bf16, DType::fp8e4m3, DType::fp8e5m2}) CHECK(passes::lamport_dtype(t));
+  for (DType t : {DType::fp32, DType::fp16, DType::bf16, DType::fp8e4m3, DType::fp8e5m2})
+    CHECK(passes::lamport_dtype(t));
   // not one pass: the ring's LL bucket keeps its flags
   ir::Schedule ring = ll_variant(lower_small("allreduce.ring", 4));
   std::string why;
@@ -283,7 +284,8 @@ TEST_CASE("lamport: refused where a slot has no single reader") {
   CHECK(mkt::contains(why, "never read"));
 }
 
-TEST_CASE("lamport: plans compute their collective with the readers' resets, launch after launch, every dtype they serve") {
+TEST_CASE("lamport: plans compute their collective with the readers' resets, launch after launch, every dtype they "
+          "serve") {
   for (const char* name : {"allreduce.one_shot", "allgather.direct", "reducescatter.direct", "alltoall.direct",
                            "reducescatter.pull"})
     for (int n : {2, 3, 5}) {

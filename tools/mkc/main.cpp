@@ -473,7 +473,8 @@ void simulate_one(const Common& o, const verify::SimOptions& so, Loaded in, int 
       "(tolerance {:.3g}), {} mismatch(es)\n",
       in.name, o.ranks, name(so.dtype), name(so.op), count, inplace ? "in-place" : "out-of-place",
       collective_rooted(in.coll) ? fmt::format(", root {}", o.root) : "",
-      ir::name(v.proto), v.lamport ? " (Lamport packets)" : "", v.tile_bytes, r.steps, launches, r.max_err, r.max_tol, r.mismatches);
+      ir::name(v.proto), v.lamport ? " (Lamport packets)" : "", v.tile_bytes, r.steps, launches, r.max_err, r.max_tol,
+      r.mismatches);
   if (!r.ok)
     throw Error(ErrId::verify_E013, "simulated result differs from the float64 reference: " + r.first_bad);
   std::cout << "ok\n";
