@@ -211,3 +211,38 @@ TEST_CASE("mkCommPrewarm: bad arguments are mkInvalidArgument with a message, a 
   CHECK(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
   CHECK(mkCommDestroy(comm) == mkSuccess);
 }
+
+// Lamport kernels (fp32, bf16: one-pass all-reduce at this size) share their
+// scratch whatever the dtype (each launch leaves it at rest), while the LL
+// kernel of the same schedule (int32) gets a region of its own: its packets
+// would look like data that arrived (compiler/plan resource_key).
+TEST_CASE("Lamport kernels of two dtypes share scratch, an LL kernel of the same schedule gets its own") {
+  MKT_REQUIRE_FAKE();
+  const std::vector<int> devlist = {0, 1};
+  std::vector<std::unique_ptr<mkt::Device>> devs;
+  std::vector<std::unique_ptr<mkt::Buffer>> buf;
+  for (int d : devlist) {
+    devs.push_back(std::make_unique<mkt::Device>(d));
+    buf.push_back(std::make_unique<mkt::Buffer>(*devs.back(), 4096));
+  }
+  std::vector<mkComm_t> comms(2, nullptr);
+  REQUIRE_MESSAGE(mkCommInitAll(comms.data(), 2, devlist.data()) == mkSuccess, mkGetLastError(nullptr));
+  auto scratch_of = [&](mkDataType_t t) {
+    REQUIRE(mkGroupStart() == mkSuccess);
+    for (int r = 0; r < 2; ++r)
+      CHECK(mkAllReduce(buf[size_t(r)]->ptr(), buf[size_t(r)]->ptr(), 128, t, mkSum, comms[size_t(r)],
+                        devs[size_t(r)]->stream) == mkSuccess);
+    REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, mkGetLastError(nullptr));
+    const mkfake_launch l = mkt::last_launch();  // rank 1's
+    CUdeviceptr sp = 0;
+    REQUIRE(MKT_FN(cuMemcpyDtoH)(&sp, CUdeviceptr(reinterpret_cast<uintptr_t>(l.args.scratch + 1)), sizeof sp) ==
+            CUDA_SUCCESS);
+    return sp;
+  };
+  const CUdeviceptr bf16 = scratch_of(mkBfloat16), fp32 = scratch_of(mkFloat32), i32 = scratch_of(mkInt32);
+  CHECK(bf16 != 0);
+  CHECK(fp32 == bf16);
+  CHECK(i32 != bf16);
+  CHECK(scratch_of(mkFloat64) == i32);  // fp64 keeps LL packets
+  for (mkComm_t c : comms) CHECK(mkCommDestroy(c) == mkSuccess);
+}
