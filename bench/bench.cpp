@@ -43,6 +43,7 @@
 
 #include "bench/data.hpp"
 #include "bench/report.hpp"
+#include "mk_git_commit.hpp"  // generated at build time (cmake/git_commit.cmake)
 #include "compiler/jit/jit.hpp"
 #include "compiler/verify/reference.hpp"
 #include "mk.h"
@@ -681,6 +682,9 @@ void write_reports(const Options& o, std::vector<mkb::Row>& rows) {
                (o.l2cold ? ", L2-cold (buffers rotated over > 2x L2)" : "");
   info.command = o.command;
   info.label = o.label;
+  int version = 0;
+  mkGetVersion(&version);
+  info.build = "mKernel " + std::to_string(version) + " (the library), mk_bench built from commit " + MK_GIT_COMMIT;
   info.nranks = o.ranks;
   info.nccl = o.nccl;
   if (o.share)

@@ -80,6 +80,7 @@ std::string ratio_cell(const Timing& n, const Timing& m) {
 
 std::string header(const RunInfo& info) {
   std::string s = "# " + info.title + "\n\n";
+  if (!info.build.empty()) s += "Build: " + info.build + "\n\n";
   if (!info.label.empty()) s += "Run: " + info.label + "\n\n";
   if (!info.command.empty()) s += "Command:\n\n```\n" + info.command + "\n```\n\n";
   if (!info.proxy_note.empty()) s += "**" + info.proxy_note + "**\n\n";
@@ -150,6 +151,7 @@ std::string json(const RunInfo& info, const std::vector<Row>& rows) {
   j["title"] = info.title;
   j["command"] = info.command;
   j["label"] = info.label;
+  j["build"] = info.build;
   j["proxy_note"] = info.proxy_note;
   j["notes"] = info.notes;
   j["nranks"] = info.nranks;

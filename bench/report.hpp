@@ -34,7 +34,8 @@ struct Row {
 struct RunInfo {
   std::string title;        // one line: libraries, ranks, dtype, launches
   std::string command;      // the command line
-  std::string label;        // --label (commit, machine)
+  std::string label;        // --label (machine, settings)
+  std::string build;        // the library version and the commit the binary was built from
   std::string proxy_note;   // non-empty for one-GPU proxies
   std::vector<std::string> notes;  // clocks, settings, anything else worth keeping
   int nranks = 0;

@@ -151,6 +151,7 @@ TEST_CASE("bench report: tables, JSON, CSV and the plot say what was measured") 
   info.title = "t";
   info.nranks = 2;
   info.command = "mk_bench -b 1K";
+  info.build = "mKernel 100 (the library), mk_bench built from commit abc123";
   std::vector<mkb::Row> rows(2);
   for (int i = 0; i < 2; ++i) {
     rows[size_t(i)].coll = Collective::allreduce;
@@ -167,11 +168,13 @@ TEST_CASE("bench report: tables, JSON, CSV and the plot say what was measured") 
   rows[1].mk[0].first_bad = "rank 1 output element 7";
   const std::string md = mkb::markdown(info, rows);
   CHECK(md.find("| allreduce | 1 KiB |") != std::string::npos);
+  CHECK(md.find("\nBuild: mKernel 100 (the library), mk_bench built from commit abc123\n") != std::string::npos);
   CHECK(md.find("2.00x") != std::string::npos);  // 10 us vs 5 us
   CHECK(md.find("WRONG RESULTS") != std::string::npos);
   CHECK(md.find("rank 1 output element 7") != std::string::npos);
   const auto j = nlohmann::json::parse(mkb::json(info, rows));
   CHECK(j["rows"].size() == 2);
+  CHECK(j["build"] == info.build);
   CHECK(j["rows"][0]["mkernel"]["out_of_place"]["p50_us"] == 5.0);
   // 1 KiB in 5 us = 0.2048 GB/s algbw; at 2 ranks busbw equals it
   CHECK(j["rows"][0]["mkernel"]["out_of_place"]["busbw_gbs"].get<double>() == doctest::Approx(0.2048));
