@@ -262,6 +262,43 @@ class Sim {
     }
   }
 
+  // Lamport packets (passes/one_pass.cpp), after an op's chunk k moved `len`
+  // elements between `src` and `dst` (its operands' addresses): the reader
+  // puts the sentinel back (here: bytes no value has, so a read of them shows
+  // as a wrong result), and the writer stores an all-ones 32-bit word as
+  // 0x7fffffff; a write into a slot whose data no reader took yet is the
+  // hazard the scheme rules out.
+  void lamport_after(const Thread& t, const Op& op, int32_t k, const std::vector<uint8_t*>& src,
+                     const std::vector<uint8_t*>& dst, int64_t len) {
+    const uint64_t gstep = t.base + uint64_t(t.step);
+    for (size_t i = 0; i < op.srcs.size(); ++i) {
+      const Ref& r = op.srcs[i];
+      if (r.buf != Buf::scratch) continue;
+      ll_ready(r.rank, t.inst, gstep, r.index + k) = 0;
+      std::memset(src[i], 0xFF, size_t(len * es_));
+    }
+    for (size_t i = 0; i < op.dsts.size(); ++i) {
+      const Ref& r = op.dsts[i];
+      if (r.buf != Buf::scratch) continue;
+      for (int64_t w = 0; w + 4 <= len * es_; w += 4) {
+        uint32_t word;
+        std::memcpy(&word, dst[i] + w, 4);
+        if (word == 0xffffffffu) {
+          word = 0x7fffffffu;
+          std::memcpy(dst[i] + w, &word, 4);
+        }
+      }
+      uint64_t& full = ll_ready(r.rank, t.inst, gstep, r.index + k);
+      if (full)
+        throw Error(ErrId::verify_E014,
+                    fmt::format("{}: rank {} writes scratch slot {} of rank {} (instance {}, step {}) before its "
+                                "reader took the Lamport packets written there before",
+                                s_.name, t.rank, r.index + k, r.rank, t.inst, gstep),
+                    {}, "Lamport packets need each slot read once per write, the reuse ordered by launches");
+      full = 1;
+    }
+  }
+
   void step(Thread& t) {
     const Op& op = s_.ops[(*t.prog)[t.pc]];
     const uint64_t value = t.base + uint64_t(t.step) + 1;
@@ -284,42 +321,11 @@ class Sim {
               dispatch_red(o_.op, [&]<int K>() { compute<T, K>(op, src, dst, len); });
             });
           }
+          if (s_.lamport) lamport_after(t, op, k, src, dst, len);
         }
-        if (s_.lamport && len > 0) {
-          // Lamport (passes/one_pass.cpp): the reader puts the sentinel back
-          // (here: bytes no value has, so a read of them shows as a wrong
-          // result); a write into a slot whose data no reader took yet is
-          // the hazard the scheme rules out.
-          for (const Ref& r : op.srcs)
-            if (r.buf == Buf::scratch) {
-              ll_ready(r.rank, t.inst, t.base + uint64_t(t.step), r.index + k) = 0;
-              std::memset(addr(t, r, k, tile, len, pos), 0xFF, size_t(len * es_));
-            }
-          for (const Ref& r : op.dsts)
-            if (r.buf == Buf::scratch) {
-              // the writer stores an all-ones 32-bit word (the sentinel) as 0x7fffffff
-              uint8_t* at = addr(t, r, k, tile, len, pos);
-              for (int64_t w = 0; w + 4 <= len * es_; w += 4) {
-                uint32_t word;
-                std::memcpy(&word, at + w, 4);
-                if (word == 0xffffffffu) {
-                  word = 0x7fffffffu;
-                  std::memcpy(at + w, &word, 4);
-                }
-              }
-              uint64_t& full = ll_ready(r.rank, t.inst, t.base + uint64_t(t.step), r.index + k);
-              if (full)
-                throw Error(ErrId::verify_E014,
-                            fmt::format("{}: rank {} writes scratch slot {} of rank {} (instance {}, step {}) "
-                                        "before its reader took the Lamport packets written there before",
-                                        s_.name, t.rank, r.index + k, r.rank, t.inst, t.base + uint64_t(t.step)),
-                            {}, "Lamport packets need each slot read once per write, the reuse ordered by launches");
-              full = 1;
-            }
-        } else if (s_.proto == ir::Proto::ll) {
+        if (s_.proto == ir::Proto::ll && !s_.lamport)
           for (const Ref& r : op.dsts)
             if (r.buf == Buf::scratch) ll_ready(r.rank, t.inst, t.base + uint64_t(t.step), r.index + k) = value;
-        }
       }
     }
     if (++t.pc == t.prog->size()) {

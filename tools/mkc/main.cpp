@@ -464,9 +464,10 @@ void simulate_one(const Common& o, const verify::SimOptions& so, Loaded in, int 
   const int launches = so.launches;
   if (!collective_reduces(in.coll) && so.op != RedOp::sum)
     throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(in.coll)));
-  auto l = compiler::lower(std::move(in.raw), lower_options(o));
+  const compiler::LowerOptions lo = lower_options(o);
+  auto l = compiler::lower(std::move(in.raw), lo);
   ir::Schedule v = pick_variant(l, bucket, count * int64_t(dtype_size(so.dtype)));
-  v = passes::mark_lamport(std::move(v), so.dtype, lower_options(o).proto.lamport != 0);  // as compile_plan does
+  v = passes::mark_lamport(std::move(v), so.dtype, lo.proto.lamport != 0);  // as compile_plan does
   auto r = verify::simulate(v, so);
   fmt::print(
       "{} ({} ranks, {} {}, count {}, {}{}, proto {}{}, tile {} B, {} step(s), {} launch(es)): max error {:.3g} "
