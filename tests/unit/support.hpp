@@ -24,9 +24,13 @@
 #include <thread>
 #include <vector>
 
+#include "compiler/jit/jit.hpp"
 #include "mk/error.hpp"
 
 namespace mkt {
+
+// Whether NVRTC loads here (tests that compile kernels skip visibly without it).
+inline bool have_nvrtc() { return mk::jit::nvrtc_version() > 0; }
 
 namespace fs = std::filesystem;
 

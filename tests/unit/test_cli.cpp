@@ -38,8 +38,6 @@ int marked_line(const std::string& name) {
   return line;
 }
 
-bool have_nvrtc() { return jit::nvrtc_version() > 0; }
-
 // A real driver (libcuda.so.1) on this machine, found without the fake's directory.
 bool cuda_available_here() { return fs::exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1") || fs::exists("/usr/lib64/libcuda.so.1"); }
 
@@ -93,7 +91,7 @@ TEST_CASE("mkc info and --version") {
   CHECK(contains(r.out, "architectures:"));
   CHECK(contains(r.out, "cache: " + d.str() + "\n"));
   CHECK(contains(r.out, "DSL headers: "));
-  if (have_nvrtc()) CHECK(contains(r.out, " sm_90"));
+  if (mkt::have_nvrtc()) CHECK(contains(r.out, " sm_90"));
   auto v = mkc({"--version"});
   CHECK_OK(v);
   CHECK(contains(v.out, "mkc 0.1.0"));
@@ -207,7 +205,7 @@ TEST_CASE("mkc lower --emit=json writes IR that reads back and verifies") {
   CHECK_FALSE(catch_error([&] { verify::verify_all(s); }));
 }
 
-TEST_CASE("mkc compile: writes a plan that plan::read_dir loads" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("mkc compile: writes a plan that plan::read_dir loads" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   const std::string out = (d / "plan").string();
   auto r = mkc({"compile", "-s", "allreduce.ring", "-n", "4", "--dtype", "bf16", "--op", "max", "-o", out});
@@ -237,7 +235,8 @@ TEST_CASE("mkc compile: writes a plan that plan::read_dir loads" * doctest::skip
   CHECK(contains(again.out, ", from cache)"));
 }
 
-TEST_CASE("mkc compile: the plan cache key covers every option (the topology too)" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("mkc compile: the plan cache key covers every option (the topology too)" *
+          doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv cache("MK_CACHE_DIR", (d / "cache").string());
   const std::string a = (d / "a").string(), b = (d / "b").string();
@@ -353,7 +352,7 @@ TEST_CASE("user DSL file: verify, simulate and compile a hand-written all-reduce
   auto s2 = mkc({"simulate", f, "--ranks", "3", "--dtype", "int64", "--op", "avg", "--inplace"});
   CHECK_OK(s2);
   CHECK(lines(s2.out).back() == "ok");
-  if (have_nvrtc()) {
+  if (mkt::have_nvrtc()) {
     mkt::TempDir d;
     const std::string out = (d / "plan").string();
     auto c = mkc({"compile", f, "--ranks", "4", "-o", out});
@@ -540,7 +539,7 @@ TEST_CASE("mk.cli.E012: output that cannot be written") {
   mkt::TempDir d;
   mkt::write_text(d / "file", "a regular file, not a directory");
   const std::string bad = (d / "file" / "plan").string();
-  if (have_nvrtc()) {
+  if (mkt::have_nvrtc()) {
     auto r = mkc({"compile", "-s", "allgather.direct", "-n", "2", "--max-bytes", "4096", "-o", bad});
     MKT_CHECK_USER_ERROR(r, "mk.cli.E012");
     CHECK(contains(r.err, bad));
@@ -571,7 +570,7 @@ TEST_CASE("mk.cli.E013: an operation the collective or protocol does not support
   CHECK_OK(mkc({"simulate", fixture("ll_unsafe.cpp"), "-n", "3", "--op", "avg", "--dtype", "fp64"}));
 }
 
-TEST_CASE("mk.jit.E003: an architecture this NVRTC cannot target" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("mk.jit.E003: an architecture this NVRTC cannot target" * doctest::skip(!mkt::have_nvrtc())) {
   for (const char* a : {"sm_20", "sm_999"}) {
     CAPTURE(a);
     auto r = mkc({"compile", "-s", "allreduce.ring", "-n", "2", "--arch", a, "--no-cache", "-o",

@@ -39,8 +39,6 @@ compiler::Lowered lower_builtin(const std::string& name, int n) {
   return compiler::lower(dsl::build(*info, n), o);
 }
 
-bool have_nvrtc() { return jit::nvrtc_version() > 0; }
-
 bool is_elf(const std::vector<char>& b) { return b.size() > 64 && std::string(b.data(), 4) == "\x7f" "ELF"; }
 
 bool holds(const std::vector<char>& b, const std::string& s) {
@@ -98,7 +96,7 @@ TEST_CASE("codegen golden: allreduce.one_shot, 3 ranks, fp16 max, Lamport packet
 // units in flight (the number a thread can hold depends on the op's sources:
 // 2 at 3 ranks' one-shot reduce, 1 from 5).
 TEST_CASE("codegen: Lamport kernels compile with NVRTC for every dtype they serve and every unit count" *
-          doctest::skip(!have_nvrtc())) {
+          doctest::skip(!mkt::have_nvrtc())) {
   mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
   struct Case {
     const char* schedule;
@@ -425,7 +423,7 @@ TEST_CASE("codegen: a one-rank plan with big rank tables holds only that rank's 
 }
 
 TEST_CASE("compile: --rank R makes a plan serving R's class, a rank out of range is cli E004" *
-          doctest::skip(!have_nvrtc())) {
+          doctest::skip(!mkt::have_nvrtc())) {
   mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
   compiler::CompileOptions o;
   o.rank = 7;  // the uneven all-gather's rank 7 shares rank 0's class
@@ -479,7 +477,7 @@ namespace {
 const char* kTinyKernel = "#include \"common.cuh\"\nextern \"C\" __global__ void mkt_tiny(int* p) { p[threadIdx.x] = 1; }\n";
 }
 
-TEST_CASE("jit: compile, the cubin cache, and its key" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("jit: compile, the cubin cache, and its key" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   CHECK(!jit::supported_archs().empty());
@@ -507,7 +505,8 @@ TEST_CASE("jit: compile, the cubin cache, and its key" * doctest::skip(!have_nvr
   CHECK(entries(d.path) == 3);
 }
 
-TEST_CASE("jit: mk.jit.E002 a source NVRTC rejects, with the log and the saved source" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("jit: mk.jit.E002 a source NVRTC rejects, with the log and the saved source" *
+          doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   const std::string src = "extern \"C\" __global__ void broken(int* p) { p[0] = undeclared_name; }\n";
@@ -522,7 +521,7 @@ TEST_CASE("jit: mk.jit.E002 a source NVRTC rejects, with the log and the saved s
   CHECK(contains(saved, d.str()));
 }
 
-TEST_CASE("jit: mk.jit.E003 an architecture NVRTC does not support" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("jit: mk.jit.E003 an architecture NVRTC does not support" * doctest::skip(!mkt::have_nvrtc())) {
   for (int arch : {20, 999}) {
     CAPTURE(arch);
     auto c = catch_error([&] { jit::compile(kTinyKernel, "tiny", arch, false); });
@@ -535,7 +534,7 @@ TEST_CASE("jit: mk.jit.E003 an architecture NVRTC does not support" * doctest::s
 // The cache is an optimisation: when it cannot be written, kernels still
 // compile (nothing is cached). Plugins, which need a place for their .so,
 // report mk.jit.E004 (tests/unit/test_cli.cpp).
-TEST_CASE("jit: a cache directory that cannot be created does not stop a compile" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("jit: a cache directory that cannot be created does not stop a compile" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::write_text(d / "file", "not a directory");
   mkt::ScopedEnv env("MK_CACHE_DIR", (d / "file" / "cache").string());
@@ -547,7 +546,7 @@ TEST_CASE("jit: a cache directory that cannot be created does not stop a compile
   CHECK_FALSE(r.from_cache);
 }
 
-TEST_CASE("nvrtc: every built-in schedule compiles for sm_90 at 2 and 8 ranks" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("nvrtc: every built-in schedule compiles for sm_90 at 2 and 8 ranks" * doctest::skip(!mkt::have_nvrtc())) {
   MESSAGE("NVRTC: " << jit::nvrtc_status());
   // Dtypes and ops rotate over the schedules so that every device-side dtype
   // and reduction is compiled at least once; the size range alternates
@@ -629,7 +628,7 @@ TEST_CASE("nvrtc: every built-in schedule compiles for sm_90 at 2 and 8 ranks" *
   CHECK(seen_proto.size() == jobs.size());  // each schedule: one LL and one simple kernel
 }
 
-TEST_CASE("nvrtc: a plan's buckets cover every size" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("nvrtc: a plan's buckets cover every size" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   compiler::CompileOptions o;
@@ -657,7 +656,7 @@ TEST_CASE("nvrtc: a plan's buckets cover every size" * doctest::skip(!have_nvrtc
 // ---- the plan cache -------------------------------------------------------------
 
 TEST_CASE("cache: the second compile of a plan comes from the cache, the key follows dtype, op and arch" *
-          doctest::skip(!have_nvrtc())) {
+          doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   const auto* info = dsl::find_schedule("allreduce.two_shot");
@@ -722,7 +721,7 @@ TEST_CASE("cache: the second compile of a plan comes from the cache, the key fol
 
 // Regression: the fresh plan used to be renamed onto the damaged (non-empty)
 // entry, which failed, so the damaged entry stayed.
-TEST_CASE("cache: a damaged plan cache entry is replaced" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("cache: a damaged plan cache entry is replaced" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   compiler::CompileOptions o;
@@ -738,7 +737,7 @@ TEST_CASE("cache: a damaged plan cache entry is replaced" * doctest::skip(!have_
   CHECK_FALSE(catch_error([&] { plan::read_dir(entry.string()); }));
 }
 
-TEST_CASE("cache: a damaged plan cache entry is not used" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("cache: a damaged plan cache entry is not used" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   compiler::CompileOptions o;
@@ -1129,7 +1128,7 @@ TEST_CASE("codegen: a one-rank plan from the rank's own program runs that rank's
     CHECK_FALSE(contains(u.source, "own program"));
 }
 
-TEST_CASE("nvrtc: one-rank plans from the rank's own program compile" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("nvrtc: one-rank plans from the rank's own program compile" * doctest::skip(!mkt::have_nvrtc())) {
   codegen::Limits own;
   own.own_rank_from = 0;
   const auto topo = topology::parse("2x4:direct", 0);

@@ -23,6 +23,18 @@ using namespace mk;
 
 namespace {
 
+// Five launches of `count` elements of `t` (sum), in place or not.
+verify::SimResult simulate_five(const ir::Schedule& v, DType t, int64_t count, bool inplace, uint64_t seed) {
+  verify::SimOptions so;
+  so.dtype = t;
+  so.op = RedOp::sum;
+  so.count = count;
+  so.inplace = inplace;
+  so.launches = 5;
+  so.seed = seed;
+  return verify::simulate(v, so);
+}
+
 verify::SimResult simulate_launches(const ir::Schedule& v, uint64_t seed) {
   verify::SimOptions so;
   so.dtype = DType::fp32;
@@ -152,13 +164,7 @@ TEST_CASE("one pass: plans compute their collective when the waits and signals a
             CAPTURE(inplace);
             CAPTURE(count);
             CAPTURE(seed);
-            verify::SimOptions so;
-            so.dtype = DType::fp32;
-            so.count = count;
-            so.inplace = inplace;
-            so.launches = 5;
-            so.seed = seed;
-            const auto r = verify::simulate(v, so);
+            const auto r = simulate_five(v, DType::fp32, count, inplace, seed);
             CHECK_MESSAGE(r.ok, r.first_bad);
             CHECK(r.steps <= 1);
           }
@@ -195,8 +201,6 @@ TEST_CASE("one pass: forced on a schedule that fails its conditions, the simulat
 // ---- Lamport packets (one_pass.cpp mark_lamport) ------------------------------
 
 namespace {
-
-bool have_nvrtc() { return jit::nvrtc_version() > 0; }
 
 ir::Schedule lamport_variant(const std::string& name, int n, DType t = DType::fp32) {
   ir::Schedule v = ll_variant(lower_small(name, n));
@@ -302,14 +306,7 @@ TEST_CASE("lamport: plans compute their collective with the readers' resets, lau
               CAPTURE(inplace);
               CAPTURE(count);
               CAPTURE(seed);
-              verify::SimOptions so;
-              so.dtype = t;
-              so.op = RedOp::sum;
-              so.count = count;
-              so.inplace = inplace;
-              so.launches = 5;
-              so.seed = seed;
-              const auto r = verify::simulate(v, so);
+              const auto r = simulate_five(v, t, count, inplace, seed);
               CHECK_MESSAGE(r.ok, r.first_bad);
             }
         }
@@ -336,7 +333,7 @@ TEST_CASE("lamport: one copy of scratch is not enough (the next launch writes be
 }
 
 TEST_CASE("lamport: compile_plan marks the kernel per dtype, halves its scratch, and the plan file round-trips" *
-          doctest::skip(!have_nvrtc())) {
+          doctest::skip(!mkt::have_nvrtc())) {
   mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
   auto plan_for = [](DType t, int lamport) {
     compiler::CompileOptions o;

@@ -28,8 +28,6 @@ using nlohmann::json;
 
 namespace {
 
-bool have_nvrtc() { return jit::nvrtc_version() > 0; }
-
 json plan_json(const fs::path& dir) { return json::parse(mkt::read_text(dir / "plan.json")); }
 void put_json(const fs::path& dir, const json& j) { mkt::write_text(dir / "plan.json", j.dump(2)); }
 
@@ -196,7 +194,7 @@ TEST_CASE("cubin: a complete CUDA ELF of the plan's arch, or mk.plan.E005") {
   CHECK(contains(c.message, "compiled for sm_90, not sm_80"));
 }
 
-TEST_CASE("cubin: what NVRTC writes passes the checks, with its arch in e_flags" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("cubin: what NVRTC writes passes the checks, with its arch in e_flags" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   const char* src = "extern \"C\" __global__ void mkt_arch(int* p) { p[threadIdx.x] = 2; }\n";
@@ -208,7 +206,7 @@ TEST_CASE("cubin: what NVRTC writes passes the checks, with its arch in e_flags"
   }
 }
 
-TEST_CASE("jit cache: a damaged cubin in the cache is dropped and compiled again" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("jit cache: a damaged cubin in the cache is dropped and compiled again" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   const char* src = "extern \"C\" __global__ void mkt_damaged(int* p) { p[threadIdx.x] = 3; }\n";
@@ -229,7 +227,7 @@ TEST_CASE("jit cache: a damaged cubin in the cache is dropped and compiled again
   }
 }
 
-TEST_CASE("plan cache: a damaged cached plan is dropped and rebuilt" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("plan cache: a damaged cached plan is dropped and rebuilt" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   const dsl::ScheduleInfo* info = dsl::find_schedule("allgather.direct");
@@ -305,7 +303,7 @@ TEST_CASE("cache directory: where it is, created private, refused when others ca
   CHECK(id == ErrId::jit_E004);
 }
 
-TEST_CASE("cache directory: not private, compiling goes on without it" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("cache directory: not private, compiling goes on without it" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
   ::chmod(d.path.c_str(), 0777);
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
@@ -395,7 +393,7 @@ TEST_CASE("MK_PLAN_DIR: a bad directory fails every call the same way, from any 
   CHECK(contains(c.what, "is not a directory"));
 }
 
-TEST_CASE("get_plan: plans compiled with other MK_TUNE values are other plans" * doctest::skip(!have_nvrtc())) {
+TEST_CASE("get_plan: plans compiled with other MK_TUNE values are other plans" * doctest::skip(!mkt::have_nvrtc())) {
   mkt::ScopedEnv cache("MK_CACHE_DIR", mkt::process_cache_dir());
   mkt::ScopedEnv dir("MK_PLAN_DIR", "");
   auto get = [] { return rt::get_plan("allgather.direct", Collective::allgather, 2, DType::fp32, RedOp::sum, 90, false); };
