@@ -2,6 +2,8 @@
 // can be made at the call (bad ranks, negative indices, mismatched counts);
 // everything that needs the whole program (bounds against the final chunk
 // count, contributions, races) is the verifier's job.
+#include <fmt/format.h>
+
 #include <deque>
 #include <mutex>
 
@@ -220,6 +222,13 @@ std::deque<ScheduleInfo>& registry() {  // deque: pointers stay valid as plugins
 }
 }  // namespace
 
+namespace {
+thread_local RefuseReplacement* t_refuse = nullptr;
+}
+
+RefuseReplacement::RefuseReplacement() : outer_(t_refuse) { t_refuse = this; }
+RefuseReplacement::~RefuseReplacement() { t_refuse = outer_; }
+
 bool register_schedule(const ScheduleInfo& info) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   static int64_t counter = 0;
@@ -227,6 +236,10 @@ bool register_schedule(const ScheduleInfo& info) {
   copy.seq = ++counter;
   for (auto& s : registry())
     if (s.name == info.name) {
+      if (t_refuse) {
+        t_refuse->refused.push_back(info.name);
+        return true;
+      }
       s = copy;  // a later registration (a user plugin) replaces an earlier one
       return true;
     }
@@ -264,14 +277,35 @@ ir::Schedule run_builder(const ScheduleInfo& info, Program& p) {
   return std::move(p.ir());
 }
 
+ir::Schedule imported_copy(const ScheduleInfo& info, int nranks, int root) {
+  const ir::Schedule& s = *info.imported;
+  const SrcLoc at{info.file, static_cast<uint32_t>(info.line), {}};
+  if (nranks != s.nranks)
+    throw Error(ErrId::dsl_E008,
+                fmt::format("schedule '{}' was imported from {} for {} ranks; it cannot serve {}", info.name,
+                            info.file, s.nranks, nranks),
+                at, "import (or write) a version of the algorithm for this rank count, under another name");
+  if (root != 0)
+    throw Error(ErrId::dsl_E008,
+                fmt::format("schedule '{}' was imported for root 0; asked for root {}", info.name, root), at,
+                "the runtime serves every root from the root-0 schedule by renumbering ranks");
+  return s;
+}
+
 }  // namespace
 
 ir::Schedule build(const ScheduleInfo& info, int nranks, int root) {
+  if (info.imported) return imported_copy(info, nranks, root);
   Program p(info.coll, nranks, root, info.name);
   return run_builder(info, p);
 }
 
 ir::Schedule build(const ScheduleInfo& info, const topology::Topology& t, int root) {
+  if (info.imported) {
+    ir::Schedule s = imported_copy(info, t.nranks(), root);
+    s.topology = t;
+    return s;
+  }
   Program p(info.coll, t.nranks(), root, info.name);
   p.ir().topology = t;
   return run_builder(info, p);

@@ -56,7 +56,13 @@ typedef struct mkComm* mkComm_t;
  *               symmetric memory (the upper half of what is free at the
  *               split) instead of allocating their own; parent and children
  *               still run concurrently (their regions are disjoint).
- *   commName    copied and kept (at most 128 characters). */
+ *   commName    copied and kept (at most 128 characters).
+ *   schedules   NULL or schedule files, ':'-separated (.cpp DSL files, .so
+ *               plugins, MSCCL .xml, MSCCL++ or mKernel IR .json), loaded
+ *               next to MK_SCHEDULES's at init and proved for this
+ *               communicator's rank count; MK_ALGO and MK_SELECT_FILE can
+ *               then name them. Every rank must give the same files
+ *               (docs/schedules.md). An mKernel field after NCCL's. */
 #define MK_CONFIG_UNDEF_INT (-2147483647 - 1)
 #define MK_CONFIG_UNDEF_PTR NULL
 #define MK_SPLIT_NOCOLOR -1
@@ -79,13 +85,15 @@ typedef struct {
   int nvlsCTAs;
   int nChannelsPerNetPeer;
   int nvlinkCentricSched;
+  const char* schedules;
 } mkConfig_t;
 #define MK_CONFIG_INITIALIZER                                                                          \
   {                                                                                                    \
     sizeof(mkConfig_t), MK_CONFIG_MAGIC, MK_VERSION_CODE, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT,    \
         MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_PTR, MK_CONFIG_UNDEF_INT,            \
         MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_PTR, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT,            \
-        MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT             \
+        MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT,            \
+        MK_CONFIG_UNDEF_PTR                                                                            \
   }
 
 #define MK_UNIQUE_ID_BYTES 128

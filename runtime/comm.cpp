@@ -12,6 +12,7 @@
 #include "mk/dsl.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/env.hpp"
+#include "runtime/schedules.hpp"
 #include "runtime/status.hpp"
 #include "templates/layout.cuh"
 
@@ -117,13 +118,25 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
 // Settings that shape plans or memory layout must be the same on every rank
 // (env::plan_shaping_settings): every rank sees every rank's values, so every
 // rank fails alike, naming the setting and the ranks.
+// The settings of `c`: its user schedules are loaded first (MK_SCHEDULES,
+// then its config's list), so that MK_ALGO and MK_SELECT_FILE can name them,
+// and proved for its rank count after. Throws RtError.
+std::vector<std::pair<std::string, std::string>> settings_of(const CommConfig& cfg, int nranks) {
+  env_schedules();
+  const std::string own = config_schedules(cfg.schedules);
+  auto s = env::plan_shaping_settings();
+  s.emplace_back("the communicator's schedules (config)", own);
+  prove_user_schedules(cfg.schedules, nranks);
+  return s;
+}
+
 void agree_on_settings(Comm& c) {
   // A rank whose settings do not parse says so in the exchange (every rank
   // then fails with its message instead of waiting for it).
   std::vector<std::pair<std::string, std::string>> mine;
   std::string blob;
   try {
-    mine = env::plan_shaping_settings();
+    mine = settings_of(c.config, c.nranks);
     for (const auto& [k, v] : mine) blob += k + '\n' + v + '\n';
   } catch (const std::exception& e) {
     blob = std::string("!") + e.what();
@@ -222,6 +235,11 @@ void apply_user_config(CommConfig* c, const mkConfig_t* user) {
     if (u.commName) c->comm_name = std::string(u.commName).substr(0, 128);
   }
   if (u.netName) c->net_name = std::string(u.netName).substr(0, 64);
+  if (u.size >= offsetof(mkConfig_t, schedules) + sizeof(const char*) && u.schedules) {
+    const size_t n = strnlen(u.schedules, 65537);
+    if (n > 65536) fail(mkInvalidArgument, "config: schedules is longer than 65536 characters");
+    c->schedules = std::string(u.schedules, n);
+  }
 }
 
 int current_device() {
@@ -259,7 +277,10 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
       std::memcpy(&all[size_t(r)], blobs[size_t(r)].data(), sizeof(RankInfo));
     }
   }
-  if (c.boot) agree_on_settings(c);
+  if (c.boot)
+    agree_on_settings(c);
+  else
+    settings_of(c.config, c.nranks);  // loads and proves its schedules; nobody to compare with
   connect(c, all, shared);
   if (c.boot) c.boot->barrier();  // every grant and mapping done before any kernel runs
   debug_log(fmt::format("rank {}/{} on GPU {} (sm_{}), {} peer(s) in other processes, {} rank(s) on this GPU", rank,
@@ -269,6 +290,7 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
 void comm_init_all(const std::vector<std::shared_ptr<Comm>>& comms, const std::vector<int>& devices,
                    const std::vector<ParentMemory>* shared) {
   const int n = int(comms.size());
+  if (n > 0) settings_of(comms[0]->config, n);  // one process: every rank has the same settings
   for (int r = 0; r < n; ++r) {
     Comm& c = *comms[size_t(r)];
     c.nranks = n;

@@ -112,6 +112,7 @@ struct CommConfig {
   bool blocking = true;
   int32_t cga_cluster_size = 0, min_ctas = 0, max_ctas = 0, split_share = 0;
   std::string net_name, comm_name;
+  std::string schedules;  // mkConfig_t::schedules: the communicator's own schedule files (runtime/schedules.hpp)
 };
 CommConfig comm_config_from_env();
 // Applies a user mkConfig_t (NULL: nothing) on top of `c`; throws RtError for

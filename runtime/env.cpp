@@ -11,6 +11,7 @@
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "runtime/plans.hpp"
+#include "runtime/schedules.hpp"
 #include "runtime/select.hpp"
 #include "runtime/status.hpp"
 
@@ -168,6 +169,8 @@ std::map<Collective, std::string> algo() {
 
 std::vector<std::pair<std::string, std::string>> plan_shaping_settings() {
   std::vector<std::pair<std::string, std::string>> s;
+  // first: MK_ALGO and MK_SELECT_FILE may name what it loads
+  s.emplace_back("MK_SCHEDULES", env_schedules());
   std::string a;
   for (const auto& [coll, schedule] : algo()) a += fmt::format("{}{}={}", a.empty() ? "" : ",", name(coll), schedule);
   s.emplace_back("MK_ALGO", a);

@@ -300,19 +300,14 @@ const SelectTable& builtin_select() {
 }
 
 const SelectTable& file_select() {
-  static std::once_flag once;
-  static SelectTable table;
-  static std::string error;
-  std::call_once(once, [] {
+  // A throwing initialiser leaves the static unset, so a file that names a
+  // schedule not loaded yet (a communicator's own list loads it) parses on a
+  // later call; a malformed file throws from every call.
+  static const SelectTable table = [] {
     const auto path = env::raw("MK_SELECT_FILE");
-    if (!path) return;
-    try {
-      table = parse_select(read_select_file(*path), "MK_SELECT_FILE='" + *path + "'");
-    } catch (const RtError& e) {
-      error = e.what();
-    }
-  });
-  if (!error.empty()) fail(mkInvalidArgument, error);
+    if (!path) return SelectTable{};
+    return parse_select(read_select_file(*path), "MK_SELECT_FILE='" + *path + "'");
+  }();
   return table;
 }
 

@@ -34,6 +34,7 @@
 // Every call records its std::source_location; errors point at your line.
 #pragma once
 
+#include <memory>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -184,16 +185,36 @@ struct ScheduleInfo {
   // where (verify and simulate it like any schedule); the runtime issues
   // copy-engine transfers for it instead of compiling a kernel.
   bool copy_engine = false;
+  // An algorithm imported from a file (MSCCL XML, MSCCL++ JSON, mKernel IR
+  // JSON: compiler/sources.hpp) instead of built by `build`: the raw IR for
+  // the one rank count (and root 0) it was written for. build() returns a
+  // copy for that rank count and throws mk.dsl.E008 for any other.
+  std::shared_ptr<const ir::Schedule> imported = nullptr;
 };
 
 // Adds a schedule to the process-wide registry. Returns true (for static init).
+// A schedule of a name already registered replaces it (`mkc --plugin` lets a
+// user file override a built-in), except while a RefuseReplacement is alive
+// on this thread: then the name is recorded there and the registry is left
+// as it was.
 bool register_schedule(const ScheduleInfo& info);
+struct RefuseReplacement {
+  RefuseReplacement();
+  ~RefuseReplacement();
+  RefuseReplacement(const RefuseReplacement&) = delete;
+  RefuseReplacement& operator=(const RefuseReplacement&) = delete;
+  std::vector<std::string> refused;  // names that were already registered
+ private:
+  RefuseReplacement* outer_;
+};
 std::vector<ScheduleInfo> registered_schedules();
 const ScheduleInfo* find_schedule(const std::string& name);
 
 // Runs a registered builder for `nranks` ranks (and a root, for rooted
 // collectives) and returns the raw IR. DSL errors keep their ids; anything else
-// the builder throws becomes mk.dsl.E007.
+// the builder throws becomes mk.dsl.E007. An imported schedule (`imported`)
+// is returned as it is for its rank count; other rank counts or a root other
+// than 0: mk.dsl.E008.
 ir::Schedule build(const ScheduleInfo& info, int nranks, int root = 0);
 // ... for a topology (its nranks() ranks; the one above builds for one NVLink
 // node of nranks GPUs). The IR records the topology.
@@ -204,12 +225,12 @@ ir::Schedule build(const ScheduleInfo& info, const topology::Topology& t, int ro
 // MK_SCHEDULE("name", collective, builder_function, "one-line description")
 #define MK_SCHEDULE(NAME, COLL, FN, DOC)                                                      \
   static const bool MK_DSL_CAT(mk_schedule_registered_, __LINE__) = ::mk::dsl::register_schedule( \
-      ::mk::dsl::ScheduleInfo{NAME, ::mk::Collective::COLL, FN, DOC, __FILE__, __LINE__})
+      ::mk::dsl::ScheduleInfo{NAME, ::mk::Collective::COLL, FN, DOC, __FILE__, __LINE__, 0, false, nullptr})
 
 // MK_CE_SCHEDULE: the same, for a schedule the runtime runs on copy engines
 // (ScheduleInfo::copy_engine); `mkc compile` refuses it.
 #define MK_CE_SCHEDULE(NAME, COLL, FN, DOC)                                                       \
   static const bool MK_DSL_CAT(mk_schedule_registered_, __LINE__) = ::mk::dsl::register_schedule( \
-      ::mk::dsl::ScheduleInfo{NAME, ::mk::Collective::COLL, FN, DOC, __FILE__, __LINE__, 0, true})
+      ::mk::dsl::ScheduleInfo{NAME, ::mk::Collective::COLL, FN, DOC, __FILE__, __LINE__, 0, true, nullptr})
 
 }  // namespace mk::dsl

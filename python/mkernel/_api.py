@@ -3,6 +3,7 @@ device pointers and CUDA streams, groups; every failure is an MkError with
 mKernel's message."""
 import contextlib
 import ctypes
+import os
 
 from . import _lib
 
@@ -163,13 +164,29 @@ def _uid(unique_id):
     return uid
 
 
-def make_config(blocking=None, max_ctas=None, min_ctas=None, name=None, split_share=None, net_name=None):
+def _schedule_list(schedules):
+    """None, a path, or a list of paths (str or os.PathLike) -> the ':'-list
+    mkConfig_t.schedules takes (None for none)."""
+    if schedules is None:
+        return None
+    if isinstance(schedules, (str, bytes, os.PathLike)):
+        schedules = [schedules]
+    paths = [os.fsdecode(p) for p in schedules]
+    for p in paths:
+        if not p or ":" in p:
+            raise MkError(INVALID_ARGUMENT, "schedules: %r is not a usable path (empty, or holds ':', the list "
+                          "separator)" % p)
+    return ":".join(paths) or None
+
+
+def make_config(blocking=None, max_ctas=None, min_ctas=None, name=None, split_share=None, net_name=None,
+                schedules=None):
     c = _lib.Config()
     c.size = ctypes.sizeof(_lib.Config)
     c.magic = _lib.CONFIG_MAGIC
     c.version = version()
     for f, _ in _lib.Config._fields_[3:]:
-        if f not in ("netName", "commName"):
+        if f not in ("netName", "commName", "schedules"):
             setattr(c, f, _lib.UNDEF_INT)
     if blocking is not None:
         c.blocking = 1 if blocking else 0
@@ -180,9 +197,10 @@ def make_config(blocking=None, max_ctas=None, min_ctas=None, name=None, split_sh
     if split_share is not None:
         c.splitShare = 1 if split_share else 0
     # kept alive with the struct: ctypes holds the bytes objects
-    c._keep = [x.encode() if isinstance(x, str) else x for x in (name, net_name)]
+    c._keep = [x.encode() if isinstance(x, str) else x for x in (name, net_name, _schedule_list(schedules))]
     c.commName = c._keep[0]
     c.netName = c._keep[1]
+    c.schedules = c._keep[2]
     return c
 
 
@@ -230,10 +248,14 @@ class Communicator:
     __cuda_array_interface__; counts are in elements, as in NCCL. `device`
     (optional) is made current on this thread first; otherwise the thread's
     current device is used. blocking=False returns at once: poll ready().
+    schedules: schedule files (a path or a list: .cpp DSL files, .so plugins,
+    MSCCL .xml, MSCCL++ or mKernel IR .json) loaded and proved at init, that
+    MK_ALGO and MK_SELECT_FILE can then name (docs/schedules.md); every rank
+    must pass the same files.
     """
 
     def __init__(self, nranks, rank, unique_id, device=None, blocking=None, max_ctas=None, name=None,
-                 _handle=None):
+                 schedules=None, _handle=None):
         self._h = None
         if _handle is not None:
             self._h = _handle
@@ -241,7 +263,7 @@ class Communicator:
         if device is not None:
             set_device(device)
         h = ctypes.c_void_p()
-        cfg = make_config(blocking=blocking, max_ctas=max_ctas, name=name)
+        cfg = make_config(blocking=blocking, max_ctas=max_ctas, name=name, schedules=schedules)
         try:
             call("mkCommInitRankConfig", ctypes.byref(h), int(nranks), _uid(unique_id), int(rank), ctypes.byref(cfg))
         except MkError:

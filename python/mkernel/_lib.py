@@ -64,6 +64,7 @@ class Config(ctypes.Structure):
         ("nvlsCTAs", ctypes.c_int),
         ("nChannelsPerNetPeer", ctypes.c_int),
         ("nvlinkCentricSched", ctypes.c_int),
+        ("schedules", ctypes.c_char_p),
     ]
 
 

@@ -74,7 +74,10 @@ class Communicator:
         comm.all_reduce(x)                         # in place, current stream
 
     The unique id goes through the default store (rank 0 of the group creates
-    it). Every rank of `group` must create it, in the same order. With
+    it). Every rank of `group` must create it, in the same order.
+    schedules=[paths] loads your own algorithms (DSL .cpp, MSCCL .xml, ...)
+    at init, proved for the group's size; MK_ALGO or MK_SELECT_FILE selects
+    them (docs/schedules.md). With
     store=, rank= and size= (no process group needed), key= names the id in
     that store; the caller keeps it unique. `comm.mk`
     is the underlying mkernel.Communicator (raw-pointer API); `comm.id`
@@ -82,7 +85,7 @@ class Communicator:
     """
 
     def __init__(self, group=None, device=None, store=None, rank=None, size=None, max_ctas=None, name=None,
-                 key=None):
+                 key=None, schedules=None):
         if rank is None or size is None:
             if not dist.is_initialized():
                 raise RuntimeError("mkernel.torch.Communicator: torch.distributed is not initialized "
@@ -121,7 +124,7 @@ class Communicator:
             # the device's primary context (torch's) current on this thread:
             # mKernel's communicator takes the thread's current device
             _api.set_device(self.device.index if self.device.index is not None else torch.cuda.current_device())
-            self.mk = _api.Communicator(self.size, self.rank, uid, max_ctas=max_ctas, name=name)
+            self.mk = _api.Communicator(self.size, self.rank, uid, max_ctas=max_ctas, name=name, schedules=schedules)
         with _registry_lock:
             self.id = _next_id[0]
             _next_id[0] += 1

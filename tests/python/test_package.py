@@ -203,6 +203,31 @@ class Package(unittest.TestCase):
         # The shipped plans served these calls: nothing was compiled into the cache.
         self.assertEqual(plans_in(cache), [])
 
+    def test_schedules_argument_reaches_the_config(self):
+        cache = os.path.join(TMP, "c-sched")
+        good = os.path.join(SRC, "tests", "fixtures", "mscclpp", "allreduce_tbg_2.json")
+        p = py(ALLOC + """
+            import os
+            uid = mkernel.get_unique_id()
+            for bad in (["/nonexistent/mine.xml"], ["a:b"], [""]):
+                try:
+                    mkernel.Communicator(1, 0, uid, device=0, schedules=bad)
+                    print("NO ERROR", bad)
+                except mkernel.MkError as e:
+                    print("ERR", e.name, e)
+            # a 2-rank algorithm loads for a 1-rank communicator: not a candidate there, no error
+            comm = mkernel.Communicator(1, 0, mkernel.get_unique_id(), device=0, schedules=%r)
+            s, r = dalloc(4096, 0), dalloc(4096, 0)
+            comm.all_reduce(s, r, 256, "fp32", "sum")
+            comm.destroy()
+            print("DONE")
+        """ % good, env=fake_env(cache))
+        out = p.stdout
+        self.assertIn("DONE", out, out)
+        self.assertNotIn("NO ERROR", out)
+        self.assertIn("schedule file '/nonexistent/mine.xml' does not exist", out)
+        self.assertIn("holds ':', the list separator", out)
+
     def test_without_shipped_plans_the_same_calls_compile(self):
         cache = os.path.join(TMP, "c-noship")
         self.assertIn("CALLS OK", py(ONE_ALLREDUCE, env=fake_env(cache, MK_PREBUILT_DIR="")).stdout)

@@ -190,6 +190,75 @@ int selected(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// A user schedule (MK_SCHEDULES, or the config's own list when
+// MKT_CONFIG_SCHEDULES is set) named by MK_ALGO serves mkAllReduce: the kernel
+// launched is the one compiled from it; the other collectives keep the
+// built-in choices.
+int user_schedule(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.schedules = std::getenv("MKT_CONFIG_SCHEDULES");
+  CHILD_CHECK(mkCommInitRankConfig(&comm, nranks, id, rank, &cfg) == mkSuccess);
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 16) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(buf));
+  mkfake_launch l{};
+  for (int64_t count : {64, 4096, 8192}) {  // every size: MK_ALGO overrides the tables
+    CHILD_CHECK(mkAllReduce(p, p, size_t(count), mkFloat32, mkSum, comm, stream) == mkSuccess);
+    CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+    std::fprintf(stderr, "rank %d: all-reduce of %lld launched %s\n", rank, (long long)count, l.function);
+    CHILD_CHECK(std::string(l.function).find(std::getenv("MKT_WANT_KERNEL")) != std::string::npos);
+  }
+  CHILD_CHECK(mkAllGather(p, reinterpret_cast<char*>(p) + 2048, 64, mkFloat32, comm, stream) == mkSuccess);
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(std::string(l.function).find("allgather_direct") != std::string::npos);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
+  return 0;
+}
+
+// Init, one all-reduce, destroy.
+int init_allreduce(int rank, int nranks, const mkUniqueId& id) {
+  CUstream stream = nullptr;
+  mkComm_t comm = nullptr;
+  if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 4096) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(buf));
+  CHILD_CHECK(mkAllReduce(p, p, 256, mkFloat32, mkSum, comm, stream) == mkSuccess);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
+  return 0;
+}
+
+// Init with the config's schedule list (MKT_CONFIG_SCHEDULES) must fail on
+// every rank with every piece of `want`.
+int expect_config_init_failure(int rank, int nranks, const mkUniqueId& id, mkResult_t code,
+                               const std::vector<std::string>& want) {
+  g_rank = rank;
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.schedules = std::getenv("MKT_CONFIG_SCHEDULES");
+  const mkResult_t r = mkCommInitRankConfig(&comm, nranks, id, rank, &cfg);
+  const std::string msg = mkGetLastError(nullptr);
+  std::fprintf(stderr, "rank %d: %s\n", rank, msg.c_str());
+  CHILD_CHECK(r == code);
+  CHILD_CHECK(comm == nullptr);
+  for (const auto& w : want) CHILD_CHECK(msg.find(w) != std::string::npos);
+  return 0;
+}
+
 // Two entries of one schedule with different knobs are two plans whose
 // kernels have the same names: each size range gets its own (regression: the
 // first size's plan served both).
@@ -802,6 +871,23 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "select_bad")
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "MK_SELECT_FILE=", "$.entries[0].schedule", "implements allgather, not allreduce"});
+  if (scenario == "user_schedule") return user_schedule(rank, nranks, id);
+  if (scenario == "init_allreduce") return init_allreduce(rank, nranks, id);
+  if (scenario == "user_schedule_differs")
+    return expect_init_failure(rank, nranks, id, mkInvalidUsage,
+                               {"ranks disagree on MK_SCHEDULES", "rank 0 has (unset)", "rank 1 has 'my.good@"});
+  if (scenario == "user_schedule_missing")
+    return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
+                               {"rank 1:", "MK_SCHEDULES=", "mk.cli.E009", "does not exist"});
+  if (scenario == "user_schedule_unproved")
+    return expect_init_failure(rank, nranks, id, rank == 0 ? mkInvalidArgument : mkInvalidUsage,
+                               {"rank 0:", "user schedule 'my.wrong'", "is not proved for 2 ranks", "mk.verify.E"});
+  if (scenario == "user_schedule_wrong_ranks")
+    return expect_init_failure(rank, nranks, id, rank == 0 ? mkInvalidArgument : mkInvalidUsage,
+                               {"MK_ALGO selects schedule 'my.good' for 3 ranks", "mk.dsl.E008", "for 2 ranks"});
+  if (scenario == "config_schedules_differ")
+    return expect_config_init_failure(rank, nranks, id, mkInvalidUsage,
+                                      {"ranks disagree on the communicator's schedules (config)"});
 #ifdef MKT_SHIM
   if (scenario == "shim") return shim_fallback(rank, nranks, id);
   if (scenario == "shim_eager") return shim_eager(rank, nranks, id);
@@ -842,6 +928,46 @@ std::string write_select(const std::string& name, const std::string& text) {
   return path;
 }
 }  // namespace
+
+namespace {
+// A 2-rank all-reduce in mKernel IR JSON (what `mkc import -o` writes): every
+// rank pushes its input into the peer's scratch and adds it to its own. With
+// `wrong`, rank 1 adds its own input twice instead of rank 0's.
+std::string ir_allreduce_2(bool wrong) {
+  return std::string(R"({"mk_ir_version": 1, "name": "from_file", "collective": "allreduce", "ranks": 2,
+  "root": 0, "chunks": 1, "instances": 1, "scratch": 2, "depth": 1, "proto": "simple", "slots": 0, "tbs": 0,
+  "tile_bytes": 0, "staged": false, "synced": false, "ops": [
+  {"id": 0, "kind": "copy", "rank": 0, "tb": -1, "dsts": ["r1.sc[0]"], "srcs": ["r0.in[0]"]},
+  {"id": 1, "kind": "copy", "rank": 1, "tb": -1, "dsts": ["r0.sc[1]"], "srcs": ["r1.in[0]"]},
+  {"id": 2, "kind": "reduce", "rank": 0, "tb": -1, "dsts": ["r0.out[0]"], "srcs": ["r0.in[0]", "r0.sc[1]"]},
+  {"id": 3, "kind": "reduce", "rank": 1, "tb": -1, "dsts": ["r1.out[0]"], "srcs": [)") +
+         (wrong ? R"("r1.in[0]", "r1.in[0]")" : R"("r1.sc[0]", "r1.in[0]")") + "]}]}";
+}
+}  // namespace
+
+TEST_CASE("two processes: a schedule from MK_SCHEDULES or the config's list serves mkAllReduce, and init fails on every rank "
+          "when the lists differ, a file is missing, a schedule is not proved, or MK_ALGO picks it for other ranks") {
+  MKT_REQUIRE_FAKE();
+  const std::string good = write_select("mkt_user_good.json", ir_allreduce_2(false));
+  const std::string wrong = write_select("mkt_user_wrong.json", ir_allreduce_2(true));
+  const std::string sched = "MK_SCHEDULES=my.good=" + good;
+  const std::vector<std::string> both = {sched, "MK_ALGO=allreduce=my.good", "MKT_WANT_KERNEL=my_good"};
+  run_ranks(2, "user_schedule", {both, both});
+  run_ranks(2, "user_schedule_differs", {{}, {sched}});
+  run_ranks(2, "user_schedule_missing", {{}, {"MK_SCHEDULES=/nonexistent/mine.xml"}});
+  run_ranks(2, "user_schedule_unproved", {{"MK_SCHEDULES=my.wrong=" + wrong}, {"MK_SCHEDULES=my.wrong=" + wrong}});
+  run_ranks(3, "user_schedule_wrong_ranks", {both, both, both});
+  // Loaded but not selected, for a rank count it does not build for: not a
+  // candidate, not an error.
+  run_ranks(3, "init_allreduce", {{sched}, {sched}, {sched}});
+  // The config's own list; its schedule is named from the file ("from_file").
+  const std::vector<std::string> cfg = {"MKT_CONFIG_SCHEDULES=" + good, "MK_ALGO=allreduce=from_file",
+                                        "MKT_WANT_KERNEL=from_file"};
+  run_ranks(2, "user_schedule", {cfg, cfg});
+  run_ranks(2, "config_schedules_differ", {{"MKT_CONFIG_SCHEDULES=" + good}, {}});
+  std::filesystem::remove(good);
+  std::filesystem::remove(wrong);
+}
 
 TEST_CASE("two processes: MK_SELECT_FILE picks schedules and knobs, and init fails on both when it differs or is malformed") {
   MKT_REQUIRE_FAKE();

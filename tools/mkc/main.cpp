@@ -43,6 +43,7 @@
 #include "compiler/pipeline.hpp"
 #include "compiler/plan/prebuilt.hpp"
 #include "compiler/plugin.hpp"
+#include "compiler/sources.hpp"
 #include "compiler/topology/topology.hpp"
 #include "compiler/verify/executor.hpp"
 #include "compiler/verify/verify.hpp"
@@ -645,7 +646,7 @@ int main(int argc, char** argv) {
 
   Common verify_o, show_o, lower_o, compile_o, sim_o, export_o;
 
-  app.add_subcommand("list", "list the built-in schedules");
+  app.add_subcommand("list", "list the built-in schedules and those MK_SCHEDULES loads");
   app.add_subcommand("info", "NVRTC, supported architectures, cache location");
 
   auto* verify = app.add_subcommand("verify", "prove that a schedule computes its collective (exit 0) or explain why not");
@@ -761,6 +762,9 @@ int main(int argc, char** argv) {
   }
 
   try {
+    // Schedules from files (compiler/sources.hpp), as the runtime loads them:
+    // `mkc list` shows them, --schedule NAME and `mkc tune` use them.
+    if (const char* list = std::getenv("MK_SCHEDULES"); list && *list) sources::load(list);
     if (app.got_subcommand("list")) return cmd_list();
     if (app.got_subcommand("info")) return cmd_info();
     if (*verify) return cmd_verify(verify_o, strict);
