@@ -34,6 +34,13 @@ struct Event {
   size_t op;  // index into Schedule::ops
   int32_t rank, tb;
   double start_us, end_us;
+  // The event (index into Timeline::events) this one started after: the
+  // signal that released a wait, else the previous op of its thread block;
+  // -1 for a thread block's first op. Following it from the last event to
+  // end gives the critical path.
+  int64_t cause = -1;
+  // For a wait released by a signal: that signal's event, else -1.
+  int64_t signal = -1;
 };
 
 struct Timeline {
@@ -49,7 +56,13 @@ Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64
 // count times the element size), 0 for no bytes.
 double estimate_us(const ir::Schedule& s, const topology::Topology& t, int64_t bytes);
 
-// The timeline as an SVG picture: one row per (rank, thread block).
+// The events on the critical path (indices into tl.events, last first).
+std::vector<size_t> critical_path(const Timeline& tl);
+
+// The timeline as an SVG picture: a time axis, one lane per (rank, thread
+// block) grouped by rank, arrows for flags (signal -> the wait it releases)
+// and for data written into another rank's memory, the critical path
+// outlined, hover text with the op, its times and its DSL line.
 std::string svg(const ir::Schedule& s, const Timeline& tl);
 // ... and as text: per rank and thread block, what moves when.
 std::string text(const ir::Schedule& s, const Timeline& tl);

@@ -152,6 +152,14 @@ TEST_CASE("mkc show: text timeline, --ir, and an SVG picture") {
   CHECK(text.find("</svg>") > text.size() - 10);
   CHECK(contains(text, "<rect"));
   CHECK(contains(text, "rank 2 tb 0"));
+  CHECK(contains(text, "estimated</text>"));
+  CHECK(contains(text, ">0 us</text>"));                          // the time axis
+  CHECK(contains(text, "critical path: "));
+  CHECK(contains(text, "stroke=\"#000\" stroke-width=\"2\""));  // ... outlined
+  CHECK(contains(text, "<title>data: %"));                        // arrows between ranks
+  CHECK(contains(text, "<title>flag: %"));
+  CHECK(contains(text, "allreduce_ring.cpp:"));                   // hover: the DSL line
+  CHECK(contains(text, "-&gt; r"));                               // op text escaped for XML
   // every element that is opened is closed
   size_t open = 0, close = 0;
   for (size_t at = 0; (at = text.find("<text", at)) != std::string::npos; ++at) ++open;

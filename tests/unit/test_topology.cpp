@@ -318,3 +318,23 @@ TEST_CASE("cost: instances share the links, so more of them never make a large m
   CHECK(tl.bottleneck_us == doctest::Approx(0.2 + 64 * 4096 / 365e3).epsilon(1e-9));
   CHECK(one.bottleneck_us == doctest::Approx(0.2 + 4096 / 365e3).epsilon(1e-9));
 }
+
+TEST_CASE("cost: each event names what it started after, and the critical path follows those causes") {
+  const ir::Schedule s = two_hop();  // rank 0: copy into rank 1, signal; rank 1: wait, local copy
+  const auto tl = cost::step_timeline(s, topology::parse("nvlink:2", 2), 4096);
+  REQUIRE(tl.events.size() == 4);
+  auto index_of = [&](size_t op) {
+    for (size_t i = 0; i < tl.events.size(); ++i)
+      if (tl.events[i].op == op) return int64_t(i);
+    return int64_t(-1);
+  };
+  const int64_t copy0 = index_of(0), signal0 = index_of(1), wait1 = index_of(2), copy1 = index_of(3);
+  CHECK(tl.events[size_t(copy0)].cause == -1);  // a thread block's first op
+  CHECK(tl.events[size_t(signal0)].cause == copy0);
+  CHECK(tl.events[size_t(wait1)].signal == signal0);
+  CHECK(tl.events[size_t(wait1)].cause == signal0);  // it waited for the signal
+  CHECK(tl.events[size_t(copy1)].cause == wait1);
+  CHECK(tl.events[size_t(copy1)].signal == -1);
+  const auto path = cost::critical_path(tl);
+  CHECK(path == std::vector<size_t>{size_t(copy1), size_t(wait1), size_t(signal0), size_t(copy0)});
+}
