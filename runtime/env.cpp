@@ -154,9 +154,18 @@ std::map<Collective, std::string> parse_algo(const std::string& value) {
     const auto coll = parse_collective(c);
     if (!coll) invalid("MK_ALGO", value, fmt::format("'{}' is not a collective (allreduce, allgather, ...)", c));
     const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
-    if (!info) invalid("MK_ALGO", value, fmt::format("no schedule named '{}' (`mkc list` lists them)", schedule));
-    if (info->coll != *coll)
-      invalid("MK_ALGO", value, fmt::format("schedule '{}' implements {}, not {}", schedule, name(info->coll), c));
+    std::optional<Collective> implements;
+    if (info)
+      implements = info->coll;
+    else if (const auto d = plan_dir_schedule(schedule))
+      implements = d->coll;
+    if (!implements)
+      invalid("MK_ALGO", value,
+              fmt::format("no schedule named '{}' (`mkc list` lists them; MK_SCHEDULES loads yours, and "
+                          "MK_PLAN_DIR's plans name theirs)",
+                          schedule));
+    if (*implements != *coll)
+      invalid("MK_ALGO", value, fmt::format("schedule '{}' implements {}, not {}", schedule, name(*implements), c));
     m[*coll] = schedule;
   }
   return m;

@@ -127,6 +127,17 @@ std::string plan_dir_digest() {
   return digest;
 }
 
+std::optional<DirSchedule> plan_dir_schedule(const std::string& schedule) {
+  std::lock_guard<std::mutex> lock(mutex());
+  std::optional<DirSchedule> out;
+  for (const auto& p : dir_plans()) {
+    if (p->schedule != schedule) continue;
+    if (!out) out = DirSchedule{p->coll, {}};
+    out->nranks.insert(p->nranks);
+  }
+  return out;
+}
+
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
                                       int32_t max_grid, int32_t rank, const std::string& tune) {
   compiler::CompileOptions o;
@@ -217,7 +228,19 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
                                        "rank is needed; recompile it without --rank",
                                        elsewhere->schedule, plan::served_ranks(*elsewhere)));
     const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
-    if (!info) fail(mkInternalError, "no schedule named " + schedule);
+    if (!info) {
+      // selected because MK_PLAN_DIR has plans of it (its source is not loaded)
+      bool known = false;
+      for (const auto& p : from_dir) known = known || p->schedule == schedule;
+      if (known)
+        fail(mkInvalidUsage,
+             fmt::format("schedule {} is known only from MK_PLAN_DIR's plans, and none of them is for {} {}{}, {} "
+                         "ranks, sm_{}; compile one with `mkc compile` (--dtype {} --op {} --ranks {} --arch sm_{}{}) "
+                         "or load its source with MK_SCHEDULES",
+                         schedule, name(dtype), name(op), zero_copy ? " zero-copy" : "", nranks, arch, name(dtype),
+                         name(op), nranks, arch, zero_copy ? " --zero-copy" : ""));
+      fail(mkInternalError, "no schedule named " + schedule);
+    }
     // Another thread compiles this key: wait for it, then look again (its
     // plan may serve this rank too).
     if (in_flight().count(key)) {

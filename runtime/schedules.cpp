@@ -12,6 +12,7 @@
 #include "compiler/sources.hpp"
 #include "mk/dsl.hpp"
 #include "runtime/env.hpp"
+#include "runtime/plans.hpp"
 #include "runtime/select.hpp"
 #include "runtime/status.hpp"
 
@@ -144,7 +145,21 @@ void prove_user_schedules(const std::string& config_list, int nranks) {
     if (nranks >= e.min_ranks && nranks <= e.max_ranks) named.emplace_back(e.schedule, "MK_SELECT_FILE");
   for (const auto& [schedule, where] : named) {
     const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
-    if (!info) fail(mkInvalidArgument, fmt::format("{} names schedule '{}', which is not loaded", where, schedule));
+    if (!info) {
+      // known from MK_PLAN_DIR's plans alone: they must include this rank count
+      const auto d = plan_dir_schedule(schedule);
+      if (!d) fail(mkInvalidArgument, fmt::format("{} names schedule '{}', which is not loaded", where, schedule));
+      if (!d->nranks.count(nranks)) {
+        std::string have;
+        for (int32_t n : d->nranks) have += (have.empty() ? "" : ", ") + std::to_string(n);
+        fail(mkInvalidArgument,
+             fmt::format("{} selects schedule '{}' for {} ranks, but it is known only from MK_PLAN_DIR, whose plans of "
+                         "it are for {} ranks; compile one with `mkc compile --ranks {}` or load its source with "
+                         "MK_SCHEDULES",
+                         where, schedule, nranks, have, nranks));
+      }
+      continue;
+    }
     const std::string why = try_build(*info, nranks);
     if (!why.empty())
       fail(mkInvalidArgument, fmt::format("{} selects schedule '{}' for {} ranks, but it does not build for {} "

@@ -22,6 +22,7 @@
 #include "mk/dsl.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/env.hpp"
+#include "runtime/plans.hpp"
 #include "runtime/status.hpp"
 
 namespace mk::rt {
@@ -248,10 +249,18 @@ SelectTable parse_select(const std::string& text, const std::string& where) {
       bad_select(where, path + ".schedule", "expected a schedule's name");
     e.schedule = x["schedule"].get<std::string>();
     const dsl::ScheduleInfo* info = dsl::find_schedule(e.schedule);
-    if (!info) bad_select(where, path + ".schedule", "no schedule named '" + e.schedule + "' (`mkc list` lists them)");
-    if (info->coll != e.coll)
+    std::optional<Collective> implements;
+    if (info)
+      implements = info->coll;
+    else if (const auto d = plan_dir_schedule(e.schedule))
+      implements = d->coll;
+    if (!implements)
       bad_select(where, path + ".schedule",
-                 fmt::format("'{}' implements {}, not {}", e.schedule, name(info->coll), name(e.coll)));
+                 "no schedule named '" + e.schedule +
+                     "' (`mkc list` lists them; MK_SCHEDULES loads yours, and MK_PLAN_DIR's plans name theirs)");
+    if (*implements != e.coll)
+      bad_select(where, path + ".schedule",
+                 fmt::format("'{}' implements {}, not {}", e.schedule, name(*implements), name(e.coll)));
     if (x.contains("tune")) {
       if (!x["tune"].is_string()) bad_select(where, path + ".tune", "expected a string of MK_TUNE's form");
       e.tune = x["tune"].get<std::string>();

@@ -18,6 +18,10 @@
 
 #include "runtime/comm.hpp"
 #include "tests/runtime/fake.hpp"
+#include "compiler/compile.hpp"
+#include "compiler/jit/jit.hpp"
+#include "compiler/plan/plan.hpp"
+#include "mk/dsl.hpp"
 #ifdef MKT_SHIM
 #include "nccl.h"
 #endif
@@ -967,6 +971,27 @@ TEST_CASE("two processes: a schedule from MK_SCHEDULES or the config's list serv
   run_ranks(2, "config_schedules_differ", {{"MKT_CONFIG_SCHEDULES=" + good}, {}});
   std::filesystem::remove(good);
   std::filesystem::remove(wrong);
+}
+
+TEST_CASE("two processes: a schedule known only from MK_PLAN_DIR's plans serves mkAllReduce when MK_ALGO names it") {
+  MKT_REQUIRE_FAKE();
+  if (mk::jit::nvrtc_version() <= 0) {
+    MESSAGE("skipped: no NVRTC to compile the plan");
+    return;
+  }
+  // A plan compiled from a schedule this process has, shipped under a name no
+  // process has a source for (the fake driver checks kernel names in the cubin).
+  const auto dir = std::filesystem::temp_directory_path() / ("mkt_plandir." + std::to_string(::getpid()));
+  mk::compiler::CompileOptions o;
+  o.dtype = mk::DType::fp32;
+  o.use_cache = false;
+  auto plan = mk::compiler::compile_plan(mk::dsl::build(*mk::dsl::find_schedule("allreduce.two_shot"), 2), o);
+  plan.schedule = "shipped.allreduce";
+  mk::plan::write_dir(plan, (dir / "ar").string());
+  const std::vector<std::string> env = {"MK_PLAN_DIR=" + dir.string(), "MK_ALGO=allreduce=shipped.allreduce",
+                                        "MKT_WANT_KERNEL=mk_allreduce_two_shot_n2_fp32_sum_b"};
+  run_ranks(2, "user_schedule", {env, env});
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("two processes: MK_SELECT_FILE picks schedules and knobs, and init fails on both when it differs or is malformed") {

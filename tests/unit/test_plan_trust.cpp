@@ -16,7 +16,10 @@
 #include "mk/dsl.hpp"
 #include "plan_util.hpp"
 #include "runtime/comm.hpp"
+#include "runtime/env.hpp"
 #include "runtime/plans.hpp"
+#include "runtime/schedules.hpp"
+#include "runtime/select.hpp"
 #include "runtime/status.hpp"
 #include "support.hpp"
 
@@ -457,4 +460,43 @@ TEST_CASE("plan: serves lists the ranks a plan runs on, another rank gets mk.pla
   CHECK(contains(r.what, "not rank 0"));
   auto all = catch_error([] { rt::get_plan("allreduce.ring", Collective::allreduce, 2, DType::fp16, RedOp::avg, 90, false); });
   CHECK(contains(all.what, "a plan for every rank is needed"));
+}
+
+TEST_CASE("MK_PLAN_DIR: a schedule known only from its plans can be selected, serves what it was compiled for, "
+          "and says what to compile otherwise") {
+  mkt::TempDir d;
+  auto shipped = mkt::fake_plan();  // all-reduce, 2 ranks, fp16 avg, sm_90
+  shipped.schedule = "shipped.allreduce";
+  plan::write_dir(shipped, (d / "ar").string());
+  mkt::ScopedEnv env("MK_PLAN_DIR", d.str());
+  REQUIRE(dsl::find_schedule("shipped.allreduce") == nullptr);  // no source anywhere
+  const auto known = rt::plan_dir_schedule("shipped.allreduce");
+  REQUIRE(known.has_value());
+  CHECK(known->coll == Collective::allreduce);
+  CHECK(known->nranks == std::set<int32_t>{2});
+  CHECK_FALSE(rt::plan_dir_schedule("shipped.nothing").has_value());
+  // MK_ALGO and a selection table may name it, for its collective only
+  CHECK(rt::env::parse_algo("allreduce=shipped.allreduce").at(Collective::allreduce) == "shipped.allreduce");
+  auto c = catch_error([] { rt::env::parse_algo("allgather=shipped.allreduce"); });
+  CHECK(contains(c.what, "schedule 'shipped.allreduce' implements allreduce, not allgather"));
+  c = catch_error([] { rt::env::parse_algo("allreduce=shipped.nothing"); });
+  CHECK(contains(c.what, "no schedule named 'shipped.nothing'"));
+  const auto t = rt::parse_select(R"({"mkernel_select": 1, "entries": [
+    {"collective": "allreduce", "min_ranks": 2, "schedule": "shipped.allreduce"}]})", "t.json");
+  CHECK(t.entries.at(0).schedule == "shipped.allreduce");
+  // its plan serves the calls it was compiled for ...
+  auto p = rt::get_plan("shipped.allreduce", Collective::allreduce, 2, DType::fp16, RedOp::avg, 90, false);
+  CHECK(p->schedule == "shipped.allreduce");
+  // ... and another dtype says what to compile
+  c = catch_error([] { rt::get_plan("shipped.allreduce", Collective::allreduce, 2, DType::fp32, RedOp::sum, 90, false); });
+  CHECK(contains(c.what, "schedule shipped.allreduce is known only from MK_PLAN_DIR's plans"));
+  CHECK(contains(c.what, "--dtype fp32 --op sum --ranks 2 --arch sm_90"));
+  // selected for another rank count: init fails, naming the rank counts it has
+  {
+    mkt::ScopedEnv algo("MK_ALGO", "allreduce=shipped.allreduce");
+    c = catch_error([] { rt::prove_user_schedules("", 4); });
+    CHECK(contains(c.what, "MK_ALGO selects schedule 'shipped.allreduce' for 4 ranks"));
+    CHECK(contains(c.what, "whose plans of it are for 2 ranks"));
+    CHECK_NOTHROW(rt::prove_user_schedules("", 2));
+  }
 }
