@@ -141,48 +141,12 @@ int64_t num(const json& j, const char* key, const std::string& where, const std:
 // size: all-gather's, reduce-scatter's and all-to-all's larger buffer holds
 // one such block per rank, hence their entries per rank count). `mkc tune` on
 // the target machine writes a table of this format (MK_SELECT_FILE).
-constexpr const char* kBuiltin = R"json({
- "mkernel_select": 1,
- "note": "built-in defaults (measured on 2 x H200 and one H200 with ranks sharing it; not yet by mkc tune on 2 GPUs)",
- "entries": [
-  {"collective": "allreduce", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "allreduce.direct"},
-  {"collective": "broadcast", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "broadcast.direct"},
-  {"collective": "reduce", "min_ranks": 1, "max_ranks": 8, "registered": true, "min_bytes": 4194304, "schedule": "reduce.direct"},
-  {"collective": "reducescatter", "min_ranks": 1, "max_ranks": 1, "registered": true, "min_bytes": 4194304, "schedule": "reducescatter.pull"},
-  {"collective": "reducescatter", "min_ranks": 2, "max_ranks": 2, "registered": true, "min_bytes": 2097152, "schedule": "reducescatter.pull"},
-  {"collective": "reducescatter", "min_ranks": 3, "max_ranks": 3, "registered": true, "min_bytes": 1398102, "schedule": "reducescatter.pull"},
-  {"collective": "reducescatter", "min_ranks": 4, "max_ranks": 4, "registered": true, "min_bytes": 1048576, "schedule": "reducescatter.pull"},
-  {"collective": "reducescatter", "min_ranks": 5, "max_ranks": 5, "registered": true, "min_bytes": 838861, "schedule": "reducescatter.pull"},
-  {"collective": "reducescatter", "min_ranks": 6, "max_ranks": 6, "registered": true, "min_bytes": 699051, "schedule": "reducescatter.pull"},
-  {"collective": "reducescatter", "min_ranks": 7, "max_ranks": 7, "registered": true, "min_bytes": 599187, "schedule": "reducescatter.pull"},
-  {"collective": "reducescatter", "min_ranks": 8, "max_ranks": 8, "registered": true, "min_bytes": 524288, "schedule": "reducescatter.pull"},
-  {"collective": "allgather", "min_ranks": 1, "max_ranks": 1, "registered": true, "min_bytes": 4194304, "schedule": "allgather.direct"},
-  {"collective": "allgather", "min_ranks": 2, "max_ranks": 2, "registered": true, "min_bytes": 2097152, "schedule": "allgather.direct"},
-  {"collective": "allgather", "min_ranks": 3, "max_ranks": 3, "registered": true, "min_bytes": 1398102, "schedule": "allgather.direct"},
-  {"collective": "allgather", "min_ranks": 4, "max_ranks": 4, "registered": true, "min_bytes": 1048576, "schedule": "allgather.direct"},
-  {"collective": "allgather", "min_ranks": 5, "max_ranks": 5, "registered": true, "min_bytes": 838861, "schedule": "allgather.direct"},
-  {"collective": "allgather", "min_ranks": 6, "max_ranks": 6, "registered": true, "min_bytes": 699051, "schedule": "allgather.direct"},
-  {"collective": "allgather", "min_ranks": 7, "max_ranks": 7, "registered": true, "min_bytes": 599187, "schedule": "allgather.direct"},
-  {"collective": "allgather", "min_ranks": 8, "max_ranks": 8, "registered": true, "min_bytes": 524288, "schedule": "allgather.direct"},
-  {"collective": "alltoall", "min_ranks": 1, "max_ranks": 1, "registered": true, "min_bytes": 4194304, "schedule": "alltoall.direct"},
-  {"collective": "alltoall", "min_ranks": 2, "max_ranks": 2, "registered": true, "min_bytes": 2097152, "schedule": "alltoall.direct"},
-  {"collective": "alltoall", "min_ranks": 3, "max_ranks": 3, "registered": true, "min_bytes": 1398102, "schedule": "alltoall.direct"},
-  {"collective": "alltoall", "min_ranks": 4, "max_ranks": 4, "registered": true, "min_bytes": 1048576, "schedule": "alltoall.direct"},
-  {"collective": "alltoall", "min_ranks": 5, "max_ranks": 5, "registered": true, "min_bytes": 838861, "schedule": "alltoall.direct"},
-  {"collective": "alltoall", "min_ranks": 6, "max_ranks": 6, "registered": true, "min_bytes": 699051, "schedule": "alltoall.direct"},
-  {"collective": "alltoall", "min_ranks": 7, "max_ranks": 7, "registered": true, "min_bytes": 599187, "schedule": "alltoall.direct"},
-  {"collective": "alltoall", "min_ranks": 8, "max_ranks": 8, "registered": true, "min_bytes": 524288, "schedule": "alltoall.direct"},
-  {"collective": "allreduce", "min_ranks": 1, "max_ranks": 2, "min_bytes": 0, "max_bytes": 262144, "schedule": "allreduce.one_shot"},
-  {"collective": "allreduce", "min_ranks": 1, "max_ranks": 2, "min_bytes": 262145, "schedule": "allreduce.ring"},
-  {"collective": "allreduce", "min_ranks": 3, "max_ranks": 8, "min_bytes": 0, "max_bytes": 262144, "schedule": "allreduce.one_shot"},
-  {"collective": "allreduce", "min_ranks": 3, "max_ranks": 8, "min_bytes": 262145, "schedule": "allreduce.two_shot"},
-  {"collective": "allgather", "min_ranks": 1, "max_ranks": 8, "schedule": "allgather.direct"},
-  {"collective": "reducescatter", "min_ranks": 1, "max_ranks": 8, "schedule": "reducescatter.direct"},
-  {"collective": "broadcast", "min_ranks": 1, "max_ranks": 8, "schedule": "broadcast.direct"},
-  {"collective": "reduce", "min_ranks": 1, "max_ranks": 8, "schedule": "reduce.direct"},
-  {"collective": "alltoall", "min_ranks": 1, "max_ranks": 8, "schedule": "alltoall.direct"}
- ]
-})json";
+// The table itself: runtime/select_builtin.json, embedded at build time
+// (cmake/embed_file.cmake) and installed as share/mkernel/select.json, a
+// starting point for a table of your own.
+constexpr const char* kBuiltin =
+#include "select_builtin.inc"
+    ;
 
 std::string read_select_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -107,7 +107,8 @@ class Package(unittest.TestCase):
         names = set(z.namelist())
         for must in ("mkernel/__init__.py", "mkernel/torch.py", "mkernel/lib/libmkernel.so.0",
                      "mkernel/lib/mkernel/nccl/libnccl.so.2", "mkernel/bin/mkc", "mkernel/bin/mkernel-run",
-                     "mkernel/share/mkernel/prebuilt/index.json", "mkernel/include/mk.h"):
+                     "mkernel/share/mkernel/prebuilt/index.json", "mkernel/include/mk.h",
+                     "mkernel/share/mkernel/select.json"):
             self.assertIn(must, names)
         dist = [n for n in names if n.endswith(".dist-info/RECORD")]
         self.assertEqual(len(dist), 1)

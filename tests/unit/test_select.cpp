@@ -118,3 +118,13 @@ TEST_CASE("select: a table round-trips through its JSON, and hostile tables are 
   CHECK(contains(parse_error(std::string(100, '[') + std::string(100, ']')), "not valid JSON"));
   CHECK(contains(parse_error(std::string(17u << 20, ' ')), "larger than 16 MiB"));
 }
+
+TEST_CASE("select: the built-in table is runtime/select_builtin.json, the file that is installed, byte for byte") {
+  const std::string file = mkt::read_text(mkt::test_dir() + "/../runtime/select_builtin.json");
+  REQUIRE(!file.empty());
+  // what the library holds parses to the same table as the file
+  const auto from_file = rt::parse_select(file, "select_builtin.json");
+  CHECK(rt::to_json(from_file) == rt::to_json(rt::builtin_select()));
+  CHECK(from_file.entries.size() == rt::builtin_select().entries.size());
+  CHECK(from_file.note == rt::builtin_select().note);
+}
