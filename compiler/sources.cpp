@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "compiler/importers/importers.hpp"
 #include "compiler/ir/ir.hpp"
@@ -23,6 +24,28 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int64_t kMaxFileBytes = int64_t(64) << 20;  // an algorithm file; the importers bound the rest
+
+std::mutex& user_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<std::string>& user_names() {
+  static std::set<std::string> s;
+  return s;
+}
+
+int64_t newest_seq() {
+  int64_t m = 0;
+  for (const auto& s : dsl::registered_schedules()) m = std::max(m, s.seq);
+  return m;
+}
+
+// Every schedule registered after `seq` came from a user file.
+void mark_user_after(int64_t seq) {
+  std::lock_guard<std::mutex> lock(user_mutex());
+  for (const auto& s : dsl::registered_schedules())
+    if (s.seq > seq) user_names().insert(s.name);
+}
 
 std::string read_bounded(const std::string& path) {
   std::error_code ec;
@@ -71,13 +94,16 @@ Source load_dsl(const std::string& path, bool source) {
   s.digest = jit::hash_hex(read_bounded(path));
   std::vector<dsl::ScheduleInfo> found;
   dsl::RefuseReplacement guard;
+  const int64_t before = newest_seq();
   try {
     found = source ? plugin::load_source(path) : plugin::load_library(path);
   } catch (const Error&) {
+    mark_user_after(before);
     // a file whose every schedule was refused registered nothing ("defines no schedule")
     if (!guard.refused.empty()) taken(guard.refused.front(), path);
     throw;
   }
+  mark_user_after(before);
   if (!guard.refused.empty()) taken(guard.refused.front(), path);
   for (const auto& info : found) {
     if (!valid_name(info.name))
@@ -115,13 +141,20 @@ Source load_imported(const std::string& path, const std::string& given_name) {
   reg.line = 1;
   reg.imported = std::move(ir);
   dsl::RefuseReplacement guard;
+  const int64_t before = newest_seq();
   dsl::register_schedule(reg);
+  mark_user_after(before);
   if (!guard.refused.empty()) taken(chosen, path);
   s.schedules.push_back(chosen);
   return s;
 }
 
 }  // namespace
+
+bool is_user_schedule(const std::string& name) {
+  std::lock_guard<std::mutex> lock(user_mutex());
+  return user_names().count(name) != 0;
+}
 
 bool valid_name(const std::string& name) {
   if (name.empty() || name.size() > 96 || !std::isalpha(static_cast<unsigned char>(name[0]))) return false;

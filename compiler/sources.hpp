@@ -45,4 +45,10 @@ std::string describe(const std::vector<Source>& sources);
 // [A-Za-z0-9_.-], starting with a letter.
 bool valid_name(const std::string& name);
 
+// Whether `name` was registered by a file this process loaded (also by a load
+// that failed after its plugin had registered some schedules): the runtime
+// proves these at init and makes ranks agree on them, and the cost model
+// leaves them out.
+bool is_user_schedule(const std::string& name);
+
 }  // namespace mk::sources

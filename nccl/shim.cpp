@@ -616,6 +616,19 @@ static ncclResult_t check_config(const ncclConfig_t* config, const char* api) {
   return ncclSuccess;
 }
 
+// mKernel's copy of an NCCL config: the fields the two share (NCCL 2.28's,
+// up to nvlinkCentricSched), never more. Later NCCL versions append their own
+// fields where mkConfig_t has mKernel's (`schedules`): reading an NCCL 2.29
+// config as an mkConfig_t would take its graphUsageMode for a pointer.
+static const mkConfig_t* to_mk_config(const ncclConfig_t* config, mkConfig_t* local) {
+  if (!config) return nullptr;
+  constexpr size_t shared = offsetof(mkConfig_t, schedules);
+  memcpy(local, config, config->size < shared ? config->size : shared);
+  local->size = sizeof *local;
+  local->schedules = nullptr;
+  return local;
+}
+
 static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank, ncclConfig_t* config,
                               const char* api) {
   if (!comm) return fail(ncclInvalidArgument, "%s: comm is NULL", api);
@@ -632,12 +645,10 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   // (single-process multi-GPU programs). mKernel runs it as a nonblocking
   // init, which ncclGroupEnd waits for.
   mkConfig_t local = MK_CONFIG_INITIALIZER;
-  const mkConfig_t* cfg = reinterpret_cast<const mkConfig_t*>(config);
+  const mkConfig_t* cfg = to_mk_config(config, &local);
   const bool deferred = t_depth > 0 && (!config || config->size <= offsetof(ncclConfig_t, blocking) ||
                                         config->blocking == 1 || config->blocking == NCCL_CONFIG_UNDEF_INT);
   if (deferred) {
-    if (config) memcpy(&local, config, config->size < sizeof local ? config->size : sizeof local);
-    local.size = sizeof local;
     local.blocking = 0;
     cfg = &local;
   }
@@ -703,7 +714,8 @@ MK_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclC
   if (ncclResult_t r = check_config(config, "ncclCommSplit")) return r;
   if (!comm->mk) return fail(ncclInvalidUsage, "ncclCommSplit: a communicator from ncclCommShrink cannot be split here");
   mkComm_t child = nullptr;
-  const mkResult_t r = g_mk.CommSplit(comm->mk, color, key, &child, reinterpret_cast<const mkConfig_t*>(config));
+  mkConfig_t local = MK_CONFIG_INITIALIZER;
+  const mkResult_t r = g_mk.CommSplit(comm->mk, color, key, &child, to_mk_config(config, &local));
   if (r != mkSuccess && r != mkInProgress) return fail(ncclResult_t(r), "ncclCommSplit: %s", g_mk.GetLastError(comm->mk));
   if (child) {
     // Size and rank are known once the split is done; a nonblocking child

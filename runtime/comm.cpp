@@ -126,7 +126,7 @@ std::vector<std::pair<std::string, std::string>> settings_of(const CommConfig& c
   const std::string own = config_schedules(cfg.schedules);
   auto s = env::plan_shaping_settings();
   s.emplace_back("the communicator's schedules (config)", own);
-  prove_user_schedules(cfg.schedules, nranks);
+  s.emplace_back("the user schedules it can run (name@IR hash)", prove_user_schedules(cfg.schedules, nranks));
   return s;
 }
 
@@ -290,7 +290,14 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
 void comm_init_all(const std::vector<std::shared_ptr<Comm>>& comms, const std::vector<int>& devices,
                    const std::vector<ParentMemory>* shared) {
   const int n = int(comms.size());
-  if (n > 0) settings_of(comms[0]->config, n);  // one process: every rank has the same settings
+  // One process: the environment is the same for every rank, each rank's
+  // config (a split's children) may not be.
+  for (int r = 1; r < n; ++r)
+    if (comms[size_t(r)]->config.schedules != comms[0]->config.schedules)
+      fail(mkInvalidUsage, fmt::format("ranks disagree on the communicator's schedules (config): rank 0 has '{}', rank "
+                                       "{} has '{}'; every rank must give the same list",
+                                       comms[0]->config.schedules, r, comms[size_t(r)]->config.schedules));
+  if (n > 0) settings_of(comms[0]->config, n);
   for (int r = 0; r < n; ++r) {
     Comm& c = *comms[size_t(r)];
     c.nranks = n;

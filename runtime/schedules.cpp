@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "compiler/ir/ir.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/pipeline.hpp"
 #include "compiler/sources.hpp"
 #include "mk/dsl.hpp"
@@ -51,69 +53,50 @@ std::mutex& proof_mutex() {
   static std::mutex m;
   return m;
 }
-// (schedule, nranks) -> "" when it proved (or does not build for nranks), else the error.
-std::map<std::pair<std::string, int>, std::string>& proofs() {
-  static std::map<std::pair<std::string, int>, std::string> m;
-  return m;
-}
-// (schedule, nranks) -> "" when it builds, else why not.
-std::map<std::pair<std::string, int>, std::string>& builds() {
-  static std::map<std::pair<std::string, int>, std::string> m;
-  return m;
-}
 
-std::string try_build(const dsl::ScheduleInfo& info, int nranks) {
-  const auto key = std::make_pair(info.name, nranks);
-  {
-    std::lock_guard<std::mutex> lock(proof_mutex());
-    if (auto it = builds().find(key); it != builds().end()) return it->second;
-  }
-  std::string why;
-  try {
-    (void)dsl::build(info, nranks, 0);
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
-  std::lock_guard<std::mutex> lock(proof_mutex());
-  builds()[key] = why;
-  return why;
-}
-
-void prove(const dsl::ScheduleInfo& info, int nranks) {
-  const auto key = std::make_pair(info.name, nranks);
-  {
-    std::lock_guard<std::mutex> lock(proof_mutex());
-    if (auto it = proofs().find(key); it != proofs().end()) {
-      if (!it->second.empty()) fail(mkInvalidArgument, it->second);
-      return;
-    }
-  }
-  std::string error;
-  ir::Schedule raw;
+struct Proof {
   bool built = false;
+  std::string why_not;  // built: "" when proved, else the verifier's error; not built: the builder's
+  std::string ir_hash;  // built: a hash of the IR it builds for nranks (what ranks compare)
+};
+// (schedule, nranks) -> what building and proving it gave (deterministic: kept)
+std::map<std::pair<std::string, int>, Proof>& proofs() {
+  static std::map<std::pair<std::string, int>, Proof> m;
+  return m;
+}
+
+const Proof& prove(const dsl::ScheduleInfo& info, int nranks) {
+  const auto key = std::make_pair(info.name, nranks);
+  {
+    std::lock_guard<std::mutex> lock(proof_mutex());
+    if (auto it = proofs().find(key); it != proofs().end()) return it->second;
+  }
+  Proof p;
+  ir::Schedule raw;
   try {
     raw = dsl::build(info, nranks, 0);
-    built = true;
+    p.built = true;
   } catch (const std::exception& e) {
     // Not for this rank count (an imported file's other rank count, or a
     // builder that refuses it): not a candidate here. Naming it in MK_ALGO
     // or MK_SELECT_FILE for this rank count is the error (below).
+    p.why_not = e.what();
     debug_log(fmt::format("user schedule {} does not build for {} ranks: {}", info.name, nranks, e.what()));
   }
-  if (built) {
+  if (p.built) {
+    p.ir_hash = jit::hash_hex(ir::print(raw));
     try {
       compiler::LowerOptions o;
       env::apply_tune(&o.proto);
       (void)compiler::lower(std::move(raw), o);
       debug_log(fmt::format("user schedule {} proved for {} ranks", info.name, nranks));
     } catch (const std::exception& e) {
-      error = fmt::format("user schedule '{}' ({}) is not proved for {} ranks: {}", info.name, info.file, nranks,
-                          e.what());
+      p.why_not = fmt::format("user schedule '{}' ({}) is not proved for {} ranks: {}", info.name, info.file, nranks,
+                              e.what());
     }
   }
   std::lock_guard<std::mutex> lock(proof_mutex());
-  proofs()[key] = error;
-  if (!error.empty()) fail(mkInvalidArgument, error);
+  return proofs().emplace(key, std::move(p)).first->second;  // std::map: references stay valid
 }
 
 }  // namespace
@@ -125,24 +108,20 @@ std::string config_schedules(const std::string& config_list) {
   return sources::describe(load_list(config_list, "config schedules='" + config_list + "'"));
 }
 
-void prove_user_schedules(const std::string& config_list, int nranks) {
-  std::vector<std::string> mine = names_of(env_sources());
+std::string prove_user_schedules(const std::string& config_list, int nranks) {
+  std::vector<std::string> listed = names_of(env_sources());
   if (!config_list.empty()) {
     const auto more = names_of(load_list(config_list, "config schedules='" + config_list + "'"));
-    mine.insert(mine.end(), more.begin(), more.end());
+    listed.insert(listed.end(), more.begin(), more.end());
   }
-  std::set<std::string> done;
-  for (const std::string& n : mine) {
-    if (!done.insert(n).second) continue;
-    const dsl::ScheduleInfo* info = dsl::find_schedule(n);
-    if (!info) fail(mkInternalError, "user schedule " + n + " vanished from the registry");
-    prove(*info, nranks);
-  }
-  // What the settings name for this rank count must build for it.
+  // What the settings select for this rank count.
   std::vector<std::pair<std::string, std::string>> named;  // schedule, where
   for (const auto& [coll, schedule] : env::algo()) named.emplace_back(schedule, "MK_ALGO");
   for (const SelectEntry& e : file_select().entries)
     if (nranks >= e.min_ranks && nranks <= e.max_ranks) named.emplace_back(e.schedule, "MK_SELECT_FILE");
+  // User schedules this communicator can run: listed for it, or selected
+  // (also ones another communicator of this process loaded).
+  std::set<std::string> selectable(listed.begin(), listed.end());
   for (const auto& [schedule, where] : named) {
     const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
     if (!info) {
@@ -160,12 +139,36 @@ void prove_user_schedules(const std::string& config_list, int nranks) {
       }
       continue;
     }
-    const std::string why = try_build(*info, nranks);
-    if (!why.empty())
-      fail(mkInvalidArgument, fmt::format("{} selects schedule '{}' for {} ranks, but it does not build for {} "
-                                          "ranks: {}",
-                                          where, schedule, nranks, nranks, why));
+    if (sources::is_user_schedule(schedule)) {
+      selectable.insert(schedule);
+      const Proof& p = prove(*info, nranks);
+      if (!p.built)
+        fail(mkInvalidArgument, fmt::format("{} selects schedule '{}' for {} ranks, but it does not build for {} "
+                                            "ranks: {}",
+                                            where, schedule, nranks, nranks, p.why_not));
+    } else {
+      // a built-in: building it is enough (built-ins are proved by the test suite)
+      try {
+        (void)dsl::build(*info, nranks, 0);
+      } catch (const std::exception& e) {
+        fail(mkInvalidArgument, fmt::format("{} selects schedule '{}' for {} ranks, but it does not build for {} "
+                                            "ranks: {}",
+                                            where, schedule, nranks, nranks, e.what()));
+      }
+    }
   }
+  // Prove each; what ranks compare is the IR each builds, so that files that
+  // differ anywhere (an included header, a builder reading the environment)
+  // cannot run as one schedule.
+  std::string agreed;
+  for (const std::string& n : selectable) {
+    const dsl::ScheduleInfo* info = dsl::find_schedule(n);
+    if (!info) fail(mkInternalError, "user schedule " + n + " vanished from the registry");
+    const Proof& p = prove(*info, nranks);
+    if (p.built && !p.why_not.empty()) fail(mkInvalidArgument, p.why_not);
+    agreed += fmt::format("{}{}@{}", agreed.empty() ? "" : ",", n, p.built ? p.ir_hash : "-");
+  }
+  return agreed;
 }
 
 }  // namespace mk::rt

@@ -23,10 +23,14 @@ std::string env_schedules();
 // same description of it. Throws RtError(mkInvalidArgument) naming the file.
 std::string config_schedules(const std::string& config_list);
 
-// Proves the user schedules (MK_SCHEDULES and `config_list`) for `nranks`
-// ranks and checks that what MK_ALGO and MK_SELECT_FILE name for `nranks`
-// builds for it. Throws RtError(mkInvalidArgument) with the verifier's or
-// the builder's message. Results are kept per (schedule, nranks).
-void prove_user_schedules(const std::string& config_list, int nranks);
+// Proves the user schedules a communicator of `nranks` ranks can run (those
+// of MK_SCHEDULES and `config_list`, and any user schedule MK_ALGO or
+// MK_SELECT_FILE selects for `nranks`, whichever communicator loaded it) and
+// checks that what MK_ALGO and MK_SELECT_FILE select for `nranks` builds for
+// it. Returns "name@hash,..." (sorted by name) of those user schedules, the
+// hash being of the IR each builds for `nranks` ("-": does not build): what
+// ranks must agree on. Throws RtError(mkInvalidArgument) with the verifier's
+// or the builder's message. Results are kept per (schedule, nranks).
+std::string prove_user_schedules(const std::string& config_list, int nranks);
 
 }  // namespace mk::rt

@@ -19,6 +19,7 @@
 #include "compiler/cost/cost.hpp"
 #include "compiler/jit/jit.hpp"
 #include "compiler/pipeline.hpp"
+#include "compiler/sources.hpp"
 #include "mk/dsl.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/env.hpp"
@@ -48,6 +49,9 @@ const std::vector<std::pair<std::string, compiler::Lowered>>& candidates(Collect
   env::apply_tune(&o.proto);
   for (const auto& info : dsl::registered_schedules()) {
     if (info.coll != coll || info.copy_engine) continue;  // the cost model knows kernels only
+    // Built-ins only: which user schedules a process has loaded may differ
+    // between ranks' processes; users select theirs (MK_ALGO, MK_SELECT_FILE).
+    if (sources::is_user_schedule(info.name)) continue;
     try {
       it->second.emplace_back(info.name, compiler::lower(dsl::build(info, nranks, 0), o));
     } catch (const Error&) {

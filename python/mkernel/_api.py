@@ -165,18 +165,21 @@ def _uid(unique_id):
 
 
 def _schedule_list(schedules):
-    """None, a path, or a list of paths (str or os.PathLike) -> the ':'-list
-    mkConfig_t.schedules takes (None for none)."""
+    """None, a path, or a list of paths (str, bytes or os.PathLike) -> the
+    ':'-separated bytes mkConfig_t.schedules takes (None for none). Paths are
+    made absolute, so that a relative name holding '=' is not read as NAME=PATH."""
     if schedules is None:
         return None
     if isinstance(schedules, (str, bytes, os.PathLike)):
         schedules = [schedules]
-    paths = [os.fsdecode(p) for p in schedules]
-    for p in paths:
-        if not p or ":" in p:
+    out = []
+    for p in schedules:
+        raw = os.fsencode(p)
+        if not raw or b":" in raw or b"\0" in raw:
             raise MkError(INVALID_ARGUMENT, "schedules: %r is not a usable path (empty, or holds ':', the list "
-                          "separator)" % p)
-    return ":".join(paths) or None
+                          "separator, or a NUL)" % (p,))
+        out.append(os.path.abspath(raw))
+    return b":".join(out) or None
 
 
 def make_config(blocking=None, max_ctas=None, min_ctas=None, name=None, split_share=None, net_name=None,

@@ -210,7 +210,7 @@ class Package(unittest.TestCase):
         p = py(ALLOC + """
             import os
             uid = mkernel.get_unique_id()
-            for bad in (["/nonexistent/mine.xml"], ["a:b"], [""]):
+            for bad in (["/nonexistent/mine.xml"], ["a:b"], [""], [b"/tmp/x\\0y.xml"], [b"/nonexistent/\\xffring.xml"]):
                 try:
                     mkernel.Communicator(1, 0, uid, device=0, schedules=bad)
                     print("NO ERROR", bad)
@@ -228,6 +228,10 @@ class Package(unittest.TestCase):
         self.assertNotIn("NO ERROR", out)
         self.assertIn("schedule file '/nonexistent/mine.xml' does not exist", out)
         self.assertIn("holds ':', the list separator", out)
+        self.assertIn("or a NUL", out)
+        self.assertIn("ERR mkInvalidArgument", out)
+        self.assertNotIn("UnicodeEncodeError", out)
+        self.assertIn("ring.xml' does not exist", out)  # a path that is not UTF-8: MkError, not UnicodeEncodeError
 
     def test_without_shipped_plans_the_same_calls_compile(self):
         cache = os.path.join(TMP, "c-noship")

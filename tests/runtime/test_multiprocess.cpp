@@ -243,6 +243,27 @@ int init_allreduce(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// A 1-rank communicator whose own list (MKT_FIRST_LIST) loads a schedule
+// into this process's registry; then MK_ALGO selects it for a 2-rank
+// communicator that does not list it. Ranks whose processes loaded different
+// files under that name must fail init, not run different kernels.
+int divergent_registry(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  CUcontext ctx = nullptr;
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  mkUniqueId solo;
+  CHILD_CHECK(mkGetUniqueId(&solo) == mkSuccess);
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.schedules = std::getenv("MKT_FIRST_LIST");
+  mkComm_t one = nullptr;
+  CHILD_CHECK(mkCommInitRankConfig(&one, 1, solo, 0, &cfg) == mkSuccess);
+  CHILD_CHECK(mkCommDestroy(one) == mkSuccess);
+  setenv("MK_ALGO", "allreduce=my.x", 1);
+  return expect_init_failure(rank, nranks, id, mkInvalidUsage,
+                             {"ranks disagree on the user schedules it can run (name@IR hash)", "my.x@"});
+}
+
 // Init with the config's schedule list (MKT_CONFIG_SCHEDULES) must fail on
 // every rank with every piece of `want`.
 int expect_config_init_failure(int rank, int nranks, const mkUniqueId& id, mkResult_t code,
@@ -877,6 +898,7 @@ int mkt_child_main(int argc, char** argv) {
                                {"rank 1:", "MK_SELECT_FILE=", "$.entries[0].schedule", "implements allgather, not allreduce"});
   if (scenario == "user_schedule") return user_schedule(rank, nranks, id);
   if (scenario == "init_allreduce") return init_allreduce(rank, nranks, id);
+  if (scenario == "divergent_registry") return divergent_registry(rank, nranks, id);
   if (scenario == "user_schedule_differs")
     return expect_init_failure(rank, nranks, id, mkInvalidUsage,
                                {"ranks disagree on MK_SCHEDULES", "rank 0 has (unset)", "rank 1 has 'my.good@"});
@@ -969,8 +991,17 @@ TEST_CASE("two processes: a schedule from MK_SCHEDULES or the config's list serv
                                         "MKT_WANT_KERNEL=from_file"};
   run_ranks(2, "user_schedule", {cfg, cfg});
   run_ranks(2, "config_schedules_differ", {{"MKT_CONFIG_SCHEDULES=" + good}, {}});
+  // Loaded by another communicator of each process, different files under one
+  // name, selected by MK_ALGO: the IR they build differs, init fails on both
+  // (before: both ranks initialised and ran different kernels).
+  std::string other_text = ir_allreduce_2(false);
+  const std::string from = R"("r1.sc[0]", "r1.in[0]")", to = R"("r1.in[0]", "r1.sc[0]")";
+  other_text.replace(other_text.find(from), from.size(), to);  // also correct, another order
+  const std::string other = write_select("mkt_user_other.json", other_text);
+  run_ranks(2, "divergent_registry", {{"MKT_FIRST_LIST=my.x=" + good}, {"MKT_FIRST_LIST=my.x=" + other}});
   std::filesystem::remove(good);
   std::filesystem::remove(wrong);
+  std::filesystem::remove(other);
 }
 
 TEST_CASE("two processes: a schedule known only from MK_PLAN_DIR's plans serves mkAllReduce when MK_ALGO names it") {

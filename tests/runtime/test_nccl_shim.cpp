@@ -270,6 +270,24 @@ TEST_CASE("nccl shim: ncclConfig_t is checked as NCCL checks it, NULL takes ever
   ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
   blocking.blocking = 7;  // NCCL: 0 or 1
   CHECK(init(&blocking) == ncclInvalidArgument);
+  // A newer NCCL's larger struct (2.29 appends int fields after
+  // nvlinkCentricSched, NCCL_CONFIG_UNDEF_INT in its initializer): read as
+  // NCCL 2.28's, never as mkConfig_t's own fields there (a crash before).
+  struct Newer {
+    ncclConfig_t c;
+    int graphUsageMode, numRmaCtx, more[8];
+  } newer{NCCL_CONFIG_INITIALIZER, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, {}};
+  for (int& m : newer.more) m = NCCL_CONFIG_UNDEF_INT;
+  newer.c.size = sizeof newer;
+  CHECK(init(&newer.c) == ncclSuccess);
+  // the same through ncclCommSplit of a communicator made with it
+  ncclComm_t parent = nullptr;
+  REQUIRE(SHIM_FN(s, ncclCommInitRankConfig)(&parent, 1, id, 0, &newer.c) == ncclSuccess);
+  ncclComm_t child = nullptr;
+  CHECK(SHIM_FN(s, ncclCommSplit)(parent, 0, 0, &child, &newer.c) == ncclSuccess);
+  CHECK(child != nullptr);
+  if (child) CHECK(SHIM_FN(s, ncclCommDestroy)(child) == ncclSuccess);
+  CHECK(SHIM_FN(s, ncclCommDestroy)(parent) == ncclSuccess);
 }
 
 TEST_CASE("nccl shim: bad input gets NCCL's error codes and a readable ncclGetLastError") {

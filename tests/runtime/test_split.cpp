@@ -1,11 +1,15 @@
 // mkCommSplit beyond the basics (test_lifetime.cpp has those): nonblocking
 // splits, aborts that end a split in progress, and splitShare (children that
 // use part of their parent's symmetric memory). Against the fake driver.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -315,6 +319,27 @@ TEST_CASE("mkCommSplit inside a group: one thread splits every rank of its proce
   CHECK(std::string(mkGetLastError(nullptr)).find("splitShare") != std::string::npos);
   for (auto c : child)
     if (c) CHECK(mkCommDestroy(c) == mkSuccess);
+  // Ranks that disagree on their schedule lists: the group fails, naming the
+  // setting (before: rank 0's list served every rank, the others' were dropped).
+  const auto file = std::filesystem::temp_directory_path() / ("mkt_split_sched." + std::to_string(::getpid()) + ".json");
+  std::ofstream(file) << R"({"mk_ir_version": 1, "name": "split_ar", "collective": "allreduce", "ranks": 2,
+  "root": 0, "chunks": 1, "instances": 1, "scratch": 2, "depth": 1, "proto": "simple", "slots": 0, "tbs": 0,
+  "tile_bytes": 0, "staged": false, "synced": false, "ops": [
+  {"id": 0, "kind": "copy", "rank": 0, "tb": -1, "dsts": ["r1.sc[0]"], "srcs": ["r0.in[0]"]},
+  {"id": 1, "kind": "copy", "rank": 1, "tb": -1, "dsts": ["r0.sc[1]"], "srcs": ["r1.in[0]"]},
+  {"id": 2, "kind": "reduce", "rank": 0, "tb": -1, "dsts": ["r0.out[0]"], "srcs": ["r0.in[0]", "r0.sc[1]"]},
+  {"id": 3, "kind": "reduce", "rank": 1, "tb": -1, "dsts": ["r1.out[0]"], "srcs": ["r1.sc[0]", "r1.in[0]"]}]})";
+  const std::string list = file.string();
+  mkConfig_t with = MK_CONFIG_INITIALIZER, without = MK_CONFIG_INITIALIZER;
+  with.schedules = list.c_str();
+  REQUIRE(mkGroupStart() == mkSuccess);
+  for (int r = 0; r < 4; ++r) mkCommSplit(p.c[size_t(r)], 0, r, &child[size_t(r)], r == 0 ? &with : &without);
+  CHECK(mkGroupEnd() == mkInvalidUsage);
+  CHECK(std::string(mkGetLastError(nullptr)).find("ranks disagree on the communicator's schedules (config)") !=
+        std::string::npos);
+  for (auto c : child)
+    if (c) CHECK(mkCommDestroy(c) == mkSuccess);
+  std::filesystem::remove(file);
 }
 
 // Lamport packets (templates/prims_lamport.cuh) rely on scratch at rest being
