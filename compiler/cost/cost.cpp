@@ -6,6 +6,8 @@
 #include <map>
 #include <set>
 
+#include "compiler/common/xml.hpp"
+
 namespace mk::cost {
 
 using ir::Buf;
@@ -132,19 +134,7 @@ std::vector<size_t> critical_path(const Timeline& tl) {
 
 namespace {
 
-std::string xml(const std::string& in) {
-  std::string o;
-  for (char c : in) {
-    switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
+std::string xml(const std::string& in) { return xml_escape(in, true); }
 
 // A tick interval of 1, 2 or 5 times a power of ten, at least `min_us`.
 double tick_us(double min_us) {

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "compiler/common/xml.hpp"
 #include "compiler/importers/importers.hpp"
 
 namespace mk::importers {
@@ -303,20 +304,7 @@ class Exporter {
     deliver(acc, rest);
   }
 
-  static std::string esc(const std::string& s) {
-    std::string o;
-    for (char c : s) {
-      switch (c) {
-        case '<': o += "&lt;"; break;
-        case '>': o += "&gt;"; break;
-        case '&': o += "&amp;"; break;
-        case '"': o += "&quot;"; break;
-        case '\'': o += "&apos;"; break;
-        default: o += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
-      }
-    }
-    return o;
-  }
+  static std::string esc(const std::string& s) { return xml_escape(s); }
   static const char* letter(Buf b) { return b == Buf::input ? "i" : b == Buf::output ? "o" : "s"; }
 
   std::string write() {
