@@ -169,6 +169,20 @@ int expect_init_failure(int rank, int nranks, const mkUniqueId& id, mkResult_t c
   return 0;
 }
 
+// An all-gather on `comm` takes the built-in choice; then `comm`, `buf` and
+// `stream` are released.
+int builtin_allgather_then_close(mkComm_t comm, CUdeviceptr buf, CUstream stream) {
+  void* p = reinterpret_cast<void*>(uintptr_t(buf));
+  mkfake_launch l{};
+  CHILD_CHECK(mkAllGather(p, reinterpret_cast<char*>(p) + 2048, 64, mkFloat32, comm, stream) == mkSuccess);
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(std::string(l.function).find("allgather_direct") != std::string::npos);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
+  return 0;
+}
+
 // MK_SELECT_FILE picks the schedule and its knobs: a small all-reduce runs
 // two_shot with 2 LL instances instead of the built-in one-shot with 16.
 int selected(int rank, int nranks, const mkUniqueId& id) {
@@ -185,13 +199,7 @@ int selected(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(std::string(l.function).find("allreduce_two_shot") != std::string::npos);
   CHILD_CHECK(l.grid[0] <= 2 * 4);  // 2 instances of at most 4 blocks (the built-in: 16 instances)
   // the other collectives keep the built-in choices
-  CHILD_CHECK(mkAllGather(p, reinterpret_cast<char*>(p) + 2048, 64, mkFloat32, comm, stream) == mkSuccess);
-  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
-  CHILD_CHECK(std::string(l.function).find("allgather_direct") != std::string::npos);
-  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
-  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
-  CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
-  return 0;
+  return builtin_allgather_then_close(comm, buf, stream);
 }
 
 // A user schedule (MK_SCHEDULES, or the config's own list when
@@ -219,13 +227,7 @@ int user_schedule(int rank, int nranks, const mkUniqueId& id) {
     std::fprintf(stderr, "rank %d: all-reduce of %lld launched %s\n", rank, (long long)count, l.function);
     CHILD_CHECK(std::string(l.function).find(std::getenv("MKT_WANT_KERNEL")) != std::string::npos);
   }
-  CHILD_CHECK(mkAllGather(p, reinterpret_cast<char*>(p) + 2048, 64, mkFloat32, comm, stream) == mkSuccess);
-  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
-  CHILD_CHECK(std::string(l.function).find("allgather_direct") != std::string::npos);
-  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
-  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
-  CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
-  return 0;
+  return builtin_allgather_then_close(comm, buf, stream);
 }
 
 // Init, one all-reduce, destroy.
