@@ -115,12 +115,9 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
   }
 }
 
-// Settings that shape plans or memory layout must be the same on every rank
-// (env::plan_shaping_settings): every rank sees every rank's values, so every
-// rank fails alike, naming the setting and the ranks.
-// The settings of `c`: its user schedules are loaded first (MK_SCHEDULES,
-// then its config's list), so that MK_ALGO and MK_SELECT_FILE can name them,
-// and proved for its rank count after. Throws RtError.
+// The settings of a communicator: its user schedules are loaded first
+// (MK_SCHEDULES, then its config's list), so that MK_ALGO and MK_SELECT_FILE
+// can name them, and proved for its rank count after. Throws RtError.
 std::vector<std::pair<std::string, std::string>> settings_of(const CommConfig& cfg, int nranks) {
   env_schedules();
   const std::string own = config_schedules(cfg.schedules);
@@ -130,6 +127,9 @@ std::vector<std::pair<std::string, std::string>> settings_of(const CommConfig& c
   return s;
 }
 
+// Settings that shape plans or memory layout must be the same on every rank
+// (settings_of): every rank sees every rank's values, so every rank fails
+// alike, naming the setting and the ranks.
 void agree_on_settings(Comm& c) {
   // A rank whose settings do not parse says so in the exchange (every rank
   // then fails with its message instead of waiting for it).

@@ -27,9 +27,7 @@ namespace {
 std::vector<sources::Source> load_list(const std::string& list, const std::string& where) {
   try {
     return sources::load(list);
-  } catch (const Error& e) {
-    fail(mkInvalidArgument, fmt::format("{}: {}", where, e.what()));
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // mk::Error's text carries its id and the file's line
     fail(mkInvalidArgument, fmt::format("{}: {}", where, e.what()));
   }
 }
