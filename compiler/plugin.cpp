@@ -44,19 +44,6 @@ int run(const std::string& cmd, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-std::vector<dsl::ScheduleInfo> registered_after(int64_t seq) {
-  std::vector<dsl::ScheduleInfo> out;
-  for (auto& s : dsl::registered_schedules())
-    if (s.seq > seq) out.push_back(s);
-  return out;
-}
-
-int64_t current_seq() {
-  int64_t m = 0;
-  for (auto& s : dsl::registered_schedules()) m = std::max(m, s.seq);
-  return m;
-}
-
 std::string read_all(const fs::path& p, bool* ok) {
   std::ifstream f(p, std::ios::binary);
   *ok = bool(f);
@@ -126,6 +113,25 @@ bool write_atomic(const fs::path& path, const std::string& text) {
 }
 
 }  // namespace
+
+std::vector<dsl::ScheduleInfo> registered_after(int64_t seq) {
+  std::vector<dsl::ScheduleInfo> out;
+  for (auto& s : dsl::registered_schedules())
+    if (s.seq > seq) out.push_back(s);
+  return out;
+}
+
+int64_t current_seq() {
+  int64_t m = 0;
+  for (auto& s : dsl::registered_schedules()) m = std::max(m, s.seq);
+  return m;
+}
+
+bool is_dsl_source(const std::string& path) {
+  std::string ext = fs::path(path).extension().string();
+  for (auto& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return ext == ".cpp" || ext == ".cc" || ext == ".cxx";
+}
 
 std::string include_dir() {
   std::vector<std::string> cands;

@@ -6,6 +6,7 @@
 // lookup), so editing an included header recompiles.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,5 +23,13 @@ std::vector<dsl::ScheduleInfo> load_library(const std::string& so_file);
 
 // The directory holding mk/dsl.hpp that plugins compile against.
 std::string include_dir();
+
+// Whether `path` names a DSL source file (.cpp, .cc, .cxx, any case).
+bool is_dsl_source(const std::string& path);
+
+// The newest registration's sequence number, and every schedule registered
+// after a given one (what a plugin's loading added).
+int64_t current_seq();
+std::vector<dsl::ScheduleInfo> registered_after(int64_t seq);
 
 }  // namespace mk::plugin

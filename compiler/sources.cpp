@@ -34,17 +34,10 @@ std::set<std::string>& user_names() {
   return s;
 }
 
-int64_t newest_seq() {
-  int64_t m = 0;
-  for (const auto& s : dsl::registered_schedules()) m = std::max(m, s.seq);
-  return m;
-}
-
 // Every schedule registered after `seq` came from a user file.
 void mark_user_after(int64_t seq) {
   std::lock_guard<std::mutex> lock(user_mutex());
-  for (const auto& s : dsl::registered_schedules())
-    if (s.seq > seq) user_names().insert(s.name);
+  for (const auto& s : plugin::registered_after(seq)) user_names().insert(s.name);
 }
 
 std::string read_bounded(const std::string& path) {
@@ -61,10 +54,6 @@ std::string read_bounded(const std::string& path) {
   if (f.gcount() != std::streamsize(size))
     throw Error(ErrId::cli_E009, fmt::format("schedule file '{}' changed while it was read", path));
   return text;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // What a name= prefix or a file's algorithm name becomes: invalid characters
@@ -94,7 +83,7 @@ Source load_dsl(const std::string& path, bool source) {
   s.digest = jit::hash_hex(read_bounded(path));
   std::vector<dsl::ScheduleInfo> found;
   dsl::RefuseReplacement guard;
-  const int64_t before = newest_seq();
+  const int64_t before = plugin::current_seq();
   try {
     found = source ? plugin::load_source(path) : plugin::load_library(path);
   } catch (const Error&) {
@@ -141,7 +130,7 @@ Source load_imported(const std::string& path, const std::string& given_name) {
   reg.line = 1;
   reg.imported = std::move(ir);
   dsl::RefuseReplacement guard;
-  const int64_t before = newest_seq();
+  const int64_t before = plugin::current_seq();
   dsl::register_schedule(reg);
   mark_user_after(before);
   if (!guard.refused.empty()) taken(chosen, path);
@@ -198,12 +187,12 @@ std::vector<Source> load(const std::string& list) {
     if (auto it = failed.find(key); it != failed.end()) throw it->second;
     Source s;
     try {
-      if (ends_with(entry, ".cpp") || ends_with(entry, ".cc") || ends_with(entry, ".cxx")) {
+      if (plugin::is_dsl_source(entry)) {
         if (!given.empty())
           throw Error(ErrId::cli_E014, fmt::format("'{}={}': a DSL file names its schedules itself", given, entry), {},
                       "drop the NAME= prefix; MK_SCHEDULE(\"name\", ...) in the file names each schedule");
         s = load_dsl(entry, true);
-      } else if (ends_with(entry, ".so")) {
+      } else if (fs::path(entry).extension() == ".so") {
         if (!given.empty())
           throw Error(ErrId::cli_E014, fmt::format("'{}={}': a plugin names its schedules itself", given, entry));
         s = load_dsl(entry, false);

@@ -108,17 +108,6 @@ void add_common(CLI::App* c, Common& o, bool sizes) {
   }
 }
 
-std::string file_ext(const std::string& f) {
-  std::string ext = fs::path(f).extension().string();
-  for (auto& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return ext;
-}
-
-bool is_dsl_file(const std::string& f) {
-  std::string ext = file_ext(f);
-  return ext == ".cpp" || ext == ".cc" || ext == ".cxx";
-}
-
 std::string names_of(const std::vector<dsl::ScheduleInfo>& list) {
   std::string names;
   for (const auto& f : list) names += (names.empty() ? "" : ", ") + f.name;
@@ -201,7 +190,7 @@ struct Loaded {
 // collectives are built for root 0 and relabelled at run time.
 std::vector<Loaded> load_schedules(Common& o) {
   for (const auto& p : o.plugins) plugin::load_library(p);
-  const bool dsl_file = !o.file.empty() && is_dsl_file(o.file);
+  const bool dsl_file = !o.file.empty() && plugin::is_dsl_source(o.file);
   if (!o.file.empty() && !dsl_file && !o.schedule.empty())
     throw Error(ErrId::cli_E011, "give either a file or --schedule, not both", {},
                 "--schedule picks a schedule from a DSL .cpp file only");
