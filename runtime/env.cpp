@@ -9,7 +9,6 @@
 
 #include "compiler/jit/jit.hpp"
 #include "compiler/verify/verify.hpp"
-#include "mk/dsl.hpp"
 #include "runtime/plans.hpp"
 #include "runtime/schedules.hpp"
 #include "runtime/select.hpp"
@@ -153,12 +152,7 @@ std::map<Collective, std::string> parse_algo(const std::string& value) {
   for (const auto& [c, schedule] : parse_list("MK_ALGO", value)) {
     const auto coll = parse_collective(c);
     if (!coll) invalid("MK_ALGO", value, fmt::format("'{}' is not a collective (allreduce, allgather, ...)", c));
-    const dsl::ScheduleInfo* info = dsl::find_schedule(schedule);
-    std::optional<Collective> implements;
-    if (info)
-      implements = info->coll;
-    else if (const auto d = plan_dir_schedule(schedule))
-      implements = d->coll;
+    const std::optional<Collective> implements = schedule_collective(schedule);
     if (!implements)
       invalid("MK_ALGO", value,
               fmt::format("no schedule named '{}' (`mkc list` lists them; MK_SCHEDULES loads yours, and "

@@ -138,6 +138,12 @@ std::optional<DirSchedule> plan_dir_schedule(const std::string& schedule) {
   return out;
 }
 
+std::optional<Collective> schedule_collective(const std::string& schedule) {
+  if (const dsl::ScheduleInfo* info = dsl::find_schedule(schedule)) return info->coll;
+  if (const auto d = plan_dir_schedule(schedule)) return d->coll;
+  return std::nullopt;
+}
+
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
                                       int32_t max_grid, int32_t rank, const std::string& tune) {
   compiler::CompileOptions o;

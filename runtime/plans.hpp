@@ -25,4 +25,8 @@ struct DirSchedule {
 };
 std::optional<DirSchedule> plan_dir_schedule(const std::string& schedule);
 
+// The collective `schedule` implements: a registered schedule's, else that of
+// MK_PLAN_DIR's plans of it; nullopt when neither knows the name.
+std::optional<Collective> schedule_collective(const std::string& schedule);
+
 }  // namespace mk::rt

@@ -137,23 +137,22 @@ std::string prove_user_schedules(const std::string& config_list, int nranks) {
       }
       continue;
     }
+    std::string why_not;  // "" when it builds for nranks
     if (sources::is_user_schedule(schedule)) {
       selectable.insert(schedule);
       const Proof& p = prove(*info, nranks);
-      if (!p.built)
-        fail(mkInvalidArgument, fmt::format("{} selects schedule '{}' for {} ranks, but it does not build for {} "
-                                            "ranks: {}",
-                                            where, schedule, nranks, nranks, p.why_not));
+      if (!p.built) why_not = p.why_not;
     } else {
       // a built-in: building it is enough (built-ins are proved by the test suite)
       try {
         (void)dsl::build(*info, nranks, 0);
       } catch (const std::exception& e) {
-        fail(mkInvalidArgument, fmt::format("{} selects schedule '{}' for {} ranks, but it does not build for {} "
-                                            "ranks: {}",
-                                            where, schedule, nranks, nranks, e.what()));
+        why_not = e.what();
       }
     }
+    if (!why_not.empty())
+      fail(mkInvalidArgument, fmt::format("{} selects schedule '{}' for {} ranks, but it does not build for {} ranks: {}",
+                                          where, schedule, nranks, nranks, why_not));
   }
   // Prove each; what ranks compare is the IR each builds, so that files that
   // differ anywhere (an included header, a builder reading the environment)

@@ -216,12 +216,7 @@ SelectTable parse_select(const std::string& text, const std::string& where) {
     if (!x.contains("schedule") || !x["schedule"].is_string())
       bad_select(where, path + ".schedule", "expected a schedule's name");
     e.schedule = x["schedule"].get<std::string>();
-    const dsl::ScheduleInfo* info = dsl::find_schedule(e.schedule);
-    std::optional<Collective> implements;
-    if (info)
-      implements = info->coll;
-    else if (const auto d = plan_dir_schedule(e.schedule))
-      implements = d->coll;
+    const std::optional<Collective> implements = schedule_collective(e.schedule);
     if (!implements)
       bad_select(where, path + ".schedule",
                  "no schedule named '" + e.schedule +
