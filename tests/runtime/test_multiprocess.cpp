@@ -62,12 +62,18 @@ bool all_bytes(CUdeviceptr p, size_t n, unsigned char v) {
   return true;
 }
 
-// A rank's context (GPU `rank`), a stream and its communicator; nonzero on failure.
-int open_rank(int rank, int nranks, const mkUniqueId& id, CUstream* stream, mkComm_t* comm) {
+// Makes GPU `rank`'s primary context current; nonzero on failure.
+int use_gpu(int rank) {
   g_rank = rank;
   CUcontext ctx = nullptr;
   CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  return 0;
+}
+
+// A rank's context (GPU `rank`), a stream and its communicator; nonzero on failure.
+int open_rank(int rank, int nranks, const mkUniqueId& id, CUstream* stream, mkComm_t* comm) {
+  if (use_gpu(rank)) return 1;
   CHILD_CHECK(cu().cuStreamCreate(stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   CHILD_CHECK(mkCommInitRank(comm, nranks, id, rank) == mkSuccess);
   return 0;
@@ -152,15 +158,16 @@ int run_rank(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
-// Init must fail on every rank, with a message that has every piece of `want`.
+// Init (with the config's schedule list MKT_CONFIG_SCHEDULES, when set) must
+// fail on every rank, with a message that has every piece of `want`.
 int expect_init_failure(int rank, int nranks, const mkUniqueId& id, mkResult_t code,
                         const std::vector<std::string>& want) {
-  g_rank = rank;
-  CUcontext ctx = nullptr;
-  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
-  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  if (use_gpu(rank)) return 1;
   mkComm_t comm = nullptr;
-  const mkResult_t r = mkCommInitRank(&comm, nranks, id, rank);
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.schedules = std::getenv("MKT_CONFIG_SCHEDULES");  // the communicator's own list, when a test gives one
+  const mkResult_t r = cfg.schedules ? mkCommInitRankConfig(&comm, nranks, id, rank, &cfg)
+                                     : mkCommInitRank(&comm, nranks, id, rank);
   const std::string msg = mkGetLastError(nullptr);
   std::fprintf(stderr, "rank %d: %s\n", rank, msg.c_str());
   CHILD_CHECK(r == code);
@@ -207,10 +214,7 @@ int selected(int rank, int nranks, const mkUniqueId& id) {
 // launched is the one compiled from it; the other collectives keep the
 // built-in choices.
 int user_schedule(int rank, int nranks, const mkUniqueId& id) {
-  g_rank = rank;
-  CUcontext ctx = nullptr;
-  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
-  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  if (use_gpu(rank)) return 1;
   CUstream stream = nullptr;
   CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   mkComm_t comm = nullptr;
@@ -250,10 +254,7 @@ int init_allreduce(int rank, int nranks, const mkUniqueId& id) {
 // communicator that does not list it. Ranks whose processes loaded different
 // files under that name must fail init, not run different kernels.
 int divergent_registry(int rank, int nranks, const mkUniqueId& id) {
-  g_rank = rank;
-  CUcontext ctx = nullptr;
-  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
-  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  if (use_gpu(rank)) return 1;
   mkUniqueId solo;
   CHILD_CHECK(mkGetUniqueId(&solo) == mkSuccess);
   mkConfig_t cfg = MK_CONFIG_INITIALIZER;
@@ -264,26 +265,6 @@ int divergent_registry(int rank, int nranks, const mkUniqueId& id) {
   setenv("MK_ALGO", "allreduce=my.x", 1);
   return expect_init_failure(rank, nranks, id, mkInvalidUsage,
                              {"ranks disagree on the user schedules it can run (name@IR hash)", "my.x@"});
-}
-
-// Init with the config's schedule list (MKT_CONFIG_SCHEDULES) must fail on
-// every rank with every piece of `want`.
-int expect_config_init_failure(int rank, int nranks, const mkUniqueId& id, mkResult_t code,
-                               const std::vector<std::string>& want) {
-  g_rank = rank;
-  CUcontext ctx = nullptr;
-  CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx, rank) == CUDA_SUCCESS);
-  CHILD_CHECK(cu().cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-  mkComm_t comm = nullptr;
-  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
-  cfg.schedules = std::getenv("MKT_CONFIG_SCHEDULES");
-  const mkResult_t r = mkCommInitRankConfig(&comm, nranks, id, rank, &cfg);
-  const std::string msg = mkGetLastError(nullptr);
-  std::fprintf(stderr, "rank %d: %s\n", rank, msg.c_str());
-  CHILD_CHECK(r == code);
-  CHILD_CHECK(comm == nullptr);
-  for (const auto& w : want) CHILD_CHECK(msg.find(w) != std::string::npos);
-  return 0;
 }
 
 // Two entries of one schedule with different knobs are two plans whose
@@ -914,8 +895,8 @@ int mkt_child_main(int argc, char** argv) {
     return expect_init_failure(rank, nranks, id, rank == 0 ? mkInvalidArgument : mkInvalidUsage,
                                {"MK_ALGO selects schedule 'my.good' for 3 ranks", "mk.dsl.E008", "for 2 ranks"});
   if (scenario == "config_schedules_differ")
-    return expect_config_init_failure(rank, nranks, id, mkInvalidUsage,
-                                      {"ranks disagree on the communicator's schedules (config)"});
+    return expect_init_failure(rank, nranks, id, mkInvalidUsage,
+                               {"ranks disagree on the communicator's schedules (config)"});
 #ifdef MKT_SHIM
   if (scenario == "shim") return shim_fallback(rank, nranks, id);
   if (scenario == "shim_eager") return shim_eager(rank, nranks, id);
