@@ -162,6 +162,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     started_ms[b] = ms_since(t0);
     v = passes::mark_lamport(std::move(v), o.dtype, o.lower.proto.lamport != 0);  // per dtype: after lowering
     verify::verify_resources(v);  // refuse what no communicator could load
+    if (o.op == RedOp::premulsum) verify::verify_prologue(v);  // the kernel's prologue is sound here
     auto t = std::chrono::steady_clock::now();
     codegen::Limits lim;
     lim.loads = o.lower.proto.simple_loads;

@@ -137,7 +137,8 @@ typedef enum {
 } mkDataType_t;
 
 /* Values match ncclRedOp_t. */
-typedef enum { mkSum = 0, mkProd = 1, mkMax = 2, mkMin = 3, mkAvg = 4, mkNumOps = 5 } mkRedOp_t;
+/* mkNumOps and above: PreMulSum handles (mkRedOpCreatePreMulSum). */
+typedef enum { mkSum = 0, mkProd = 1, mkMax = 2, mkMin = 3, mkAvg = 4, mkNumOps = 5, mkMaxRedOp = 0x7fffffff } mkRedOp_t;
 
 mkResult_t mkGetVersion(int* version);
 const char* mkGetErrorString(mkResult_t result);
@@ -230,7 +231,24 @@ mkResult_t mkCommBootstrapBroadcast(mkComm_t comm, void* buf, size_t bytes, int 
 mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes, const mkRedOp_t* ops, int nops,
                          int nthreads);
 
-/* Collectives. */
+/* PreMulSum (NCCL's ncclRedOpCreatePreMulSum): a reduction op that sums each
+ * rank's input multiplied by that rank's own scalar first, e.g. a gradient
+ * divided by the world size in the same pass. `scalar` has type `datatype`;
+ * with mkScalarHostImmediate its value is copied now, with mkScalarDevice it
+ * points to device memory of the communicator's GPU that every call using
+ * the op reads when its kernel runs (keep it alive until the op is
+ * destroyed). The op serves mkAllReduce, mkReduce and mkReduceScatter of
+ * `datatype` on this communicator only; each rank creates its own, with its
+ * own scalar, in the same order. Local: no communication. Such calls never
+ * take the zero-copy or copy-engine paths (only a rank's own kernel can scale
+ * its input). mkRedOpDestroy frees the handle; calls already enqueued keep
+ * their scalar. */
+typedef enum { mkScalarDevice = 0, mkScalarHostImmediate = 1 } mkScalarResidence_t;
+mkResult_t mkRedOpCreatePreMulSum(mkRedOp_t* op, void* scalar, mkDataType_t datatype,
+                                  mkScalarResidence_t residence, mkComm_t comm);
+mkResult_t mkRedOpDestroy(mkRedOp_t op, mkComm_t comm);
+
+/* Collectives. `op` is a built-in mkRedOp_t or a PreMulSum handle. */
 mkResult_t mkAllReduce(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype,
                        mkRedOp_t op, mkComm_t comm, cudaStream_t stream);
 mkResult_t mkBroadcast(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype,

@@ -320,6 +320,60 @@ mkResult_t mkCommDeregister(const mkComm_t comm, void* handle) {
   });
 }
 
+mkResult_t mkRedOpCreatePreMulSum(mkRedOp_t* op, void* scalar, mkDataType_t datatype, mkScalarResidence_t residence,
+                                  mkComm_t comm) {
+  return guard(comm, [&] {
+    auto c = ready(comm, "mkRedOpCreatePreMulSum");
+    c->check_usable("mkRedOpCreatePreMulSum");
+    if (!op) fail(mkInvalidArgument, "mkRedOpCreatePreMulSum: op is NULL");
+    if (!scalar) fail(mkInvalidArgument, "mkRedOpCreatePreMulSum: scalar is NULL");
+    if (int(datatype) < 0 || int(datatype) >= mkNumTypes)
+      fail(mkInvalidArgument,
+           fmt::format("mkRedOpCreatePreMulSum: datatype {} is not an mkDataType_t", int(datatype)));
+    if (residence != mkScalarDevice && residence != mkScalarHostImmediate)
+      fail(mkInvalidArgument, fmt::format("mkRedOpCreatePreMulSum: residence {} is neither mkScalarDevice (0) nor "
+                                          "mkScalarHostImmediate (1)",
+                                          int(residence)));
+    Comm::PreMul m;
+    m.live = true;
+    m.dtype = DType(datatype);
+    const size_t es = dtype_size(m.dtype);
+    if (residence == mkScalarHostImmediate) {
+      std::memcpy(&m.value, scalar, es);  // little-endian: the kernel reads the low bytes
+    } else {
+      check_scalar_pointer(*c, scalar, es, "mkRedOpCreatePreMulSum");
+      m.ptr = scalar;
+    }
+    std::lock_guard<std::mutex> lock(c->mu);
+    size_t i = 0;
+    while (i < c->premuls.size() && c->premuls[i].live) ++i;
+    if (i == c->premuls.size()) {
+      if (i >= size_t(mkMaxRedOp - mkNumOps)) fail(mkInvalidUsage, "mkRedOpCreatePreMulSum: too many live ops");
+      c->premuls.push_back(m);
+    } else {
+      c->premuls[i] = m;
+    }
+    *op = mkRedOp_t(int(mkNumOps) + int(i));
+  });
+}
+
+mkResult_t mkRedOpDestroy(mkRedOp_t op, mkComm_t comm) {
+  return guard(comm, [&] {
+    auto c = ready(comm, "mkRedOpDestroy");
+    if (int(op) >= 0 && int(op) < mkNumOps)
+      fail(mkInvalidArgument, fmt::format("mkRedOpDestroy: op {} is a built-in op, not one from "
+                                          "mkRedOpCreatePreMulSum",
+                                          int(op)));
+    std::lock_guard<std::mutex> lock(c->mu);
+    const size_t i = size_t(int64_t(op) - int64_t(mkNumOps));
+    if (int(op) < 0 || i >= c->premuls.size() || !c->premuls[i].live)
+      fail(mkInvalidArgument, fmt::format("mkRedOpDestroy: op {} is not a live PreMulSum op of this communicator "
+                                          "(destroyed twice, or created on another communicator?)",
+                                          int(op)));
+    c->premuls[i] = Comm::PreMul{};
+  });
+}
+
 mkResult_t mkAllReduce(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype, mkRedOp_t op,
                        mkComm_t comm, cudaStream_t stream) {
   return collective({Collective::allreduce, sendbuff, recvbuff, count, int(datatype), int(op), 0}, comm, stream);

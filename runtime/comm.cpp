@@ -13,6 +13,7 @@
 #include "runtime/cuda_driver.hpp"
 #include "runtime/env.hpp"
 #include "runtime/schedules.hpp"
+#include "runtime/select.hpp"
 #include "runtime/status.hpp"
 #include "templates/layout.cuh"
 
@@ -582,11 +583,34 @@ int32_t Comm::grid_cap() const {
 
 PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
                                     int64_t* hi) {
-  const Choice choice = choose_schedule(coll, nranks, bytes, zc);
-  if (const dsl::ScheduleInfo* info = dsl::find_schedule(choice.schedule); info && info->copy_engine)
-    return create_ce_instance(coll, dtype, op, choice, lo, hi);
+  Choice choice = choose_schedule(coll, nranks, bytes, zc);
+  const dsl::ScheduleInfo* info = dsl::find_schedule(choice.schedule);
   const int32_t max_grid = grid_cap();
-  auto plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
+  std::shared_ptr<const plan::Plan> plan;
+  if (op == RedOp::premulsum) {
+    // Only a kernel that reads its own rank's input can scale it: the copy
+    // engines cannot, and the compiler refuses schedules whose kernels would
+    // not scale every input once (PrologueRefused). Those calls take the
+    // built-in table's schedule instead (staged, proved for PreMulSum), the
+    // same on every rank.
+    auto builtin = [&](const std::string& why) {
+      const SelectEntry* e = lookup(builtin_select(), coll, nranks, bytes, false);
+      if (!e || e->schedule == choice.schedule) fail(mkInvalidUsage, why);
+      debug_log(fmt::format("rank {}: PreMulSum {} of {} bytes: {}; using {}", rank, name(coll), bytes, why,
+                            e->schedule));
+      choice = Choice{e->schedule, e->min_bytes, e->max_bytes, e->tune};
+    };
+    if (info && info->copy_engine) builtin(choice.schedule + " moves data with copy engines, which cannot scale it");
+    try {
+      plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
+    } catch (const PrologueRefused& e) {
+      builtin(e.what());
+      plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
+    }
+  } else {
+    if (info && info->copy_engine) return create_ce_instance(coll, dtype, op, choice, lo, hi);
+    plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
+  }
   const plan::Kernel* k = plan::select(*plan, bytes);
   if (!k) fail(mkInternalError, fmt::format("plan {} has no kernel for {} bytes", plan->schedule, bytes));
   if (max_grid > 0 && k->grid > max_grid) {

@@ -234,6 +234,14 @@ class Comm {
   bool ce_issuing = false;
   Registrations regs;
   std::map<uintptr_t, std::pair<size_t, int>> pointer_cache;  // allocation base -> (size, device ordinal)
+  // PreMulSum ops (mkRedOpCreatePreMulSum; under mu): handle mkNumOps + index.
+  struct PreMul {
+    bool live = false;
+    DType dtype = DType::fp32;
+    uint64_t value = 0;          // mkScalarHostImmediate: the scalar's bytes (low bytes)
+    const void* ptr = nullptr;   // mkScalarDevice: where kernels read it
+  };
+  std::vector<PreMul> premuls;
   std::shared_ptr<Clique> clique;  // mkCommInitAll; null otherwise
 
   // ---- lifecycle and errors ----

@@ -92,6 +92,8 @@ struct Pending {
   bool zc = false;       // every buffer of the call is registered: zero-copy plan
   Comm::ZcCall zcc;
   std::weak_ptr<Comm> weak;  // instead of `c` while queued in a group
+  uint64_t prescale = 0;     // op premulsum: the scalar (Args::prescale, prescale_ptr)
+  const void* prescale_ptr = nullptr;
 };
 
 struct GroupState {
@@ -118,8 +120,9 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
   if (k.dtype < 0 || k.dtype >= mkNumTypes)
     fail(mkInvalidArgument, fmt::format("{}: datatype {} is not an mkDataType_t", api, k.dtype));
   const bool reduces = collective_reduces(k.coll);
-  if (reduces && (k.op < 0 || k.op >= mkNumOps))
+  if (reduces && k.op < 0)
     fail(mkInvalidArgument, fmt::format("{}: reduction op {} is not an mkRedOp_t", api, k.op));
+  // mkNumOps and above: a PreMulSum handle, looked up under the lock (check_locked).
   const bool rooted = collective_rooted(k.coll);
   if (rooted && (k.root < 0 || k.root >= c->nranks))
     fail(mkInvalidArgument, fmt::format("{}: root {} is not a rank of {}", api, k.root, c->nranks));
@@ -132,7 +135,7 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
             std::move(cp),
             reinterpret_cast<CUstream>(stream),
             dt,
-            reduces ? RedOp(k.op) : RedOp::sum,
+            reduces ? (k.op >= mkNumOps ? RedOp::premulsum : RedOp(k.op)) : RedOp::sum,
             int64_t(bytes),
             size_t(input_blocks(k.coll, c->nranks)) * bytes,
             size_t(output_blocks(k.coll, c->nranks)) * bytes,
@@ -205,14 +208,40 @@ void check_device_memory(Comm& c, const void* ptr, size_t bytes, const char* wha
   if (size) c.pointer_cache[uintptr_t(start)] = {size, managed ? c.device : ordinal};
 }
 
+}  // namespace
+
+void check_scalar_pointer(Comm& c, const void* ptr, size_t bytes, const char* api) {
+  if (reinterpret_cast<uintptr_t>(ptr) % bytes != 0)
+    fail(mkInvalidArgument, fmt::format("{}: the device scalar {:p} is not aligned to its {}-byte type", api, ptr, bytes));
+  std::lock_guard<std::mutex> lock(c.mu);
+  check_device_memory(c, ptr, bytes, "the device scalar", api);
+}
+
+namespace {
+
 // The checks that read communicator state; caller holds c->mu.
 void check_locked(Pending& p) {
   Comm* c = p.c.get();
   const Call& k = p.k;
   const char* api = api_name_of(k.coll);
+  if (p.op == RedOp::premulsum) {
+    const size_t i = size_t(k.op) - size_t(mkNumOps);
+    if (i >= c->premuls.size() || !c->premuls[i].live)
+      fail(mkInvalidArgument, fmt::format("{}: reduction op {} is neither a built-in mkRedOp_t nor a PreMulSum op of "
+                                          "this communicator (destroyed, or created on another communicator?)",
+                                          api, k.op));
+    const Comm::PreMul& m = c->premuls[i];
+    if (m.dtype != p.dt)
+      fail(mkInvalidArgument, fmt::format("{}: PreMulSum op {} was created for {}, but the call's datatype is {}", api,
+                                          k.op, name(m.dtype), name(p.dt)));
+    p.prescale = m.value;
+    p.prescale_ptr = m.ptr;
+  }
   if (p.need_send) check_device_memory(*c, k.send, p.in_bytes, "sendbuff", api);
   if (p.need_recv) check_device_memory(*c, k.recv, p.out_bytes, "recvbuff", api);
-  if (!c->regs.by_base.empty()) {
+  // Zero-copy kernels read peers' inputs, whose scalars only their owners
+  // have: PreMulSum calls always go through scratch.
+  if (!c->regs.by_base.empty() && p.op != RedOp::premulsum) {
     Comm::ZcCall z;
     bool all = true;  // every buffer of the call is registered
     if (p.need_send)
@@ -328,6 +357,8 @@ void launch_locked(Pending& p, PlanInstance& inst) {
   }
   const plan::Kernel& kern = *inst.kernel;
   dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
+  a.prescale = p.prescale;
+  a.prescale_ptr = p.prescale_ptr;
   void* params[] = {&a};
   CUresult r;
   if (kern.pdl && pdl_enabled() && cu().cuLaunchKernelEx) {

@@ -11,6 +11,8 @@
 
 namespace mk::rt {
 
+class Comm;
+
 struct Call {
   Collective coll;
   const void* send;
@@ -20,6 +22,10 @@ struct Call {
   int op;
   int root;
 };
+
+// mkRedOpCreatePreMulSum's device scalar: GPU memory of the communicator's
+// GPU, `bytes` long, aligned to it; throws RtError(mkInvalidArgument).
+void check_scalar_pointer(Comm& c, const void* ptr, size_t bytes, const char* api);
 
 // Validates and launches (or queues, inside a group) one collective; throws
 // RtError. A failure inside a group also fails the whole group.

@@ -260,18 +260,20 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     lock.unlock();
     std::shared_ptr<const plan::Plan> p;
     compiler::CompileStats st;
-    std::optional<RtError> error;
+    std::exception_ptr error;
     try {
       p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o, &st));
     } catch (const Error& e) {
-      error = RtError(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what());
+      const std::string why = std::string("compiling plan ") + schedule + ": " + e.what();
+      error = e.id() == ErrId::verify_E018 ? std::make_exception_ptr(PrologueRefused(why))
+                                           : std::make_exception_ptr(RtError(mkInternalError, why));
     } catch (const std::exception& e) {
-      error = RtError(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what());
+      error = std::make_exception_ptr(RtError(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what()));
     }
     lock.lock();
     in_flight().erase(key);
     compiled().notify_all();
-    if (error) throw *error;
+    if (error) std::rethrow_exception(error);
     if (gen != generation()) continue;  // MK_PLAN_DIR changed meanwhile: look there first
     debug_log(fmt::format("{} plan {}{} for {} ranks (serving ranks {}), {} {}, sm_{}",
                           st.from_cache ? "loaded (shipped or cached)" : "compiled", schedule,

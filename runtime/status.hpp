@@ -19,6 +19,14 @@ class RtError : public std::runtime_error {
   mkResult_t code_;
 };
 
+// A schedule's kernel cannot run the PreMulSum prologue soundly
+// (verify_prologue, mk.verify.E018): the runtime serves the call with
+// another schedule.
+class PrologueRefused : public RtError {
+ public:
+  explicit PrologueRefused(const std::string& msg) : RtError(mkInvalidUsage, msg) {}
+};
+
 [[noreturn]] inline void fail(mkResult_t code, const std::string& msg) { throw RtError(code, msg); }
 
 // Checks a driver call: MK_CU(cu().cuMemAlloc(&p, n), "allocating scratch")

@@ -86,12 +86,18 @@ struct Args {
   // abort word (any rank or the host sets it; every kernel of the
   // communicator checks it at entry and in every bounded wait).
   int64_t flag_offset;
+  // PreMulSum kernels only (reduce.cuh kRedPreMulSum): this rank's scalar,
+  // read at kernel entry from `prescale_ptr` (device memory, the op's
+  // dtype) when that is set, else the low bytes of `prescale` (the value in
+  // the op's dtype, as NCCL's ncclScalarHostImmediate copies it).
+  uint64_t prescale;
+  const void* prescale_ptr;
 };
 
 // The host fills Args and the kernel reads it; both compile this file.
 static_assert(sizeof(ErrorRecord) == 64, "ErrorRecord is 64 bytes on host and device");
 static_assert(sizeof(ZcPeerWindow) == 16, "ZcPeerWindow is 16 bytes on host and device");
-static_assert(sizeof(Args) == 160, "Args is 160 bytes on host and device (fixed-width fields, explicit padding)");
+static_assert(sizeof(Args) == 176, "Args is 176 bytes on host and device (fixed-width fields, explicit padding)");
 
 // Flag region of one plan on one rank: [instance][slot] step values, then one
 // reserved word (the abort word is communicator-wide: Args::flag_offset).

@@ -56,6 +56,7 @@ struct Ctx {
   using Plan = P;
   using T = typename P::T;
   using Comb = Combine<T, P::kRed, P::kRanks>;
+  using C = typename Comb::C;
   static constexpr int N = P::kRanks;
   static constexpr int NT = P::kThreads;
   static constexpr int VE = 16 / int(sizeof(T));
@@ -74,6 +75,7 @@ struct Ctx {
   int64_t step, tile;
   Layout L;
   int aborted;
+  C prescale;  // PreMulSum kernels: this rank's scalar (Args::prescale)
 
   MK_DEV Ctx(const Args& args, Shared<N>& s) : a(args), sh(s) {
     rank = a.rank;
@@ -94,6 +96,24 @@ struct Ctx {
     step = 0;
     tile = inst;
     aborted = 0;
+    prescale = C(1);
+    if constexpr (P::kRed == kRedPreMulSum) {
+      T v;
+      if (a.prescale_ptr) {
+        v = ld_elem(static_cast<const T*>(a.prescale_ptr));
+      } else {
+        // the low bytes (little-endian)
+        if constexpr (sizeof(T) == 1)
+          v = bitcast<T>(uint8_t(a.prescale));
+        else if constexpr (sizeof(T) == 2)
+          v = bitcast<T>(uint16_t(a.prescale));
+        else if constexpr (sizeof(T) == 4)
+          v = bitcast<T>(uint32_t(a.prescale));
+        else
+          v = bitcast<T>(uint64_t(a.prescale));
+      }
+      prescale = Compute<T>::load(v);
+    }
     __syncthreads();
     // A communicator that was aborted (here, on a peer, or by a failed
     // collective) runs nothing: launches and graph replays after an error
@@ -231,29 +251,38 @@ struct Ctx {
   // ---- data --------------------------------------------------------------
   // One tile: dst[d][0..n) := combine(src[0][0..n), ..., src[NS-1][0..n)).
   // SLL/DLL: bit masks of sources/destinations in LL (or Lamport) format.
+  // `pro`: which sources the PreMulSum prologue scales (prims.cuh).
   template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
-  MK_DEV void prim(T* const (&src)[NS], T* const (&dst)[ND], int64_t n, int32_t op) {
+  MK_DEV void prim(T* const (&src)[NS], T* const (&dst)[ND], int64_t n, int32_t op, const typename Comb::Pro& pro) {
     static_assert(NS >= 1 && ND >= 1, "an op reads and writes something");
     static_assert(RED || NS == 1, "a copy has one source");
     if (n <= 0) return;
     if constexpr (P::kLamport)
-      lamport_tile<Ctx, NS, ND, RED, FINAL, SLL, DLL>(*this, src, dst, n, op);
+      lamport_tile<Ctx, NS, ND, RED, FINAL, SLL, DLL>(*this, src, dst, n, op, pro);
     else if constexpr (P::kLL)
-      ll_tile<Ctx, NS, ND, RED, FINAL, SLL, DLL>(*this, src, dst, n, op);
+      ll_tile<Ctx, NS, ND, RED, FINAL, SLL, DLL>(*this, src, dst, n, op, pro);
     else
-      simple_tile<Ctx, NS, ND, RED, FINAL>(src, dst, n);
+      simple_tile<Ctx, NS, ND, RED, FINAL>(src, dst, n, pro);
   }
 
-  // Decodes an op's operands and runs its tile.
+  // Decodes an op's operands and runs its tile. The prologue scales the
+  // sources that are this rank's input: only owners touch user buffers in
+  // the plans a PreMulSum kernel is built from (the compiler proves it,
+  // verify_prologue), so an input operand is this rank's own.
   template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
   MK_DEV void run_op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
+    static_assert(!(P::kRed == kRedPreMulSum && P::kZeroCopy), "PreMulSum kernels read only their own input");
     T* src[NS];
     T* dst[ND];
+    typename Comb::Pro pro{prescale, 0u, nullptr};
 #pragma unroll
-    for (int i = 0; i < NS; ++i) src[i] = decode(s[i]);
+    for (int i = 0; i < NS; ++i) {
+      src[i] = decode(s[i]);
+      if (int(s[i] & 3u) == kRefIn) pro.mask |= 1u << i;
+    }
 #pragma unroll
     for (int i = 0; i < ND; ++i) dst[i] = decode(d[i]);
-    prim<NS, ND, RED, FINAL, SLL, DLL>(src, dst, len(decode_pos(pcode)), op);
+    prim<NS, ND, RED, FINAL, SLL, DLL>(src, dst, len(decode_pos(pcode)), op, pro);
   }
 
   // One op of the schedule, then the barrier that orders it before the
@@ -313,6 +342,10 @@ struct Ctx {
     __shared__ uint32_t m[(P::kWide > 0 ? P::kWide : 1) / 32 + 1];
     return m;
   }
+  MK_DEV uint32_t* wide_in() {  // PreMulSum kernels: which operands are this rank's input
+    __shared__ uint32_t m[(P::kRed == kRedPreMulSum && P::kWide > 0 ? P::kWide : 1) / 32 + 1];
+    return m;
+  }
 
   template <bool RED, bool FINAL>
   __device__ __noinline__ bool op_wide(const uint64_t* r, int ns, int nd, int32_t pcode, int32_t op) {
@@ -327,13 +360,24 @@ struct Ctx {
           if (int(r[i] & 3u) == kRefScratch) m |= 1u << (i - w * 32);
         ll[w] = m;
       }
+    typename Comb::Pro pro{prescale, 0u, nullptr};
+    if constexpr (P::kRed == kRedPreMulSum) {
+      uint32_t* in = wide_in();
+      for (int w = threadIdx.x; w * 32 < nr; w += NT) {
+        uint32_t m = 0;
+        for (int i = w * 32; i < nr && i < w * 32 + 32; ++i)
+          if (int(r[i] & 3u) == kRefIn) m |= 1u << (i - w * 32);
+        in[w] = m;
+      }
+      pro.wide = in;
+    }
     __syncthreads();
     const int64_t n = len(decode_pos(pcode));
     if (n > 0) {
       if constexpr (P::kLL)
-        ll_wide<Ctx, RED, FINAL>(*this, p, ll, ns, nd, n, op);
+        ll_wide<Ctx, RED, FINAL>(*this, p, ll, ns, nd, n, op, pro);
       else
-        simple_wide<Ctx, RED, FINAL>(p, ns, nd, n);
+        simple_wide<Ctx, RED, FINAL>(p, ns, nd, n, pro);
     }
     return barrier();  // also: no thread rewrites p/ll while another reads them
   }

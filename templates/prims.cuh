@@ -48,18 +48,60 @@ MK_DEV void st_elem(T* p, T x) {
   }
 }
 
+// PreMulSum's prologue (reduce.cuh red_pre): the sources of an op that are
+// this rank's own input are multiplied by the rank's scalar as they are
+// loaded, before anything else uses them; every other source (scratch,
+// output) holds values that were scaled where they were read from an input.
+// `mask`: bit s for source s of an op of few operands; `wide`: bit s of
+// wide[s / 32] for a wide op (kernel.cuh op_wide), else null. Kernels of
+// other ops never read it.
+template <typename C>
+struct Prologue {
+  C scale;
+  uint32_t mask;
+  const uint32_t* wide;
+  MK_DEV bool on(int s) const { return wide ? ((wide[s >> 5] >> (s & 31)) & 1u) != 0 : ((mask >> s) & 1u) != 0; }
+};
+
 // Combining sources: T the element type, K the reduction (reduce.cuh), N the
 // rank count (avg's divisor).
 template <typename T, int K, int N>
 struct Combine {
   using C = typename Compute<T>::type;
+  using Pro = Prologue<C>;
+  static constexpr bool kPre = K == kRedPreMulSum;
+
+  // Whether source s gets the prologue (never outside PreMulSum kernels).
+  MK_DEV static bool pre(const Pro& p, int s) {
+    if constexpr (kPre)
+      return p.on(s);
+    else
+      return false;
+  }
+  // Source s's factor: the scalar where the prologue applies, else 1. Chosen
+  // once per source and always multiplied (x * 1 is x, bit for bit), so that
+  // the element loops have no branch per source: NVVM would otherwise
+  // unswitch them into 2^sources copies (NVRTC took minutes for 10 sources).
+  MK_DEV static C factor(const Pro& p, int s) {
+    if constexpr (kPre)
+      return p.on(s) ? p.scale : C(1);
+    else
+      return C(1);
+  }
+  MK_DEV static C in(T v, C f) {
+    if constexpr (kPre)
+      return red_pre<C>(Compute<T>::load(v), f);
+    else
+      return Compute<T>::load(v);
+  }
 
   // out := load(0) op load(1) op ... op load(ns - 1), left to right in the
-  // compute type, finalised if FINAL. NS > 0: that many sources, unrolled;
-  // NS == 0: `ns` sources in a loop (wide ops). Both fold in the same order,
-  // so a reduce gives the same bits on either path.
+  // compute type (each source through the prologue), finalised if FINAL.
+  // NS > 0: that many sources, unrolled; NS == 0: `ns` sources in a loop
+  // (wide ops). Both fold in the same order, so a reduce gives the same bits
+  // on either path.
   template <int NS, bool FINAL, typename V, int E, typename Load>
-  MK_DEV static void fold(int ns, Load load, V& out) {
+  MK_DEV static void fold(int ns, Load load, V& out, const Pro& p) {
     union U {
       V v;
       T e[E];
@@ -68,12 +110,15 @@ struct Combine {
     u.v = load(0);
     C acc[E];
 #pragma unroll
-    for (int i = 0; i < E; ++i) acc[i] = Compute<T>::load(u.e[i]);
+    const C f0 = factor(p, 0);
+#pragma unroll
+    for (int i = 0; i < E; ++i) acc[i] = in(u.e[i], f0);
     auto add = [&](int s) {
       U w;
       w.v = load(s);
+      const C f = factor(p, s);
 #pragma unroll
-      for (int i = 0; i < E; ++i) acc[i] = red_apply<K, C>(acc[i], Compute<T>::load(w.e[i]));
+      for (int i = 0; i < E; ++i) acc[i] = red_apply<K, C>(acc[i], in(w.e[i], f));
     };
     if constexpr (NS > 0) {
 #pragma unroll
@@ -92,22 +137,46 @@ struct Combine {
     out = u.v;
   }
 
-  // NS sources in registers: a copy's one as it is, a reduce's folded.
+  // A copy's source: as it is, or through the prologue.
+  template <typename V, int E>
+  MK_DEV static void pass(const V& v, V& out, const Pro& p) {
+    if (!pre(p, 0)) {
+      out = v;
+      return;
+    }
+    out = scaled<V, E>(v, p.scale);
+  }
+  // Called, not inlined: the conversions back into a narrow dtype (fp8's
+  // are long) inlined into every unrolled copy made NVRTC take minutes.
+  template <typename V, int E>
+  __device__ __noinline__ static V scaled(V v, C scale) {
+    union U {
+      V v;
+      T e[E];
+    };
+    U u;
+    u.v = v;
+#pragma unroll
+    for (int i = 0; i < E; ++i) u.e[i] = Compute<T>::store(in(u.e[i], scale));
+    return u.v;
+  }
+
+  // NS sources in registers: a copy's one as it is (or scaled), a reduce's folded.
   template <int NS, bool RED, bool FINAL, typename V, int E>
-  MK_DEV static void combine(const V (&v)[NS], V& out) {
+  MK_DEV static void combine(const V (&v)[NS], V& out, const Pro& p) {
     if constexpr (!RED)
-      out = v[0];
+      pass<V, E>(v[0], out, p);
     else
-      fold<NS, FINAL, V, E>(NS, [&](int s) { return v[s]; }, out);
+      fold<NS, FINAL, V, E>(NS, [&](int s) { return v[s]; }, out, p);
   }
 
   // `ns` sources from a loader: the wide ops' form of combine.
   template <bool RED, bool FINAL, typename V, int E, typename Load>
-  MK_DEV static void gather(int ns, Load load, V& out) {
+  MK_DEV static void gather(int ns, Load load, V& out, const Pro& p) {
     if constexpr (RED)
-      fold<0, FINAL, V, E>(ns, load, out);
+      fold<0, FINAL, V, E>(ns, load, out, p);
     else
-      out = load(0);
+      pass<V, E>(load(0), out, p);
   }
 };
 

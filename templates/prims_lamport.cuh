@@ -92,14 +92,15 @@ MK_DEV V16 lamport_read(X& c, const void* p, int32_t source, int32_t op) {
 // scratch (Lamport packets).
 template <class X, int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
 MK_DEV void lamport_tile(X& c, typename X::T* const (&src)[NS], typename X::T* const (&dst)[ND], int64_t n,
-                         int32_t op) {
+                         int32_t op, const typename X::Comb::Pro& pro) {
   using T = typename X::T;
   constexpr int NT = X::NT;
   // units in flight per thread: P::kLamportUnits, fewer with more sources (registers)
   constexpr int U = NS <= 2 ? (X::Plan::kLamportUnits < 4 ? X::Plan::kLamportUnits : 4)
                     : NS <= 4 ? (X::Plan::kLamportUnits < 2 ? X::Plan::kLamportUnits : 2)
                               : 1;
-  const unsigned skip = same_as_source<NS, ND, RED, SLL, DLL>(src, dst);
+  // (a copy of a source the prologue scales writes even onto itself)
+  const unsigned skip = X::Comb::pre(pro, 0) ? 0u : same_as_source<NS, ND, RED, SLL, DLL>(src, dst);
   const int64_t nbytes = n * int64_t(sizeof(T));
   const int64_t units = (nbytes + 15) / 16;
   for (int64_t u0 = threadIdx.x; u0 < units; u0 += int64_t(U) * NT) {
@@ -133,7 +134,7 @@ MK_DEV void lamport_tile(X& c, typename X::T* const (&src)[NS], typename X::T* c
       for (int s = 0; s < NS; ++s)
         if (SLL >> s & 1u) lamport_reset(reinterpret_cast<char*>(src[s]) + u * 16);
       V16 r;
-      X::Comb::template combine<NS, RED, FINAL, V16, 16 / int(sizeof(T))>(v[k], r);
+      X::Comb::template combine<NS, RED, FINAL, V16, 16 / int(sizeof(T))>(v[k], r, pro);
 #pragma unroll
       for (int d = 0; d < ND; ++d) {
         if (skip >> d & 1u) continue;

@@ -96,10 +96,12 @@ MK_DEV V8 ll_read(X& c, const void* packets, int64_t unit, int32_t source, int32
 // format. Every source's load is issued back to back, then the packets not
 // there yet are polled one by one.
 template <class X, int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
-MK_DEV void ll_tile(X& c, typename X::T* const (&src)[NS], typename X::T* const (&dst)[ND], int64_t n, int32_t op) {
+MK_DEV void ll_tile(X& c, typename X::T* const (&src)[NS], typename X::T* const (&dst)[ND], int64_t n, int32_t op,
+                    const typename X::Comb::Pro& pro) {
   using T = typename X::T;
   constexpr int NT = X::NT;
-  const unsigned skip = same_as_source<NS, ND, RED, SLL, DLL>(src, dst);
+  // (a copy of a source the prologue scales writes even onto itself)
+  const unsigned skip = X::Comb::pre(pro, 0) ? 0u : same_as_source<NS, ND, RED, SLL, DLL>(src, dst);
   const int64_t nbytes = n * int64_t(sizeof(T));
   const int64_t units = (nbytes + 7) / 8;
   const uint32_t flag = uint32_t(c.value());
@@ -118,7 +120,7 @@ MK_DEV void ll_tile(X& c, typename X::T* const (&src)[NS], typename X::T* const 
       if (SLL >> s & 1u) v[s] = ll_ready(pk[s], flag) ? ll_data(pk[s]) : ll_read(c, src[s], u, s, op);
     if (c.aborted) return;
     V8 r;
-    X::Comb::template combine<NS, RED, FINAL, V8, 8 / int(sizeof(T))>(v, r);
+    X::Comb::template combine<NS, RED, FINAL, V8, 8 / int(sizeof(T))>(v, r, pro);
 #pragma unroll
     for (int d = 0; d < ND; ++d) {
       if (skip >> d & 1u) continue;
@@ -133,7 +135,9 @@ MK_DEV void ll_tile(X& c, typename X::T* const (&src)[NS], typename X::T* const 
 // A wide op (kernel.cuh op_wide): p holds ns sources then nd destinations,
 // bit i of `ll` says whether operand i is in LL format.
 template <class X, bool RED, bool FINAL>
-MK_DEV void ll_wide(X& c, typename X::T* const* p, const uint32_t* ll, int ns, int nd, int64_t n, int32_t op) {
+MK_DEV void ll_wide(X& c, typename X::T* const* p, const uint32_t* ll, int ns, int nd, int64_t n, int32_t op,
+                    const typename X::Comb::Pro& pro) {
+  const bool scaled0 = X::Comb::pre(pro, 0);  // a copy of a scaled source writes even onto itself
   using T = typename X::T;
   constexpr int NT = X::NT;
   auto bit = [&](int i) { return (ll[i / 32] >> (i % 32)) & 1u; };
@@ -144,13 +148,13 @@ MK_DEV void ll_wide(X& c, typename X::T* const* p, const uint32_t* ll, int ns, i
     const int bytes = int(min64(8, nbytes - u * 8));
     V8 r;
     X::Comb::template gather<RED, FINAL, V8, 8 / int(sizeof(T))>(
-        ns, [&](int s) { return bit(s) ? ll_read(c, p[s], u, s, op) : unit_load(p[s], u, bytes); }, r);
+        ns, [&](int s) { return bit(s) ? ll_read(c, p[s], u, s, op) : unit_load(p[s], u, bytes); }, r, pro);
     if (c.aborted) return;
 #pragma unroll 1
     for (int d = ns; d < ns + nd; ++d) {
       if (bit(d))
         ll_store(reinterpret_cast<char*>(p[d]) + u * 16, r, flag);
-      else if (RED || bit(0) || p[d] != p[0])
+      else if (RED || scaled0 || bit(0) || p[d] != p[0])
         unit_store(p[d], u, bytes, r);
     }
   }

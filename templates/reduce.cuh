@@ -1,15 +1,17 @@
-// Reduction operators per dtype: sum, prod, min, max, avg.
+// Reduction operators per dtype: sum, prod, min, max, avg, premulsum.
 //
 // Integer sum and prod wrap around (two's complement), like NCCL. avg is a sum
 // whose *final* write is scaled: floats multiply by 1/nranks (in the compute
-// type), integers divide by nranks (truncating toward zero).
+// type), integers divide by nranks (truncating toward zero). premulsum is a
+// sum whose every input is first multiplied by its own rank's scalar (in the
+// compute type; integers wrap): red_pre, applied by the prologue (prims.cuh).
 #pragma once
 #include "dtype.cuh"
 
 namespace mk {
 namespace dev {
 
-enum RedKind { kRedSum = 0, kRedProd = 1, kRedMax = 2, kRedMin = 3, kRedAvg = 4 };
+enum RedKind { kRedSum = 0, kRedProd = 1, kRedMax = 2, kRedMin = 3, kRedAvg = 4, kRedPreMulSum = 5 };
 
 template <typename C>
 struct IsInt {
@@ -37,7 +39,7 @@ template <> struct Unsigned<int64_t> { using type = uint64_t; };
 // One binary step in the compute type C.
 template <int K, typename C>
 MK_HD C red_apply(C a, C b) {
-  if constexpr (K == kRedSum || K == kRedAvg) {
+  if constexpr (K == kRedSum || K == kRedAvg || K == kRedPreMulSum) {
     if constexpr (IsInt<C>::value) {
       using U = typename Unsigned<C>::type;
       return C(U(U(a) + U(b)));
@@ -57,6 +59,12 @@ MK_HD C red_apply(C a, C b) {
     static_assert(K == kRedMin, "unknown reduction kind");
     return b < a ? b : a;
   }
+}
+
+// PreMulSum's prologue: an input element times its rank's scalar.
+template <typename C>
+MK_HD C red_pre(C v, C scale) {
+  return red_apply<kRedProd, C>(v, scale);
 }
 
 // Applied once, by the operation that completes a reduction (avg only).

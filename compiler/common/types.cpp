@@ -37,7 +37,7 @@ constexpr std::array<DTypeInfo, kNumDTypes> kDTypes = {{
     {DType::fp8e5m2, "fp8e5m2", 1, true, "mk::dev::f8e5m2", {"e5m2", "fp8_e5m2", "float8e5m2", "ncclfloat8e5m2", "f8e5m2"}},
 }};
 
-constexpr std::array<std::string_view, kNumRedOps> kOps = {"sum", "prod", "max", "min", "avg"};
+constexpr std::array<std::string_view, kNumRedOps> kOps = {"sum", "prod", "max", "min", "avg", "premulsum"};
 struct CollInfo {
   std::string_view name, api;
   bool reduces;
@@ -92,6 +92,7 @@ std::optional<DType> parse_dtype(std::string_view s) {
 std::optional<RedOp> parse_redop(std::string_view s) {
   std::string l = lower(s);
   if (l.rfind("nccl", 0) == 0) l = l.substr(4);
+  if (l == "premul_sum") l = "premulsum";  // torch.distributed's spelling
   for (size_t i = 0; i < kOps.size(); ++i)
     if (l == kOps[i]) return RedOp(i);
   return std::nullopt;
@@ -108,7 +109,7 @@ std::vector<DType> all_dtypes() {
 }
 std::vector<RedOp> all_redops() {
   std::vector<RedOp> v;
-  for (int i = 0; i < kNumRedOps; ++i) v.push_back(RedOp(i));
+  for (int i = 0; i <= int(RedOp::avg); ++i) v.push_back(RedOp(i));
   return v;
 }
 std::vector<Collective> all_collectives() {

@@ -248,14 +248,19 @@ class Sim {
   void compute(const Op& op, std::vector<uint8_t*>& src, std::vector<uint8_t*>& dst, int64_t len) {
     using C = typename dev::Compute<T>::type;
     for (int64_t e = 0; e < len; ++e) {
-      T v0;
-      std::memcpy(&v0, src[0] + e * sizeof(T), sizeof(T));
-      C acc = dev::Compute<T>::load(v0);
-      for (size_t k = 1; k < src.size(); ++k) {
+      // PreMulSum's prologue: a source that is an input chunk is scaled by
+      // its rank's scalar (the kernel's rule, templates/kernel.cuh run_op).
+      auto load = [&](size_t k) {
         T v;
         std::memcpy(&v, src[k] + e * sizeof(T), sizeof(T));
-        acc = dev::red_apply<K, C>(acc, dev::Compute<T>::load(v));
-      }
+        C x = dev::Compute<T>::load(v);
+        if constexpr (K == dev::kRedPreMulSum)
+          if (op.srcs[k].buf == Buf::input)
+            x = dev::red_pre<C>(x, dev::Compute<T>::load(Typed<T>::from_double(prescale_of(o_.dtype, op.srcs[k].rank))));
+        return x;
+      };
+      C acc = load(0);
+      for (size_t k = 1; k < src.size(); ++k) acc = dev::red_apply<K, C>(acc, load(k));
       if (op.final) acc = dev::red_finalize<K, C>(acc, s_.nranks);
       T out = dev::Compute<T>::store(acc);
       for (uint8_t* d : dst) std::memcpy(d + e * sizeof(T), &out, sizeof(T));
@@ -313,7 +318,8 @@ class Sim {
           std::vector<uint8_t*> src, dst;
           for (const Ref& r : op.srcs) src.push_back(addr(t, r, k, tile, len, pos));
           for (const Ref& r : op.dsts) dst.push_back(addr(t, r, k, tile, len, pos));
-          if (op.kind == OpKind::copy && !op.final) {
+          const bool scales = o_.op == RedOp::premulsum && op.srcs[0].buf == Buf::input;
+          if (op.kind == OpKind::copy && !op.final && !scales) {
             for (uint8_t* d : dst)
               if (d != src[0]) std::memmove(d, src[0], size_t(len * es_));
           } else {
@@ -369,6 +375,8 @@ class Sim {
 SimResult simulate(const Schedule& lowered, const SimOptions& o) {
   MK_CHECK(lowered.synced && lowered.tile_bytes > 0, "simulate needs a lowered schedule");
   if (o.count < 0) throw Error(ErrId::cli_E011, "count must be >= 0");
+  // The prologue scales what the kernel would: only where that is sound.
+  if (o.op == RedOp::premulsum) verify_prologue(lowered);
   {  // host memory the simulation needs: every rank's buffers
     const int64_t limit = 8ll << 30;
     const int64_t per_elem = int64_t(dtype_size(o.dtype)) * 2 * lowered.nranks * lowered.nranks;

@@ -38,7 +38,11 @@ struct SimResult {
   std::string first_bad;  // "launch 0 rank 1 elem 17: got 3 want 4 (tol 0)"
 };
 
-// Throws mk::Error(verify_E005) when the simulated run deadlocks. The data and
+// Throws mk::Error(verify_E005) when the simulated run deadlocks, and
+// verify_prologue's mk.verify.E018 for a PreMulSum run of a schedule whose
+// kernel could not scale every input once (op premulsum: a source that is an
+// input chunk is multiplied by its rank's prescale_of scalar, as the kernel
+// does). The data and
 // its reference are compiler/verify/reference.hpp's (the GPU tests use them too).
 SimResult simulate(const ir::Schedule& lowered, const SimOptions& o);
 

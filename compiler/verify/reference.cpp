@@ -36,6 +36,11 @@ bool exact_sums(const DataSpec& d) {
   return narrow_float(d.dtype) && (d.op == RedOp::sum || d.op == RedOp::avg) && d.nranks > 0;
 }
 
+template <typename T>
+T prescale_elem(DType t, int32_t rank) {
+  return Typed<T>::from_double(prescale_of(t, rank));
+}
+
 double float_value(const DataSpec& d, int32_t rank, int64_t elem) {
   uint64_t h = hash(d, rank, elem);
   if (d.op == RedOp::prod) {
@@ -121,11 +126,15 @@ CheckResult check_typed(Collective coll, const DataSpec& d, int32_t nranks, int3
     double err = 0, tol = 0, want_d = 0, got_d = Typed<T>::to_double(got);
     if constexpr (Typed<T>::is_int) {
       using C = T;
-      C acc = make_elem<T>(d, src[0].rank, src[0].elem);
+      auto term = [&](const Contrib& c) {
+        const C x = make_elem<T>(d, c.rank, c.elem);
+        return d.op == RedOp::premulsum && reduces ? mk::dev::red_pre<C>(x, prescale_elem<T>(d.dtype, c.rank)) : x;
+      };
+      C acc = term(src[0]);
       if (reduces) {
         for (size_t k = 1; k < src.size(); ++k)
           acc = dispatch_red(d.op, [&]<int K>() {
-            return mk::dev::red_apply<K, C>(acc, make_elem<T>(d, src[k].rank, src[k].elem));
+            return mk::dev::red_apply<K, C>(acc, term(src[k]));
           });
         if (d.op == RedOp::avg) acc = mk::dev::red_finalize<mk::dev::kRedAvg, C>(acc, nranks);
       }
@@ -134,15 +143,20 @@ CheckResult check_typed(Collective coll, const DataSpec& d, int32_t nranks, int3
       err = bad ? std::fabs(double(acc) - double(got)) : 0;
       if (bad && err == 0) err = 1;  // 64-bit values too close for doubles
     } else {
-      double acc = Typed<T>::to_double(make_elem<T>(d, src[0].rank, src[0].elem));
+      auto term = [&](const Contrib& c) {
+        const double x = Typed<T>::to_double(make_elem<T>(d, c.rank, c.elem));
+        return d.op == RedOp::premulsum && reduces ? x * prescale_of(d.dtype, c.rank) : x;
+      };
+      double acc = term(src[0]);
       double mag = std::fabs(acc);
       if (reduces) {
         for (size_t k = 1; k < src.size(); ++k) {
-          double x = Typed<T>::to_double(make_elem<T>(d, src[k].rank, src[k].elem));
+          double x = term(src[k]);
           mag += std::fabs(x);
           switch (d.op) {
             case RedOp::sum:
-            case RedOp::avg: acc += x; break;
+            case RedOp::avg:
+            case RedOp::premulsum: acc += x; break;
             case RedOp::prod: acc *= x; break;
             case RedOp::max: acc = std::max(acc, x); break;
             case RedOp::min: acc = std::min(acc, x); break;
@@ -150,7 +164,7 @@ CheckResult check_typed(Collective coll, const DataSpec& d, int32_t nranks, int3
         }
       }
       const double u = unit_roundoff(d.dtype);
-      if (reduces && (d.op == RedOp::sum || d.op == RedOp::avg)) {
+      if (reduces && (d.op == RedOp::sum || d.op == RedOp::avg || d.op == RedOp::premulsum)) {
         // exact data: the sum is exact; avg rounds once (scaling by 1/n in the
         // compute type, then to the dtype)
         tol = exact_sums(d) ? 0 : 2.0 * (nranks + 1) * u * mag;
@@ -183,6 +197,10 @@ CheckResult check_typed(Collective coll, const DataSpec& d, int32_t nranks, int3
 }
 
 }  // namespace
+
+double prescale_of(DType t, int32_t rank) {
+  return dtype_is_float(t) ? 1.0 + double(rank % 4) / 4.0 : double(rank + 2);
+}
 
 int64_t input_elems(Collective c, int32_t nranks, int64_t count) { return input_blocks(c, nranks) * count; }
 int64_t output_elems(Collective c, int32_t nranks, int64_t count) { return output_blocks(c, nranks) * count; }

@@ -31,6 +31,13 @@ struct DataSpec {
   int32_t nranks = 0;  // 0: dense data (exact narrow-float sums need the rank count)
 };
 
+// PreMulSum (RedOp::premulsum) multiplies each rank's input by that rank's
+// scalar; the tests' scalar of rank `rank`, exact in every dtype: floats
+// 1 + (rank % 4) / 4, integers rank + 2. The data is the sum op's; outputs
+// are checked against the scaled sum (a float64 bound, integers exactly with
+// wrap-around).
+double prescale_of(DType t, int32_t rank);
+
 // Writes `n` elements of rank `rank`'s input, starting at element `first`.
 void fill_input(const DataSpec& d, int32_t rank, int64_t first, int64_t n, void* dst);
 

@@ -53,6 +53,7 @@ decltype(auto) dispatch_red(RedOp op, F&& f) {
     case RedOp::max: return f.template operator()<kRedMax>();
     case RedOp::min: return f.template operator()<kRedMin>();
     case RedOp::avg: return f.template operator()<kRedAvg>();
+    case RedOp::premulsum: return f.template operator()<kRedPreMulSum>();
   }
   return f.template operator()<kRedSum>();
 }

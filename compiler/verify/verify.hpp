@@ -23,6 +23,12 @@
 //                    verify_all: `mkc verify` warns, `--strict` refuses.
 //  verify_resources  a lowered schedule's scratch fits the communicator's
 //                    default scratch (compile_plan refuses larger plans).
+//  verify_prologue   (PreMulSum kernels) every input element enters the
+//                    result scaled exactly once: each read of an input chunk
+//                    is by its owner, of the caller's data as it came in, and
+//                    nothing reads an input unscaled through its in-place
+//                    alias (mk.verify.E018). compile_plan asks it of every
+//                    bucket of a premulsum plan.
 //
 // Rooted collectives are proved for root 0, the only root plans are built
 // for: the kernel runs rank r as virtual rank (r - root) mod nranks, and
@@ -67,6 +73,12 @@ inline constexpr int64_t kDefaultScratchBytes = int64_t(256) << 20;
 // instances (LL tiles take twice the bytes); 0 without scratch.
 int64_t scratch_bytes(const ir::Schedule& s);
 void verify_resources(const ir::Schedule& s);  // throws mk.verify.E016
+
+// The kernel's prologue (templates/prims.cuh) scales a source exactly when it
+// is an input chunk; whether that scales every contribution exactly once.
+// Runs both aliasings; throws mk.verify.E018 naming the op, the chunk and the
+// DSL line.
+void verify_prologue(const ir::Schedule& s);
 
 // The schedule relabelled (ranks rotated) so that `root` is its root: from
 // root 0, what the kernel does at run time; to root 0, what lower() does to a

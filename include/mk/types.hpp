@@ -41,8 +41,13 @@ enum class DType : uint8_t {
 };
 inline constexpr int kNumDTypes = 12;
 
-enum class RedOp : uint8_t { sum = 0, prod = 1, max = 2, min = 3, avg = 4 };
-inline constexpr int kNumRedOps = 5;
+// sum..avg are NCCL's built-in ops (the values a call names). premulsum is
+// NCCL's ncclRedOpCreatePreMulSum: a sum whose inputs are each multiplied by
+// their own rank's scalar first (the prologue, templates/prims.cuh); a call
+// names it through an op handle (mkRedOpCreatePreMulSum), and the kernel gets
+// the scalar in dev::Args.
+enum class RedOp : uint8_t { sum = 0, prod = 1, max = 2, min = 3, avg = 4, premulsum = 5 };
+inline constexpr int kNumRedOps = 6;
 
 std::string_view name(Collective c);
 std::string_view name(DType t);
@@ -59,7 +64,7 @@ bool dtype_is_float(DType t);
 std::string_view dtype_device_name(DType t);
 
 std::vector<DType> all_dtypes();
-std::vector<RedOp> all_redops();
+std::vector<RedOp> all_redops();  // the five built-in ops (not premulsum)
 std::vector<Collective> all_collectives();
 
 // ---- Collective semantics (the columns of collectives.def) --------------------

@@ -3,7 +3,9 @@ device pointers and CUDA streams, groups; every failure is an MkError with
 mKernel's message."""
 import contextlib
 import ctypes
+import math
 import os
+import struct
 
 from . import _lib
 
@@ -30,6 +32,53 @@ DTYPES = {
 DTYPE_SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
 OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 SPLIT_NOCOLOR = -1
+
+
+def _fp8_decode(code, ebits, mbits):
+    bias = (1 << (ebits - 1)) - 1
+    sign = -1.0 if code & 0x80 else 1.0
+    e = (code >> mbits) & ((1 << ebits) - 1)
+    m = code & ((1 << mbits) - 1)
+    if ebits == 4 and e == 15 and m == 7:
+        return math.nan  # e4m3: no infinities, one NaN code per sign
+    if ebits == 5 and e == 31:
+        return math.nan if m else sign * math.inf
+    if e == 0:
+        return sign * m * 2.0 ** (1 - bias - mbits)
+    return sign * (1 + m / float(1 << mbits)) * 2.0 ** (e - bias)
+
+
+def _fp8_encode(x, ebits, mbits):
+    """Nearest fp8 code (ties to an even code), saturating to the largest
+    finite value, as mKernel's device conversions do."""
+    best, err = 0, math.inf
+    for code in range(256):
+        v = _fp8_decode(code, ebits, mbits)
+        if math.isnan(v) or math.isinf(v):
+            continue
+        d = abs(v - x)
+        if d < err or (d == err and code % 2 == 0):
+            best, err = code, d
+    return best
+
+
+def _scalar_bytes(x, code):
+    """The bytes of number `x` in dtype `code` (little-endian)."""
+    if code in (0, 1, 2, 3, 4, 5):
+        fmt = {0: "b", 1: "B", 2: "i", 3: "I", 4: "q", 5: "Q"}[code]
+        return struct.pack("<" + fmt, int(x))
+    x = float(x)
+    if code == 6:
+        return struct.pack("<e", x)
+    if code == 7:
+        return struct.pack("<f", x)
+    if code == 8:
+        return struct.pack("<d", x)
+    if code == 9:  # bf16: float32 rounded to nearest even
+        (u,) = struct.unpack("<I", struct.pack("<f", x))
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 if (u & 0x7F800000) != 0x7F800000 else u >> 16
+        return struct.pack("<H", u & 0xFFFF)
+    return bytes([_fp8_encode(x, 4, 3) if code == 10 else _fp8_encode(x, 5, 2)])
 
 
 class MkError(RuntimeError):
@@ -102,9 +151,9 @@ def op_code(op):
     if isinstance(op, bool):
         raise MkError(INVALID_ARGUMENT, "unknown reduction op %r" % (op,))
     if isinstance(op, int):
-        if 0 <= op < 5:
+        if 0 <= op < 2**31:  # 5 and above: PreMulSum handles (Communicator.premul_sum), checked by the library
             return op
-        raise MkError(INVALID_ARGUMENT, "unknown reduction op %d (mkRedOp_t is 0..4)" % op)
+        raise MkError(INVALID_ARGUMENT, "unknown reduction op %d (mkRedOp_t is 0..4, PreMulSum ops 5 and up)" % op)
     s = str(op).lower()
     if s.startswith("mk"):
         s = s[2:]
@@ -399,6 +448,25 @@ class Communicator:
         da = (ctypes.c_int * max(len(d), 1))(*d)
         oa = (ctypes.c_int * max(len(o), 1))(*o)
         call("mkCommPrewarm", self._live(), da, len(d), oa, len(o), int(threads), comm=self._h)
+
+    def premul_sum(self, scalar, dtype):
+        """A PreMulSum op (mkRedOpCreatePreMulSum): all_reduce, reduce and
+        reduce_scatter in `dtype` with it sum each rank's input times that
+        rank's own `scalar` (a Python number, copied now). Returns the op
+        handle (an int); free it with destroy_op."""
+        code = dtype_code(dtype)
+        try:
+            raw = _scalar_bytes(scalar, code)
+        except (struct.error, TypeError, ValueError, OverflowError) as e:
+            raise MkError(INVALID_ARGUMENT, "premul_sum: scalar %r does not fit %s (%s)" % (scalar, dtype, e))
+        buf = ctypes.create_string_buffer(raw.ljust(8, b"\0"), 8)
+        op = ctypes.c_int()
+        call("mkRedOpCreatePreMulSum", ctypes.byref(op), buf, code, 1, self._live(), comm=self._h)
+        return op.value
+
+    def destroy_op(self, op):
+        """Frees a PreMulSum op (mkRedOpDestroy)."""
+        call("mkRedOpDestroy", int(op), self._live(), comm=self._h)
 
     # -- collectives -------------------------------------------------------
     def all_reduce(self, sendbuf, recvbuf, count, dtype, op="sum", stream=None):

@@ -96,6 +96,8 @@ _SIGNATURES = {
     "mkCommDeregister": [_P, _P],
     "mkCommBootstrapBroadcast": [_P, _P, _S, _c.c_int],
     "mkCommPrewarm": [_P, _c.POINTER(_c.c_int), _c.c_int, _c.POINTER(_c.c_int), _c.c_int, _c.c_int],
+    "mkRedOpCreatePreMulSum": [_c.POINTER(_c.c_int), _P, _c.c_int, _c.c_int, _P],
+    "mkRedOpDestroy": [_c.c_int, _P],
     "mkAllReduce": [_P, _P, _S, _c.c_int, _c.c_int, _P, _P],
     "mkBroadcast": [_P, _P, _S, _c.c_int, _c.c_int, _P, _P],
     "mkReduce": [_P, _P, _S, _c.c_int, _c.c_int, _c.c_int, _P, _P],

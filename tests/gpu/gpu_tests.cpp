@@ -33,6 +33,7 @@
 
 #include "compiler/compile.hpp"
 #include "compiler/verify/reference.hpp"
+#include "compiler/verify/typed.hpp"
 #include "mk.h"
 #include "mk/dsl.hpp"
 #include "mk/types.hpp"
@@ -205,8 +206,52 @@ void prepare(const World& w, const Rank& r, const CallSpec& s, RankBuffers& b, i
   CK_CUDA(cudaDeviceSynchronize());
 }
 
+// PreMulSum: this rank's op for the call, with the reference's scalar
+// (verify::prescale_of); even seeds pass it by value, odd ones in device
+// memory (one buffer per rank and dtype, kept for the process).
+mkRedOp_t premul_op(const Rank& r, const CallSpec& s) {
+  const double x = verify::prescale_of(s.dtype, r.rank);
+  alignas(8) unsigned char bytes[8] = {};
+  verify::dispatch_dtype(s.dtype, [&]<typename T>() {
+    const T v = verify::Typed<T>::from_double(x);
+    std::memcpy(bytes, &v, sizeof(T));
+  });
+  mkRedOp_t op = mkSum;
+  void* scalar = bytes;
+  mkScalarResidence_t where = mkScalarHostImmediate;
+  if (s.seed & 1) {
+    static std::map<std::pair<mkComm_t, int>, void*> on_device;
+    void*& p = on_device[{r.comm, int(s.dtype)}];
+    if (!p) {
+      CK_CUDA(cudaMalloc(&p, 8));
+      CK_CUDA(cudaMemcpy(p, bytes, 8, cudaMemcpyHostToDevice));
+    }
+    scalar = p;
+    where = mkScalarDevice;
+  }
+  CK_MK(mkRedOpCreatePreMulSum(&op, scalar, to_mk(s.dtype), where, r.comm), r.comm);
+  return op;
+}
+
 mkResult_t issue(const Rank& r, const CallSpec& s, const RankBuffers& b) {
   const size_t count = size_t(s.count);
+  if (s.op == RedOp::premulsum) {
+    // The op is destroyed right after the call: a call keeps its scalar.
+    const mkRedOp_t op = premul_op(r, s);
+    mkResult_t res = mkInternalError;
+    switch (s.coll) {
+      case Collective::allreduce:
+        res = mkAllReduce(b.send, b.recv, count, to_mk(s.dtype), op, r.comm, r.stream);
+        break;
+      case Collective::reducescatter:
+        res = mkReduceScatter(b.send, b.recv, count, to_mk(s.dtype), op, r.comm, r.stream);
+        break;
+      case Collective::reduce: res = mkReduce(b.send, b.recv, count, to_mk(s.dtype), op, s.root, r.comm, r.stream); break;
+      default: break;
+    }
+    CK_MK(mkRedOpDestroy(op, r.comm), r.comm);
+    return res;
+  }
   switch (s.coll) {
     case Collective::allreduce:
       return mkAllReduce(b.send, b.recv, count, to_mk(s.dtype), to_mk(s.op), r.comm, r.stream);
@@ -368,6 +413,28 @@ void for_each_matrix_call(const World& w, const std::vector<DType>& dtypes, cons
             f(s);
           }
         }
+}
+
+// PreMulSum (each rank's input times its own scalar, then the sum): every
+// reducing collective x dtype, sizes through every protocol and bucket,
+// in-place and out-of-place, by value and device scalars.
+void premulsum(World& w) {
+  for (Collective c : {Collective::allreduce, Collective::reducescatter, Collective::reduce})
+    for (DType t : all_dtypes()) {
+      const int64_t es = int64_t(dtype_size(t));
+      for (int64_t count : {int64_t(1), int64_t(7), 1024 / es + 1, int64_t(70001), (4 << 20) / es + 3})
+        for (bool inplace : {false, true}) {
+          CallSpec s;
+          s.coll = c;
+          s.dtype = t;
+          s.op = RedOp::premulsum;
+          s.count = count;
+          s.inplace = inplace;
+          s.root = c == Collective::reduce ? w.nranks - 1 : 0;
+          s.seed = uint64_t(count * 7 + int(t) * 3 + int(c)) * 2 + (inplace ? 1 : 0);
+          run_checked(w, s);
+        }
+    }
 }
 
 void matrix(World& w) {
@@ -1334,6 +1401,8 @@ std::vector<Scenario> scenarios() {
   v.push_back({"edge_values_2gpu_1proc", 2, false, 2, {}, edge_values});
   v.push_back({"edge_values_2gpu_2proc", 2, true, 2, {}, edge_values});
   v.push_back({"edge_values_share_gpu_3ranks_1proc", 3, false, 1, {}, edge_values, 1});
+  v.push_back({"premulsum_share_gpu_3ranks_1proc", 3, false, 1, {}, premulsum, 1});
+  v.push_back({"premulsum_share_gpu_2ranks_2proc", 2, true, 1, {}, premulsum});
   v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
   v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});

@@ -273,6 +273,44 @@ class Package(unittest.TestCase):
             self.assertEqual(len(plans_in(cache)), 1, case)
             self.assertIn("not used", p.stdout, case)
 
+    def test_premul_sum(self):
+        cache = os.path.join(TMP, "c-premul")
+        p = py(ALLOC + """
+            from mkernel import _api
+            comms = mkernel.Communicator.init_all([0, 1])
+            s, r = dalloc(1 << 16), dalloc(1 << 16)
+            s1, r1 = dalloc(1 << 16, 1), dalloc(1 << 16, 1)
+            ops = [c.premul_sum(0.5 * (i + 1), "bf16") for i, c in enumerate(comms)]
+            print("OPS", ops)
+            with mkernel.group():
+                comms[0].all_reduce(s, r, 1000, "bf16", ops[0])
+                comms[1].all_reduce(s1, r1, 1000, "bf16", ops[1])
+            try:
+                comms[0].all_reduce(s, r, 1000, "fp32", ops[0])
+            except mkernel.MkError as e:
+                print("ERR1", e)
+            try:
+                comms[0].premul_sum("x", "fp32")
+            except mkernel.MkError as e:
+                print("ERR2", e)
+            for c, op in zip(comms, ops):
+                c.destroy_op(op)
+            try:
+                comms[0].destroy_op(ops[0])
+            except mkernel.MkError as e:
+                print("ERR3", e)
+            print("BYTES", _api._scalar_bytes(1.25, 9).hex(), _api._scalar_bytes(1.75, 10).hex(),
+                  _api._scalar_bytes(1000, 10).hex(), _api._scalar_bytes(-3, 2).hex())
+            for c in comms:
+                c.destroy()
+        """, env=fake_env(cache))
+        self.assertIn("OPS [5, 5]", p.stdout)  # handles are per communicator
+        self.assertIn("created for bf16", p.stdout)
+        self.assertIn("ERR2", p.stdout)
+        self.assertIn("not a live PreMulSum op", p.stdout)
+        # bf16 1.25 = 0x3fa0, e4m3 1.75 = 0x3e, 1000 saturates to 448 = 0x7e
+        self.assertIn("BYTES a03f 3e 7e fdffffff", p.stdout)
+
     def test_prewarm(self):
         cache = os.path.join(TMP, "c-prewarm")
         p = py(ALLOC + """

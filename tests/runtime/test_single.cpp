@@ -1,5 +1,7 @@
 // One process: one rank, and ranks of mkCommInitAll.
+#include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tests/runtime/fake.hpp"
@@ -245,4 +247,78 @@ TEST_CASE("Lamport kernels of two dtypes share scratch, an LL kernel of the same
   CHECK(i32 != bf16);
   CHECK(scratch_of(mkFloat64) == i32);  // fp64 keeps LL packets
   for (mkComm_t c : comms) CHECK(mkCommDestroy(c) == mkSuccess);
+}
+
+TEST_CASE("PreMulSum ops: a call passes its rank's scalar (by value or device pointer) to a premulsum kernel, and bad "
+          "handles, dtypes and scalars are mkInvalidArgument with a message") {
+  MKT_REQUIRE_FAKE();
+  const mkfake_counts before = mkt::counts();
+  {
+    mkt::Device dev(0);
+    mkt::Buffer in(dev, 16 << 20), out(dev, 16 << 20), scalar(dev, 64);
+    mkComm_t comm = mkt::one_rank();
+    float half = 0.5f;
+    mkRedOp_t op = mkSum;
+    REQUIRE_MESSAGE(mkRedOpCreatePreMulSum(&op, &half, mkFloat32, mkScalarHostImmediate, comm) == mkSuccess,
+                    mkGetLastError(comm));
+    CHECK(int(op) == int(mkNumOps));  // handles start after the built-in ops, as NCCL's do
+    half = 4.0f;  // host-immediate: the value was copied at creation
+    REQUIRE_MESSAGE(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat32, op, comm, dev.stream) == mkSuccess,
+                    mkGetLastError(comm));
+    mkfake_launch l = mkt::last_launch();
+    CHECK(std::string(l.function).find("premulsum") != std::string::npos);
+    uint32_t bits = 0;
+    const float want = 0.5f;
+    std::memcpy(&bits, &want, 4);
+    CHECK(uint32_t(l.args.prescale) == bits);
+    CHECK(l.args.prescale_ptr == nullptr);
+    REQUIRE_MESSAGE(mkReduceScatter(in.ptr(), out.ptr(), 64, mkFloat32, op, comm, dev.stream) == mkSuccess,
+                    mkGetLastError(comm));
+    CHECK(std::string(mkt::last_launch().function).find("premulsum") != std::string::npos);
+    // A plain sum of the same size takes another kernel.
+    REQUIRE(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+    CHECK(std::string(mkt::last_launch().function).find("premulsum") == std::string::npos);
+
+    // Device residence: the kernel reads the scalar where it lives.
+    mkRedOp_t dop = mkSum;
+    REQUIRE_MESSAGE(mkRedOpCreatePreMulSum(&dop, scalar.ptr(), mkBfloat16, mkScalarDevice, comm) == mkSuccess,
+                    mkGetLastError(comm));
+    CHECK(int(dop) == int(mkNumOps) + 1);
+    REQUIRE_MESSAGE(mkAllReduce(in.ptr(), out.ptr(), 1000, mkBfloat16, dop, comm, dev.stream) == mkSuccess,
+                    mkGetLastError(comm));
+    l = mkt::last_launch();
+    CHECK(l.args.prescale_ptr == scalar.ptr());
+    CHECK(std::string(l.function).find("bf16_premulsum") != std::string::npos);
+
+    auto fails = [&](mkResult_t r, const char* text) {
+      CHECK(r == mkInvalidArgument);
+      const std::string msg = mkGetLastError(comm);
+      CHECK_MESSAGE(msg.find(text) != std::string::npos, msg);
+    };
+    const int64_t launches = mkt::counts().launches;
+    fails(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat16, op, comm, dev.stream), "created for fp32");
+    fails(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat32, mkRedOp_t(int(mkNumOps) + 7), comm, dev.stream),
+          "neither a built-in");
+    mkRedOp_t tmp;
+    fails(mkRedOpCreatePreMulSum(nullptr, &half, mkFloat32, mkScalarHostImmediate, comm), "op is NULL");
+    fails(mkRedOpCreatePreMulSum(&tmp, nullptr, mkFloat32, mkScalarHostImmediate, comm), "scalar is NULL");
+    fails(mkRedOpCreatePreMulSum(&tmp, &half, mkDataType_t(99), mkScalarHostImmediate, comm), "not an mkDataType_t");
+    fails(mkRedOpCreatePreMulSum(&tmp, &half, mkFloat32, mkScalarResidence_t(7), comm), "residence 7");
+    fails(mkRedOpCreatePreMulSum(&tmp, &half, mkFloat32, mkScalarDevice, comm), "not GPU memory");
+    fails(mkRedOpCreatePreMulSum(&tmp, static_cast<char*>(scalar.ptr()) + 2, mkFloat32, mkScalarDevice, comm),
+          "not aligned");
+    fails(mkRedOpDestroy(mkSum, comm), "built-in op");
+    REQUIRE(mkRedOpDestroy(op, comm) == mkSuccess);
+    fails(mkRedOpDestroy(op, comm), "not a live PreMulSum op");
+    fails(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat32, op, comm, dev.stream), "destroyed");
+    CHECK(mkt::counts().launches == launches);  // nothing launched for a bad call
+    // A freed handle is reused.
+    REQUIRE(mkRedOpCreatePreMulSum(&tmp, &half, mkFloat64, mkScalarHostImmediate, comm) == mkSuccess);
+    CHECK(int(tmp) == int(mkNumOps));
+    CHECK(mkRedOpDestroy(tmp, comm) == mkSuccess);
+    CHECK(mkRedOpDestroy(dop, comm) == mkSuccess);
+    REQUIRE(mkCommDestroy(comm) == mkSuccess);
+  }
+  const std::string leaked = mkt::leaks(before, mkt::counts());
+  CHECK_MESSAGE(leaked.empty(), leaked);
 }

@@ -1,0 +1,118 @@
+// verify_prologue: the PreMulSum prologue scales every contribution exactly
+// once.
+//
+// The kernel multiplies a source by its rank's scalar exactly when the source
+// is an input chunk (templates/kernel.cuh run_op), and it can only know its
+// own rank's scalar. verify_semantics has already proved which contributions
+// each output holds; this pass follows one more fact per chunk, in program
+// order and in both aliasings: whether the value there is the caller's
+// pristine input (unscaled), or a value all of whose contributions were
+// scaled once. Every source that is an input chunk must be pristine and read
+// by its owner; every other source must not be pristine (an in-place output
+// still holding the input would enter unscaled); every output ends scaled.
+#include <fmt/format.h>
+
+#include <unordered_map>
+#include <vector>
+
+#include "compiler/verify/verify.hpp"
+
+namespace mk::verify {
+namespace {
+
+using ir::Buf;
+using ir::Op;
+using ir::Ref;
+using ir::Schedule;
+
+enum class State : uint8_t { none, pristine, scaled };
+
+class Cells {
+ public:
+  Cells(const Schedule& s, bool inplace) : s_(s), inplace_(inplace) {
+    cin_ = ir::buf_chunks(s, Buf::input);
+    cout_ = ir::buf_chunks(s, Buf::output);
+    data_.assign(size_t(s.nranks) * size_t(cin_ + cout_), State::none);
+    for (int32_t r = 0; r < s.nranks; ++r)
+      if (ir::has_input(s, r))
+        for (int32_t j = 0; j < cin_; ++j) at(Ref{r, Buf::input, j, 1}) = State::pristine;
+  }
+  State& at(const Ref& c) {
+    if (c.buf == Buf::scratch) return scratch_[(uint64_t(uint32_t(c.rank)) << 32) | uint32_t(c.index)];
+    int32_t i = c.buf == Buf::input ? c.index : cin_ + c.index;
+    if (inplace_ && c.buf == Buf::input)
+      if (auto o = ir::inplace_output_of_input(s_, c.rank, c.index)) i = cin_ + *o;
+    return data_[size_t(c.rank) * size_t(cin_ + cout_) + size_t(i)];
+  }
+  int32_t outputs() const { return cout_; }
+
+ private:
+  const Schedule& s_;
+  bool inplace_;
+  int32_t cin_ = 0, cout_ = 0;
+  std::vector<State> data_;
+  std::unordered_map<uint64_t, State> scratch_;
+};
+
+void run(const Schedule& s, bool inplace) {
+  const char* mode = inplace ? "in-place" : "out-of-place";
+  const std::string who =
+      fmt::format("{} ({} ranks, {}, PreMulSum)", s.name.empty() ? std::string(name(s.coll)) : s.name, s.nranks, mode);
+  Cells cells(s, inplace);
+  std::vector<State> result;
+  for (size_t oi = 0; oi < s.ops.size(); ++oi) {
+    const Op& op = s.ops[oi];
+    if (!op.is_data()) continue;
+    const int32_t n = op.count();
+    result.assign(size_t(n), State::none);
+    for (int32_t k = 0; k < n; ++k) {
+      for (const Ref& src : op.srcs) {
+        const Ref c = src.at(k);
+        const State st = cells.at(c);
+        if (c.buf == Buf::input) {
+          if (c.rank != op.rank)
+            throw Error(ErrId::verify_E018,
+                        fmt::format("{}: {} reads rank {}'s input {}; the prologue multiplies an input by its "
+                                    "owner's scalar, which only rank {} has",
+                                    who, describe_op(s, oi), c.rank, ir::to_string(c), c.rank),
+                        op.loc, "let the owner read its input (zero-copy plans cannot serve PreMulSum)");
+          if (st != State::pristine)
+            throw Error(ErrId::verify_E018,
+                        fmt::format("{}: {} reads input {} after it was overwritten (through its in-place "
+                                    "output); the prologue would scale a result again",
+                                    who, describe_op(s, oi), ir::to_string(c)),
+                        op.loc, "read each input chunk before anything writes its in-place output chunk");
+        } else if (st == State::pristine) {
+          throw Error(ErrId::verify_E018,
+                      fmt::format("{}: {} reads {}, which still holds the caller's input (its in-place alias), "
+                                  "unscaled: the prologue scales only reads of the input buffer",
+                                  who, describe_op(s, oi), ir::to_string(c)),
+                      op.loc, "read the input chunk itself");
+        }
+      }
+      result[size_t(k)] = State::scaled;
+    }
+    for (const Ref& d : op.dsts)
+      for (int32_t k = 0; k < n; ++k) cells.at(d.at(k)) = result[size_t(k)];
+  }
+  for (int32_t r = 0; r < s.nranks; ++r) {
+    if (!ir::has_output(s, r)) continue;
+    for (int32_t i = 0; i < cells.outputs(); ++i)
+      if (cells.at(Ref{r, Buf::output, i, 1}) != State::scaled)
+        throw Error(ErrId::verify_E018,
+                    fmt::format("{}: rank {} output chunk {} does not end as a value read from scaled inputs", who, r, i),
+                    s.loc, "write every output chunk from a read of the input");
+  }
+}
+
+}  // namespace
+
+void verify_prologue(const Schedule& s) {
+  if (!collective_reduces(s.coll))
+    throw Error(ErrId::verify_E018, fmt::format("{}: {} does not reduce; PreMulSum is a reduction", s.name,
+                                                name(s.coll)));
+  run(s, false);
+  run(s, true);
+}
+
+}  // namespace mk::verify
