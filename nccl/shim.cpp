@@ -97,6 +97,8 @@ struct Mk {
   decltype(&mkAllToAll) AllToAll;
   decltype(&mkGroupStart) GroupStart;
   decltype(&mkGroupEnd) GroupEnd;
+  decltype(&mkRedOpCreatePreMulSum) RedOpCreatePreMulSum;
+  decltype(&mkRedOpDestroy) RedOpDestroy;
 };
 
 // The real NCCL's functions this library forwards to.
@@ -208,7 +210,8 @@ bool load_mk_locked() {
             sym(h, "mkBroadcast", &m.Broadcast) && sym(h, "mkReduce", &m.Reduce) &&
             sym(h, "mkAllGather", &m.AllGather) && sym(h, "mkReduceScatter", &m.ReduceScatter) &&
             sym(h, "mkAllToAll", &m.AllToAll) && sym(h, "mkGroupStart", &m.GroupStart) &&
-            sym(h, "mkGroupEnd", &m.GroupEnd);
+            sym(h, "mkGroupEnd", &m.GroupEnd) && sym(h, "mkRedOpCreatePreMulSum", &m.RedOpCreatePreMulSum) &&
+            sym(h, "mkRedOpDestroy", &m.RedOpDestroy);
   if (!ok) {
     snprintf(g_mk_error, sizeof g_mk_error, "libmkernel.so.0 lacks a function this library needs (%s): an older mKernel?",
              dlerror());
@@ -379,7 +382,21 @@ struct ncclComm {
   unsigned fallback = 0;  // MK_NCCL_FALLBACK at init
   Clique* clique = nullptr;  // ranks made together by ncclCommInitAll
   std::atomic<bool> dead{false}, revoked{false};
-  std::mutex mu;  // creating `real`
+  std::mutex mu;  // creating `real`, and `premuls`
+  // PreMulSum ops (ncclRedOpCreatePreMulSum): handle ncclNumOps + index.
+  // mKernel's op serves calls mKernel runs; NCCL's is made on the first call
+  // that goes to NCCL (from the scalar kept here).
+  struct PreMul {
+    bool live = false;
+    ncclDataType_t dtype = ncclFloat32;
+    ncclScalarResidence_t residence = ncclScalarHostImmediate;
+    alignas(8) unsigned char value[8] = {};  // host-immediate: the scalar's bytes
+    void* ptr = nullptr;                     // device residence: the caller's pointer
+    int mk = -1;                             // mKernel's op; -1: none (an NCCL-only communicator)
+    bool has_real = false;
+    ncclRedOp_t real = ncclSum;
+  };
+  std::vector<PreMul> premuls;
 };
 
 struct Clique {
@@ -500,6 +517,11 @@ struct Call {
   int root;  // root or peer
   ncclComm_t comm;
   cudaStream_t stream;
+  // A PreMulSum op, resolved when the call is made (the caller may destroy
+  // the op right after): mKernel's handle (-1: none) and NCCL's.
+  bool premul = false;
+  int mk_op = -1;
+  ncclRedOp_t real_op = ncclSum;
 };
 
 thread_local int t_depth = 0;
@@ -508,8 +530,11 @@ thread_local bool t_mk_group = false;                // mkGroupStart was called 
 thread_local std::vector<ncclComm_t>* t_inits = nullptr;  // inits of the open group, done at its end
 
 bool routes_to_mk(const Call& k) {
+  if (k.premul && k.mk_op < 0) return false;
+  // a PreMulSum call routes as a sum would (mKernel runs both alike)
   return k.coll < kNumMk && k.comm->mk &&
-         mk_runs(k.coll, int(k.dtype), int(k.op), k.count, k.comm->nranks, false, k.comm->fallback);
+         mk_runs(k.coll, int(k.dtype), k.premul ? int(ncclSum) : int(k.op), k.count, k.comm->nranks, false,
+                 k.comm->fallback);
 }
 
 ncclResult_t run_mk(const Call& k) {
@@ -517,7 +542,7 @@ ncclResult_t run_mk(const Call& k) {
   debug("%s count=%zu dtype=%d op=%d comm=%p -> mKernel", coll_name(k.coll), k.count, int(k.dtype), int(k.op),
         static_cast<void*>(k.comm));
   const mkDataType_t t = mkDataType_t(k.dtype);
-  const mkRedOp_t o = mkRedOp_t(k.op);
+  const mkRedOp_t o = mkRedOp_t(k.premul ? k.mk_op : int(k.op));
   mkComm_t m = k.comm->mk;
   mkResult_t r = mkInternalError;
   switch (k.coll) {
@@ -542,11 +567,11 @@ ncclResult_t run_real(const Call& k) {
   ncclComm_t c = k.comm->real;
   ncclResult_t r = ncclInternalError;
   switch (k.coll) {
-    case kAllReduce: r = g_real.AllReduce(k.send, k.recv, k.count, k.dtype, k.op, c, k.stream); break;
+    case kAllReduce: r = g_real.AllReduce(k.send, k.recv, k.count, k.dtype, k.real_op, c, k.stream); break;
     case kBroadcast: r = g_real.Broadcast(k.send, k.recv, k.count, k.dtype, k.root, c, k.stream); break;
-    case kReduce: r = g_real.Reduce(k.send, k.recv, k.count, k.dtype, k.op, k.root, c, k.stream); break;
+    case kReduce: r = g_real.Reduce(k.send, k.recv, k.count, k.dtype, k.real_op, k.root, c, k.stream); break;
     case kAllGather: r = g_real.AllGather(k.send, k.recv, k.count, k.dtype, c, k.stream); break;
-    case kReduceScatter: r = g_real.ReduceScatter(k.send, k.recv, k.count, k.dtype, k.op, c, k.stream); break;
+    case kReduceScatter: r = g_real.ReduceScatter(k.send, k.recv, k.count, k.dtype, k.real_op, c, k.stream); break;
     case kAlltoAll:
       if (!g_real.AlltoAll) return fail(ncclInvalidUsage, "ncclAlltoAll: the real NCCL (%s) has no ncclAlltoAll", g_real.path);
       r = g_real.AlltoAll(k.send, k.recv, k.count, k.dtype, c, k.stream);
@@ -565,10 +590,49 @@ ncclResult_t run_real(const Call& k) {
   return r;
 }
 
+// A PreMulSum call's ops: mKernel's, and NCCL's when NCCL runs the call
+// (made from the kept scalar on first use).
+ncclResult_t resolve_premul(Call& k, const char* api) {
+  ncclComm* c = k.comm;
+  ncclComm::PreMul m;
+  {
+    std::lock_guard<std::mutex> g(c->mu);
+    const size_t i = size_t(int(k.op) - int(ncclNumOps));
+    if (i >= c->premuls.size() || !c->premuls[i].live)
+      return fail(ncclInvalidArgument, "%s: reduction op %d is neither a built-in ncclRedOp_t nor a PreMulSum op of "
+                  "this communicator (destroyed, or created on another communicator?)", api, int(k.op));
+    m = c->premuls[i];
+  }
+  k.premul = true;
+  k.mk_op = m.mk;
+  if (routes_to_mk(k)) return ncclSuccess;
+  if (!m.has_real) {
+    if (ncclResult_t r = ensure_real(c, api)) return r;
+    if (!g_real.RedOpCreatePreMulSum)
+      return fail(ncclInvalidUsage, "%s: the real NCCL (%s) lacks ncclRedOpCreatePreMulSum", api, g_real.path);
+    void* scalar = m.residence == ncclScalarDevice ? m.ptr : static_cast<void*>(m.value);
+    ncclRedOp_t real = ncclSum;
+    if (ncclResult_t r = forwarded(g_real.RedOpCreatePreMulSum(&real, scalar, m.dtype, m.residence, c->real),
+                                   "ncclRedOpCreatePreMulSum", c->real))
+      return r;
+    std::lock_guard<std::mutex> g(c->mu);
+    ncclComm::PreMul& e = c->premuls[size_t(int(k.op) - int(ncclNumOps))];
+    e.has_real = true;
+    e.real = real;
+    m = e;
+  }
+  k.real_op = m.real;
+  return ncclSuccess;
+}
+
 // One call: at once, or kept for ncclGroupEnd inside a group.
-ncclResult_t submit(const Call& k, const char* api) {
+ncclResult_t submit(const Call& given, const char* api) {
+  Call k = given;
   if (ncclResult_t r = check_comm(k.comm, api)) return r;
   if (k.comm->revoked.load()) return fail(ncclInvalidUsage, "%s: the communicator was revoked", api);
+  k.real_op = k.op;
+  if (k.coll < kNumMk && coll_reduces(k.coll) && int(k.op) >= int(ncclNumOps))
+    if (ncclResult_t r = resolve_premul(k, api)) return r;
   if (t_depth > 0) {
     if (!t_pending) t_pending = new std::vector<Call>;
     t_pending->push_back(k);
@@ -915,19 +979,65 @@ MK_EXPORT ncclResult_t pncclMemFree(void* ptr) {
   return ncclSuccess;
 }
 
-// PreMulSum ops are NCCL's: a collective with one (op >= ncclNumOps) goes to NCCL.
+// PreMulSum ops: mKernel runs the collectives that use them (its kernel
+// scales each rank's input as it reads it); a call that goes to NCCL (the
+// fallback list, an NCCL-only communicator) uses an NCCL op made from the
+// same scalar on first use. Handles are this library's: ncclNumOps + index.
 MK_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                                  ncclScalarResidence_t residence, ncclComm_t comm) {
-  if (ncclResult_t r = check_comm(comm, "ncclRedOpCreatePreMulSum")) return r;
-  if (ncclResult_t r = ensure_real(comm, "ncclRedOpCreatePreMulSum")) return r;
-  if (!g_real.RedOpCreatePreMulSum) return fail(ncclInvalidUsage, "ncclRedOpCreatePreMulSum: the real NCCL (%s) lacks it", g_real.path);
-  return forwarded(g_real.RedOpCreatePreMulSum(op, scalar, datatype, residence, comm->real), "ncclRedOpCreatePreMulSum", comm->real);
+  const char* api = "ncclRedOpCreatePreMulSum";
+  if (ncclResult_t r = check_comm(comm, api)) return r;
+  if (!op) return fail(ncclInvalidArgument, "%s: op is NULL", api);
+  if (!scalar) return fail(ncclInvalidArgument, "%s: scalar is NULL", api);
+  if (int(datatype) < 0 || int(datatype) >= 12) return fail(ncclInvalidArgument, "%s: datatype %d is not an ncclDataType_t", api, int(datatype));
+  if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
+    return fail(ncclInvalidArgument, "%s: residence %d is neither ncclScalarDevice nor ncclScalarHostImmediate", api, int(residence));
+  ncclComm::PreMul m;
+  m.live = true;
+  m.dtype = datatype;
+  m.residence = residence;
+  if (residence == ncclScalarHostImmediate) {
+    static const size_t kSize[12] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+    memcpy(m.value, scalar, kSize[int(datatype)]);
+  } else {
+    m.ptr = scalar;
+  }
+  if (comm->mk) {
+    mkRedOp_t mop = mkSum;
+    const mkResult_t r = g_mk.RedOpCreatePreMulSum(&mop, residence == ncclScalarDevice ? scalar : m.value,
+                                                   mkDataType_t(datatype), mkScalarResidence_t(residence), comm->mk);
+    if (r != mkSuccess) return fail(ncclResult_t(r), "%s", g_mk.GetLastError(comm->mk));
+    m.mk = int(mop);
+  }
+  std::lock_guard<std::mutex> g(comm->mu);
+  size_t i = 0;
+  while (i < comm->premuls.size() && comm->premuls[i].live) ++i;
+  if (i == comm->premuls.size())
+    comm->premuls.push_back(m);
+  else
+    comm->premuls[i] = m;
+  *op = ncclRedOp_t(int(ncclNumOps) + int(i));
+  return ncclSuccess;
 }
 
 MK_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
-  if (ncclResult_t r = check_comm(comm, "ncclRedOpDestroy")) return r;
-  if (!comm->real || !g_real.RedOpDestroy) return fail(ncclInvalidArgument, "ncclRedOpDestroy: op %d was not created on this communicator", int(op));
-  return forwarded(g_real.RedOpDestroy(op, comm->real), "ncclRedOpDestroy", comm->real);
+  const char* api = "ncclRedOpDestroy";
+  if (ncclResult_t r = check_comm(comm, api)) return r;
+  ncclComm::PreMul m;
+  {
+    std::lock_guard<std::mutex> g(comm->mu);
+    const size_t i = size_t(int64_t(op) - int64_t(ncclNumOps));
+    if (int(op) < int(ncclNumOps) || i >= comm->premuls.size() || !comm->premuls[i].live)
+      return fail(ncclInvalidArgument, "%s: op %d is not a live PreMulSum op of this communicator", api, int(op));
+    m = comm->premuls[i];
+    comm->premuls[i] = ncclComm::PreMul{};
+  }
+  if (m.mk >= 0 && comm->mk) {
+    const mkResult_t r = g_mk.RedOpDestroy(mkRedOp_t(m.mk), comm->mk);
+    if (r != mkSuccess) return fail(ncclResult_t(r), "%s", g_mk.GetLastError(comm->mk));
+  }
+  if (m.has_real && g_real.RedOpDestroy) return forwarded(g_real.RedOpDestroy(m.real, comm->real), api, comm->real);
+  return ncclSuccess;
 }
 
 static Call call(int coll, const char* what, const void* send, void* recv, size_t count, ncclDataType_t dtype,

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 #include <stdlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -164,18 +165,53 @@ TEST_CASE("nccl shim: collectives run on mKernel, sends and fallbacks on the rea
     CHECK(has(log, "CommInitAll n=2 first=1 dev0=0\n"));  // the fallback communicators, made once, together
     CHECK(has(log, "GroupStart\nSend comm=1 count=16 peer=1\nSend comm=2 count=16 peer=0\nGroupEnd\n"));
     CHECK_FALSE(has(log, "AllReduce"));
-    // A PreMulSum op is NCCL's; collectives with it go there.
+    // A PreMulSum op (one per communicator, each rank its scalar) runs on
+    // mKernel too: its kernel scales the rank's input as it reads it.
     ncclRedOp_t op = ncclSum;
-    float scale = 0.5f;
-    CHECK(SHIM_FN(s, ncclRedOpCreatePreMulSum)(&op, &scale, ncclFloat32, ncclScalarHostImmediate, pair.comms[0]) ==
-          ncclSuccess);
-    CHECK(int(op) == 5);
-    CHECK(pair.allreduce(op) == 0);
-    CHECK(has(fake_log(), "AllReduce comm=1 count=64 dtype=7 op=5\n"));
+    float scale[2] = {0.5f, 0.25f};
+    for (int r = 0; r < 2; ++r) {
+      CHECK(SHIM_FN(s, ncclRedOpCreatePreMulSum)(&op, &scale[r], ncclFloat32, ncclScalarHostImmediate,
+                                                 pair.comms[r]) == ncclSuccess);
+      CHECK(int(op) == 5);
+    }
+    CHECK(pair.allreduce(op) == 2);
+    const mkfake_launch l = mkt::last_launch();
+    CHECK(std::string(l.function).find("premulsum") != std::string::npos);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &scale[1], 4);
+    CHECK(uint32_t(l.args.prescale) == bits);  // rank 1's own scalar
+    CHECK_FALSE(has(fake_log(), "AllReduce"));
+    CHECK_FALSE(has(fake_log(), "RedOpCreatePreMulSum"));
+    // Another dtype, or an op this communicator never made: refused, as NCCL does.
+    void* p = pair.bufs[0]->ptr();
+    CHECK(SHIM_FN(s, ncclAllReduce)(p, p, 64, ncclFloat16, op, pair.comms[0], pair.devs[0]->stream) ==
+          ncclInvalidArgument);
+    CHECK(SHIM_FN(s, ncclAllReduce)(p, p, 64, ncclFloat32, ncclRedOp_t(9), pair.comms[0], pair.devs[0]->stream) ==
+          ncclInvalidArgument);
+    for (int r = 0; r < 2; ++r) CHECK(SHIM_FN(s, ncclRedOpDestroy)(op, pair.comms[r]) == ncclSuccess);
+    CHECK(SHIM_FN(s, ncclRedOpDestroy)(op, pair.comms[0]) == ncclInvalidArgument);
     CHECK(pair.allreduce() == 2);  // and plain ones stay on mKernel
     CHECK_FALSE(has(fake_log(), "AllReduce"));
   }
   CHECK(has(fake_log(), "CommDestroy comm=1\nCommDestroy comm=2\n"));
+  {
+    // With all-reduce in the fallback list, a PreMulSum all-reduce goes to
+    // NCCL, whose op is made from the kept scalar on first use.
+    setenv("MK_NCCL_FALLBACK", "allreduce", 1);
+    Pair pair(s);
+    unsetenv("MK_NCCL_FALLBACK");
+    fake_log();
+    ncclRedOp_t op = ncclSum;
+    float scale = 0.5f;
+    for (int r = 0; r < 2; ++r)
+      CHECK(SHIM_FN(s, ncclRedOpCreatePreMulSum)(&op, &scale, ncclFloat32, ncclScalarHostImmediate, pair.comms[r]) ==
+            ncclSuccess);
+    CHECK(pair.allreduce(op) == 0);
+    const std::string log = fake_log();
+    CHECK(has(log, "RedOpCreatePreMulSum comm=1"));
+    CHECK(has(log, "AllReduce comm=1 count=64 dtype=7 op=5\n"));
+    for (int r = 0; r < 2; ++r) CHECK(SHIM_FN(s, ncclRedOpDestroy)(op, pair.comms[r]) == ncclSuccess);
+  }
 }
 
 TEST_CASE("nccl shim: one thread creates two ranks with ncclCommInitRank inside a group, then drives them") {
