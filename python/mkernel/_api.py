@@ -464,6 +464,15 @@ class Communicator:
         call("mkRedOpCreatePreMulSum", ctypes.byref(op), buf, code, 1, self._live(), comm=self._h)
         return op.value
 
+    def premul_sum_device(self, ptr, dtype):
+        """A PreMulSum op whose scalar (of type `dtype`) lives in GPU memory at
+        `ptr` (an int address on this communicator's GPU) and is read by every
+        call's kernel when it runs; keep it alive until the op is destroyed."""
+        op = ctypes.c_int()
+        call("mkRedOpCreatePreMulSum", ctypes.byref(op), pointer(ptr, "scalar"), dtype_code(dtype), 0, self._live(),
+             comm=self._h)
+        return op.value
+
     def destroy_op(self, op):
         """Frees a PreMulSum op (mkRedOpDestroy)."""
         call("mkRedOpDestroy", int(op), self._live(), comm=self._h)

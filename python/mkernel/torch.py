@@ -19,6 +19,7 @@ Three ways in, from least to most code:
    functional (a new tensor), on the current CUDA stream, with fake
    implementations for torch.compile, capturable in CUDA graphs.
 """
+import contextlib
 import os
 import threading
 
@@ -293,6 +294,15 @@ def _(t, comm):
 
 # ---- the process-group backend ---------------------------------------------------
 
+class _PreMul:
+    """PREMUL_SUM (dist._make_nccl_premul_sum): each rank's input times
+    `factor` (a number, or a one-element tensor read on the GPU when the
+    kernel runs), then the sum; mkRedOpCreatePreMulSum per call."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+
 def _reduce_op(rop):
     for name, code in (("SUM", "sum"), ("PRODUCT", "prod"), ("MAX", "max"), ("MIN", "min"), ("AVG", "avg")):
         try:
@@ -300,7 +310,38 @@ def _reduce_op(rop):
                 return code
         except (TypeError, RuntimeError):
             pass
-    return None  # PREMUL_SUM, bitwise ops: NCCL's
+    try:
+        if rop == dist.ReduceOp.PREMUL_SUM:
+            state = rop.__getstate__()  # (op, factor): how c10d pickles a PREMUL_SUM op
+            factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
+            if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+                return _PreMul(float(factor))
+            if torch.is_tensor(factor) and factor.numel() == 1:
+                return _PreMul(factor)
+    except (TypeError, RuntimeError, AttributeError):
+        pass
+    return None  # bitwise ops, and a PREMUL_SUM whose factor this torch does not show: NCCL's
+
+
+@contextlib.contextmanager
+def _op_for(c, op, t):
+    """The mKernel op for a call on `t`: a built-in name as it is, a
+    PreMulSum made for this call (and destroyed after it: a call keeps its
+    scalar)."""
+    if not isinstance(op, _PreMul):
+        yield op
+        return
+    f = op.factor
+    if torch.is_tensor(f):
+        # the kernel reads the scalar on the call's stream, after this copy
+        f = f.to(device=t.device, dtype=t.dtype).reshape(1)
+        h = c.mk.premul_sum_device(f.data_ptr(), mk_dtype(t.dtype))
+    else:
+        h = c.mk.premul_sum(f, mk_dtype(t.dtype))
+    try:
+        yield h
+    finally:
+        c.mk.destroy_op(h)
 
 
 _WorkBase = getattr(dist, "Work", None) or getattr(dist, "_Work")
@@ -439,7 +480,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         if c is None:
             return self._fallback(tensors, "allreduce").allreduce(tensors, opts)
         t = tensors[0]
-        c.mk.all_reduce(t, t, t.numel(), mk_dtype(t.dtype), op, _stream(t))
+        with _op_for(c, op, t) as o:
+            c.mk.all_reduce(t, t, t.numel(), mk_dtype(t.dtype), o, _stream(t))
         return self._done(tensors, t)
 
     def broadcast(self, tensors, opts=None):
@@ -458,7 +500,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         if c is None:
             return self._fallback(tensors, "reduce").reduce(tensors, opts)
         t = tensors[0]
-        c.mk.reduce(t, t, t.numel(), mk_dtype(t.dtype), op, opts.rootRank, _stream(t))
+        with _op_for(c, op, t) as o:
+            c.mk.reduce(t, t, t.numel(), mk_dtype(t.dtype), o, opts.rootRank, _stream(t))
         return self._done(tensors, t)
 
     def _allgather_base(self, output, input, opts=None):
@@ -499,7 +542,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
             input.numel() == output.numel() * self._size_ else None
         if c is None:
             return self._fallback([output, input], "reduce_scatter_tensor")._reduce_scatter_base(output, input, opts)
-        c.mk.reduce_scatter(input, output, output.numel(), mk_dtype(input.dtype), op, _stream(input))
+        with _op_for(c, op, input) as o:
+            c.mk.reduce_scatter(input, output, output.numel(), mk_dtype(input.dtype), o, _stream(input))
         return self._done([output], output)
 
     reduce_scatter_single = _reduce_scatter_base
@@ -518,7 +562,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
                                                                                   opts)
         with torch.cuda.device(out.device):
             flat = torch.cat([i.reshape(-1) for i in ins])
-            c.mk.reduce_scatter(flat, out, out.numel(), mk_dtype(out.dtype), op, _stream(out))
+            with _op_for(c, op, out) as o:
+                c.mk.reduce_scatter(flat, out, out.numel(), mk_dtype(out.dtype), o, _stream(out))
         return self._done(output_tensors, out)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):

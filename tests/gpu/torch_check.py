@@ -132,6 +132,28 @@ def backend():
             dist.all_to_all_single(out, x)
             ref = torch.cat([a[rank * n:(rank + 1) * n] for a in allx])
             check("all_to_all_single " + tag, out, ref, dtype)
+    # PREMUL_SUM (what FSDP scales gradients with): each rank's own factor,
+    # as a number and as a one-element tensor on the GPU; on mKernel, not NCCL
+    if hasattr(dist, "_make_nccl_premul_sum"):
+        nccl_before = pg.stats["nccl"]
+        for dtype in (torch.float32, torch.bfloat16):
+            n = 4099
+            w = [0.5 + 0.25 * q for q in range(world)]
+            for kind in ("number", "tensor"):
+                f = w[rank] if kind == "number" else torch.tensor([w[rank]], dtype=dtype, device=dev)
+                allx, x = inputs(7, n, dtype)
+                dist.all_reduce(x, op=dist._make_nccl_premul_sum(f))
+                ref = sum(a.to(torch.float64) * w[q] for q, a in enumerate(allx))
+                check("all_reduce premul_sum (%s) %s" % (kind, dtype), x, ref.to(dtype), dtype, world)
+                allx, x = inputs(8, n * world, dtype)
+                out = torch.empty(n, dtype=dtype, device=dev)
+                dist.reduce_scatter_tensor(out, x, op=dist._make_nccl_premul_sum(f))
+                ref = sum(a.to(torch.float64) * w[q] for q, a in enumerate(allx))[rank * n:(rank + 1) * n]
+                check("reduce_scatter_tensor premul_sum (%s) %s" % (kind, dtype), out, ref.to(dtype), dtype, world)
+        if pg.stats["nccl"] != nccl_before:
+            failures.append("PREMUL_SUM went to NCCL (%d calls)" % (pg.stats["nccl"] - nccl_before))
+    else:
+        say("SKIP premul_sum: this torch has no dist._make_nccl_premul_sum")
     # async: wait() orders the caller's stream after the collective
     allx, x = inputs(7, 1 << 16, torch.float32)
     s = torch.cuda.Stream()
