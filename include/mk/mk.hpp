@@ -130,6 +130,34 @@ class Registration {
   void* h_ = nullptr;
 };
 
+// A PreMulSum op of one communicator (mkRedOpCreatePreMulSum): calls with it
+// sum each rank's input times that rank's own scalar. Destruction frees it
+// (mkRedOpDestroy); calls already made keep their scalar.
+class PreMulSum {
+ public:
+  PreMulSum() = default;
+  PreMulSum(mkComm_t c, mkRedOp_t op) : c_(c), op_(op) {}
+  ~PreMulSum() {
+    if (c_) mkRedOpDestroy(op_, c_);
+  }
+  PreMulSum(PreMulSum&& o) noexcept : c_(std::exchange(o.c_, nullptr)), op_(o.op_) {}
+  PreMulSum& operator=(PreMulSum&& o) noexcept {
+    if (this != &o) {
+      if (c_) mkRedOpDestroy(op_, c_);
+      c_ = std::exchange(o.c_, nullptr);
+      op_ = o.op_;
+    }
+    return *this;
+  }
+  PreMulSum(const PreMulSum&) = delete;
+  PreMulSum& operator=(const PreMulSum&) = delete;
+  mkRedOp_t op() const { return op_; }
+
+ private:
+  mkComm_t c_ = nullptr;
+  mkRedOp_t op_ = mkSum;
+};
+
 class Communicator {
  public:
   Communicator() = default;
@@ -218,6 +246,21 @@ class Communicator {
     return Registration(c_, h);
   }
 
+  // PreMulSum ops: the scalar's value now (T is the dtype the op serves), or
+  // a scalar in GPU memory that each call's kernel reads when it runs.
+  template <typename T>
+  [[nodiscard]] PreMulSum premul_sum(T scalar) {
+    mkRedOp_t op = mkSum;
+    check(mkRedOpCreatePreMulSum(&op, &scalar, DataType<T>::value, mkScalarHostImmediate, c_), c_);
+    return PreMulSum(c_, op);
+  }
+  template <typename T>
+  [[nodiscard]] PreMulSum premul_sum_device(const T* scalar) {
+    mkRedOp_t op = mkSum;
+    check(mkRedOpCreatePreMulSum(&op, const_cast<T*>(scalar), DataType<T>::value, mkScalarDevice, c_), c_);
+    return PreMulSum(c_, op);
+  }
+
   // Untyped (any dtype, e.g. mkBfloat16, mkFloat8e4m3).
   void all_reduce(const void* send, void* recv, size_t count, mkDataType_t t, mkRedOp_t op, cudaStream_t s) {
     check(mkAllReduce(send, recv, count, t, op, c_, s), c_);
@@ -242,6 +285,14 @@ class Communicator {
   template <typename T>
   void all_reduce(const T* send, T* recv, size_t count, Op op, cudaStream_t s) {
     all_reduce(send, recv, count, DataType<T>::value, mkRedOp_t(op), s);
+  }
+  template <typename T>
+  void all_reduce(const T* send, T* recv, size_t count, const PreMulSum& op, cudaStream_t s) {
+    all_reduce(send, recv, count, DataType<T>::value, op.op(), s);
+  }
+  template <typename T>
+  void reduce_scatter(const T* send, T* recv, size_t count, const PreMulSum& op, cudaStream_t s) {
+    reduce_scatter(send, recv, count, DataType<T>::value, op.op(), s);
   }
   template <typename T>
   void all_gather(const T* send, T* recv, size_t count, cudaStream_t s) {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "mk/mk.hpp"
 #include "tests/runtime/fake.hpp"
 
 using mkt::cu;
@@ -318,6 +319,40 @@ TEST_CASE("PreMulSum ops: a call passes its rank's scalar (by value or device po
     CHECK(mkRedOpDestroy(tmp, comm) == mkSuccess);
     CHECK(mkRedOpDestroy(dop, comm) == mkSuccess);
     REQUIRE(mkCommDestroy(comm) == mkSuccess);
+  }
+  const std::string leaked = mkt::leaks(before, mkt::counts());
+  CHECK_MESSAGE(leaked.empty(), leaked);
+}
+
+TEST_CASE("C++ API: PreMulSum ops by value and on the device serve typed calls, and are freed with their object") {
+  MKT_REQUIRE_FAKE();
+  const mkfake_counts before = mkt::counts();
+  {
+    mkt::Device dev(0);
+    mkt::Buffer in(dev, 4096), out(dev, 4096), scalar(dev, 16);
+    mk::Communicator comm(mkt::one_rank());
+    {
+      mk::PreMulSum half = comm.premul_sum(0.5f);
+      CHECK(int(half.op()) == int(mkNumOps));
+      comm.all_reduce(static_cast<const float*>(in.ptr()), static_cast<float*>(out.ptr()), 256, half, dev.stream);
+      const mkfake_launch l = mkt::last_launch();
+      CHECK(std::string(l.function).find("fp32_premulsum") != std::string::npos);
+      float got = 0;
+      const uint32_t bits = uint32_t(l.args.prescale);
+      std::memcpy(&got, &bits, 4);
+      CHECK(got == 0.5f);
+      mk::PreMulSum dev_scale = comm.premul_sum_device(static_cast<const double*>(scalar.ptr()));
+      comm.reduce_scatter(static_cast<const double*>(in.ptr()), static_cast<double*>(out.ptr()), 64, dev_scale,
+                          dev.stream);
+      CHECK(mkt::last_launch().args.prescale_ptr == scalar.ptr());
+      // a typed call in another dtype than the op's: the library's error as an exception
+      CHECK_THROWS_AS(comm.all_reduce(static_cast<const double*>(in.ptr()), static_cast<double*>(out.ptr()), 8, half,
+                                      dev.stream),
+                      mk::RuntimeError);
+    }
+    // both ops were freed: the next one gets the first handle again
+    mk::PreMulSum again = comm.premul_sum(int32_t(3));
+    CHECK(int(again.op()) == int(mkNumOps));
   }
   const std::string leaked = mkt::leaks(before, mkt::counts());
   CHECK_MESSAGE(leaked.empty(), leaked);
