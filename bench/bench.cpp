@@ -82,6 +82,7 @@ struct Nccl {
   decltype(&ncclMemFree) memFree = nullptr;
   decltype(&ncclCommWindowRegister) windowRegister = nullptr;
   decltype(&ncclCommWindowDeregister) windowDeregister = nullptr;
+  decltype(&ncclRedOpCreatePreMulSum) redOpCreatePreMulSum = nullptr;
 };
 
 bool load_nccl(Nccl* n, std::string* why) {
@@ -107,6 +108,7 @@ bool load_nccl(Nccl* n, std::string* why) {
   LD(memFree, "ncclMemFree");
   LD(windowRegister, "ncclCommWindowRegister");
   LD(windowDeregister, "ncclCommWindowDeregister");
+  LD(redOpCreatePreMulSum, "ncclRedOpCreatePreMulSum");
 #undef LD
   if (!n->getUniqueId || !n->commInitRank || !n->allReduce) {
     *why = "libnccl.so.2 lacks ncclCommInitRank/ncclAllReduce";
@@ -128,6 +130,7 @@ struct Options {
   bool graph = false, reg = false, share = false, l2cold = false, nccl = true;
   bool outofplace = true, inplace = true;
   bool prewarm = false;    // mkCommPrewarm before timing (compiles the plans on every core)
+  bool premul = false;     // reducing collectives with a PreMulSum op of scalar 1 (both libraries)
   bool probe = true;       // ask NCCL which algorithm/protocol it ran (a separate run with NCCL_DEBUG)
   bool probe_only = false;  // internal: that run
   std::string md, json_out, csv_out, svg_out, label, command;
@@ -216,6 +219,8 @@ struct Local {
   ncclComm_t nccl = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
+  mkRedOp_t mk_op = mkSum;        // --premulsum: this rank's PreMulSum ops
+  ncclRedOp_t nccl_op = ncclSum;
   Buffers buf[2];                  // [library]: the same buffers unless --register
   unsigned long long* res = nullptr;  // [lib][placement][2] device counters
   int* srcs = nullptr;                // device: output block sources
@@ -240,11 +245,11 @@ void call(Process& P, Local& l, int lib, Collective c, const void* in, void* out
     const auto dt = mkDataType_t(int(P.o.dtype));
     mkResult_t r = mkSuccess;
     switch (c) {
-      case Collective::allreduce: r = mkAllReduce(in, out, n, dt, mkSum, l.mk, l.stream); break;
+      case Collective::allreduce: r = mkAllReduce(in, out, n, dt, l.mk_op, l.mk, l.stream); break;
       case Collective::allgather: r = mkAllGather(in, out, n, dt, l.mk, l.stream); break;
-      case Collective::reducescatter: r = mkReduceScatter(in, out, n, dt, mkSum, l.mk, l.stream); break;
+      case Collective::reducescatter: r = mkReduceScatter(in, out, n, dt, l.mk_op, l.mk, l.stream); break;
       case Collective::broadcast: r = mkBroadcast(in, out, n, dt, 0, l.mk, l.stream); break;
-      case Collective::reduce: r = mkReduce(in, out, n, dt, mkSum, 0, l.mk, l.stream); break;
+      case Collective::reduce: r = mkReduce(in, out, n, dt, l.mk_op, 0, l.mk, l.stream); break;
       case Collective::alltoall: r = mkAllToAll(in, out, n, dt, l.mk, l.stream); break;
     }
     if (r != mkSuccess) die(std::string("mKernel ") + std::string(name(c)) + " failed: " + mkGetLastError(l.mk));
@@ -253,11 +258,11 @@ void call(Process& P, Local& l, int lib, Collective c, const void* in, void* out
     const Nccl& nc = P.nc;
     ncclResult_t r = ncclSuccess;
     switch (c) {
-      case Collective::allreduce: r = nc.allReduce(in, out, n, dt, ncclSum, l.nccl, l.stream); break;
+      case Collective::allreduce: r = nc.allReduce(in, out, n, dt, l.nccl_op, l.nccl, l.stream); break;
       case Collective::allgather: r = nc.allGather(in, out, n, dt, l.nccl, l.stream); break;
-      case Collective::reducescatter: r = nc.reduceScatter(in, out, n, dt, ncclSum, l.nccl, l.stream); break;
+      case Collective::reducescatter: r = nc.reduceScatter(in, out, n, dt, l.nccl_op, l.nccl, l.stream); break;
       case Collective::broadcast: r = nc.broadcast(in, out, n, dt, 0, l.nccl, l.stream); break;
-      case Collective::reduce: r = nc.reduce(in, out, n, dt, ncclSum, 0, l.nccl, l.stream); break;
+      case Collective::reduce: r = nc.reduce(in, out, n, dt, l.nccl_op, 0, l.nccl, l.stream); break;
       case Collective::alltoall: r = nc.alltoAll(in, out, n, dt, l.nccl, l.stream); break;
     }
     if (r != ncclSuccess) die(std::string("NCCL ") + std::string(name(c)) + " failed: " + nc.errorString(r));
@@ -602,6 +607,7 @@ void run_size(Process& P, Collective c, int64_t bytes, bool first_size) {
   row.bytes = y.bytes;
   row.count = y.count;
   row.dtype = o.dtype;
+  row.op = o.premul ? RedOp::premulsum : RedOp::sum;
   row.root = collective_rooted(c) ? 0 : -1;
   for (int lib = 0; lib < 2; ++lib)
     for (int pl = 0; pl < 2; ++pl) {
@@ -734,6 +740,24 @@ void process_main(const Options& o, int first, int n, const ncclUniqueId& nid, c
       die(std::string("mkCommInitRank failed: ") + mkGetLastError(nullptr));
   }
   P.h = load_helpers(P.L[0].device);
+  if (o.premul) {
+    // Scalar 1 in the dtype: the outputs stay the sum the checker expects,
+    // and the kernels still scale every input (the time of the prologue).
+    const int kind = mkb::dtype_kind(o.dtype);
+    const unsigned long long one = mkb::to_bits(kind == 0 ? 1 : 4, kind, int(dtype_size(o.dtype)));
+    for (Local& l : P.L) {
+      unsigned long long v = one;
+      if (l.mk && mkRedOpCreatePreMulSum(&l.mk_op, &v, mkDataType_t(int(o.dtype)), mkScalarHostImmediate, l.mk) !=
+                      mkSuccess)
+        die(std::string("mkRedOpCreatePreMulSum failed: ") + mkGetLastError(l.mk));
+      if (l.nccl) {
+        if (!P.nc.redOpCreatePreMulSum) die("this NCCL has no ncclRedOpCreatePreMulSum");
+        if (P.nc.redOpCreatePreMulSum(&l.nccl_op, &v, ncclDataType_t(int(o.dtype)), ncclScalarHostImmediate,
+                                      l.nccl) != ncclSuccess)
+          die("ncclRedOpCreatePreMulSum failed");
+      }
+    }
+  }
   if (o.prewarm && !o.probe_only) {
     const auto dt = mkDataType_t(int(o.dtype));
     const mkRedOp_t op = mkSum;
@@ -776,6 +800,7 @@ const char* kUsage =
     "  -G, --graph            each batch is one CUDA graph of its calls\n"
     "      --register         register the buffers (mkCommRegister; NCCL: ncclMemAlloc + symmetric window)\n"
     "      --share-gpu        every rank on GPU 0 in this process (mKernel only): a one-GPU proxy\n"
+    "      --premulsum        reducing collectives with a PreMulSum op of scalar 1 (the scaling's cost; same sums)\n"
     "      --l2-cold          rotate buffers over more than twice the L2 cache (eager mode)\n"
     "      --no-nccl          mKernel only\n"
     "      --no-inplace, --no-outofplace\n"
@@ -837,6 +862,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--warmup-ms") o.warmup_ms = int(num(0, 600000));
     else if (a == "--no-probe") o.probe = false;
     else if (a == "--prewarm") o.prewarm = true;
+    else if (a == "--premulsum") o.premul = true;
     else if (a == "--probe-only") o.probe_only = true;
     else if (a == "--out") o.md = next();
     else if (a == "--json") o.json_out = next();
