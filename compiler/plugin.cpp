@@ -2,11 +2,16 @@
 
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cctype>
+#include <cerrno>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <cstdio>
@@ -34,13 +39,65 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-int run(const std::string& cmd, std::string* output) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
+// How long a schedule file may take to compile (MK_PLUGIN_TIMEOUT_S,
+// default 300 s): it runs inside communicator init, which must not hang.
+int64_t compile_timeout_ms() {
+  const char* e = std::getenv("MK_PLUGIN_TIMEOUT_S");
+  if (!e || !*e) return 300'000;
+  char* end = nullptr;
+  const double v = std::strtod(e, &end);
+  if (end == e || *end || !(v > 0) || v > 86400)
+    throw Error(ErrId::cli_E006, fmt::format("MK_PLUGIN_TIMEOUT_S={} is not a number of seconds in (0, 86400]", e));
+  return int64_t(v * 1000);
+}
+
+constexpr int kTimedOut = -2;
+
+// Runs `cmd` with /bin/sh, its output (stdout and stderr) into *output; the
+// exit status, -1 when it did not exit normally, kTimedOut when it ran past
+// `timeout_ms` (then its whole process group is killed).
+int run(const std::string& cmd, std::string* output, int64_t timeout_ms) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return -1;
+  }
+  if (pid == 0) {  // only async-signal-safe calls until exec
+    setpgid(0, 0);
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here: no window in which a kill misses it
+  close(fds[1]);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) output->append(buf.data(), n);
-  int status = pclose(p);
+  bool timed_out = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd pf{fds[0], POLLIN, 0};
+    const int r = poll(&pf, 1, int(std::min<int64_t>(left.count(), 1000)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    const ssize_t n = read(fds[0], buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // every writer closed: the command is done (or closed its output)
+    output->append(buf.data(), size_t(n));
+  }
+  close(fds[0]);
+  if (timed_out) kill(-pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) return kTimedOut;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -224,10 +281,19 @@ std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
     if (!lib.empty())
       cmd += fmt::format(" {} -Wl,-rpath,{}", shell_quote(lib), shell_quote(fs::path(lib).parent_path().string()));
     std::string out;
-    int rc = run(cmd, &out);
+    const int64_t limit_ms = compile_timeout_ms();
+    int rc = run(cmd, &out, limit_ms);
     bool dep_ok = false;
     const std::vector<std::string> files = parse_depfile(read_all(dep, &dep_ok));
     fs::remove(dep, ec);
+    if (rc == kTimedOut) {
+      fs::remove(tmp, ec);
+      throw Error(ErrId::cli_E006,
+                  fmt::format("compiling {} took longer than {} s; the compiler ({}) was stopped", cpp_file,
+                              double(limit_ms) / 1000, cxx),
+                  {}, "raise MK_PLUGIN_TIMEOUT_S, or compile the file once beforehand (`mkc list` with MK_SCHEDULES "
+                      "set caches the plugin) and pass the .so");
+    }
     if (rc != 0) {
       fs::remove(tmp, ec);
       throw Error(ErrId::cli_E006, fmt::format("{} does not compile:\n{}", cpp_file, out), {},

@@ -3,6 +3,7 @@
 // bad input: one test per error id the CLI, the plugins, NVRTC and the plan
 // reader raise. A user error exits with 1 and prints "mkc: error: [mk.x.Eyyy]";
 // 2 is a bad command line, 3 an internal error (a crash: never expected here).
+#include <chrono>
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
@@ -404,6 +405,26 @@ TEST_CASE("mk.cli.E006: a user .cpp that does not compile, with the compiler's f
   auto c = catch_error([&] { plugin::load_source(fixture("does_not_compile.cpp")); });
   CHECK(c.id == "mk.cli.E006");
   CHECK(contains(c.message, "does_not_compile.cpp:" + std::to_string(marked_line("does_not_compile.cpp")) + ":"));
+}
+
+TEST_CASE("mk.cli.E006: a schedule file whose compile runs past MK_PLUGIN_TIMEOUT_S is stopped with a clear error") {
+  mkt::TempDir d;
+  mkt::ScopedEnv cache("MK_CACHE_DIR", (d / "cache").string());
+  // A "compiler" that hangs (and starts a child that would hang too): the
+  // whole process group is killed at the limit.
+  mkt::ScopedEnv cxx("MK_CXX", "sleep 60 & sleep 60 #");
+  mkt::ScopedEnv limit("MK_PLUGIN_TIMEOUT_S", "1");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = catch_error([&] { plugin::load_source(fixture("hand_allreduce.cpp")); });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(c.id == "mk.cli.E006");
+  CHECK(contains(c.message, "took longer than 1 s"));
+  CHECK(contains(c.what, "MK_PLUGIN_TIMEOUT_S"));
+  CHECK(s < 30);  // not the sleeps' 60 s
+  // a malformed limit is an error, not a hang or a default
+  mkt::ScopedEnv bad("MK_PLUGIN_TIMEOUT_S", "soon");
+  CHECK(contains(catch_error([&] { plugin::load_source(fixture("hand_allreduce.cpp")); }).message,
+                 "MK_PLUGIN_TIMEOUT_S=soon"));
 }
 
 TEST_CASE("mk.jit.E004: a user schedule needs a writable cache for its plugin") {
