@@ -145,6 +145,18 @@ int run_rank(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
   CHILD_CHECK(std::string(l.function).find(zc ? "allreduce_direct" : "allreduce_one_shot") != std::string::npos);
   CHILD_CHECK((l.args.windows != nullptr) == zc);
+  // PreMulSum on the same registered buffer: never zero-copy (a peer cannot
+  // scale this rank's input: only this rank has its scalar).
+  mkRedOp_t pm = mkSum;
+  float scale = 0.5f + 0.25f * float(rank);
+  CHILD_CHECK(mkRedOpCreatePreMulSum(&pm, &scale, mkFloat32, mkScalarHostImmediate, comm) == mkSuccess);
+  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(reg)), reinterpret_cast<void*>(uintptr_t(reg)), 256,
+                          mkFloat32, pm, comm, stream) == mkSuccess);
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(std::string(l.function).find("allreduce_one_shot") != std::string::npos);
+  CHILD_CHECK(std::string(l.function).find("premulsum") != std::string::npos);
+  CHILD_CHECK(l.args.windows == nullptr);
+  CHILD_CHECK(mkRedOpDestroy(pm, comm) == mkSuccess);
 
   CHILD_CHECK(mkCommDeregister(comm, handle) == mkSuccess);
   CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
@@ -232,6 +244,31 @@ int user_schedule(int rank, int nranks, const mkUniqueId& id) {
     CHILD_CHECK(std::string(l.function).find(std::getenv("MKT_WANT_KERNEL")) != std::string::npos);
   }
   return builtin_allgather_then_close(comm, buf, stream);
+}
+
+// MK_ALGO forces a schedule a PreMulSum call cannot use (MKT_PREMUL_ALGO:
+// copy engines, which cannot scale; or one the prologue proof refuses): the
+// call runs the built-in table's schedule instead, the same on every rank.
+int premul_fallback(int rank, int nranks, const mkUniqueId& id) {
+  CUstream stream = nullptr;
+  mkComm_t comm = nullptr;
+  if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 16) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(buf));
+  mkRedOp_t pm = mkSum;
+  float scale = 2.0f;
+  CHILD_CHECK(mkRedOpCreatePreMulSum(&pm, &scale, mkFloat32, mkScalarHostImmediate, comm) == mkSuccess);
+  CHILD_CHECK(mkAllReduce(p, p, 256, mkFloat32, pm, comm, stream) == mkSuccess);
+  mkfake_launch l{};
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  std::fprintf(stderr, "rank %d: PreMulSum all-reduce launched %s\n", rank, l.function);
+  CHILD_CHECK(std::string(l.function).find("allreduce_one_shot") != std::string::npos);
+  CHILD_CHECK(std::string(l.function).find("premulsum") != std::string::npos);
+  CHILD_CHECK(mkRedOpDestroy(pm, comm) == mkSuccess);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  return 0;
 }
 
 // Init, one all-reduce, destroy.
@@ -881,6 +918,7 @@ int mkt_child_main(int argc, char** argv) {
                                {"rank 1:", "MK_SELECT_FILE=", "$.entries[0].schedule", "implements allgather, not allreduce"});
   if (scenario == "user_schedule") return user_schedule(rank, nranks, id);
   if (scenario == "init_allreduce") return init_allreduce(rank, nranks, id);
+  if (scenario == "premul_fallback") return premul_fallback(rank, nranks, id);
   if (scenario == "divergent_registry") return divergent_registry(rank, nranks, id);
   if (scenario == "user_schedule_differs")
     return expect_init_failure(rank, nranks, id, mkInvalidUsage,
@@ -985,6 +1023,12 @@ TEST_CASE("two processes: a schedule from MK_SCHEDULES or the config's list serv
   std::filesystem::remove(good);
   std::filesystem::remove(wrong);
   std::filesystem::remove(other);
+}
+
+TEST_CASE("two processes: a PreMulSum all-reduce that MK_ALGO sends to copy engines runs the built-in kernel instead") {
+  MKT_REQUIRE_FAKE();
+  const std::vector<std::string> env = {"MK_ALGO=allreduce=allreduce.ce"};
+  run_ranks(2, "premul_fallback", {env, env});
 }
 
 TEST_CASE("two processes: a schedule known only from MK_PLAN_DIR's plans serves mkAllReduce when MK_ALGO names it") {
