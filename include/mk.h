@@ -222,7 +222,8 @@ mkResult_t mkCommDeregister(const mkComm_t comm, void* handle);
 mkResult_t mkCommBootstrapBroadcast(mkComm_t comm, void* buf, size_t bytes, int root);
 
 /* Compiles (or loads) every plan this communicator may pick for the six
- * collectives in `dtypes` x `ops` (ops: sum when nops is 0; collectives that
+ * collectives in `dtypes` x `ops` (ops: sum when nops is 0; a PreMulSum op
+ * stands for PreMulSum in every dtype, whatever its scalar; collectives that
  * do not reduce take one plan for all ops), on `nthreads` threads (0: one per
  * core), so that the first collectives do not wait for NVRTC; for
  * copy-engine schedules it compiles their kernels into the cache. Plans shipped

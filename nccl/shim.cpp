@@ -395,6 +395,10 @@ struct ncclComm {
     int mk = -1;                             // mKernel's op; -1: none (an NCCL-only communicator)
     bool has_real = false;
     ncclRedOp_t real = ncclSum;
+    // Calls of open groups that use it (they run at ncclGroupEnd): a destroy
+    // meanwhile only marks it; the last of them frees it and its slot.
+    int pending = 0;
+    bool destroyed = false;
   };
   std::vector<PreMul> premuls;
 };
@@ -522,6 +526,7 @@ struct Call {
   bool premul = false;
   int mk_op = -1;
   ncclRedOp_t real_op = ncclSum;
+  bool held = false;  // counted in its PreMul's `pending` (a group call)
 };
 
 thread_local int t_depth = 0;
@@ -590,6 +595,35 @@ ncclResult_t run_real(const Call& k) {
   return r;
 }
 
+// A group call keeps its PreMulSum op alive until ncclGroupEnd has issued it:
+// the caller may destroy (and create another op in the same slot) first.
+ncclResult_t hold_premul(Call& k) {
+  if (t_depth == 0) return ncclSuccess;
+  std::lock_guard<std::mutex> g(k.comm->mu);
+  ++k.comm->premuls[size_t(int(k.op) - int(ncclNumOps))].pending;
+  k.held = true;
+  return ncclSuccess;
+}
+
+// Frees what a destroyed op still held for `k`, once no group call needs it.
+void free_premul(const ncclComm::PreMul& m, ncclComm_t comm) {
+  if (m.mk >= 0 && comm->mk) g_mk.RedOpDestroy(mkRedOp_t(m.mk), comm->mk);
+  if (m.has_real && g_real.RedOpDestroy && comm->real) g_real.RedOpDestroy(m.real, comm->real);
+}
+
+void release_premul(const Call& k) {
+  if (!k.held) return;
+  ncclComm::PreMul done;
+  {
+    std::lock_guard<std::mutex> g(k.comm->mu);
+    ncclComm::PreMul& e = k.comm->premuls[size_t(int(k.op) - int(ncclNumOps))];
+    if (--e.pending > 0 || !e.destroyed) return;
+    done = e;
+    e = ncclComm::PreMul{};
+  }
+  free_premul(done, k.comm);
+}
+
 // A PreMulSum call's ops: mKernel's, and NCCL's when NCCL runs the call
 // (made from the kept scalar on first use).
 ncclResult_t resolve_premul(Call& k, const char* api) {
@@ -605,7 +639,7 @@ ncclResult_t resolve_premul(Call& k, const char* api) {
   }
   k.premul = true;
   k.mk_op = m.mk;
-  if (routes_to_mk(k)) return ncclSuccess;
+  if (routes_to_mk(k)) return hold_premul(k);
   if (!m.has_real) {
     if (ncclResult_t r = ensure_real(c, api)) return r;
     if (!g_real.RedOpCreatePreMulSum)
@@ -622,7 +656,7 @@ ncclResult_t resolve_premul(Call& k, const char* api) {
     m = e;
   }
   k.real_op = m.real;
-  return ncclSuccess;
+  return hold_premul(k);
 }
 
 // One call: at once, or kept for ncclGroupEnd inside a group.
@@ -1006,12 +1040,17 @@ MK_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, 
     mkRedOp_t mop = mkSum;
     const mkResult_t r = g_mk.RedOpCreatePreMulSum(&mop, residence == ncclScalarDevice ? scalar : m.value,
                                                    mkDataType_t(datatype), mkScalarResidence_t(residence), comm->mk);
-    if (r != mkSuccess) return fail(ncclResult_t(r), "%s", g_mk.GetLastError(comm->mk));
-    m.mk = int(mop);
+    // A scalar mKernel does not take (device residence in memory it does not
+    // serve, e.g. pinned host memory) is NCCL's to judge: its calls go there.
+    if (r == mkSuccess)
+      m.mk = int(mop);
+    else
+      debug("ncclRedOpCreatePreMulSum: mKernel refused the scalar (%s); calls with this op go to NCCL",
+            g_mk.GetLastError(comm->mk));
   }
   std::lock_guard<std::mutex> g(comm->mu);
   size_t i = 0;
-  while (i < comm->premuls.size() && comm->premuls[i].live) ++i;
+  while (i < comm->premuls.size() && (comm->premuls[i].live || comm->premuls[i].destroyed)) ++i;
   if (i == comm->premuls.size())
     comm->premuls.push_back(m);
   else
@@ -1030,6 +1069,11 @@ MK_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
     if (int(op) < int(ncclNumOps) || i >= comm->premuls.size() || !comm->premuls[i].live)
       return fail(ncclInvalidArgument, "%s: op %d is not a live PreMulSum op of this communicator", api, int(op));
     m = comm->premuls[i];
+    if (m.pending > 0) {  // group calls still use it: the last of them frees it (release_premul)
+      comm->premuls[i].live = false;
+      comm->premuls[i].destroyed = true;
+      return ncclSuccess;
+    }
     comm->premuls[i] = ncclComm::PreMul{};
   }
   if (m.mk >= 0 && comm->mk) {
@@ -1138,6 +1182,12 @@ static ncclResult_t end_group(ncclSimInfo_t* sim) {
   if (--t_depth > 0) return ncclSuccess;
   std::vector<Call> calls;
   calls.swap(*t_pending);
+  struct Release {  // on every way out: the group's hold on its PreMulSum ops
+    const std::vector<Call>& calls;
+    ~Release() {
+      for (const Call& k : calls) release_premul(k);
+    }
+  } release{calls};
   const bool mk_open = t_mk_group;
   t_mk_group = false;
   if (ncclResult_t r = finish_inits()) {

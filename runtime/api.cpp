@@ -16,6 +16,7 @@
 #include "mk.h"
 #include "mk/error.hpp"
 #include "compiler/jit/jit.hpp"
+#include "mk/dsl.hpp"
 #include "runtime/ce.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/enqueue.hpp"
@@ -238,9 +239,21 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
     }
     std::vector<RedOp> rops;
     for (int i = 0; i < nops; ++i) {
-      if (int(ops[i]) < 0 || int(ops[i]) >= mkNumOps)
+      RedOp op = RedOp::sum;
+      if (int(ops[i]) >= int(mkNumOps)) {  // a PreMulSum handle: its kernels are one plan per dtype, whatever the scalar
+        std::lock_guard<std::mutex> lock(c->mu);
+        const size_t k = size_t(int(ops[i]) - int(mkNumOps));
+        if (k >= c->premuls.size() || !c->premuls[k].live)
+          fail(mkInvalidArgument, fmt::format("mkCommPrewarm: reduction op {} is neither a built-in mkRedOp_t nor a "
+                                              "PreMulSum op of this communicator",
+                                              int(ops[i])));
+        op = RedOp::premulsum;
+      } else if (int(ops[i]) < 0) {
         fail(mkInvalidArgument, fmt::format("mkCommPrewarm: reduction op {} is not an mkRedOp_t", int(ops[i])));
-      if (std::find(rops.begin(), rops.end(), RedOp(ops[i])) == rops.end()) rops.push_back(RedOp(ops[i]));
+      } else {
+        op = RedOp(ops[i]);
+      }
+      if (std::find(rops.begin(), rops.end(), op) == rops.end()) rops.push_back(op);
     }
     if (rops.empty()) rops.push_back(RedOp::sum);
     struct Job {
@@ -258,6 +271,10 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
         for (DType dt : dts)
           for (RedOp op : rops) {
             if (!collective_reduces(coll) && op != rops.front()) continue;  // one plan serves every op
+            if (!collective_reduces(coll) && op == RedOp::premulsum) op = RedOp::sum;
+            // PreMulSum never runs on copy engines (create_instance takes the built-in table's choice)
+            if (op == RedOp::premulsum && dsl::find_schedule(s.schedule) && dsl::find_schedule(s.schedule)->copy_engine)
+              continue;
             jobs.push_back({s, coll, dt, op, "", ""});
           }
       // Copy-engine schedules compile no plan, but their kernels (the sync
@@ -267,6 +284,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
       if (collective_reduces(coll))
         for (DType dt : dts)
           for (RedOp op : rops) {
+            if (op == RedOp::premulsum) continue;
             Job j{{}, coll, dt, op, "", ""};
             j.source = ce::reduce_source(dt, op, &j.name);
             if (std::none_of(jobs.begin(), jobs.end(), [&](const Job& x) { return x.name == j.name; })) jobs.push_back(j);
@@ -291,6 +309,8 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
           return;
         }
         get_plan(j.choice.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank, j.choice.tune);
+      } catch (const PrologueRefused&) {
+        // a schedule PreMulSum calls do not use: they take the built-in table's (prewarmed with it)
       } catch (const RtError& e) {
         std::lock_guard<std::mutex> g(err_mu);
         if (!first) first = e;
@@ -359,7 +379,7 @@ mkResult_t mkRedOpCreatePreMulSum(mkRedOp_t* op, void* scalar, mkDataType_t data
 
 mkResult_t mkRedOpDestroy(mkRedOp_t op, mkComm_t comm) {
   return guard(comm, [&] {
-    auto c = ready(comm, "mkRedOpDestroy");
+    auto c = acquire(comm);  // also on a communicator that failed: the handle is freed
     if (int(op) >= 0 && int(op) < mkNumOps)
       fail(mkInvalidArgument, fmt::format("mkRedOpDestroy: op {} is a built-in op, not one from "
                                           "mkRedOpCreatePreMulSum",

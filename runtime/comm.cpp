@@ -593,17 +593,29 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
     // not scale every input once (PrologueRefused). Those calls take the
     // built-in table's schedule instead (staged, proved for PreMulSum), the
     // same on every rank.
+    // Above the table's rank counts, the bandwidth-optimal staged schedule.
     auto builtin = [&](const std::string& why) {
       const SelectEntry* e = lookup(builtin_select(), coll, nranks, bytes, false);
-      if (!e || e->schedule == choice.schedule) fail(mkInvalidUsage, why);
+      Choice next = e ? Choice{e->schedule, e->min_bytes, e->max_bytes, e->tune}
+                      : Choice{coll == Collective::reduce ? "reduce.direct" : std::string(name(coll)) + ".ring", 0,
+                               -1, ""};
+      if (next.schedule == choice.schedule) fail(mkInvalidUsage, why);
       debug_log(fmt::format("rank {}: PreMulSum {} of {} bytes: {}; using {}", rank, name(coll), bytes, why,
-                            e->schedule));
-      choice = Choice{e->schedule, e->min_bytes, e->max_bytes, e->tune};
+                            next.schedule));
+      // the sizes both ranges hold: other sizes look again (their own choice may serve)
+      next.lo = std::max(next.lo, choice.lo);
+      next.hi = next.hi < 0 ? choice.hi : choice.hi < 0 ? next.hi : std::min(next.hi, choice.hi);
+      choice = next;
     };
-    if (info && info->copy_engine) builtin(choice.schedule + " moves data with copy engines, which cannot scale it");
+    const std::string refused_key = fmt::format("{}|{}", choice.schedule, choice.tune);
+    if (info && info->copy_engine)
+      builtin(choice.schedule + " moves data with copy engines, which cannot scale it");
+    else if (auto it = plans.premul_refused.find(refused_key); it != plans.premul_refused.end())
+      builtin(it->second);  // refused before: not lowered again
     try {
       plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
     } catch (const PrologueRefused& e) {
+      plans.premul_refused.emplace(refused_key, e.what());
       builtin(e.what());
       plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
     }

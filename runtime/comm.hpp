@@ -140,6 +140,9 @@ struct PlanCache {
   static constexpr size_t kSlots = size_t(kNumCollectives) * kNumDTypes * kNumRedOps;
   std::vector<Range> fast[2][kSlots];  // [zero-copy][collective, dtype, op]
   std::vector<std::unique_ptr<PlanInstance>> owned;
+  // Schedules (with their knobs) whose PreMulSum plans the compiler refused
+  // (verify_prologue): why, so that other sizes fall back without lowering again.
+  std::map<std::string, std::string> premul_refused;
   std::mutex res_mu;
   std::vector<std::unique_ptr<Resources>> resources;
   // This communicator's part of the arena (offsets from its base): all of it,

@@ -219,24 +219,32 @@ void check_scalar_pointer(Comm& c, const void* ptr, size_t bytes, const char* ap
 
 namespace {
 
+// A PreMulSum call's op: live on this communicator, of the call's dtype; its
+// scalar is taken now (a call keeps it, whatever happens to the op later).
+// Caller holds c->mu.
+void resolve_premul_locked(Pending& p) {
+  if (p.op != RedOp::premulsum) return;
+  Comm* c = p.c.get();
+  const char* api = api_name_of(p.k.coll);
+  const size_t i = size_t(p.k.op) - size_t(mkNumOps);
+  if (i >= c->premuls.size() || !c->premuls[i].live)
+    fail(mkInvalidArgument, fmt::format("{}: reduction op {} is neither a built-in mkRedOp_t nor a PreMulSum op of "
+                                        "this communicator (destroyed, or created on another communicator?)",
+                                        api, p.k.op));
+  const Comm::PreMul& m = c->premuls[i];
+  if (m.dtype != p.dt)
+    fail(mkInvalidArgument, fmt::format("{}: PreMulSum op {} was created for {}, but the call's datatype is {}", api,
+                                        p.k.op, name(m.dtype), name(p.dt)));
+  p.prescale = m.value;
+  p.prescale_ptr = m.ptr;
+}
+
 // The checks that read communicator state; caller holds c->mu.
 void check_locked(Pending& p) {
   Comm* c = p.c.get();
   const Call& k = p.k;
   const char* api = api_name_of(k.coll);
-  if (p.op == RedOp::premulsum) {
-    const size_t i = size_t(k.op) - size_t(mkNumOps);
-    if (i >= c->premuls.size() || !c->premuls[i].live)
-      fail(mkInvalidArgument, fmt::format("{}: reduction op {} is neither a built-in mkRedOp_t nor a PreMulSum op of "
-                                          "this communicator (destroyed, or created on another communicator?)",
-                                          api, k.op));
-    const Comm::PreMul& m = c->premuls[i];
-    if (m.dtype != p.dt)
-      fail(mkInvalidArgument, fmt::format("{}: PreMulSum op {} was created for {}, but the call's datatype is {}", api,
-                                          k.op, name(m.dtype), name(p.dt)));
-    p.prescale = m.value;
-    p.prescale_ptr = m.ptr;
-  }
+  resolve_premul_locked(p);
   if (p.need_send) check_device_memory(*c, k.send, p.in_bytes, "sendbuff", api);
   if (p.need_recv) check_device_memory(*c, k.recv, p.out_bytes, "recvbuff", api);
   // Zero-copy kernels read peers' inputs, whose scalars only their owners
@@ -391,7 +399,11 @@ void launch_locked(Pending& p, PlanInstance& inst) {
 void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream) {
   std::shared_ptr<Comm> c = acquire(comm);
   Pending p = validate(k, c, stream);
-  if (k.count == 0) return;
+  if (k.count == 0) {  // nothing to do, but a bad op handle is still an error
+    std::lock_guard<std::mutex> lock(c->mu);
+    resolve_premul_locked(p);
+    return;
+  }
   std::lock_guard<std::mutex> lock(c->mu);  // the one lock of the hot path
   check_locked(p);
   if (t_group.depth > 0) {

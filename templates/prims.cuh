@@ -88,12 +88,23 @@ struct Combine {
     else
       return C(1);
   }
+  // A source in the compute type; through the prologue, rounded to the dtype
+  // as a copy of it into scratch would store it, so every rank adds the very
+  // same terms whichever rank scaled them (bit-identical results).
   MK_DEV static C in(T v, C f) {
     if constexpr (kPre)
-      return red_pre<C>(Compute<T>::load(v), f);
+      return rounded(red_pre<C>(Compute<T>::load(v), f));
     else
       return Compute<T>::load(v);
   }
+  MK_DEV static C rounded(C x) {
+    if constexpr (sizeof(T) == 1 && !IsInt<T>::value)
+      return rounded_fp8(x);
+    else
+      return Compute<T>::load(Compute<T>::store(x));  // the identity where C is T
+  }
+  // Called, not inlined: fp8's conversions are long (see scaled below).
+  __device__ __noinline__ static C rounded_fp8(C x) { return Compute<T>::load(Compute<T>::store(x)); }
 
   // out := load(0) op load(1) op ... op load(ns - 1), left to right in the
   // compute type (each source through the prologue), finalised if FINAL.
@@ -109,7 +120,6 @@ struct Combine {
     U u;
     u.v = load(0);
     C acc[E];
-#pragma unroll
     const C f0 = factor(p, 0);
 #pragma unroll
     for (int i = 0; i < E; ++i) acc[i] = in(u.e[i], f0);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -191,8 +192,28 @@ class Sim {
         res.max_err = c.max_err;
         res.max_tol = c.max_tol;
       }
+      // Every rank's all-reduce result is the same bits (DESIGN: semantics),
+      // whatever rounding the tolerance above allows.
+      if (s_.coll == Collective::allreduce) {
+        auto& first = same_[m.launch];
+        if (first.second.empty()) {
+          first = {r, std::vector<uint8_t>(m.out, m.out + m.out_bytes)};
+        } else {
+          int64_t differ = 0, at = -1;
+          for (int64_t e = 0; e < m.out_bytes / es_; ++e)
+            if (std::memcmp(m.out + e * es_, first.second.data() + e * es_, size_t(es_)) != 0) {
+              if (at < 0) at = e;
+              ++differ;
+            }
+          if (differ && res.mismatches == 0)
+            res.first_bad = fmt::format("launch {}: rank {} element {} differs bit-wise from rank {}'s ({} element(s))",
+                                        m.launch, r, at, first.first, differ);
+          res.mismatches += differ;
+        }
+      }
     }
   }
+  std::map<int32_t, std::pair<int32_t, std::vector<uint8_t>>> same_;  // launch -> (first rank checked, its output)
 
   uint64_t& flag(int32_t rank, int32_t inst, int32_t slot) {
     return mem_[rank].flags[size_t(inst) * s_.slots + slot];
@@ -255,8 +276,9 @@ class Sim {
         std::memcpy(&v, src[k] + e * sizeof(T), sizeof(T));
         C x = dev::Compute<T>::load(v);
         if constexpr (K == dev::kRedPreMulSum)
-          if (op.srcs[k].buf == Buf::input)
-            x = dev::red_pre<C>(x, dev::Compute<T>::load(Typed<T>::from_double(prescale_of(o_.dtype, op.srcs[k].rank))));
+          if (op.srcs[k].buf == Buf::input)  // rounded to the dtype, as the kernel does (every rank adds the same terms)
+            x = dev::Compute<T>::load(dev::Compute<T>::store(
+                dev::red_pre<C>(x, dev::Compute<T>::load(Typed<T>::from_double(prescale_of(o_.dtype, op.srcs[k].rank))))));
         return x;
       };
       C acc = load(0);

@@ -59,6 +59,37 @@ void run(const Schedule& s, bool inplace) {
   const std::string who =
       fmt::format("{} ({} ranks, {}, PreMulSum)", s.name.empty() ? std::string(name(s.coll)) : s.name, s.nranks, mode);
   Cells cells(s, inplace);
+  // In place, a copy of an input chunk onto its own output alias writes
+  // nothing for a sum, so insert_sync orders nothing against it; a PreMulSum
+  // kernel writes the scaled value there. Sound only while no other op reads
+  // that location (the input or its alias), before or after.
+  if (inplace) {
+    std::unordered_map<const State*, size_t> self;  // location -> the op copying it onto itself
+    for (size_t oi = 0; oi < s.ops.size(); ++oi) {
+      const Op& op = s.ops[oi];
+      if (op.kind != ir::OpKind::copy || op.srcs.empty() || op.srcs[0].buf != Buf::input) continue;
+      for (int32_t k = 0; k < op.count(); ++k)
+        for (const Ref& d : op.dsts)
+          if (&cells.at(d.at(k)) == &cells.at(op.srcs[0].at(k))) self.emplace(&cells.at(d.at(k)), oi);
+    }
+    if (!self.empty())
+      for (size_t oi = 0; oi < s.ops.size(); ++oi) {
+        const Op& op = s.ops[oi];
+        if (!op.is_data()) continue;
+        for (const Ref& src : op.srcs)
+          for (int32_t k = 0; k < op.count(); ++k) {
+            auto it = self.find(&cells.at(src.at(k)));
+            if (it == self.end() || it->second == oi) continue;
+            const Op& c = s.ops[it->second];
+            throw Error(ErrId::verify_E018,
+                        fmt::format("{}: {} copies input {} onto itself (its in-place output), which a PreMulSum "
+                                    "kernel must write (the scaled value), unordered with {}, which also reads {}",
+                                    who, describe_op(s, it->second), ir::to_string(c.srcs[0]), describe_op(s, oi),
+                                    ir::to_string(src.at(k))),
+                        c.loc, "copy the input into scratch or another chunk instead of onto itself");
+          }
+      }
+  }
   std::vector<State> result;
   for (size_t oi = 0; oi < s.ops.size(); ++oi) {
     const Op& op = s.ops[oi];

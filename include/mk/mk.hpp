@@ -246,7 +246,8 @@ class Communicator {
     return Registration(c_, h);
   }
 
-  // PreMulSum ops: the scalar's value now (T is the dtype the op serves), or
+  // PreMulSum ops: the scalar's value now (T is the dtype the op serves:
+  // premul_sum(0.5f) for fp32 calls; 0.5 would make an fp64 op), or
   // a scalar in GPU memory that each call's kernel reads when it runs.
   template <typename T>
   [[nodiscard]] PreMulSum premul_sum(T scalar) {
@@ -293,6 +294,10 @@ class Communicator {
   template <typename T>
   void reduce_scatter(const T* send, T* recv, size_t count, const PreMulSum& op, cudaStream_t s) {
     reduce_scatter(send, recv, count, DataType<T>::value, op.op(), s);
+  }
+  template <typename T>
+  void reduce(const T* send, T* recv, size_t count, const PreMulSum& op, int root, cudaStream_t s) {
+    reduce(send, recv, count, DataType<T>::value, op.op(), root, s);
   }
   template <typename T>
   void all_gather(const T* send, T* recv, size_t count, cudaStream_t s) {

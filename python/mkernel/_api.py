@@ -49,15 +49,19 @@ def _fp8_decode(code, ebits, mbits):
 
 
 def _fp8_encode(x, ebits, mbits):
-    """Nearest fp8 code (ties to an even code), saturating to the largest
-    finite value, as mKernel's device conversions do."""
-    best, err = 0, math.inf
-    for code in range(256):
-        v = _fp8_decode(code, ebits, mbits)
-        if math.isnan(v) or math.isinf(v):
-            continue
+    """Nearest fp8 code (ties to the even mantissa; zero is +0), saturating
+    to the largest finite value, as mKernel's device conversions do. A
+    non-finite scalar is refused."""
+    if math.isnan(x) or math.isinf(x):
+        raise ValueError("a PreMulSum scalar must be finite")
+    finite = [(code, _fp8_decode(code, ebits, mbits)) for code in range(256)]
+    finite = [(c, v) for c, v in finite if not (math.isnan(v) or math.isinf(v))]
+    top = max(v for _, v in finite)
+    x = max(-top, min(top, x))  # saturate first: far out, every distance rounds alike
+    best, err = None, math.inf
+    for code, v in finite:
         d = abs(v - x)
-        if d < err or (d == err and code % 2 == 0):
+        if d < err or (d == err and best % 2 == 1 and code % 2 == 0):
             best, err = code, d
     return best
 
@@ -68,6 +72,8 @@ def _scalar_bytes(x, code):
         fmt = {0: "b", 1: "B", 2: "i", 3: "I", 4: "q", 5: "Q"}[code]
         return struct.pack("<" + fmt, int(x))
     x = float(x)
+    if math.isnan(x) or math.isinf(x):
+        raise ValueError("a PreMulSum scalar must be finite")
     if code == 6:
         return struct.pack("<e", x)
     if code == 7:
@@ -441,13 +447,25 @@ class Communicator:
 
     def prewarm(self, dtypes=("bf16", "fp16", "fp32"), ops=("sum",), threads=0):
         """Compiles (or loads) every plan this communicator may pick for the
-        six collectives in these dtypes and ops, on `threads` threads (0: all
-        cores), so the first collective does not wait for NVRTC."""
+        six collectives in these dtypes and ops ("premulsum" included), on
+        `threads` threads (0: all cores), so the first collective does not
+        wait for NVRTC."""
         d = [dtype_code(x) for x in dtypes]
-        o = [op_code(x) for x in ops]
+        temp = []  # "premulsum": a PreMulSum op made for the call (one plan per dtype serves every scalar)
+        o = []
+        for x in ops:
+            if isinstance(x, str) and x.lower() in ("premulsum", "premul_sum"):
+                temp.append(self.premul_sum(1, "fp32"))
+                o.append(temp[-1])
+            else:
+                o.append(op_code(x))
         da = (ctypes.c_int * max(len(d), 1))(*d)
         oa = (ctypes.c_int * max(len(o), 1))(*o)
-        call("mkCommPrewarm", self._live(), da, len(d), oa, len(o), int(threads), comm=self._h)
+        try:
+            call("mkCommPrewarm", self._live(), da, len(d), oa, len(o), int(threads), comm=self._h)
+        finally:
+            for h in temp:
+                self.destroy_op(h)
 
     def premul_sum(self, scalar, dtype):
         """A PreMulSum op (mkRedOpCreatePreMulSum): all_reduce, reduce and

@@ -332,6 +332,8 @@ def _op_for(c, op, t):
         yield op
         return
     f = op.factor
+    if not t.is_floating_point():  # as torch's NCCL backend: a factor would truncate to an integer
+        raise ValueError("PREMUL_SUM needs a floating-point tensor, not %s" % t.dtype)
     if torch.is_tensor(f):
         # the kernel reads the scalar on the call's stream, after this copy
         f = f.to(device=t.device, dtype=t.dtype).reshape(1)

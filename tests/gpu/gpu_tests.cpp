@@ -431,7 +431,8 @@ void premulsum(World& w) {
           s.count = count;
           s.inplace = inplace;
           s.root = c == Collective::reduce ? w.nranks - 1 : 0;
-          s.seed = uint64_t(count * 7 + int(t) * 3 + int(c)) * 2 + (inplace ? 1 : 0);
+          // the seed's parity picks the scalar's residence (premul_op): both with both placements
+          s.seed = uint64_t(count * 7 + int(t) * 3 + int(c)) * 2 + uint64_t((count + int(t) + (inplace ? 1 : 0)) & 1);
           run_checked(w, s);
         }
     }

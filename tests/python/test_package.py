@@ -299,8 +299,16 @@ class Package(unittest.TestCase):
                 comms[0].destroy_op(ops[0])
             except mkernel.MkError as e:
                 print("ERR3", e)
+            comms[0].prewarm(dtypes=["fp64"], ops=["sum", "premulsum"], threads=2)  # a temporary op, then freed
+            print("AFTER PREWARM", comms[0].premul_sum(1.0, "fp64"))  # handle 5 is free again
             print("BYTES", _api._scalar_bytes(1.25, 9).hex(), _api._scalar_bytes(1.75, 10).hex(),
                   _api._scalar_bytes(1000, 10).hex(), _api._scalar_bytes(-3, 2).hex())
+            print("FP8", _api._scalar_bytes(0.0, 10).hex(), _api._scalar_bytes(1e30, 11).hex(),
+                  _api._scalar_bytes(-1e30, 10).hex())
+            try:
+                comms[0].premul_sum(float("inf"), "fp8e4m3")
+            except mkernel.MkError as e:
+                print("ERR4", e)
             for c in comms:
                 c.destroy()
         """, env=fake_env(cache))
@@ -310,6 +318,13 @@ class Package(unittest.TestCase):
         self.assertIn("not a live PreMulSum op", p.stdout)
         # bf16 1.25 = 0x3fa0, e4m3 1.75 = 0x3e, 1000 saturates to 448 = 0x7e
         self.assertIn("BYTES a03f 3e 7e fdffffff", p.stdout)
+        self.assertIn("AFTER PREWARM 5", p.stdout)
+        # +0 (not -0) for zero; far out saturates to the largest finite value (e5m2 57344, e4m3 -448)
+        self.assertIn("FP8 00 7b fe", p.stdout)
+        self.assertIn("must be finite", p.stdout)
+        plans = [open(os.path.join(cache, "plans", d, "plan.json")).read() for d in os.listdir(os.path.join(cache, "plans"))]
+        # only prewarm made fp64 PreMulSum plans (the calls above are bf16)
+        self.assertTrue(any('"premulsum"' in t and '"fp64"' in t for t in plans))
 
     def test_prewarm(self):
         cache = os.path.join(TMP, "c-prewarm")

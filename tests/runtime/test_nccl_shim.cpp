@@ -190,6 +190,42 @@ TEST_CASE("nccl shim: collectives run on mKernel, sends and fallbacks on the rea
           ncclInvalidArgument);
     for (int r = 0; r < 2; ++r) CHECK(SHIM_FN(s, ncclRedOpDestroy)(op, pair.comms[r]) == ncclSuccess);
     CHECK(SHIM_FN(s, ncclRedOpDestroy)(op, pair.comms[0]) == ncclInvalidArgument);
+    // Inside a group, a call keeps its op: destroyed right after the call
+    // (as torch's coalesced calls do) and another op made in its slot, each
+    // call still runs with its own scalar at ncclGroupEnd.
+    {
+      const float a[2] = {0.5f, 0.75f}, b[2] = {0.25f, 0.125f};
+      REQUIRE(SHIM_FN(s, ncclGroupStart)() == ncclSuccess);
+      for (int r = 0; r < 2; ++r) {
+        void* q = pair.bufs[size_t(r)]->ptr();
+        ncclRedOp_t x = ncclSum, y = ncclSum;
+        CHECK(SHIM_FN(s, ncclRedOpCreatePreMulSum)(&x, const_cast<float*>(&a[r]), ncclFloat32, ncclScalarHostImmediate,
+                                                   pair.comms[r]) == ncclSuccess);
+        CHECK(SHIM_FN(s, ncclAllReduce)(q, q, 64, ncclFloat32, x, pair.comms[r], pair.devs[size_t(r)]->stream) ==
+              ncclSuccess);
+        CHECK(SHIM_FN(s, ncclRedOpDestroy)(x, pair.comms[r]) == ncclSuccess);
+        CHECK(SHIM_FN(s, ncclRedOpCreatePreMulSum)(&y, const_cast<float*>(&b[r]), ncclFloat32, ncclScalarHostImmediate,
+                                                   pair.comms[r]) == ncclSuccess);
+        CHECK(int(y) != int(x));  // the slot is still held by the group's call
+        CHECK(SHIM_FN(s, ncclAllReduce)(q, q, 32, ncclFloat32, y, pair.comms[r], pair.devs[size_t(r)]->stream) ==
+              ncclSuccess);
+        CHECK(SHIM_FN(s, ncclRedOpDestroy)(y, pair.comms[r]) == ncclSuccess);
+      }
+      const int64_t before = mkt::counts().launches;
+      REQUIRE_MESSAGE(SHIM_FN(s, ncclGroupEnd)() == ncclSuccess, SHIM_FN(s, ncclGetLastError)(nullptr));
+      CHECK(mkt::counts().launches == before + 4);
+      const mkfake_launch last = mkt::last_launch();  // rank 1's second call
+      uint32_t want = 0;
+      std::memcpy(&want, &b[1], 4);
+      CHECK(uint32_t(last.args.prescale) == want);
+      CHECK(last.args.count == 32);
+      // after the group both ops are gone: their handles are free again
+      ncclRedOp_t z = ncclSum;
+      CHECK(SHIM_FN(s, ncclRedOpCreatePreMulSum)(&z, const_cast<float*>(&a[0]), ncclFloat32, ncclScalarHostImmediate,
+                                                 pair.comms[0]) == ncclSuccess);
+      CHECK(int(z) == 5);
+      CHECK(SHIM_FN(s, ncclRedOpDestroy)(z, pair.comms[0]) == ncclSuccess);
+    }
     CHECK(pair.allreduce() == 2);  // and plain ones stay on mKernel
     CHECK_FALSE(has(fake_log(), "AllReduce"));
   }

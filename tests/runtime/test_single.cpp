@@ -1,5 +1,7 @@
 // One process: one rank, and ranks of mkCommInitAll.
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -300,6 +302,9 @@ TEST_CASE("PreMulSum ops: a call passes its rank's scalar (by value or device po
     fails(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat16, op, comm, dev.stream), "created for fp32");
     fails(mkAllReduce(in.ptr(), out.ptr(), 256, mkFloat32, mkRedOp_t(int(mkNumOps) + 7), comm, dev.stream),
           "neither a built-in");
+    fails(mkAllReduce(in.ptr(), out.ptr(), 0, mkFloat32, mkRedOp_t(int(mkNumOps) + 7), comm, dev.stream),
+          "neither a built-in");  // count 0 does nothing, but a bad handle is still an error
+    CHECK(mkAllReduce(in.ptr(), out.ptr(), 0, mkFloat32, op, comm, dev.stream) == mkSuccess);
     mkRedOp_t tmp;
     fails(mkRedOpCreatePreMulSum(nullptr, &half, mkFloat32, mkScalarHostImmediate, comm), "op is NULL");
     fails(mkRedOpCreatePreMulSum(&tmp, nullptr, mkFloat32, mkScalarHostImmediate, comm), "scalar is NULL");
@@ -356,4 +361,41 @@ TEST_CASE("C++ API: PreMulSum ops by value and on the device serve typed calls, 
   }
   const std::string leaked = mkt::leaks(before, mkt::counts());
   CHECK_MESSAGE(leaked.empty(), leaked);
+}
+
+TEST_CASE("mkCommPrewarm with a PreMulSum op compiles premulsum plans, and refuses a handle the communicator never made") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  char tmpl[] = "/tmp/mkt_prewarm_pm.XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const char* old = std::getenv("MK_CACHE_DIR");
+  const std::string keep = old ? old : "";
+  setenv("MK_CACHE_DIR", dir.c_str(), 1);  // read at every compile: this test's plans land here
+  mkComm_t comm = mkt::one_rank();
+  double two = 2.0;
+  mkRedOp_t pm = mkSum;
+  REQUIRE(mkRedOpCreatePreMulSum(&pm, &two, mkFloat64, mkScalarHostImmediate, comm) == mkSuccess);
+  const mkDataType_t f64[] = {mkFloat64};
+  const mkRedOp_t bogus[] = {mkRedOp_t(int(mkNumOps) + 3)};
+  CHECK(mkCommPrewarm(comm, f64, 1, bogus, 1, 0) == mkInvalidArgument);
+  CHECK(std::string(mkGetLastError(comm)).find("neither a built-in mkRedOp_t nor a PreMulSum op") != std::string::npos);
+  const mkRedOp_t ops[] = {pm};
+  const int64_t launches = mkt::counts().launches;
+  REQUIRE_MESSAGE(mkCommPrewarm(comm, f64, 1, ops, 1, 2) == mkSuccess, mkGetLastError(comm));
+  CHECK(mkt::counts().launches == launches);
+  int premul_plans = 0, sum_plans = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir) / "plans")) {
+    std::ifstream f(e.path() / "plan.json");
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    premul_plans += text.find("\"premulsum\"") != std::string::npos;
+    sum_plans += text.find("\"sum\"") != std::string::npos;
+  }
+  CHECK(premul_plans >= 2);  // all-reduce, reduce-scatter, reduce at least
+  CHECK(sum_plans >= 1);     // the collectives that do not reduce: one plan for every op
+  CHECK(mkRedOpDestroy(pm, comm) == mkSuccess);
+  CHECK(mkCommDestroy(comm) == mkSuccess);
+  if (old) setenv("MK_CACHE_DIR", keep.c_str(), 1);
+  else unsetenv("MK_CACHE_DIR");
+  std::filesystem::remove_all(dir);
 }

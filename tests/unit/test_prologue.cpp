@@ -77,8 +77,9 @@ TEST_CASE("verify_prologue: an input read after its in-place output was written,
           "in-place alias, an output never scaled, a collective that does not reduce") {
   SUBCASE("input read after the in-place output overwrote it") {
     dsl::Program p(Collective::allreduce, 1, 0, "test.reread");
-    p.copy(p.output(0, 0), p.input(0, 0));
     p.copy(p.scratch(0, 0), p.input(0, 0));
+    p.copy(p.output(0, 0), p.scratch(0, 0));
+    p.copy(p.scratch(0, 1), p.input(0, 0));
     const auto c = catch_error([&] { verify::verify_prologue(p.ir()); });
     CHECK(c.id == "mk.verify.E018");
     CHECK(contains(c.message, "in-place"));
@@ -92,6 +93,28 @@ TEST_CASE("verify_prologue: an input read after its in-place output was written,
     const auto c = catch_error([&] { verify::verify_prologue(p.ir()); });
     CHECK(c.id == "mk.verify.E018");
     CHECK(contains(c.message, "unscaled"));
+  }
+  SUBCASE("in place, a copy of an input onto itself that another op also reads") {
+    // For a sum the self-copy writes nothing, so nothing orders it with the
+    // send; a PreMulSum kernel writes the scaled value there (the review's
+    // race: simulated in place it scaled the input twice).
+    dsl::Program p(Collective::allreduce, 2, 0, "test.self_copy");
+    for (int r = 0; r < 2; ++r) p.copy(p.scratch(1 - r, 0), p.input(r, 0), dsl::on(r, 1));
+    for (int r = 0; r < 2; ++r) p.copy(p.output(r, 0), p.input(r, 0), dsl::on(r, 0));
+    for (int r = 0; r < 2; ++r) p.reduce(p.output(r, 0), {p.output(r, 0), p.scratch(r, 0)}, dsl::on(r, 0));
+    CHECK(!catch_error([&] { verify::verify_semantics(p.ir()); }));  // a proved schedule for a sum
+    const auto c = catch_error([&] { verify::verify_prologue(p.ir()); });
+    CHECK(c.id == "mk.verify.E018");
+    CHECK(contains(c.message, "onto itself"));
+    CHECK(contains(c.message, "also reads"));
+    // and compile_plan refuses it for PreMulSum (it compiled, and simulated wrong, before)
+    compiler::LowerOptions lo;
+    const auto l = compiler::lower(p.ir(), lo);
+    verify::SimOptions so;
+    so.op = RedOp::premulsum;
+    so.inplace = true;
+    so.count = 1000;
+    CHECK(catch_error([&] { verify::simulate(l.variants.front(), so); }).id == "mk.verify.E018");
   }
   SUBCASE("a peer's input, read on another rank") {
     dsl::Program p(Collective::allreduce, 2, 0, "test.peer");
