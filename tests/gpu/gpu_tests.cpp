@@ -343,6 +343,25 @@ void run_checked(World& w, const CallSpec& s, int launch = 0) {
   for (size_t i = 0; i < w.local.size(); ++i) {
     CK_CUDA(cudaSetDevice(w.local[i].device));
     check(w, w.local[i], s, bufs[i], launch);
+  }
+  // Every rank's all-reduce result is the same bits (the tolerance above
+  // would let ranks that round differently through): the ranks this process
+  // holds, compared with the first.
+  if (s.coll == Collective::allreduce && w.local.size() > 1 && s.count > 0) {
+    const size_t bytes = size_t(s.count) * dtype_size(s.dtype);
+    std::vector<char> first(bytes), other(bytes);
+    CK_CUDA(cudaSetDevice(w.local[0].device));
+    CK_CUDA(cudaMemcpy(first.data(), bufs[0].recv, bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 1; i < w.local.size(); ++i) {
+      CK_CUDA(cudaSetDevice(w.local[i].device));
+      CK_CUDA(cudaMemcpy(other.data(), bufs[i].recv, bytes, cudaMemcpyDeviceToHost));
+      if (std::memcmp(first.data(), other.data(), bytes) != 0)
+        throw Failure(describe(s, w.nranks) + ": rank " + std::to_string(w.local[i].rank) +
+                      "'s result differs bit-wise from rank " + std::to_string(w.local[0].rank) + "'s");
+    }
+  }
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
     bufs[i].in.free();
     bufs[i].out.free();
   }
