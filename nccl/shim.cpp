@@ -600,13 +600,17 @@ ncclResult_t run_real(const Call& k) {
 ncclResult_t hold_premul(Call& k) {
   if (t_depth == 0) return ncclSuccess;
   std::lock_guard<std::mutex> g(k.comm->mu);
-  ++k.comm->premuls[size_t(int(k.op) - int(ncclNumOps))].pending;
+  ncclComm::PreMul& e = k.comm->premuls[size_t(int(k.op) - int(ncclNumOps))];
+  if (!e.live || e.mk != k.mk_op)  // destroyed (and made again) by another thread meanwhile
+    return fail(ncclInvalidArgument, "reduction op %d was destroyed while this call used it", int(k.op));
+  ++e.pending;
   k.held = true;
   return ncclSuccess;
 }
 
 // Frees what a destroyed op still held for `k`, once no group call needs it.
 void free_premul(const ncclComm::PreMul& m, ncclComm_t comm) {
+  if (comm->dead.load()) return;  // destroyed meanwhile: its ops went with it
   if (m.mk >= 0 && comm->mk) g_mk.RedOpDestroy(mkRedOp_t(m.mk), comm->mk);
   if (m.has_real && g_real.RedOpDestroy && comm->real) g_real.RedOpDestroy(m.real, comm->real);
 }
@@ -1042,11 +1046,13 @@ MK_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, 
                                                    mkDataType_t(datatype), mkScalarResidence_t(residence), comm->mk);
     // A scalar mKernel does not take (device residence in memory it does not
     // serve, e.g. pinned host memory) is NCCL's to judge: its calls go there.
-    if (r == mkSuccess)
+    if (r == mkSuccess) {
       m.mk = int(mop);
-    else
-      debug("ncclRedOpCreatePreMulSum: mKernel refused the scalar (%s); calls with this op go to NCCL",
-            g_mk.GetLastError(comm->mk));
+    } else {
+      const std::string why = g_mk.GetLastError(comm->mk);
+      if (need_real(api) != ncclSuccess) return fail(ncclResult_t(r), "%s", why.c_str());  // nobody else to ask
+      debug("ncclRedOpCreatePreMulSum: mKernel refused the scalar (%s); calls with this op go to NCCL", why.c_str());
+    }
   }
   std::lock_guard<std::mutex> g(comm->mu);
   size_t i = 0;

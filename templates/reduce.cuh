@@ -61,10 +61,33 @@ MK_HD C red_apply(C a, C b) {
   }
 }
 
-// PreMulSum's prologue: an input element times its rank's scalar.
+// A product rounded on its own: never fused with a following add into one
+// fused multiply-add (NVVM contracts `a + x * f` by default, which rounds
+// once where a rank that adds a stored product rounds twice).
+MK_HD float mul_rn(float a, float b) {
+#if MK_DEVICE_CODE && defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MK_HD double mul_rn(double a, double b) {
+#if MK_DEVICE_CODE && defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// PreMulSum's prologue: an input element times its rank's scalar. Floats
+// round the product by itself, so that the rank that scales its own input
+// in registers adds exactly the value its peers read back from scratch.
 template <typename C>
 MK_HD C red_pre(C v, C scale) {
-  return red_apply<kRedProd, C>(v, scale);
+  if constexpr (IsInt<C>::value)
+    return red_apply<kRedProd, C>(v, scale);
+  else
+    return mul_rn(v, scale);
 }
 
 // Applied once, by the operation that completes a reduction (avg only).

@@ -49,7 +49,7 @@ def _fp8_decode(code, ebits, mbits):
 
 
 def _fp8_encode(x, ebits, mbits):
-    """Nearest fp8 code (ties to the even mantissa; zero is +0), saturating
+    """Nearest fp8 code (ties to the even mantissa; zeros keep their sign), saturating
     to the largest finite value, as mKernel's device conversions do. A
     non-finite scalar is refused."""
     if math.isnan(x) or math.isinf(x):
@@ -63,6 +63,8 @@ def _fp8_encode(x, ebits, mbits):
         d = abs(v - x)
         if d < err or (d == err and best % 2 == 1 and code % 2 == 0):
             best, err = code, d
+    if best == 0 and math.copysign(1.0, x) < 0:
+        best = 0x80  # -0.0, and negatives that round to zero, keep their sign (as the device's conversion)
     return best
 
 

@@ -304,7 +304,7 @@ class Package(unittest.TestCase):
             print("BYTES", _api._scalar_bytes(1.25, 9).hex(), _api._scalar_bytes(1.75, 10).hex(),
                   _api._scalar_bytes(1000, 10).hex(), _api._scalar_bytes(-3, 2).hex())
             print("FP8", _api._scalar_bytes(0.0, 10).hex(), _api._scalar_bytes(1e30, 11).hex(),
-                  _api._scalar_bytes(-1e30, 10).hex())
+                  _api._scalar_bytes(-1e30, 10).hex(), _api._scalar_bytes(-0.0, 10).hex())
             try:
                 comms[0].premul_sum(float("inf"), "fp8e4m3")
             except mkernel.MkError as e:
@@ -319,8 +319,8 @@ class Package(unittest.TestCase):
         # bf16 1.25 = 0x3fa0, e4m3 1.75 = 0x3e, 1000 saturates to 448 = 0x7e
         self.assertIn("BYTES a03f 3e 7e fdffffff", p.stdout)
         self.assertIn("AFTER PREWARM 5", p.stdout)
-        # +0 (not -0) for zero; far out saturates to the largest finite value (e5m2 57344, e4m3 -448)
-        self.assertIn("FP8 00 7b fe", p.stdout)
+        # zeros keep their sign; far out saturates to the largest finite value (e5m2 57344, e4m3 -448)
+        self.assertIn("FP8 00 7b fe 80", p.stdout)
         self.assertIn("must be finite", p.stdout)
         plans = [open(os.path.join(cache, "plans", d, "plan.json")).read() for d in os.listdir(os.path.join(cache, "plans"))]
         # only prewarm made fp64 PreMulSum plans (the calls above are bf16)

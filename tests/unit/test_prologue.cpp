@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -247,4 +248,42 @@ TEST_CASE("compile: PreMulSum kernels compile for LL, Lamport, simple and wide o
   const auto c = catch_error(
       [&] { compiler::compile_plan(dsl::build(*dsl::find_schedule("allreduce.direct"), 2, 0), o); });
   CHECK(c.id == "mk.verify.E018");
+}
+
+TEST_CASE("compile: PreMulSum kernels round each scaled input by itself (no fused multiply-add), so ranks add equal terms") {
+  // A rank scales its own input in registers; its peers add the product it
+  // stored in their scratch. NVVM contracts `acc + x * f` into one fma,
+  // which rounds once: on the GPU the ranks then differed bit-wise (fp32,
+  // fp64). The CPU executor cannot see that, so look at the PTX.
+  const std::string nvcc = "/usr/local/cuda/bin/nvcc";
+  if (!mkt::have_nvrtc() || !std::filesystem::exists(nvcc)) {
+    MESSAGE("SKIPPED: needs NVRTC and " << nvcc);
+    return;
+  }
+  const std::filesystem::path repo = std::filesystem::path(mkt::test_dir()).parent_path();
+  mkt::TempDir d;
+  for (DType t : {DType::fp32, DType::fp64}) {
+    CAPTURE(mk::name(t));
+    compiler::CompileOptions o;
+    o.dtype = t;
+    o.op = RedOp::premulsum;
+    o.use_cache = false;
+    o.lower.max_bytes = 65536;  // the small-message kernel only (one-shot, every rank adds its own input in registers)
+    const plan::Plan p = compiler::compile_plan(dsl::build(*dsl::find_schedule("allreduce.one_shot"), 4, 0), o);
+    REQUIRE(p.kernels.size() == 1);
+    const auto cu = d / (std::string(mk::name(t)) + ".cu"), ptx = d / (std::string(mk::name(t)) + ".ptx");
+    mkt::write_text(cu, p.kernels[0].source);
+    const std::string cmd = fmt::format("{} -ptx -arch=sm_90 -std=c++17 -I{} -I{} -o {} {} 2>&1", nvcc,
+                                        (repo / "templates").string(), repo.string(), ptx.string(), cu.string());
+    REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, cmd);
+    const std::string text = mkt::read_text(ptx);
+    const std::string w = t == DType::fp32 ? "f32" : "f64";
+    auto count = [&](const std::string& what) {
+      size_t n = 0;
+      for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+      return n;
+    };
+    CHECK(count("fma.rn." + w) == 0);
+    CHECK(count("mul.rn." + w) > 0);
+  }
 }
