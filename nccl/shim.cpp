@@ -401,6 +401,11 @@ struct ncclComm {
     bool destroyed = false;
   };
   std::vector<PreMul> premuls;
+  // The slot of handle `op` (live or not), or null when there is none. Caller holds mu.
+  PreMul* premul_slot(int op) {
+    const int64_t i = int64_t(op) - int64_t(ncclNumOps);
+    return i >= 0 && i < int64_t(premuls.size()) ? &premuls[size_t(i)] : nullptr;
+  }
 };
 
 struct Clique {
@@ -600,10 +605,10 @@ ncclResult_t run_real(const Call& k) {
 ncclResult_t hold_premul(Call& k) {
   if (t_depth == 0) return ncclSuccess;
   std::lock_guard<std::mutex> g(k.comm->mu);
-  ncclComm::PreMul& e = k.comm->premuls[size_t(int(k.op) - int(ncclNumOps))];
-  if (!e.live || e.mk != k.mk_op)  // destroyed (and made again) by another thread meanwhile
+  ncclComm::PreMul* e = k.comm->premul_slot(int(k.op));
+  if (!e || !e->live || e->mk != k.mk_op)  // destroyed (and made again) by another thread meanwhile
     return fail(ncclInvalidArgument, "reduction op %d was destroyed while this call used it", int(k.op));
-  ++e.pending;
+  ++e->pending;
   k.held = true;
   return ncclSuccess;
 }
@@ -620,7 +625,7 @@ void release_premul(const Call& k) {
   ncclComm::PreMul done;
   {
     std::lock_guard<std::mutex> g(k.comm->mu);
-    ncclComm::PreMul& e = k.comm->premuls[size_t(int(k.op) - int(ncclNumOps))];
+    ncclComm::PreMul& e = *k.comm->premul_slot(int(k.op));  // held: the slot is still this op's
     if (--e.pending > 0 || !e.destroyed) return;
     done = e;
     e = ncclComm::PreMul{};
@@ -635,11 +640,11 @@ ncclResult_t resolve_premul(Call& k, const char* api) {
   ncclComm::PreMul m;
   {
     std::lock_guard<std::mutex> g(c->mu);
-    const size_t i = size_t(int(k.op) - int(ncclNumOps));
-    if (i >= c->premuls.size() || !c->premuls[i].live)
+    const ncclComm::PreMul* e = c->premul_slot(int(k.op));
+    if (!e || !e->live)
       return fail(ncclInvalidArgument, "%s: reduction op %d is neither a built-in ncclRedOp_t nor a PreMulSum op of "
                   "this communicator (destroyed, or created on another communicator?)", api, int(k.op));
-    m = c->premuls[i];
+    m = *e;
   }
   k.premul = true;
   k.mk_op = m.mk;
@@ -654,7 +659,7 @@ ncclResult_t resolve_premul(Call& k, const char* api) {
                                    "ncclRedOpCreatePreMulSum", c->real))
       return r;
     std::lock_guard<std::mutex> g(c->mu);
-    ncclComm::PreMul& e = c->premuls[size_t(int(k.op) - int(ncclNumOps))];
+    ncclComm::PreMul& e = *c->premul_slot(int(k.op));  // slots are never removed
     e.has_real = true;
     e.real = real;
     m = e;
@@ -1071,16 +1076,16 @@ MK_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   ncclComm::PreMul m;
   {
     std::lock_guard<std::mutex> g(comm->mu);
-    const size_t i = size_t(int64_t(op) - int64_t(ncclNumOps));
-    if (int(op) < int(ncclNumOps) || i >= comm->premuls.size() || !comm->premuls[i].live)
+    ncclComm::PreMul* e = comm->premul_slot(int(op));
+    if (!e || !e->live)
       return fail(ncclInvalidArgument, "%s: op %d is not a live PreMulSum op of this communicator", api, int(op));
-    m = comm->premuls[i];
+    m = *e;
     if (m.pending > 0) {  // group calls still use it: the last of them frees it (release_premul)
-      comm->premuls[i].live = false;
-      comm->premuls[i].destroyed = true;
+      e->live = false;
+      e->destroyed = true;
       return ncclSuccess;
     }
-    comm->premuls[i] = ncclComm::PreMul{};
+    *e = ncclComm::PreMul{};
   }
   if (m.mk >= 0 && comm->mk) {
     const mkResult_t r = g_mk.RedOpDestroy(mkRedOp_t(m.mk), comm->mk);

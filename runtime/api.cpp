@@ -242,8 +242,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
       RedOp op = RedOp::sum;
       if (int(ops[i]) >= int(mkNumOps)) {  // a PreMulSum handle: its kernels are one plan per dtype, whatever the scalar
         std::lock_guard<std::mutex> lock(c->mu);
-        const size_t k = size_t(int(ops[i]) - int(mkNumOps));
-        if (k >= c->premuls.size() || !c->premuls[k].live)
+        if (!c->premul(int(ops[i])))
           fail(mkInvalidArgument, fmt::format("mkCommPrewarm: reduction op {} is neither a built-in mkRedOp_t nor a "
                                               "PreMulSum op of this communicator",
                                               int(ops[i])));
@@ -273,8 +272,8 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
             if (!collective_reduces(coll) && op != rops.front()) continue;  // one plan serves every op
             if (!collective_reduces(coll) && op == RedOp::premulsum) op = RedOp::sum;
             // PreMulSum never runs on copy engines (create_instance takes the built-in table's choice)
-            if (op == RedOp::premulsum && dsl::find_schedule(s.schedule) && dsl::find_schedule(s.schedule)->copy_engine)
-              continue;
+            const dsl::ScheduleInfo* info = op == RedOp::premulsum ? dsl::find_schedule(s.schedule) : nullptr;
+            if (info && info->copy_engine) continue;
             jobs.push_back({s, coll, dt, op, "", ""});
           }
       // Copy-engine schedules compile no plan, but their kernels (the sync
@@ -385,12 +384,12 @@ mkResult_t mkRedOpDestroy(mkRedOp_t op, mkComm_t comm) {
                                           "mkRedOpCreatePreMulSum",
                                           int(op)));
     std::lock_guard<std::mutex> lock(c->mu);
-    const size_t i = size_t(int64_t(op) - int64_t(mkNumOps));
-    if (int(op) < 0 || i >= c->premuls.size() || !c->premuls[i].live)
+    Comm::PreMul* m = c->premul(int(op));
+    if (!m)
       fail(mkInvalidArgument, fmt::format("mkRedOpDestroy: op {} is not a live PreMulSum op of this communicator "
                                           "(destroyed twice, or created on another communicator?)",
                                           int(op)));
-    c->premuls[i] = Comm::PreMul{};
+    *m = Comm::PreMul{};
   });
 }
 

@@ -591,9 +591,9 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
     // Only a kernel that reads its own rank's input can scale it: the copy
     // engines cannot, and the compiler refuses schedules whose kernels would
     // not scale every input once (PrologueRefused). Those calls take the
-    // built-in table's schedule instead (staged, proved for PreMulSum), the
-    // same on every rank.
-    // Above the table's rank counts, the bandwidth-optimal staged schedule.
+    // built-in table's schedule instead (staged, proved for PreMulSum; above
+    // the table's rank counts the ring, or reduce.direct), the same on every
+    // rank.
     auto builtin = [&](const std::string& why) {
       const SelectEntry* e = lookup(builtin_select(), coll, nranks, bytes, false);
       Choice next = e ? Choice{e->schedule, e->min_bytes, e->max_bytes, e->tune}

@@ -245,6 +245,12 @@ class Comm {
     const void* ptr = nullptr;   // mkScalarDevice: where kernels read it
   };
   std::vector<PreMul> premuls;
+  // The live PreMulSum op with handle `op`, or null (a built-in op, a freed
+  // or foreign handle). Caller holds mu.
+  PreMul* premul(int op) {
+    const int64_t i = int64_t(op) - int64_t(mkNumOps);
+    return i >= 0 && i < int64_t(premuls.size()) && premuls[size_t(i)].live ? &premuls[size_t(i)] : nullptr;
+  }
   std::shared_ptr<Clique> clique;  // mkCommInitAll; null otherwise
 
   // ---- lifecycle and errors ----

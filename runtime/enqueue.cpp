@@ -226,12 +226,12 @@ void resolve_premul_locked(Pending& p) {
   if (p.op != RedOp::premulsum) return;
   Comm* c = p.c.get();
   const char* api = api_name_of(p.k.coll);
-  const size_t i = size_t(p.k.op) - size_t(mkNumOps);
-  if (i >= c->premuls.size() || !c->premuls[i].live)
+  const Comm::PreMul* found = c->premul(p.k.op);
+  if (!found)
     fail(mkInvalidArgument, fmt::format("{}: reduction op {} is neither a built-in mkRedOp_t nor a PreMulSum op of "
                                         "this communicator (destroyed, or created on another communicator?)",
                                         api, p.k.op));
-  const Comm::PreMul& m = c->premuls[i];
+  const Comm::PreMul& m = *found;
   if (m.dtype != p.dt)
     fail(mkInvalidArgument, fmt::format("{}: PreMulSum op {} was created for {}, but the call's datatype is {}", api,
                                         p.k.op, name(m.dtype), name(p.dt)));

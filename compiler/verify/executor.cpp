@@ -268,17 +268,21 @@ class Sim {
   template <typename T, int K>
   void compute(const Op& op, std::vector<uint8_t*>& src, std::vector<uint8_t*>& dst, int64_t len) {
     using C = typename dev::Compute<T>::type;
+    // PreMulSum's prologue: a source that is an input chunk is scaled by its
+    // rank's scalar (the kernel's rule, templates/kernel.cuh run_op).
+    std::vector<C> scale(src.size(), C(1));
+    if constexpr (K == dev::kRedPreMulSum)
+      for (size_t k = 0; k < src.size(); ++k)
+        if (op.srcs[k].buf == Buf::input)
+          scale[k] = dev::Compute<T>::load(Typed<T>::from_double(prescale_of(o_.dtype, op.srcs[k].rank)));
     for (int64_t e = 0; e < len; ++e) {
-      // PreMulSum's prologue: a source that is an input chunk is scaled by
-      // its rank's scalar (the kernel's rule, templates/kernel.cuh run_op).
       auto load = [&](size_t k) {
         T v;
         std::memcpy(&v, src[k] + e * sizeof(T), sizeof(T));
         C x = dev::Compute<T>::load(v);
         if constexpr (K == dev::kRedPreMulSum)
           if (op.srcs[k].buf == Buf::input)  // rounded to the dtype, as the kernel does (every rank adds the same terms)
-            x = dev::Compute<T>::load(dev::Compute<T>::store(
-                dev::red_pre<C>(x, dev::Compute<T>::load(Typed<T>::from_double(prescale_of(o_.dtype, op.srcs[k].rank))))));
+            x = dev::Compute<T>::load(dev::Compute<T>::store(dev::red_pre<C>(x, scale[k])));
         return x;
       };
       C acc = load(0);

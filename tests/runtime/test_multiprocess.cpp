@@ -246,9 +246,9 @@ int user_schedule(int rank, int nranks, const mkUniqueId& id) {
   return builtin_allgather_then_close(comm, buf, stream);
 }
 
-// MK_ALGO forces a schedule a PreMulSum call cannot use (MKT_PREMUL_ALGO:
-// copy engines, which cannot scale; or one the prologue proof refuses): the
-// call runs the built-in table's schedule instead, the same on every rank.
+// MK_ALGO forces a copy-engine schedule, which cannot scale a PreMulSum
+// call's input: the call runs the built-in table's schedule instead, the
+// same on every rank.
 int premul_fallback(int rank, int nranks, const mkUniqueId& id) {
   CUstream stream = nullptr;
   mkComm_t comm = nullptr;
