@@ -12,8 +12,10 @@
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <mutex>
+#include <optional>
 
 #include "compiler/codegen/codegen.hpp"
+#include "mk/fusion.hpp"
 #include "compiler/verify/verify.hpp"
 #include "compiler/jit/jit.hpp"
 #include "templates/abi.cuh"
@@ -47,11 +49,42 @@ std::vector<int32_t> served_by_all(const std::vector<codegen::Unit>& units) {
   }
   return out;
 }
+// What a fused plan needs of its collective and dtype (the epilogue's own
+// soundness is verify_epilogue's, per lowered bucket).
+void check_fusion_plan(const ir::Schedule& built, const dsl::FusionInfo& f, DType dtype) {
+  if (built.coll != Collective::allreduce)
+    throw Error(ErrId::cli_E013,
+                fmt::format("fusion {} runs on all-reduce outputs; {} is a {}", f.name, built.name, name(built.coll)));
+  if (std::find(f.dtypes.begin(), f.dtypes.end(), dtype) == f.dtypes.end()) {
+    std::string ok;
+    for (DType t : f.dtypes) ok += (ok.empty() ? "" : ", ") + std::string(name(t));
+    throw Error(ErrId::cli_E013, fmt::format("fusion {} does not serve {} (it serves {})", f.name, name(dtype), ok));
+  }
+}
+
+// A fusion as it shapes a plan: its name and a hash of its code and operand
+// list (a user file that changes the code under the same name gets a new plan).
+std::string fusion_identity(const std::string& name) {
+  if (name.empty()) return {};
+  const dsl::FusionInfo* f = dsl::find_fusion(name);
+  if (!f) throw Error(ErrId::cli_E011, fmt::format("unknown fusion '{}'", name), {}, known_fusions());
+  std::string k = f->source;
+  for (const auto& op : f->operands)
+    k += fmt::format("\n{} {} {} {} {}", op.name, int(op.shape), op.output, op.same_dtype, int(op.dtype));
+  k += fmt::format("\nrows {} {}", int(f->rows), f->max_row);
+  return name + "@" + jit::hash_hex(k);
+}
 }  // namespace
+
+std::string known_fusions() {
+  std::string names;
+  for (const auto& f : dsl::registered_fusions()) names += (names.empty() ? "" : ", ") + f.name;
+  return "known fusions: " + (names.empty() ? std::string("none") : names);
+}
 
 std::string options_json(const CompileOptions& o) {
   // A new field breaks one of these bindings: serialise it below.
-  const auto& [arch, dtype, op, lower, use_cache, use_prebuilt, rank] = o;
+  const auto& [arch, dtype, op, lower, use_cache, use_prebuilt, rank, fusion] = o;
   const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_variant,
                on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
@@ -69,6 +102,7 @@ std::string options_json(const CompileOptions& o) {
       {"dtype", std::string(name(dtype))},
       {"op", std::string(name(op))},
       {"rank", rank},
+      {"fusion", fusion_identity(fusion)},
       {"lower",
        {{"instances", instances},
         {"max_tbs", max_tbs},
@@ -140,8 +174,16 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   // other bucket is still synchronised): the resource check, code generation
   // and NVRTC; then its ops go (the plan needs the variant's settings only:
   // millions of ops at 1024 ranks, most of the memory).
-  const std::string tag = fmt::format("{}_n{}_{}_{}", codegen::identifier(built.name), built.nranks, name(o.dtype),
-                                      name(o.op));
+  // A fused plan: the fusion as registered now (the key above hashed its code).
+  std::optional<dsl::FusionInfo> fusion;
+  if (!o.fusion.empty()) {
+    const dsl::FusionInfo* f = dsl::find_fusion(o.fusion);
+    MK_CHECK(f, "compile_plan: the fusion vanished after the key was made");
+    fusion = *f;
+    check_fusion_plan(built, *fusion, o.dtype);
+  }
+  const std::string tag = fmt::format("{}_n{}_{}_{}{}", codegen::identifier(built.name), built.nranks, name(o.dtype),
+                                      name(o.op), fusion ? "_" + codegen::identifier(fusion->name) : std::string());
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<codegen::Unit> units;
   std::vector<jit::CompileResult> results;
@@ -163,11 +205,18 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     v = passes::mark_lamport(std::move(v), o.dtype, o.lower.proto.lamport != 0);  // per dtype: after lowering
     verify::verify_resources(v);  // refuse what no communicator could load
     if (o.op == RedOp::premulsum) verify::verify_prologue(v);  // the kernel's prologue is sound here
+    if (fusion) verify::verify_epilogue(v, fusion->name);          // and the epilogue in its tail
     auto t = std::chrono::steady_clock::now();
     codegen::Limits lim;
     lim.loads = o.lower.proto.simple_loads;
     lim.pipeline = o.lower.proto.simple_pipeline != 0;
     lim.lamport_units = o.lower.proto.lamport_units;
+    if (fusion) {
+      lim.epilogue.name = fusion->name;
+      lim.epilogue.source = fusion->source;
+      for (const auto& op : fusion->operands)
+        lim.epilogue.operands.emplace_back(op.same_dtype ? o.dtype : op.dtype, int32_t(op.shape));
+    }
     units[b] = codegen::generate_one(v, b, nb, o.dtype, o.op, tag, lim, o.rank);
     codegen_ms[b] = ms_since(t);
     std::vector<ir::Op>().swap(v.ops);
@@ -197,6 +246,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   p.topology = s0.topology;
   p.dtype = o.dtype;
   p.op = o.op;
+  p.fusion = o.fusion;
   p.arch = o.arch;
   p.nvrtc_version = jit::nvrtc_version();
   p.mkernel_version = MK_VERSION;

@@ -20,6 +20,10 @@ struct CompileOptions {
   // (plan::Plan::serves lists its ranks; from codegen::Limits::own_rank_from
   // ranks, this rank's code alone); -1: every rank.
   int32_t rank = -1;
+  // A fused epilogue (include/mk/fusion.hpp, by its registered name) in every
+  // kernel's tail; empty: none. Only for all-reduce plans that verify_epilogue
+  // accepts (EpilogueRefused otherwise).
+  std::string fusion;
 };
 
 // The wall time's split: lowering until the last size bucket was proved,
@@ -32,11 +36,15 @@ struct CompileStats {
 };
 
 // Every compile option that shapes a plan, serialised as JSON text: arch,
-// dtype, op, rank and all of LowerOptions and ProtocolOptions. `use_cache` and
+// dtype, op, rank, the fusion (its name and a hash of its code and operands)
+// and all of LowerOptions and ProtocolOptions. `use_cache` and
 // `LowerOptions::on_pass`, `on_variant`, `orders` and `verify_each` do not shape the plan and are left out. The fields
 // are taken apart with structured bindings, so adding a field to one of these
 // structs fails to compile here until it is serialised (or named as excluded).
 std::string options_json(const CompileOptions& o);
+
+// "known fusions: a, b": the registered fusions' names, for error hints.
+std::string known_fusions();
 
 // The plan cache key (32 hex digits): a hash of the built schedule's IR JSON,
 // options_json(o), the embedded templates, mKernel's version and NVRTC's

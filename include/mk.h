@@ -25,6 +25,7 @@
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -252,6 +253,30 @@ mkResult_t mkRedOpDestroy(mkRedOp_t op, mkComm_t comm);
 /* Collectives. `op` is a built-in mkRedOp_t or a PreMulSum handle. */
 mkResult_t mkAllReduce(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype,
                        mkRedOp_t op, mkComm_t comm, cudaStream_t stream);
+/* Fused all-reduce: the all-reduce, then the fusion's epilogue on every row of
+ * recvbuff, in the same kernel (include/mk/fusion.hpp; built-ins in
+ * schedules/fused/, docs/fusions.md). `fusion` names a registered fusion and
+ * passes its operands (device pointers of the communicator's GPU, in the
+ * fusion's order), scalars and row length; NULL is plain mkAllReduce.
+ * Built-ins (fp16, bf16, fp32; row 1..16384 elements, count a multiple of it):
+ *   "allreduce.rmsnorm"  operands {residual, residual_out, weight}, scalars {eps}:
+ *       residual_out = allreduce(x) + residual;
+ *       recvbuff = rmsnorm(residual_out) * weight  (per row)
+ *   "allreduce.fp8_rows" operands {q (fp8 e4m3), scales (fp32, one per row)}:
+ *       scales[r] = amax(row r) / 448; q = e4m3(recvbuff / scales[r])
+ * Operands may alias each other only exactly (residual_out == residual) and
+ * must not overlap sendbuff or recvbuff. Every rank passes the same fusion,
+ * row and count. Capturable in CUDA graphs like every call. */
+#define MK_FUSION_MAX_OPERANDS 6
+#define MK_FUSION_MAX_SCALARS 4
+typedef struct {
+  const char* name;
+  const void* operands[MK_FUSION_MAX_OPERANDS];
+  double scalars[MK_FUSION_MAX_SCALARS];
+  int64_t row; /* elements per row */
+} mkFusion_t;
+mkResult_t mkAllReduceFused(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype,
+                            mkRedOp_t op, const mkFusion_t* fusion, mkComm_t comm, cudaStream_t stream);
 mkResult_t mkBroadcast(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype,
                        int root, mkComm_t comm, cudaStream_t stream);
 mkResult_t mkReduce(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype,

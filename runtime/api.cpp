@@ -308,7 +308,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
           return;
         }
         get_plan(j.choice.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank, j.choice.tune);
-      } catch (const PrologueRefused&) {
+      } catch (const ScheduleRefused&) {
         // a schedule PreMulSum calls do not use: they take the built-in table's (prewarmed with it)
       } catch (const RtError& e) {
         std::lock_guard<std::mutex> g(err_mu);
@@ -396,6 +396,11 @@ mkResult_t mkRedOpDestroy(mkRedOp_t op, mkComm_t comm) {
 mkResult_t mkAllReduce(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype, mkRedOp_t op,
                        mkComm_t comm, cudaStream_t stream) {
   return collective({Collective::allreduce, sendbuff, recvbuff, count, int(datatype), int(op), 0}, comm, stream);
+}
+
+mkResult_t mkAllReduceFused(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype, mkRedOp_t op,
+                            const mkFusion_t* fusion, mkComm_t comm, cudaStream_t stream) {
+  return collective({Collective::allreduce, sendbuff, recvbuff, count, int(datatype), int(op), 0, fusion}, comm, stream);
 }
 
 mkResult_t mkBroadcast(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype, int root,

@@ -416,6 +416,10 @@ mkResult_t Comm::poll_async_error() {
   else if (e.code == dev::kErrWaitTimeout && e.slot == -2)
     what = fmt::format("{} waited {:.0f} ms at kernel exit for rank {} to finish with this rank's buffers (zero-copy)",
                        who, double(e.waited_ns) / 1e6, e.peer);
+  else if (e.code == dev::kErrWaitTimeout && e.slot == dev::kTailBarrierSlot)
+    what = fmt::format("{} waited {:.0f} ms before the fused epilogue for this rank's other thread blocks to finish "
+                       "the collective ({} of {} arrived)",
+                       who, double(e.waited_ns) / 1e6, e.have, e.want);
   else if (e.code == dev::kErrWaitTimeout)
     what = fmt::format("{} waited {:.0f} ms at step {} for flag slot {} from rank {} (have {}, want {})", who,
                        double(e.waited_ns) / 1e6, e.step, e.slot, e.peer, e.have, e.want);
@@ -550,19 +554,28 @@ class RelaxedCapture {
 };
 }  // namespace
 
-PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc) {
-  for (const PlanCache::Range& r : plans.fast[zc][fast_slot(coll, dtype, op)])
+PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, const std::string& fusion) {
+  const std::vector<PlanCache::Range>* ranges = &plans.fast[zc][fast_slot(coll, dtype, op)];
+  if (!fusion.empty()) {
+    auto it = plans.fused.find(fusion + "|" + std::to_string(fast_slot(coll, dtype, op)));
+    if (it == plans.fused.end()) return nullptr;
+    ranges = &it->second;
+  }
+  for (const PlanCache::Range& r : *ranges)
     if (bytes >= r.lo && (r.hi < 0 || bytes <= r.hi)) return r.inst;
   return nullptr;
 }
 
-PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc) {
-  if (PlanInstance* p = find(coll, dtype, op, bytes, zc)) return *p;
+PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, const std::string& fusion) {
+  if (PlanInstance* p = find(coll, dtype, op, bytes, zc, fusion)) return *p;
   int64_t lo = 0, hi = -1;
   RelaxedCapture relaxed;
   CtxGuard g(ctx);
-  PlanInstance& inst = create_instance(coll, dtype, op, bytes, zc, &lo, &hi);
-  plans.fast[zc][fast_slot(coll, dtype, op)].push_back({lo, hi, &inst});
+  PlanInstance& inst = create_instance(coll, dtype, op, bytes, zc, &lo, &hi, fusion);
+  if (fusion.empty())
+    plans.fast[zc][fast_slot(coll, dtype, op)].push_back({lo, hi, &inst});
+  else
+    plans.fused[fusion + "|" + std::to_string(fast_slot(coll, dtype, op))].push_back({lo, hi, &inst});
   return inst;
 }
 
@@ -582,42 +595,47 @@ int32_t Comm::grid_cap() const {
 }
 
 PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
-                                    int64_t* hi) {
+                                    int64_t* hi, const std::string& fusion) {
   Choice choice = choose_schedule(coll, nranks, bytes, zc);
   const dsl::ScheduleInfo* info = dsl::find_schedule(choice.schedule);
   const int32_t max_grid = grid_cap();
   std::shared_ptr<const plan::Plan> plan;
-  if (op == RedOp::premulsum) {
-    // Only a kernel that reads its own rank's input can scale it: the copy
-    // engines cannot, and the compiler refuses schedules whose kernels would
-    // not scale every input once (PrologueRefused). Those calls take the
-    // built-in table's schedule instead (staged, proved for PreMulSum; above
-    // the table's rank counts the ring, or reduce.direct), the same on every
+  if (op == RedOp::premulsum || !fusion.empty()) {
+    // Only a kernel that reads its own rank's input can scale it, and only
+    // one whose rank's buffers nothing else touches can run a fused
+    // epilogue in its tail: the copy engines cannot do either, and the
+    // compiler refuses schedules whose kernels would not scale every input
+    // once or see every output final (ScheduleRefused). Those calls take the
+    // built-in table's schedule instead (staged, proved for both; above the
+    // table's rank counts the ring, or reduce.direct), the same on every
     // rank.
+    const char* what = fusion.empty() ? "PreMulSum" : "fused";
     auto builtin = [&](const std::string& why) {
       const SelectEntry* e = lookup(builtin_select(), coll, nranks, bytes, false);
       Choice next = e ? Choice{e->schedule, e->min_bytes, e->max_bytes, e->tune}
                       : Choice{coll == Collective::reduce ? "reduce.direct" : std::string(name(coll)) + ".ring", 0,
                                -1, ""};
       if (next.schedule == choice.schedule) fail(mkInvalidUsage, why);
-      debug_log(fmt::format("rank {}: PreMulSum {} of {} bytes: {}; using {}", rank, name(coll), bytes, why,
+      debug_log(fmt::format("rank {}: {} {} of {} bytes: {}; using {}", rank, what, name(coll), bytes, why,
                             next.schedule));
       // the sizes both ranges hold: other sizes look again (their own choice may serve)
       next.lo = std::max(next.lo, choice.lo);
       next.hi = next.hi < 0 ? choice.hi : choice.hi < 0 ? next.hi : std::min(next.hi, choice.hi);
       choice = next;
     };
-    const std::string refused_key = fmt::format("{}|{}", choice.schedule, choice.tune);
+    auto& refused = fusion.empty() ? plans.premul_refused : plans.fusion_refused;
+    const std::string refused_key = fmt::format("{}|{}|{}|{}", fusion, name(op), choice.schedule, choice.tune);
     if (info && info->copy_engine)
-      builtin(choice.schedule + " moves data with copy engines, which cannot scale it");
-    else if (auto it = plans.premul_refused.find(refused_key); it != plans.premul_refused.end())
+      builtin(choice.schedule + " moves data with copy engines, which run no " +
+              (fusion.empty() ? std::string("prologue") : std::string("epilogue")));
+    else if (auto it = refused.find(refused_key); it != refused.end())
       builtin(it->second);  // refused before: not lowered again
     try {
-      plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
-    } catch (const PrologueRefused& e) {
-      plans.premul_refused.emplace(refused_key, e.what());
+      plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune, fusion);
+    } catch (const ScheduleRefused& e) {
+      refused.emplace(refused_key, e.what());
       builtin(e.what());
-      plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
+      plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune, fusion);
     }
   } else {
     if (info && info->copy_engine) return create_ce_instance(coll, dtype, op, choice, lo, hi);
@@ -641,8 +659,8 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   *hi = choice.hi < 0 ? k->max_bytes : (k->max_bytes < 0 ? choice.hi : std::min(choice.hi, k->max_bytes));
   // One instance per (plan, kernel): the entry's knobs make another plan of
   // the same schedule whose kernels have the same names.
-  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", plan->schedule, name(plan->dtype), name(plan->op),
-                                      plan->nranks, k->name, plan->zero_copy, choice.tune);
+  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", plan->schedule, name(plan->dtype), name(plan->op),
+                                      plan->nranks, k->name, plan->zero_copy, choice.tune, plan->fusion);
   if (auto it = plans.instances.find(key); it != plans.instances.end()) return *it->second;
 
   const Driver& d = cu();
@@ -656,6 +674,11 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   // load the code, which may wait for running kernels: ours wait for peers,
   // so load now, before any kernel of this call is launched.
   if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(inst->fn), "loading kernel " + k->name);
+  if (!plan->fusion.empty()) {
+    MK_CU(d.cuModuleGetFunction(&inst->fn_epi, inst->module, (k->name + "_epi").c_str()),
+          "finding the epilogue kernel " + k->name + "_epi");
+    if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(inst->fn_epi), "loading kernel " + k->name + "_epi");
+  }
   // Every block of every kernel of the ranks sharing this GPU must be
   // resident at once (they wait for each other): check before launching.
   int per_sm = 0;

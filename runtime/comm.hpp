@@ -79,6 +79,9 @@ struct PlanInstance {
   const plan::Kernel* kernel = nullptr;
   CUmodule module = nullptr;
   CUfunction fn = nullptr;
+  // A fused plan's epilogue kernel (<kernel>_epi, templates/fused.cuh), for
+  // calls of many rows; null otherwise.
+  CUfunction fn_epi = nullptr;
   Resources* res = nullptr;
   bool rooted = false;
   // A copy-engine schedule: `fn` is the communicator's mk_ce_sync, `plan`
@@ -139,10 +142,14 @@ struct PlanCache {
   };
   static constexpr size_t kSlots = size_t(kNumCollectives) * kNumDTypes * kNumRedOps;
   std::vector<Range> fast[2][kSlots];  // [zero-copy][collective, dtype, op]
+  // Fused calls (never zero-copy): "fusion|slot" -> ranges.
+  std::unordered_map<std::string, std::vector<Range>> fused;
   std::vector<std::unique_ptr<PlanInstance>> owned;
   // Schedules (with their knobs) whose PreMulSum plans the compiler refused
   // (verify_prologue): why, so that other sizes fall back without lowering again.
   std::map<std::string, std::string> premul_refused;
+  // The same for fused plans (verify_epilogue): "fusion|schedule|knobs" -> why.
+  std::map<std::string, std::string> fusion_refused;
   std::mutex res_mu;
   std::vector<std::unique_ptr<Resources>> resources;
   // This communicator's part of the arena (offsets from its base): all of it,
@@ -299,10 +306,12 @@ class Comm {
   // The instance already serving this call, or null. `zc`: the call's
   // buffers are registered (a zero-copy plan if the schedule has one).
   // Caller holds `mu`.
-  PlanInstance* find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc);
+  // `fusion`: a fused call's fusion (include/mk/fusion.hpp); empty: none.
+  PlanInstance* find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, const std::string& fusion = {});
   // The instance for a call, created on first use. Works inside stream
   // capture: nothing is enqueued on the caller's stream. Caller holds `mu`.
-  PlanInstance& instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc);
+  PlanInstance& instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc,
+                         const std::string& fusion = {});
   // The kernel arguments of one call of `inst` (tile chosen for this count).
   // Zero-copy plans also get the call's windows and offsets (`zc`).
   struct ZcCall {
@@ -319,7 +328,7 @@ class Comm {
 
  private:
   PlanInstance& create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
-                                int64_t* hi);
+                                int64_t* hi, const std::string& fusion);
   // The resources for kernel `k` of `p`: shared with structurally equal
   // kernels, else allocated (tables initialised on the side stream).
   Resources& resources_for(const plan::Plan& p, const plan::Kernel& k);
@@ -389,13 +398,15 @@ Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_cop
 // `tune`: the selection entry's knobs (Choice::tune), applied after MK_TUNE.
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
                                            RedOp op, int arch, bool zero_copy, int32_t max_grid = 0,
-                                           int32_t rank = -1, const std::string& tune = "");
+                                           int32_t rank = -1, const std::string& tune = "",
+                                           const std::string& fusion = "");
 
 // The options get_plan compiles with (MK_TUNE, then `tune`), for `mkc
 // prebuild` and mkCommPrewarm to compile exactly what a communicator would
 // ask for.
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
-                                      int32_t max_grid, int32_t rank, const std::string& tune = "");
+                                      int32_t max_grid, int32_t rank, const std::string& tune = "",
+                                      const std::string& fusion = "");
 // Every (schedule, knobs) choose_schedule may pick for `coll` at `nranks`
 // for unregistered buffers, over all sizes: the compiled ones, or (with
 // `copy_engine`) the copy-engine ones, which compile no plan.

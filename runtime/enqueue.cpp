@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "mk/fusion.hpp"
 #include "runtime/ce.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -94,6 +95,13 @@ struct Pending {
   std::weak_ptr<Comm> weak;  // instead of `c` while queued in a group
   uint64_t prescale = 0;     // op premulsum: the scalar (Args::prescale, prescale_ptr)
   const void* prescale_ptr = nullptr;
+  // A fused call (mkAllReduceFused): the fusion's name and the call's
+  // operands (sizes in bytes), scalars and row length (Args::epi_*).
+  std::string fusion;
+  const void* epi_ops[dsl::kMaxOperands] = {};
+  size_t epi_bytes[dsl::kMaxOperands] = {};
+  double epi_scalars[dsl::kMaxScalars] = {};
+  int64_t epi_row = 0;
 };
 
 struct GroupState {
@@ -109,6 +117,98 @@ bool special_stream(CUstream s) {
   // NULL, cudaStreamLegacy (0x1), cudaStreamPerThread (0x2): resolved through
   // the current context.
   return reinterpret_cast<uintptr_t>(s) <= 2;
+}
+
+// A fused call's fusion, operands, scalars and rows; fills p's fusion
+// fields. Checks what needs no driver (device memory: check_locked).
+void validate_fusion(Pending& p) {
+  const char* api = "mkAllReduceFused";
+  const mkFusion_t& f = *p.k.fusion;
+  if (!f.name || !*f.name) fail(mkInvalidArgument, fmt::format("{}: fusion->name is NULL or empty", api));
+  const size_t name_len = strnlen(f.name, 129);
+  if (name_len > 128) fail(mkInvalidArgument, fmt::format("{}: fusion->name is longer than 128 characters", api));
+  const std::string fname(f.name, name_len);
+  const dsl::FusionInfo* info = nullptr;
+  try {
+    info = dsl::find_fusion(fname);
+  } catch (const Error& e) {
+    fail(mkInvalidArgument, fmt::format("{}: {}", api, e.what()));
+  }
+  if (!info) {
+    std::string names;
+    for (const auto& x : dsl::registered_fusions()) names += (names.empty() ? "" : ", ") + x.name;
+    fail(mkInvalidArgument, fmt::format("{}: unknown fusion '{}' (known: {}); a fusion of your own is registered with "
+                                        "MK_FUSION in a schedule file named by MK_SCHEDULES",
+                                        api, fname, names.empty() ? "none" : names));
+  }
+  if (std::find(info->dtypes.begin(), info->dtypes.end(), p.dt) == info->dtypes.end()) {
+    std::string ok;
+    for (DType t : info->dtypes) ok += (ok.empty() ? "" : ", ") + std::string(name(t));
+    fail(mkInvalidArgument, fmt::format("{}: fusion {} does not serve {} (it serves {})", api, fname, name(p.dt), ok));
+  }
+  const int64_t count = int64_t(p.k.count);
+  int64_t row = f.row;
+  if (info->rows == dsl::RowMode::any) {
+    if (row < 0) fail(mkInvalidArgument, fmt::format("{}: fusion->row {} is negative", api, row));
+    if (row == 0) row = 4096;  // element-wise: any split works
+    row = std::min<int64_t>(row, int64_t(1) << 20);
+  } else {
+    if (row < 1 || row > info->max_row)
+      fail(mkInvalidArgument, fmt::format("{}: fusion {} needs fusion->row (elements per row) in 1..{}, not {}", api,
+                                          fname, info->max_row, row));
+    if (count % row != 0)
+      fail(mkInvalidArgument, fmt::format("{}: count {} is not a whole number of rows of {} elements (fusion {})", api,
+                                          count, row, fname));
+  }
+  const int64_t rows = (count + row - 1) / row;
+  const size_t nops = info->operands.size();
+  for (size_t k = 0; k < size_t(MK_FUSION_MAX_OPERANDS); ++k) {
+    const void* ptr = f.operands[k];
+    if (k >= nops) {
+      if (ptr)
+        fail(mkInvalidArgument, fmt::format("{}: fusion->operands[{}] is set, but fusion {} takes {} operand(s)", api,
+                                            k, fname, nops));
+      continue;
+    }
+    const dsl::OperandInfo& o = info->operands[k];
+    const DType t = o.same_dtype ? p.dt : o.dtype;
+    const size_t es = dtype_size(t);
+    const int64_t n = o.shape == dsl::Shape::elem ? count : o.shape == dsl::Shape::col ? row : rows;
+    if (!ptr)
+      fail(mkInvalidArgument, fmt::format("{}: fusion->operands[{}] ({} of fusion {}) is NULL", api, k, o.name, fname));
+    if (reinterpret_cast<uintptr_t>(ptr) % es != 0)
+      fail(mkInvalidArgument, fmt::format("{}: fusion->operands[{}] ({}) {:p} is not aligned to its {}-byte type {}",
+                                          api, k, o.name, ptr, es, name(t)));
+    p.epi_ops[k] = ptr;
+    p.epi_bytes[k] = size_t(n) * es;
+  }
+  // Outputs must not overlap the collective's buffers (its kernel reads and
+  // writes them before the epilogue), and no operand may overlap recvbuff
+  // (the epilogue rewrites it); an output may overlap another operand only
+  // exactly (residual_out == residual: the same elements, read before written).
+  const uintptr_t sp = reinterpret_cast<uintptr_t>(p.k.send), rp = reinterpret_cast<uintptr_t>(p.k.recv);
+  for (size_t k = 0; k < nops; ++k) {
+    const uintptr_t x = reinterpret_cast<uintptr_t>(p.epi_ops[k]);
+    const dsl::OperandInfo& o = info->operands[k];
+    if (overlaps(x, p.epi_bytes[k], rp, p.out_bytes) || (o.output && overlaps(x, p.epi_bytes[k], sp, p.in_bytes)))
+      fail(mkInvalidArgument, fmt::format("{}: fusion->operands[{}] ({}) overlaps {}", api, k, o.name,
+                                          overlaps(x, p.epi_bytes[k], rp, p.out_bytes) ? "recvbuff" : "sendbuff"));
+    if (!o.output) continue;
+    for (size_t j = 0; j < nops; ++j) {
+      if (j == k) continue;
+      const uintptr_t y = reinterpret_cast<uintptr_t>(p.epi_ops[j]);
+      const dsl::OperandInfo& q = info->operands[j];
+      const bool exact = x == y && p.epi_bytes[k] == p.epi_bytes[j] && o.shape == q.shape &&
+                         (o.same_dtype ? p.dt : o.dtype) == (q.same_dtype ? p.dt : q.dtype) && !q.output;
+      if (!exact && overlaps(x, p.epi_bytes[k], y, p.epi_bytes[j]))
+        fail(mkInvalidArgument, fmt::format("{}: fusion->operands[{}] ({}, written) overlaps operands[{}] ({}) without "
+                                            "being the same buffer",
+                                            api, k, o.name, j, q.name));
+    }
+  }
+  for (size_t j = 0; j < size_t(MK_FUSION_MAX_SCALARS); ++j) p.epi_scalars[j] = f.scalars[j];
+  p.epi_row = row;
+  p.fusion = fname;
 }
 
 // Everything that can be checked without the GPU: done at call time, also
@@ -155,6 +255,7 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
   };
   if (need_send) check_ptr(k.send, "sendbuff");
   if (need_recv) check_ptr(k.recv, "recvbuff");
+  if (k.fusion) validate_fusion(p);
   if (need_send && need_recv) {
     const uintptr_t sp = reinterpret_cast<uintptr_t>(k.send), rp = reinterpret_cast<uintptr_t>(k.recv);
     const bool inplace = is_inplace_call(k.coll, sp, rp, c->rank, bytes);
@@ -247,9 +348,13 @@ void check_locked(Pending& p) {
   resolve_premul_locked(p);
   if (p.need_send) check_device_memory(*c, k.send, p.in_bytes, "sendbuff", api);
   if (p.need_recv) check_device_memory(*c, k.recv, p.out_bytes, "recvbuff", api);
+  for (size_t j = 0; j < size_t(dsl::kMaxOperands); ++j)
+    if (p.epi_ops[j])
+      check_device_memory(*c, p.epi_ops[j], p.epi_bytes[j], fmt::format("fusion->operands[{}]", j).c_str(), api);
   // Zero-copy kernels read peers' inputs, whose scalars only their owners
   // have: PreMulSum calls always go through scratch.
-  if (!c->regs.by_base.empty() && p.op != RedOp::premulsum) {
+  // Fused calls neither: the epilogue needs every peer out of this rank's buffers.
+  if (!c->regs.by_base.empty() && p.op != RedOp::premulsum && p.fusion.empty()) {
     Comm::ZcCall z;
     bool all = true;  // every buffer of the call is registered
     if (p.need_send)
@@ -291,7 +396,7 @@ void check_locked(Pending& p) {
 // allocates, never on the caller's stream, so it also works on the first call
 // inside graph capture. It must happen before any kernel of the same group is
 // launched. Caller holds c->mu.
-PlanInstance& resolve_locked(Pending& p) { return p.c->instance(p.k.coll, p.dt, p.op, p.bytes, p.zc); }
+PlanInstance& resolve_locked(Pending& p) { return p.c->instance(p.k.coll, p.dt, p.op, p.bytes, p.zc, p.fusion); }
 
 // What every launch does first: refuse a closing communicator, order this
 // communicator's work across streams. Returns whether the stream is eager
@@ -367,30 +472,63 @@ void launch_locked(Pending& p, PlanInstance& inst) {
   dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
   a.prescale = p.prescale;
   a.prescale_ptr = p.prescale_ptr;
-  void* params[] = {&a};
-  CUresult r;
-  if (kern.pdl && pdl_enabled() && cu().cuLaunchKernelEx) {
-    // Programmatic dependent launch: the kernel may be scheduled as soon as
-    // the previous kernel of the stream has let its blocks go; it waits for
-    // that kernel's completion (griddepcontrol.wait) before touching memory.
-    CUlaunchAttribute attr{};
-    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    CUlaunchConfig cfg{};
-    cfg.gridDimX = unsigned(kern.grid);
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = unsigned(kern.threads);
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = 0;
-    cfg.hStream = p.stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    r = cu().cuLaunchKernelEx(&cfg, inst.fn, params, nullptr);
-  } else {
-    r = cu().cuLaunchKernel(inst.fn, unsigned(kern.grid), 1, 1, unsigned(kern.threads), 1, 1, 0, p.stream, params,
-                            nullptr);
+  for (int j = 0; j < dsl::kMaxOperands; ++j) a.epi_ops[j] = p.epi_ops[j];
+  for (int j = 0; j < dsl::kMaxScalars; ++j) a.epi_scalars[j] = p.epi_scalars[j];
+  a.epi_row = p.epi_row;
+  // A fused call of many rows: the collective kernel skips its tail and the
+  // plan's epilogue kernel, on every SM, follows it (the collective's grid is
+  // sized for the collective; its tail pays off while each of its blocks has
+  // a row or two). MK_FUSED_EPILOGUE=tail|kernel forces one (measurements).
+  bool epi_kernel = false;
+  int64_t rows = 0;
+  if (!p.fusion.empty()) {
+    rows = (int64_t(p.k.count) + p.epi_row - 1) / p.epi_row;
+    static const std::string mode = env::raw("MK_FUSED_EPILOGUE").value_or("auto");
+    if (mode != "auto" && mode != "tail" && mode != "kernel")
+      fail(mkInvalidUsage, fmt::format("{}: MK_FUSED_EPILOGUE={} is not auto, tail or kernel", api, mode));
+    epi_kernel = inst.fn_epi && (mode == "kernel" || (mode != "tail" && rows > 2 * int64_t(kern.grid)));
+    a.epi_mode = epi_kernel ? 1 : 0;
   }
-  if (r != CUDA_SUCCESS) fail(mkUnhandledCudaError, std::string(api) + ": kernel launch failed: " + cu_error_string(r));
+  auto go = [&](CUfunction fn, unsigned grid, unsigned threads) {
+    void* params[] = {&a};
+    CUresult r;
+    if (kern.pdl && pdl_enabled() && cu().cuLaunchKernelEx) {
+      // Programmatic dependent launch: the kernel may be scheduled as soon as
+      // the previous kernel of the stream has let its blocks go; it waits for
+      // that kernel's completion (griddepcontrol.wait) before touching memory.
+      CUlaunchAttribute attr{};
+      attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attr.value.programmaticStreamSerializationAllowed = 1;
+      CUlaunchConfig cfg{};
+      cfg.gridDimX = grid;
+      cfg.gridDimY = cfg.gridDimZ = 1;
+      cfg.blockDimX = threads;
+      cfg.blockDimY = cfg.blockDimZ = 1;
+      cfg.sharedMemBytes = 0;
+      cfg.hStream = p.stream;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      r = cu().cuLaunchKernelEx(&cfg, fn, params, nullptr);
+    } else {
+      r = cu().cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, 0, p.stream, params, nullptr);
+    }
+    if (r != CUDA_SUCCESS)
+      fail(mkUnhandledCudaError, std::string(api) + ": kernel launch failed: " + cu_error_string(r));
+  };
+  go(inst.fn, unsigned(kern.grid), unsigned(kern.threads));
+  if (epi_kernel) {
+    // up to 4 blocks per SM; each takes rows grid apart
+    const int64_t cap = int64_t(std::max(c.sms, 1)) * 4;
+    try {
+      go(inst.fn_epi, unsigned(std::min(rows, cap)), unsigned(kern.threads));
+    } catch (...) {
+      try {
+        finish_locked(p, inst, ls);  // the completion event covers the collective launched
+      } catch (...) {
+      }
+      throw;
+    }
+  }
   finish_locked(p, inst, ls);
 }
 

@@ -21,6 +21,7 @@ struct Call {
   int dtype;
   int op;
   int root;
+  const mkFusion_t* fusion = nullptr;  // mkAllReduceFused; copied by enqueue
 };
 
 // mkRedOpCreatePreMulSum's device scalar: GPU memory of the communicator's

@@ -145,7 +145,8 @@ std::optional<Collective> schedule_collective(const std::string& schedule) {
 }
 
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
-                                      int32_t max_grid, int32_t rank, const std::string& tune) {
+                                      int32_t max_grid, int32_t rank, const std::string& tune,
+                                      const std::string& fusion) {
   compiler::CompileOptions o;
   o.arch = arch;
   o.dtype = dtype;
@@ -155,6 +156,7 @@ compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, in
   if (!tune.empty()) env::apply_tune(tune, &o.lower.proto);
   o.lower.proto.max_grid = max_grid;
   o.rank = rank;
+  o.fusion = fusion;
   return o;
 }
 
@@ -183,8 +185,8 @@ std::vector<Choice> schedules_for(Collective coll, int nranks, bool copy_engine)
 
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
                                            RedOp op, int arch, bool zero_copy, int32_t max_grid, int32_t rank,
-                                           const std::string& tune) {
-  compiler::CompileOptions o = plan_options(coll, dtype, op, arch, zero_copy, max_grid, -1, tune);
+                                           const std::string& tune, const std::string& fusion) {
+  compiler::CompileOptions o = plan_options(coll, dtype, op, arch, zero_copy, max_grid, -1, tune, fusion);
   const std::string key = fmt::format("{}|{}|{}", schedule, nranks, compiler::options_json(o));
   o.rank = rank;
   std::unique_lock<std::mutex> lock(mutex());
@@ -207,7 +209,9 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     // another one serves this rank; if none does, that is the error.
     std::shared_ptr<const plan::Plan> elsewhere;
     for (const auto& p : candidates) {
-      if (p->schedule != schedule || p->dtype != dtype || (collective_reduces(coll) && p->op != op)) continue;
+      if (p->schedule != schedule || p->dtype != dtype || (collective_reduces(coll) && p->op != op) ||
+          p->fusion != fusion)
+        continue;
       if (p->zero_copy && !zero_copy) continue;
       if (p->nranks != nranks || p->arch != arch)
         fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} ({} {}) compiled for {} ranks on sm_{}, but this "
@@ -265,7 +269,7 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
       p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o, &st));
     } catch (const Error& e) {
       const std::string why = std::string("compiling plan ") + schedule + ": " + e.what();
-      error = e.id() == ErrId::verify_E018 ? std::make_exception_ptr(PrologueRefused(why))
+      error = e.id() == ErrId::verify_E018 || e.id() == ErrId::verify_E019 ? std::make_exception_ptr(ScheduleRefused(why))
                                            : std::make_exception_ptr(RtError(mkInternalError, why));
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(RtError(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what()));

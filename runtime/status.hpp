@@ -19,12 +19,12 @@ class RtError : public std::runtime_error {
   mkResult_t code_;
 };
 
-// A schedule's kernel cannot run the PreMulSum prologue soundly
-// (verify_prologue, mk.verify.E018): the runtime serves the call with
-// another schedule.
-class PrologueRefused : public RtError {
+// A schedule's kernel cannot run the PreMulSum prologue (verify_prologue,
+// mk.verify.E018) or a fused epilogue (verify_epilogue, mk.verify.E019)
+// soundly: the runtime serves the call with another schedule.
+class ScheduleRefused : public RtError {
  public:
-  explicit PrologueRefused(const std::string& msg) : RtError(mkInvalidUsage, msg) {}
+  explicit ScheduleRefused(const std::string& msg) : RtError(mkInvalidUsage, msg) {}
 };
 
 [[noreturn]] inline void fail(mkResult_t code, const std::string& msg) { throw RtError(code, msg); }

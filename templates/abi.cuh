@@ -19,6 +19,10 @@ enum ErrorCode : int32_t {
 // ErrorRecord::slot of a kErrStopped record written at kernel entry: the
 // communicator's abort word was already set, so the kernel did nothing.
 constexpr int32_t kStoppedAtEntry = -3;
+// ErrorRecord::slot of a kErrWaitTimeout in a fused kernel's tail barrier
+// (templates/fused.cuh): a block of this rank never finished its ops (have:
+// the blocks that arrived, want: the grid).
+constexpr int32_t kTailBarrierSlot = -4;
 
 // Zero-copy mismatches (ErrorRecord::slot).
 enum ZcWhat : int32_t {
@@ -92,15 +96,25 @@ struct Args {
   // the op's dtype, as NCCL's ncclScalarHostImmediate copies it).
   uint64_t prescale;
   const void* prescale_ptr;
+  // Fused kernels only (templates/fused.cuh): the fusion's operands (device
+  // pointers, in the order the fusion declares them), its scalars, and the
+  // row length the output is cut into (the last row may be shorter);
+  // epi_mode 0: the kernel's tail runs the epilogue, 1: the kernel skips it
+  // and the runtime launches the plan's epilogue kernel (<name>_epi) next.
+  const void* epi_ops[6];
+  double epi_scalars[4];
+  int64_t epi_row;
+  int64_t epi_mode;
 };
 
 // The host fills Args and the kernel reads it; both compile this file.
 static_assert(sizeof(ErrorRecord) == 64, "ErrorRecord is 64 bytes on host and device");
 static_assert(sizeof(ZcPeerWindow) == 16, "ZcPeerWindow is 16 bytes on host and device");
-static_assert(sizeof(Args) == 176, "Args is 176 bytes on host and device (fixed-width fields, explicit padding)");
+static_assert(sizeof(Args) == 272, "Args is 272 bytes on host and device (fixed-width fields, explicit padding)");
 
-// Flag region of one plan on one rank: [instance][slot] step values, then one
-// reserved word (the abort word is communicator-wide: Args::flag_offset).
+// Flag region of one plan on one rank: [instance][slot] step values, then the
+// tail word (fused kernels' grid barrier, templates/fused.cuh; the abort word
+// is communicator-wide: Args::flag_offset).
 MK_HD int64_t flag_words(int32_t instances, int32_t slots) { return int64_t(instances) * slots + 1; }
 
 // Zero-copy: what rank q announced to this rank for a launch (templates/

@@ -62,7 +62,8 @@ struct Ctx {
   static constexpr int VE = 16 / int(sizeof(T));
   // LL packets carry 8 data bytes in 16; Lamport packets and plain data 16.
   static constexpr int64_t kSlotBytes = P::kMaxTileBytes * (P::kLL && !P::kLamport ? 2 : 1);
-  static constexpr int64_t kAbortWord = int64_t(P::kInstances) * P::kSlots;
+  // The word after the flag slots: fused kernels' tail barrier (fused.cuh).
+  static constexpr int64_t kTailWord = int64_t(P::kInstances) * P::kSlots;
   static_assert(P::kMaxTileBytes % 16 == 0, "tiles are whole 16-byte vectors");
   static_assert(NT % 32 == 0, "blocks are whole warps");
   static_assert(!P::kLamport || (P::kLL && P::kOnePass && P::kWide == 0),

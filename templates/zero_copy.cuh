@@ -1,6 +1,6 @@
 // Zero-copy plans (registered buffers): each rank's kernel learns every
 // peer's buffers at entry and holds its own until every peer is done with
-// them at exit. The per-rank area after the abort word (abi.cuh zc_words):
+// them at exit. The per-rank area after the tail word (abi.cuh zc_words):
 //   ZcMailbox box[nranks]   what each rank announced to this one
 //   uint64_t  exit[nranks]  each rank's "done with your buffers" epoch
 //   uint64_t  epoch         this rank's launches so far
@@ -17,7 +17,7 @@ namespace dev {
 template <class X>
 struct ZcArea {
   X& c;
-  MK_DEV uint64_t* base(int32_t r) const { return c.sh.fl[r] + X::kAbortWord + 1; }
+  MK_DEV uint64_t* base(int32_t r) const { return c.sh.fl[r] + X::kTailWord + 1; }
   MK_DEV ZcMailbox* box(int32_t at, int32_t from) const { return reinterpret_cast<ZcMailbox*>(base(at)) + from; }
   MK_DEV uint64_t* exit(int32_t at, int32_t from) const { return base(at) + kZcBoxWords * X::N + from; }
   MK_DEV uint64_t* epoch() const { return base(c.rank) + (kZcBoxWords + 1) * X::N; }

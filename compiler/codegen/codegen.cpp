@@ -547,6 +547,8 @@ class Emitter {
   bool inline_ops() const { return total_items() <= kInlineItems; }
 
   std::string P() const { return fmt::format("P{}", b_); }
+  // The kernel ends in a fused epilogue (namespace mk_fused_b<bucket>).
+  void set_epilogue(bool on) { epi_ = on; }
 
   // `e`: an expression per number of the item (Item::nums' order). A counted
   // item of more than one chunk loops over its chunks (k).
@@ -869,8 +871,17 @@ class Emitter {
     o_ += "    default: break;\n  }\n";
     if (s_.zero_copy)  // no rank returns while a peer may still touch its buffers
       o_ += "  if (!__syncthreads_or(c.aborted)) {\n    c.finish();\n    c.zc_exit();\n  }\n}\n\n";
+    else if (epi_)  // every block's ops done, then the rows (fused.cuh)
+      o_ += fmt::format("  if (!__syncthreads_or(c.aborted)) {{\n    c.finish();\n"
+                        "    mk::dev::epilogue_tail<mk::dev::Ctx<{}>, mk_fused_b{}::F, mk_fused_b{}::Epi>(c);\n  }}\n}}\n\n",
+                        P(), b_, b_);
     else
       o_ += "  if (!__syncthreads_or(c.aborted)) c.finish();\n}\n\n";
+    if (epi_)  // the epilogue alone, for many rows (Args::epi_mode 1)
+      o_ += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}_epi(const mk::dev::Args a) {{\n"
+                        "  mk::dev::grid_dependency_wait();\n"
+                        "  mk::dev::epilogue_kernel<mk::dev::Ctx<{}>, mk_fused_b{}::F, mk_fused_b{}::Epi>(a);\n}}\n\n",
+                        threads, kernel_name, P(), b_, b_);
     KernelInfo k;
     k.name = kernel_name;
     k.grid = s_.tbs * s_.instances;
@@ -913,6 +924,7 @@ class Emitter {
   int32_t only_ = -1;
   int64_t row_only_bytes_ = 0;
   bool row_only_ = false;
+  bool epi_ = false;
   Table loop_{1};
   std::string fns_;  // the thread blocks' functions, emitted after the tables
   std::set<std::string> instances_;
@@ -932,7 +944,8 @@ ClassPlan best_plan(const Schedule& s) {
   auto cost = [&](const ClassPlan& p) {
     std::string scratch;
     Emitter e(s, 0, p, scratch);
-    const Limits none{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()};
+    Limits none;
+    none.max_size = none.max_table_bytes = std::numeric_limits<int64_t>::max();
     const KernelInfo k = e.emit("measure", none);
     return std::tuple(p.rc.representative.size(), k.size, k.table_bytes);
   };
@@ -1041,6 +1054,22 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
       s.lamport ? "true" : "false", rooted ? "true" : "false",
       s.zero_copy ? "true" : "false", lim.pipeline ? "true" : "false", s.one_pass ? "true" : "false",
       e.inline_ops() ? "true" : "false");
+  if (!lim.epilogue.source.empty()) {
+    MK_CHECK(!s.zero_copy, "codegen: a fused epilogue on a zero-copy schedule (verify_epilogue refuses it)");
+    MK_CHECK(lim.epilogue.operands.size() <= 6, "codegen: more than 6 epilogue operands");
+    // The fusion's code (include/mk/fusion.hpp MK_EPILOGUE), then its operand
+    // types and shapes for the row context (templates/fused.cuh RowCtx).
+    o += fmt::format("// fused epilogue {}\n#include \"fused.cuh\"\nnamespace mk_fused_b{} {{\n{}\nstruct F {{\n",
+                     lim.epilogue.name, b, lim.epilogue.source);
+    for (size_t k = 0; k < 6; ++k) {
+      const bool has = k < lim.epilogue.operands.size();
+      const auto& op_k = has ? lim.epilogue.operands[k] : std::pair<DType, int32_t>{DType::int8, 0};
+      o += fmt::format("  using O{} = {};\n  static constexpr int kS{} = {};\n", k,
+                       has ? std::string(dtype_device_name(op_k.first)) : std::string("char"), k, op_k.second);
+    }
+    o += "};\n}  // namespace\n\n";
+    e.set_epilogue(true);
+  }
   u.kernel = e.emit(fmt::format("mk_{}_b{}", tag, b), lim);
   if (e.row_only()) u.serves = {rank};
   return u;

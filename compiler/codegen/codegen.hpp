@@ -85,6 +85,14 @@ struct Limits {
   bool pipeline = false;
   // Lamport kernels' 16-byte units in flight per thread (P::kLamportUnits).
   int32_t lamport_units = 1;
+  // A fused epilogue (include/mk/fusion.hpp) in the kernel's tail: its name,
+  // device code (defining struct Epi) and each operand's dtype and shape
+  // (0 per element, 1 per column, 2 per row). Empty source: none.
+  struct Epilogue {
+    std::string name;
+    std::string source;
+    std::vector<std::pair<DType, int32_t>> operands;
+  } epilogue;
 };
 
 // One compilation unit per size bucket (compiled in parallel).

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+
 #include <algorithm>
 #include <filesystem>
 #include <limits>
@@ -195,6 +197,11 @@ Plan parse(const json& j, const std::string& where) {
   auto op = parse_redop(str(j, "op", where, "$"));
   if (!op) bad(where, "$.op", "unknown op");
   p.op = *op;
+  p.fusion = opt_str(j, "fusion", where, "$", "");
+  if (p.fusion.size() > 128) bad(where, "$.fusion", "longer than 128 characters");
+  for (char c : p.fusion)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
+      bad(where, "$.fusion", "expected a fusion name (letters, digits, '.', '_', '-')");
   p.arch = parse_sm(str(j, "arch", where, "$"), where);
   p.nvrtc_version = j.contains("nvrtc_version")
                         ? num<int32_t>(j, "nvrtc_version", where, "$", 0, std::numeric_limits<int32_t>::max())
@@ -248,6 +255,7 @@ json header_json(const Plan& p) {
   if (p.zero_copy) j["zero_copy"] = true;
   j["dtype"] = std::string(name(p.dtype));
   j["op"] = std::string(name(p.op));
+  if (!p.fusion.empty()) j["fusion"] = p.fusion;
   j["arch"] = "sm_" + std::to_string(p.arch);
   j["nvrtc_version"] = p.nvrtc_version;
   j["mkernel_version"] = p.mkernel_version;
@@ -298,6 +306,7 @@ std::string resource_key(const Plan& p, const Kernel& k) {
   json j = header_json(p);
   j.erase("dtype");
   j.erase("op");
+  j.erase("fusion");  // fused kernels share the layout; only they use the tail word
   j.erase("serves");  // which ranks run the code, not the layout (equal on every rank)
   json kj = kernel_json(k);
   for (const char* f : {"name", "cubin", "source"}) kj.erase(f);
@@ -444,7 +453,8 @@ std::string summary(const Plan& p) {
   std::string s = fmt::format("plan {} ({}{}) for {} ranks{}, {} {}, {}; {} kernel(s), {} bytes of cubin\n", p.schedule,
                               name(p.coll), p.zero_copy ? ", zero-copy" : "", p.nranks,
                               p.serves.empty() ? "" : " (serves ranks " + served_ranks(p) + ")", name(p.dtype),
-                              name(p.op), "sm_" + std::to_string(p.arch), p.kernels.size(), bytes);
+                              std::string(name(p.op)) + (p.fusion.empty() ? std::string() : ", fused " + p.fusion),
+                              "sm_" + std::to_string(p.arch), p.kernels.size(), bytes);
   for (const auto& k : p.kernels) {
     std::string range = k.max_bytes < 0 ? fmt::format("{}B..", k.min_bytes)
                                         : fmt::format("{}B..{}B", k.min_bytes, k.max_bytes);

@@ -29,6 +29,11 @@
 //                    nothing reads an input unscaled through its in-place
 //                    alias (mk.verify.E018). compile_plan asks it of every
 //                    bucket of a premulsum plan.
+//  verify_epilogue   (fused kernels) the epilogue in each rank's kernel tail
+//                    sees every output element final and nothing touches it
+//                    after: only a rank's own ops touch its buffers
+//                    (mk.verify.E019). compile_plan asks it of every bucket
+//                    of a fused plan.
 //
 // Rooted collectives are proved for root 0, the only root plans are built
 // for: the kernel runs rank r as virtual rank (r - root) mod nranks, and
@@ -79,6 +84,13 @@ void verify_resources(const ir::Schedule& s);  // throws mk.verify.E016
 // Runs both aliasings; throws mk.verify.E018 naming the op, the chunk and the
 // DSL line.
 void verify_prologue(const ir::Schedule& s);
+
+// A fused epilogue (templates/fused.cuh) runs in each rank's kernel tail, on
+// every element of its output once; whether that is after the element's
+// final value and before nothing else touches it: an all-reduce whose ops
+// touch only their own rank's input and output (no zero-copy). Throws
+// mk.verify.E019 naming the op, the chunk and the DSL line.
+void verify_epilogue(const ir::Schedule& s, const std::string& fusion);
 
 // The schedule relabelled (ranks rotated) so that `root` is its root: from
 // root 0, what the kernel does at run time; to root 0, what lower() does to a

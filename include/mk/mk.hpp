@@ -158,6 +158,37 @@ class PreMulSum {
   mkRedOp_t op_ = mkSum;
 };
 
+// A fused epilogue for all_reduce_fused (mkFusion_t, mk.h): the fusion's
+// registered name, the row length, then its operands and scalars in the
+// order the fusion declares them.
+//   mk::Fusion f("allreduce.rmsnorm", hidden);
+//   f.operand(residual).operand(residual_out).operand(weight).scalar(1e-6);
+class Fusion {
+ public:
+  Fusion(std::string name, int64_t row) : name_(std::move(name)) {
+    f_.row = row;
+  }
+  Fusion& operand(const void* p) {
+    if (nops_ >= MK_FUSION_MAX_OPERANDS) throw RuntimeError(mkInvalidArgument, "mk::Fusion: more than 6 operands");
+    f_.operands[nops_++] = p;
+    return *this;
+  }
+  Fusion& scalar(double v) {
+    if (nscalars_ >= MK_FUSION_MAX_SCALARS) throw RuntimeError(mkInvalidArgument, "mk::Fusion: more than 4 scalars");
+    f_.scalars[nscalars_++] = v;
+    return *this;
+  }
+  const mkFusion_t* get() const {
+    f_.name = name_.c_str();
+    return &f_;
+  }
+
+ private:
+  std::string name_;
+  mutable mkFusion_t f_{};
+  int nops_ = 0, nscalars_ = 0;
+};
+
 class Communicator {
  public:
   Communicator() = default;
@@ -280,6 +311,17 @@ class Communicator {
   }
   void all_to_all(const void* send, void* recv, size_t count, mkDataType_t t, cudaStream_t s) {
     check(mkAllToAll(send, recv, count, t, c_, s), c_);
+  }
+
+  // Fused: the all-reduce, then the fusion's epilogue on every row of recv
+  // (mkAllReduceFused).
+  void all_reduce_fused(const void* send, void* recv, size_t count, mkDataType_t t, mkRedOp_t op, const Fusion& f,
+                        cudaStream_t s) {
+    check(mkAllReduceFused(send, recv, count, t, op, f.get(), c_, s), c_);
+  }
+  template <typename T>
+  void all_reduce_fused(const T* send, T* recv, size_t count, Op op, const Fusion& f, cudaStream_t s) {
+    all_reduce_fused(send, recv, count, DataType<T>::value, mkRedOp_t(op), f, s);
   }
 
   // Typed.

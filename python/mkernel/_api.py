@@ -502,6 +502,25 @@ class Communicator:
         call("mkAllReduce", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(count), dtype_code(dtype),
              op_code(op), self._live(), stream_handle(stream), comm=self._h)
 
+    def all_reduce_fused(self, sendbuf, recvbuf, count, dtype, fusion, operands, scalars=(), row=0, op="sum",
+                         stream=None):
+        """mkAllReduceFused: the all-reduce, then fusion `fusion`'s epilogue
+        ("allreduce.rmsnorm", "allreduce.fp8_rows", or one a schedule file
+        registers) on every row of `row` elements of recvbuf. `operands`:
+        device buffers in the fusion's order; `scalars`: numbers."""
+        operands, scalars = list(operands), list(scalars)
+        if len(operands) > 6 or len(scalars) > 4:
+            raise MkError(INVALID_ARGUMENT, "all_reduce_fused: at most 6 operands and 4 scalars")
+        f = _lib.Fusion()
+        f.name = str(fusion).encode()
+        for k, o in enumerate(operands):
+            f.operands[k] = pointer(o, "operands[%d]" % k)
+        for k, v in enumerate(scalars):
+            f.scalars[k] = float(v)
+        f.row = int(row)
+        call("mkAllReduceFused", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(count),
+             dtype_code(dtype), op_code(op), ctypes.byref(f), self._live(), stream_handle(stream), comm=self._h)
+
     def broadcast(self, sendbuf, recvbuf, count, dtype, root=0, stream=None):
         call("mkBroadcast", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(count), dtype_code(dtype),
              int(root), self._live(), stream_handle(stream), comm=self._h)

@@ -44,6 +44,16 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
+class Fusion(ctypes.Structure):
+    # mkFusion_t (include/mk.h): a fused epilogue's name, operands, scalars, row.
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("operands", ctypes.c_void_p * 6),
+        ("scalars", ctypes.c_double * 4),
+        ("row", ctypes.c_int64),
+    ]
+
+
 class Config(ctypes.Structure):
     # mkConfig_t (include/mk.h): NCCL 2.28's ncclConfig_t, field for field.
     _fields_ = [
@@ -99,6 +109,7 @@ _SIGNATURES = {
     "mkRedOpCreatePreMulSum": [_c.POINTER(_c.c_int), _P, _c.c_int, _c.c_int, _P],
     "mkRedOpDestroy": [_c.c_int, _P],
     "mkAllReduce": [_P, _P, _S, _c.c_int, _c.c_int, _P, _P],
+    "mkAllReduceFused": [_P, _P, _S, _c.c_int, _c.c_int, _c.POINTER(Fusion), _P, _P],
     "mkBroadcast": [_P, _P, _S, _c.c_int, _c.c_int, _P, _P],
     "mkReduce": [_P, _P, _S, _c.c_int, _c.c_int, _c.c_int, _P, _P],
     "mkAllGather": [_P, _P, _S, _c.c_int, _P, _P],

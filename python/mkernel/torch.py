@@ -22,6 +22,7 @@ Three ways in, from least to most code:
 import contextlib
 import os
 import threading
+from typing import Tuple
 
 import torch
 import torch.distributed as dist
@@ -157,6 +158,14 @@ class Communicator:
         self.mk.all_reduce(t, out, t.numel(), d, op, _stream(t))
         return out
 
+    def all_reduce_rmsnorm(self, x, residual, weight, eps=1e-6):
+        """(out, residual_out) of torch.ops.mkernel.all_reduce_rmsnorm on this communicator."""
+        return torch.ops.mkernel.all_reduce_rmsnorm(x, residual, weight, float(eps), self.id)
+
+    def all_reduce_fp8(self, x):
+        """(out, q, scales) of torch.ops.mkernel.all_reduce_fp8 on this communicator."""
+        return torch.ops.mkernel.all_reduce_fp8(x, self.id)
+
     def destroy(self):
         with _registry_lock:
             _registry.pop(getattr(self, "id", None), None)
@@ -290,6 +299,65 @@ def all_to_all(t: torch.Tensor, comm: int) -> torch.Tensor:
 @all_to_all.register_fake
 def _(t, comm):
     return _like(t)
+
+
+# ---- fused all-reduces (mkAllReduceFused) -------------------------------------------
+
+def _rows_of(x, what):
+    if x.dim() == 0 or x.numel() == 0:
+        raise ValueError("mkernel.%s: x must have a last dimension (the row), got shape %s" % (what, tuple(x.shape)))
+    return x.shape[-1]
+
+
+def _same(a, x, what, name):
+    if a.shape != x.shape or a.dtype != x.dtype:
+        raise ValueError("mkernel.%s: %s (%s %s) must match x (%s %s)" % (what, name, tuple(a.shape), a.dtype,
+                                                                          tuple(x.shape), x.dtype))
+
+
+@torch.library.custom_op("mkernel::all_reduce_rmsnorm", mutates_args=())
+def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       comm: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, residual_out): residual_out = all_reduce(x) + residual and
+    out = rms_norm(residual_out, weight, eps) over the last dimension, in one
+    kernel (the all-reduce's). fp16, bf16, fp32; last dimension 1..16384."""
+    c, xc, d = _input(x, comm)
+    hidden = _rows_of(xc, "all_reduce_rmsnorm")
+    _same(residual, xc, "all_reduce_rmsnorm", "residual")
+    if weight.dim() != 1 or weight.shape[0] != hidden or weight.dtype != x.dtype:
+        raise ValueError("mkernel.all_reduce_rmsnorm: weight must be (%d,) of %s, got %s %s" %
+                         (hidden, x.dtype, tuple(weight.shape), weight.dtype))
+    res, w = residual.contiguous(), weight.contiguous()
+    c._check(res, "residual")
+    c._check(w, "weight")
+    out, res_out = _like(xc), _like(xc)
+    c.mk.all_reduce_fused(xc, out, xc.numel(), d, "allreduce.rmsnorm", [res, res_out, w], [eps], row=hidden,
+                          stream=_stream(xc))
+    return out, res_out
+
+
+@all_reduce_rmsnorm.register_fake
+def _(x, residual, weight, eps, comm):
+    return _like(x), _like(x)
+
+
+@torch.library.custom_op("mkernel::all_reduce_fp8", mutates_args=())
+def all_reduce_fp8(x: torch.Tensor, comm: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, q, scales): out = all_reduce(x); per row of the last dimension,
+    scales[row] = amax / 448 (fp32) and q = float8_e4m3fn(out / scale)."""
+    c, xc, d = _input(x, comm)
+    hidden = _rows_of(xc, "all_reduce_fp8")
+    out = _like(xc)
+    q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=xc.device)
+    scales = torch.empty(xc.shape[:-1], dtype=torch.float32, device=xc.device)
+    c.mk.all_reduce_fused(xc, out, xc.numel(), d, "allreduce.fp8_rows", [q, scales], row=hidden, stream=_stream(xc))
+    return out, q, scales
+
+
+@all_reduce_fp8.register_fake
+def _(x, comm):
+    return (_like(x), torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device))
 
 
 # ---- the process-group backend ---------------------------------------------------

@@ -10,11 +10,13 @@
 // exact-integer reference; outputs are poisoned before each call and guard
 // bytes around every buffer are checked after.
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +34,7 @@
 #include <set>
 
 #include "compiler/compile.hpp"
+#include "compiler/verify/fused_ref.hpp"
 #include "compiler/verify/reference.hpp"
 #include "compiler/verify/typed.hpp"
 #include "mk.h"
@@ -455,6 +458,175 @@ void premulsum(World& w) {
           run_checked(w, s);
         }
     }
+}
+
+// ---- fused epilogues (mkAllReduceFused) ----------------------------------------
+
+// One fused all-reduce on every local rank: allreduce.rmsnorm or
+// allreduce.fp8_rows, checked against the float64 references of
+// compiler/verify/fused_ref.hpp; every buffer has guard bytes, and the local
+// ranks' outputs must agree bit for bit.
+void fused_call(World& w, const std::string& fusion, DType t, int64_t tokens, int64_t hidden, bool inplace,
+                bool residual_inplace, uint64_t seed, bool misalign = false) {
+  namespace fr = mk::verify::fused;
+  const int64_t count = tokens * hidden;
+  const size_t es = dtype_size(t);
+  const bool norm = fusion == "allreduce.rmsnorm";
+  const std::string what = fmt::format("{} {} tokens {} hidden {} ({}{}{}, {} ranks)", fusion, name(t), tokens, hidden,
+                                       inplace ? "in-place" : "out-of-place",
+                                       residual_inplace ? ", residual updated in place" : "",
+                                       misalign ? ", residual one element off a vector boundary" : "", w.nranks);
+  // misalign: rank 0's residual starts one element into its allocation, so
+  // that its rows cannot move as vectors (the element path, on sizes that
+  // would) while the other ranks' do: the outputs must still agree bit-wise
+  auto off_of = [&](const Rank& r) { return misalign && r.rank == 0 ? es : size_t(0); };
+  // the exact all-reduce and its magnitude, from every rank's input
+  std::vector<double> ar(static_cast<size_t>(count), 0.0), mag(static_cast<size_t>(count), 0.0);
+  for (int r = 0; r < w.nranks; ++r)
+    for (int64_t i = 0; i < count; ++i) {
+      const double v = fr::value(seed, uint64_t(r), i, t);
+      ar[size_t(i)] += v;
+      mag[size_t(i)] += std::fabs(v);
+    }
+  std::vector<double> residual(static_cast<size_t>(count)), weight(static_cast<size_t>(hidden));
+  for (int64_t i = 0; i < count; ++i) residual[size_t(i)] = fr::value(seed, 1000, i, t);
+  for (int64_t j = 0; j < hidden; ++j) weight[size_t(j)] = 0.5 + fr::value(seed, 1001, j, t) * 0.25;
+  const double eps_v = 1e-5;
+  struct Bufs {
+    GuardedBuffer in, out, a, b, c;
+  };
+  std::vector<Bufs> bufs(w.local.size());
+  const int64_t rows = count / hidden;
+  for (size_t li = 0; li < w.local.size(); ++li) {
+    const Rank& r = w.local[li];
+    CK_CUDA(cudaSetDevice(r.device));
+    Bufs& b = bufs[li];
+    std::vector<double> x(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) x[size_t(i)] = fr::value(seed, uint64_t(r.rank), i, t);
+    const auto xb = fr::encode(x, t);
+    b.out.alloc(size_t(count) * es);
+    if (!inplace) b.in.alloc(size_t(count) * es);
+    CK_CUDA(cudaMemcpy(inplace ? b.out.ptr() : b.in.ptr(), xb.data(), xb.size(), cudaMemcpyHostToDevice));
+    if (!inplace) CK_CUDA(cudaMemset(b.out.ptr(), 0x7f, size_t(count) * es));  // poison
+    if (norm) {
+      const auto rb = fr::encode(residual, t), wb = fr::encode(weight, t);
+      const size_t off = off_of(r);
+      b.a.alloc(rb.size() + off);
+      CK_CUDA(cudaMemcpy(static_cast<char*>(b.a.ptr()) + off, rb.data(), rb.size(), cudaMemcpyHostToDevice));
+      if (!residual_inplace) {
+        b.b.alloc(rb.size());
+        CK_CUDA(cudaMemset(b.b.ptr(), 0x7f, rb.size()));
+      }
+      b.c.alloc(wb.size());
+      CK_CUDA(cudaMemcpy(b.c.ptr(), wb.data(), wb.size(), cudaMemcpyHostToDevice));
+    } else {
+      b.a.alloc(size_t(count));
+      b.b.alloc(size_t(rows) * 4);
+      CK_CUDA(cudaMemset(b.a.ptr(), 0x7f, size_t(count)));
+      CK_CUDA(cudaMemset(b.b.ptr(), 0x7f, size_t(rows) * 4));
+    }
+  }
+  CK_CUDA(cudaDeviceSynchronize());
+  CK_MK(mkGroupStart(), nullptr);
+  for (size_t li = 0; li < w.local.size(); ++li) {
+    const Rank& r = w.local[li];
+    CK_CUDA(cudaSetDevice(r.device));
+    Bufs& b = bufs[li];
+    mkFusion_t f{};
+    f.name = fusion.c_str();
+    f.row = hidden;
+    if (norm) {
+      f.operands[0] = static_cast<char*>(b.a.ptr()) + off_of(r);
+      f.operands[1] = residual_inplace ? f.operands[0] : b.b.ptr();
+      f.operands[2] = b.c.ptr();
+      f.scalars[0] = eps_v;
+    } else {
+      f.operands[0] = b.a.ptr();
+      f.operands[1] = b.b.ptr();
+    }
+    const mkResult_t rc = mkAllReduceFused(inplace ? b.out.ptr() : b.in.ptr(), b.out.ptr(), size_t(count), to_mk(t),
+                                           mkSum, &f, r.comm, r.stream);
+    if (rc != mkSuccess) throw Failure(what + ": " + mkGetErrorString(rc) + ": " + mkGetLastError(r.comm));
+  }
+  CK_MK(mkGroupEnd(), nullptr);
+  sync_all(w);
+  check_async(w);
+  std::vector<char> first;
+  for (size_t li = 0; li < w.local.size(); ++li) {
+    const Rank& r = w.local[li];
+    CK_CUDA(cudaSetDevice(r.device));
+    Bufs& b = bufs[li];
+    auto fetch = [&](const GuardedBuffer& g, size_t bytes) {
+      std::vector<char> h(bytes);
+      CK_CUDA(cudaMemcpy(h.data(), g.ptr(), bytes, cudaMemcpyDeviceToHost));
+      return h;
+    };
+    std::string bad;
+    std::vector<char> outb = fetch(b.out, size_t(count) * es);
+    std::vector<char> all = outb;
+    if (norm) {
+      const auto ref = fr::rmsnorm(ar, mag, residual, weight, eps_v, hidden, t);
+      std::vector<char> rob(size_t(count) * es);
+      CK_CUDA(cudaMemcpy(rob.data(), residual_inplace ? static_cast<char*>(b.a.ptr()) + off_of(r) : b.b.ptr(), rob.size(),
+                         cudaMemcpyDeviceToHost));
+      all.insert(all.end(), rob.begin(), rob.end());
+      bad = fr::first_bad(fr::decode(rob, t), ref.residual_out, ref.residual_out_tol, "residual_out");
+      if (bad.empty()) bad = fr::first_bad(fr::decode(outb, t), ref.out, ref.out_tol, "out");
+    } else {
+      const auto ref = fr::fp8_rows(ar, mag, hidden, t);
+      const auto qb = fetch(b.a, size_t(count)), sb = fetch(b.b, size_t(rows) * 4);
+      all.insert(all.end(), qb.begin(), qb.end());
+      all.insert(all.end(), sb.begin(), sb.end());
+      const auto scales = fr::decode(sb, DType::fp32);
+      bad = fr::first_bad(scales, ref.scales, ref.scale_tol, "scales");
+      if (bad.empty()) {
+        // the device's q is of its own scale: compare q * scale with the all-reduce
+        const auto q = fr::decode(qb, DType::fp8e4m3);
+        std::vector<double> got(q.size()), want(q.size()), tol(q.size());
+        for (int64_t i = 0; i < count; ++i) {
+          got[size_t(i)] = q[size_t(i)];
+          want[size_t(i)] = ar[size_t(i)] / scales[size_t(i / hidden)];
+          tol[size_t(i)] = ref.q_tol[size_t(i)];
+        }
+        bad = fr::first_bad(got, want, tol, "q");
+      }
+      // the receive buffer keeps the all-reduce
+      if (bad.empty()) {
+        std::vector<double> tol(static_cast<size_t>(count));
+        for (int64_t i = 0; i < count; ++i) tol[size_t(i)] = 4 * fr::eps(t) * mag[size_t(i)] + 1e-30;
+        bad = fr::first_bad(fr::decode(outb, t), ar, tol, "out");
+      }
+    }
+    if (!bad.empty()) throw Failure(what + ": rank " + std::to_string(r.rank) + ": " + bad);
+    for (GuardedBuffer* g : {&b.in, &b.out, &b.a, &b.b, &b.c})
+      if (g->base) g->check_guards(what.c_str());
+    if (li == 0)
+      first = all;
+    else if (all != first)
+      throw Failure(what + ": rank " + std::to_string(r.rank) + "'s outputs differ bit-wise from rank " +
+                    std::to_string(w.local[0].rank) + "'s");
+    ++g_checked;
+  }
+  for (size_t li = 0; li < w.local.size(); ++li) {
+    CK_CUDA(cudaSetDevice(w.local[li].device));
+    for (GuardedBuffer* g : {&bufs[li].in, &bufs[li].out, &bufs[li].a, &bufs[li].b, &bufs[li].c}) g->free();
+  }
+}
+
+void fused(World& w) {
+  uint64_t seed = 900;
+  for (DType t : {DType::bf16, DType::fp16, DType::fp32})
+    for (int64_t hidden : {int64_t(1024), int64_t(4096), int64_t(8192), int64_t(16384), int64_t(1001)})
+      for (int64_t tokens : {int64_t(1), int64_t(3), int64_t(64)}) {
+        if (g_quick && tokens == 3) continue;
+        fused_call(w, "allreduce.rmsnorm", t, tokens, hidden, false, false, seed++, tokens == 3);
+        fused_call(w, "allreduce.rmsnorm", t, tokens, hidden, true, true, seed++);
+        fused_call(w, "allreduce.fp8_rows", t, tokens, hidden, (seed & 1) != 0, false, seed++);
+      }
+  // large: many rows per block, the simple-protocol bucket
+  for (int64_t tokens : {int64_t(1024), g_quick ? int64_t(1024) : int64_t(8192)})
+    fused_call(w, "allreduce.rmsnorm", DType::bf16, tokens, 4096, false, false, seed++);
+  fused_call(w, "allreduce.fp8_rows", DType::bf16, 2048, 8192, true, false, seed++);
 }
 
 void matrix(World& w) {
@@ -1423,6 +1595,13 @@ std::vector<Scenario> scenarios() {
   v.push_back({"edge_values_share_gpu_3ranks_1proc", 3, false, 1, {}, edge_values, 1});
   v.push_back({"premulsum_share_gpu_3ranks_1proc", 3, false, 1, {}, premulsum, 1});
   v.push_back({"premulsum_share_gpu_2ranks_2proc", 2, true, 1, {}, premulsum});
+  v.push_back({"fused_share_gpu_3ranks_1proc", 3, false, 1, {}, fused, 1});
+  v.push_back({"fused_share_gpu_2ranks_2proc", 2, true, 1, {}, fused});
+  // Every size with the epilogue in the collective's tail, and every size in
+  // the epilogue kernel (the runtime picks by row count: both paths checked
+  // on every shape).
+  v.push_back({"fused_tail_share_gpu_3ranks_1proc", 3, false, 1, {{"MK_FUSED_EPILOGUE", "tail"}}, fused, 1});
+  v.push_back({"fused_kernel_share_gpu_2ranks_1proc", 2, false, 1, {{"MK_FUSED_EPILOGUE", "kernel"}}, fused, 1});
   v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
   v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});

@@ -271,6 +271,33 @@ int premul_fallback(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// The same for a fused all-reduce: copy engines run no epilogue.
+int fused_fallback(int rank, int nranks, const mkUniqueId& id) {
+  CUstream stream = nullptr;
+  mkComm_t comm = nullptr;
+  if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
+  CUdeviceptr buf = 0, res = 0, w = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 16) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemAlloc(&res, 1 << 16) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuMemAlloc(&w, 1 << 10) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(buf));
+  mkFusion_t f{};
+  f.name = "allreduce.rmsnorm";
+  f.operands[0] = f.operands[1] = reinterpret_cast<void*>(uintptr_t(res));
+  f.operands[2] = reinterpret_cast<void*>(uintptr_t(w));
+  f.scalars[0] = 1e-6;
+  f.row = 128;
+  CHILD_CHECK(mkAllReduceFused(p, p, 256, mkFloat32, mkSum, &f, comm, stream) == mkSuccess);
+  mkfake_launch l{};
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  std::fprintf(stderr, "rank %d: fused all-reduce launched %s\n", rank, l.function);
+  CHILD_CHECK(std::string(l.function).find("allreduce_rmsnorm") != std::string::npos);
+  CHILD_CHECK(std::string(l.function).find("_ce") == std::string::npos);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  for (CUdeviceptr x : {buf, res, w}) CHILD_CHECK(cu().cuMemFree(x) == CUDA_SUCCESS);
+  return 0;
+}
+
 // Init, one all-reduce, destroy.
 int init_allreduce(int rank, int nranks, const mkUniqueId& id) {
   CUstream stream = nullptr;
@@ -919,6 +946,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "user_schedule") return user_schedule(rank, nranks, id);
   if (scenario == "init_allreduce") return init_allreduce(rank, nranks, id);
   if (scenario == "premul_fallback") return premul_fallback(rank, nranks, id);
+  if (scenario == "fused_fallback") return fused_fallback(rank, nranks, id);
   if (scenario == "divergent_registry") return divergent_registry(rank, nranks, id);
   if (scenario == "user_schedule_differs")
     return expect_init_failure(rank, nranks, id, mkInvalidUsage,
@@ -1029,6 +1057,12 @@ TEST_CASE("two processes: a PreMulSum all-reduce that MK_ALGO sends to copy engi
   MKT_REQUIRE_FAKE();
   const std::vector<std::string> env = {"MK_ALGO=allreduce=allreduce.ce"};
   run_ranks(2, "premul_fallback", {env, env});
+}
+
+TEST_CASE("two processes: a fused all-reduce that MK_ALGO sends to copy engines runs the built-in table's fused kernel") {
+  MKT_REQUIRE_FAKE();
+  const std::vector<std::string> env = {"MK_ALGO=allreduce=allreduce.ce"};
+  run_ranks(2, "fused_fallback", {env, env});
 }
 
 TEST_CASE("two processes: a schedule known only from MK_PLAN_DIR's plans serves mkAllReduce when MK_ALGO names it") {

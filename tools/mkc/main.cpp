@@ -420,9 +420,10 @@ int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir, bo
 }
 
 int cmd_compile(Common o, const std::string& dtype, const std::string& op, const std::string& arch,
-                const std::string& out, bool no_cache, int32_t rank) {
+                const std::string& out, bool no_cache, int32_t rank, const std::string& fusion) {
   compiler::CompileOptions co;
   co.rank = rank;
+  co.fusion = fusion;
   co.dtype = dtype_arg(dtype);
   co.op = op_arg(op);
   co.arch = jit::parse_arch(arch);
@@ -675,6 +676,11 @@ int main(int argc, char** argv) {
   compile->add_option("-o,--out", out, "output directory")->required();
   compile->add_flag("--no-cache", no_cache, "ignore and do not fill the kernel cache");
   int32_t compile_rank = -1;
+  std::string compile_fusion;
+  compile->add_option("--fusion", compile_fusion,
+                      "fuse this epilogue into every kernel's tail (all-reduce: allreduce.rmsnorm, allreduce.fp8_rows, "
+                      "or one a --plugin file registers with MK_FUSION); the runtime's mkAllReduceFused uses such plans "
+                      "from MK_PLAN_DIR");
   compile->add_option("--rank", compile_rank,
                       "generate and compile only the code of this rank's class (plan.json lists the ranks it serves; "
                       "from 128 ranks: of this rank alone, generated from its own program); default: every rank");
@@ -759,7 +765,7 @@ int main(int argc, char** argv) {
     if (*verify) return cmd_verify(verify_o, strict);
     if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_pick, show_classes);
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
-    if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache, compile_rank);
+    if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache, compile_rank, compile_fusion);
     if (*prebuild) return cmd_prebuild(pb_archs, pb_ranks, pb_dtypes, pb_copy, pb_ops, pb_out, pb_jobs);
     if (*tune) {
       for (const auto& c : tu_colls) {

@@ -1,0 +1,141 @@
+// The fusion registry (include/mk/fusion.hpp) and the host row context's
+// rounding.
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cmath>
+#include <deque>
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "mk/error.hpp"
+#include "mk/fusion.hpp"
+#include "templates/dtype.cuh"
+
+namespace mk::dsl {
+namespace {
+std::mutex& mu() {
+  static std::mutex m;
+  return m;
+}
+std::deque<FusionInfo>& registry() {  // deque: pointers stay valid as plugins register
+  static std::deque<FusionInfo> r;
+  return r;
+}
+// Fusions that failed their checks at registration (static initialisers
+// cannot throw): name -> the error, raised when the name is asked for.
+std::map<std::string, std::string>& rejected() {
+  static std::map<std::string, std::string> r;
+  return r;
+}
+
+std::string check(const FusionInfo& f) {
+  if (f.name.empty()) return "a fusion needs a name";
+  for (char c : f.name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
+      return fmt::format("fusion name '{}' may hold only letters, digits, '.', '_' and '-'", f.name);
+  if (f.source.find("Epi") == std::string::npos) return "its epilogue code defines no struct Epi";
+  if (f.operands.size() > size_t(kMaxOperands))
+    return fmt::format("{} operands; at most {}", f.operands.size(), kMaxOperands);
+  if (f.scalars.size() > size_t(kMaxScalars)) return fmt::format("{} scalars; at most {}", f.scalars.size(), kMaxScalars);
+  for (size_t k = 0; k < f.operands.size(); ++k) {
+    const OperandInfo& o = f.operands[k];
+    if (o.name.empty()) return fmt::format("operand {} has no name", k);
+    if (int(o.shape) < 0 || int(o.shape) > 2) return fmt::format("operand {} has an unknown shape", o.name);
+    if (!o.same_dtype && (int(o.dtype) < 0 || int(o.dtype) >= kNumDTypes))
+      return fmt::format("operand {} has an unknown dtype", o.name);
+  }
+  if (f.rows != RowMode::given && f.rows != RowMode::any) return "unknown row mode";
+  if (f.rows == RowMode::any)
+    for (const OperandInfo& o : f.operands)
+      if (o.shape != Shape::elem)
+        return fmt::format("operand {} is per {}, but the rows of an element-wise fusion (RowMode::any) are the "
+                           "runtime's choice",
+                           o.name, o.shape == Shape::col ? "column" : "row");
+  if (f.max_row < 1 || f.max_row > 65536) return fmt::format("max_row {} is outside 1..65536", f.max_row);
+  if (f.dtypes.empty()) return "no dtype";
+  for (DType t : f.dtypes)
+    if (t != DType::fp16 && t != DType::bf16 && t != DType::fp32 && t != DType::fp64)
+      return fmt::format("dtype {}: epilogues run on floating-point outputs (fp16, bf16, fp32, fp64)", name(t));
+  return {};
+}
+}  // namespace
+
+bool register_fusion(const FusionInfo& info) {
+  std::lock_guard<std::mutex> lock(mu());
+  const std::string why = check(info);
+  if (!why.empty()) {
+    rejected()[info.name] = fmt::format("{}:{}: {}", info.file, info.line, why);
+    return false;
+  }
+  rejected().erase(info.name);
+  for (auto& f : registry())
+    if (f.name == info.name) {
+      f = info;  // a later registration (a user plugin) replaces an earlier one
+      return true;
+    }
+  registry().push_back(info);
+  return true;
+}
+
+std::vector<FusionInfo> registered_fusions() {
+  std::lock_guard<std::mutex> lock(mu());
+  return {registry().begin(), registry().end()};
+}
+
+const FusionInfo* find_fusion(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu());
+  if (auto it = rejected().find(name); it != rejected().end())
+    throw Error(ErrId::dsl_E009, fmt::format("fusion {} is malformed: {}", name, it->second));
+  for (auto& f : registry())
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+namespace fusion_detail {
+double host_round(double v, DType t) {
+  using namespace mk::dev;
+  switch (t) {
+    case DType::fp16: return double(to_float(from_float<f16>(float(v))));
+    case DType::bf16: return double(to_float(from_float<bf16>(float(v))));
+    case DType::fp8e4m3: return double(to_float(from_float<f8e4m3>(float(v))));
+    case DType::fp8e5m2: return double(to_float(from_float<f8e5m2>(float(v))));
+    case DType::fp32: return double(float(v));
+    default: return v;
+  }
+}
+}  // namespace fusion_detail
+
+void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t row, double* out,
+                     double* const* operands, const double* scalars, bool exact) {
+  if (row < 1) throw Error(ErrId::cli_E011, fmt::format("fusion {}: row {} is not positive", f.name, row));
+  int slot = -1;
+  switch (dtype) {
+    case DType::fp16: slot = 0; break;
+    case DType::bf16: slot = 1; break;
+    case DType::fp32: slot = 2; break;
+    case DType::fp64: slot = 3; break;
+    default: break;
+  }
+  if (slot < 0 || !f.host[slot])
+    throw Error(ErrId::cli_E013, fmt::format("fusion {} has no host code for {}", f.name, name(dtype)));
+  fusion_detail::HostFn fn = exact ? f.host[3] : f.host[slot];
+  for (int64_t r = 0; r * row < count; ++r) {
+    fusion_detail::HostRowBase ctx;  // the host function wraps it in its HostRow<C>
+    ctx.n = int32_t(std::min(row, count - r * row));
+    ctx.row = r;
+    ctx.out_ = out + r * row;
+    ctx.out_dtype = exact ? DType::fp64 : dtype;
+    for (size_t k = 0; k < f.operands.size(); ++k) {
+      ctx.ops_[k] = operands[k];
+      ctx.shape_[k] = f.operands[k].shape;
+      ctx.dtype_[k] = exact ? DType::fp64 : f.operands[k].same_dtype ? dtype : f.operands[k].dtype;
+    }
+    for (size_t k = 0; k < f.scalars.size() && k < size_t(kMaxScalars); ++k) ctx.scalars_[k] = scalars[k];
+    ctx.stride_ = row;
+    fn(ctx);
+  }
+}
+
+}  // namespace mk::dsl

@@ -1,0 +1,225 @@
+// Fused epilogues: your element-wise or row-wise work, compiled into the
+// collective's kernel.
+//
+// An epilogue is a small device function over one row of the collective's
+// final output (all-reduce: every element of the receive buffer). It runs
+// once per row, inside the same kernel, after every element of the rank's
+// output holds its final value and before the kernel returns; one thread
+// block owns a row, so a row function may reduce over the row (RMSNorm,
+// LayerNorm, per-row quantisation scales). The runtime launches it through
+// mkAllReduceFused (mk.h), naming the fusion and passing its operands and
+// scalars.
+//
+// Write it once, in a schedule file (a .cpp that `mkc --plugin` and
+// MK_SCHEDULES load, as schedules are):
+//
+//   MK_EPILOGUE(my_scale,
+//     struct Epi {
+//       template <class R>
+//       MK_DEV static void row(R& r) {
+//         for (int i = r.first(); i < r.n; i += r.step())
+//           r.set_out(i, r.out(i) * r.scalar(0));
+//       }
+//     };
+//   )
+//   MK_FUSION(my_scale, "my.scale", "out *= s", {}, {"s"}, mk::dsl::RowMode::any);
+//
+// The code between MK_EPILOGUE's parentheses is compiled twice: by NVRTC
+// into the kernel, and by the host compiler into the schedule file, where
+// `mkc simulate` and the tests run it on the CPU with the same interface
+// (one thread per row). It must be plain C++ of that interface, without
+// preprocessor lines; `R` is the row context:
+//
+//   r.n, r.row              the row's length and index (row `row` of the output)
+//   r.first(), r.step()     this thread's first element and stride in the row
+//   r.out(i), r.set_out(i,v)   the collective's final output (its dtype)
+//   r.ld(k, i), r.st(k, i, v)  operand k (FusionInfo::operands) at element i of
+//                              its shape: elem -> [row * n + i], col -> [i],
+//                              row -> [row] (i ignored)
+//   r.scalar(k)             scalar k of the call (mkFusion_t::scalars)
+//   r.round(v)              v rounded to the collective's dtype (as a store would)
+//   R::V, r.vec(), r.nv()   vectors: when r.vec(), the row is nv() vectors of V
+//   r.out_v(v, x), r.set_out_v(v, x), r.ld_v(k, v, x), r.st_v(k, v, x)
+//                           elements v*V .. v*V+V-1 at once (x: C[R::V]); the
+//                           device moves 16 bytes of the collective's dtype a
+//                           time. Rows the call's sizes or alignment do not let
+//                           move as vectors have vec() false: write the element
+//                           path too (the built-ins show how).
+//   r.sum(x), r.max(x)      block-wide reductions: every thread of the block
+//                           must call them, with its partial value
+//   r.rsqrt(x), r.abs(x)    math in the compute type
+//   typename R::C           the compute type: float (fp16, bf16, fp32), double (fp64)
+//
+// Values move as the compute type: loads convert from the operand's dtype,
+// stores round to it (round to nearest even; fp8 saturates).
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "mk/types.hpp"
+
+#ifndef MK_DEV
+#define MK_DEV inline
+#endif
+
+namespace mk::dsl {
+
+// Where an operand's element i of row `row` lives.
+enum class Shape : int32_t {
+  elem = 0,  // one element per output element: [row * n + i] (a residual, a second output)
+  col = 1,   // one per position in the row: [i] (a weight, a bias)
+  row = 2,   // one per row: [row] (a per-row scale)
+};
+
+// The dtype of an operand: `same` (the collective's) or a fixed one.
+struct OperandInfo {
+  std::string name;  // "residual"
+  Shape shape = Shape::elem;
+  bool output = false;        // written by the epilogue
+  bool same_dtype = true;     // the collective's dtype
+  DType dtype = DType::fp32;  // when !same_dtype
+};
+
+// How rows are formed.
+enum class RowMode : int32_t {
+  given = 0,  // the call gives the row length (mkFusion_t::row): RMSNorm's hidden size
+  any = 1,    // element-wise: any split works; the runtime picks the rows
+};
+
+namespace fusion_detail {
+struct HostRowBase;
+using HostFn = void (*)(HostRowBase&);
+}  // namespace fusion_detail
+
+struct FusionInfo {
+  std::string name;  // "allreduce.rmsnorm"
+  std::string doc;
+  std::vector<OperandInfo> operands;  // at most kMaxOperands
+  std::vector<std::string> scalars;   // at most kMaxScalars
+  RowMode rows = RowMode::given;
+  int32_t max_row = 16384;  // longest row the epilogue serves (RowMode::given)
+  std::vector<DType> dtypes = {DType::fp16, DType::bf16, DType::fp32};
+  std::string source;  // the device code (MK_EPILOGUE), defining struct Epi
+  // The same code compiled for the host: [fp16, bf16, fp32, fp64] (simulation).
+  fusion_detail::HostFn host[4] = {nullptr, nullptr, nullptr, nullptr};
+  std::string file;
+  int line = 0;
+};
+constexpr int kMaxOperands = 6;
+constexpr int kMaxScalars = 4;
+
+// Adds a fusion to the process-wide registry (the same name again replaces
+// it, as schedules do). Throws mk.dsl.E009 for a malformed one.
+bool register_fusion(const FusionInfo& info);
+std::vector<FusionInfo> registered_fusions();
+const FusionInfo* find_fusion(const std::string& name);
+
+// ---- the host row context (simulation) ---------------------------------------
+
+namespace fusion_detail {
+// Type-erased operand access for the host: the simulator gives every operand
+// as float64 storage plus the dtype its stores round to.
+struct HostRowBase {
+  int32_t n = 0;
+  int64_t row = 0;
+  int64_t stride_ = 0;     // the length full rows have (element operands: [row * stride_ + i])
+  double* out_ = nullptr;  // the row's output (row * stride_ already applied)
+  DType out_dtype = DType::fp32;
+  double* ops_[kMaxOperands] = {};  // operand bases (shape not yet applied)
+  Shape shape_[kMaxOperands] = {};
+  DType dtype_[kMaxOperands] = {};
+  double scalars_[kMaxScalars] = {};
+};
+double host_round(double v, DType t);  // rounds v to t's precision (exactly as a store would)
+
+template <class CT>
+struct HostRow : HostRowBase {
+  using C = CT;
+  // Vectors of 4 on the host (the device's are 16 bytes); even rows take the
+  // vector path, odd rows the element path, so that both are checked.
+  static constexpr int V = 4;
+  int first() const { return 0; }
+  int step() const { return 1; }
+  bool vec() const { return (row & 1) == 0 && n % V == 0; }
+  int nv() const { return n / V; }
+  C round(C v) const { return C(host_round(double(v), out_dtype)); }
+  C out(int i) const { return C(out_[i]); }
+  void set_out(int i, C v) { out_[i] = host_round(double(v), out_dtype); }
+  void out_v(int v, C (&x)[V]) const {
+    for (int j = 0; j < V; ++j) x[j] = out(v * V + j);
+  }
+  void set_out_v(int v, const C (&x)[V]) {
+    for (int j = 0; j < V; ++j) set_out(v * V + j, x[j]);
+  }
+  void ld_v(int k, int v, C (&x)[V]) const {
+    for (int j = 0; j < V; ++j) x[j] = ld(k, v * V + j);
+  }
+  void st_v(int k, int v, const C (&x)[V]) {
+    for (int j = 0; j < V; ++j) st(k, v * V + j, x[j]);
+  }
+  double* at(int k, int i) const {
+    switch (shape_[k]) {
+      case Shape::elem: return ops_[k] + row * stride_ + i;
+      case Shape::col: return ops_[k] + i;
+      default: return ops_[k] + row;
+    }
+  }
+  C ld(int k, int i) const { return C(*at(k, i)); }
+  void st(int k, int i, C v) { *at(k, i) = host_round(double(v), dtype_[k]); }
+  C scalar(int k) const { return C(scalars_[k]); }
+  C sum(C x) const { return x; }
+  C max(C x) const { return x; }
+  C rsqrt(C x) const { return C(1) / std::sqrt(x); }
+  C abs(C x) const { return x < C(0) ? -x : x; }
+};
+}  // namespace fusion_detail
+
+// Runs fusion `f`'s host code on one rank's output: `count` elements in rows
+// of `row` (the last may be shorter), every buffer as doubles. `out` and the
+// operands hold values of their dtypes (the collective's `dtype`, or the
+// operand's own) and every store rounds to them, computing in the dtype's
+// compute type, as the kernel does. `exact`: compute in double and round
+// nothing (the float64 reference of the same code). operands[k] must hold
+// what operand k's shape needs (count, row or rows elements).
+void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t row, double* out,
+                     double* const* operands, const double* scalars, bool exact = false);
+
+#define MK_FUSION_CAT2(a, b) a##b
+#define MK_FUSION_CAT(a, b) MK_FUSION_CAT2(a, b)
+
+// MK_EPILOGUE(ident, code): `code` defines `struct Epi` with
+// `template <class R> MK_DEV static void row(R& r)`.
+#define MK_EPILOGUE(IDENT, ...)                                                                    \
+  namespace mk_epilogue_##IDENT {                                                                  \
+  __VA_ARGS__                                                                                      \
+  template <class CT>                                                                              \
+  void host(::mk::dsl::fusion_detail::HostRowBase& b) {                                            \
+    ::mk::dsl::fusion_detail::HostRow<CT> r;                                                       \
+    static_cast<::mk::dsl::fusion_detail::HostRowBase&>(r) = b;                                    \
+    Epi::row(r);                                                                                   \
+  }                                                                                                \
+  static const char* const source = #__VA_ARGS__;                                                  \
+  }
+
+// MK_FUSION(ident, "name", "doc", {operands}, {"scalar", ...}, RowMode[, extra settings])
+#define MK_FUSION(IDENT, NAME, DOC, OPERANDS, SCALARS, ROWS)                                          \
+  static const bool MK_FUSION_CAT(mk_fusion_registered_, __LINE__) = [] {                          \
+    ::mk::dsl::FusionInfo f;                                                                        \
+    f.name = NAME;                                                                                  \
+    f.doc = DOC;                                                                                    \
+    f.operands = std::vector<::mk::dsl::OperandInfo> OPERANDS;                                      \
+    f.scalars = std::vector<std::string> SCALARS;                                                   \
+    f.rows = ROWS;                                                                                  \
+    f.source = mk_epilogue_##IDENT::source;                                                         \
+    f.host[0] = &mk_epilogue_##IDENT::host<float>;                                                  \
+    f.host[1] = &mk_epilogue_##IDENT::host<float>;                                                  \
+    f.host[2] = &mk_epilogue_##IDENT::host<float>;                                                  \
+    f.host[3] = &mk_epilogue_##IDENT::host<double>;                                                 \
+    f.file = __FILE__;                                                                              \
+    f.line = __LINE__;                                                                              \
+    return ::mk::dsl::register_fusion(f);                                                           \
+  }()
+
+}  // namespace mk::dsl

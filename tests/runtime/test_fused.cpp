@@ -1,0 +1,174 @@
+// mkAllReduceFused through the real host runtime and the fake driver: the
+// call's fusion reaches the kernel's arguments, fused calls take fused
+// kernels (never zero-copy), and every bad argument is mkInvalidArgument
+// with a message, launching nothing.
+#include <cstring>
+#include <string>
+
+#include "mk/mk.hpp"
+#include "tests/runtime/fake.hpp"
+
+TEST_CASE("mkAllReduceFused: the fusion's operands, scalars and row reach a fused kernel, bad fusions, rows, operands "
+          "and overlaps are mkInvalidArgument with a message") {
+  MKT_REQUIRE_FAKE();
+  const mkfake_counts before = mkt::counts();
+  {
+    mkt::Device dev(0);
+    const size_t hidden = 1024, tokens = 4, count = hidden * tokens;
+    mkt::Buffer in(dev, count * 2), out(dev, count * 2), res(dev, count * 2 + 64), res_out(dev, count * 2),
+        weight(dev, hidden * 2), q(dev, count), scales(dev, tokens * 4);
+    mkComm_t comm = mkt::one_rank();
+    mkFusion_t f{};
+    f.name = "allreduce.rmsnorm";
+    f.operands[0] = res.ptr();
+    f.operands[1] = res_out.ptr();
+    f.operands[2] = weight.ptr();
+    f.scalars[0] = 1e-5;
+    f.row = int64_t(hidden);
+    REQUIRE_MESSAGE(mkAllReduceFused(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, &f, comm, dev.stream) ==
+                        mkSuccess,
+                    mkGetLastError(comm));
+    mkfake_launch l = mkt::last_launch();
+    CHECK(std::string(l.function).find("allreduce_rmsnorm") != std::string::npos);
+    CHECK(l.args.epi_ops[0] == res.ptr());
+    CHECK(l.args.epi_ops[1] == res_out.ptr());
+    CHECK(l.args.epi_ops[2] == weight.ptr());
+    CHECK(l.args.epi_ops[3] == nullptr);
+    CHECK(l.args.epi_scalars[0] == 1e-5);
+    CHECK(l.args.epi_row == int64_t(hidden));
+    CHECK(l.args.count == int64_t(count));
+    // in place, with the residual updated in place (residual_out == residual)
+    f.operands[1] = res.ptr();
+    REQUIRE_MESSAGE(mkAllReduceFused(out.ptr(), out.ptr(), count, mkBfloat16, mkSum, &f, comm, dev.stream) ==
+                        mkSuccess,
+                    mkGetLastError(comm));
+    CHECK(mkt::last_launch().args.epi_ops[1] == res.ptr());
+    // a plain all-reduce of the same size takes an unfused kernel, and NULL is plain
+    REQUIRE(mkAllReduce(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, comm, dev.stream) == mkSuccess);
+    l = mkt::last_launch();
+    CHECK(std::string(l.function).find("rmsnorm") == std::string::npos);
+    CHECK(l.args.epi_ops[0] == nullptr);
+    REQUIRE(mkAllReduceFused(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, nullptr, comm, dev.stream) == mkSuccess);
+    CHECK(std::string(mkt::last_launch().function).find("rmsnorm") == std::string::npos);
+    // fp8 rows: operands of their own dtypes
+    mkFusion_t g{};
+    g.name = "allreduce.fp8_rows";
+    g.operands[0] = q.ptr();
+    g.operands[1] = scales.ptr();
+    g.row = int64_t(hidden);
+    REQUIRE_MESSAGE(mkAllReduceFused(in.ptr(), out.ptr(), count, mkFloat16, mkSum, &g, comm, dev.stream) ==
+                        mkSuccess,
+                    mkGetLastError(comm));
+    CHECK(std::string(mkt::last_launch().function).find("fp8_rows") != std::string::npos);
+
+    auto fails = [&](mkResult_t r, const char* text) {
+      CHECK(r == mkInvalidArgument);
+      const std::string msg = mkGetLastError(comm);
+      CHECK_MESSAGE(msg.find(text) != std::string::npos, msg);
+    };
+    const int64_t launches = mkt::counts().launches;
+    f.operands[1] = res_out.ptr();
+    auto call = [&](const mkFusion_t& x, size_t n = 4096, mkDataType_t t = mkBfloat16) {
+      return mkAllReduceFused(in.ptr(), out.ptr(), n, t, mkSum, &x, comm, dev.stream);
+    };
+    mkFusion_t b = f;
+    b.name = nullptr;
+    fails(call(b), "fusion->name is NULL");
+    b.name = "no.such.fusion";
+    fails(call(b), "unknown fusion 'no.such.fusion'");
+    b = f;
+    fails(call(b, count, mkInt32), "does not serve int32");
+    fails(call(b, count + 1), "not a whole number of rows");
+    b.row = 0;
+    fails(call(b), "fusion->row");
+    b.row = 20000;
+    fails(call(b, 20000), "in 1..16384");
+    b = f;
+    b.operands[2] = nullptr;
+    fails(call(b), "operands[2] (weight of fusion allreduce.rmsnorm) is NULL");
+    b = f;
+    b.operands[4] = weight.ptr();
+    fails(call(b), "takes 3 operand(s)");
+    b = f;
+    b.operands[0] = static_cast<char*>(res.ptr()) + 1;
+    fails(call(b), "not aligned");
+    b = f;
+    b.operands[0] = out.ptr();
+    fails(call(b), "overlaps recvbuff");
+    b = f;
+    b.operands[1] = in.ptr();
+    fails(call(b), "overlaps sendbuff");
+    b = f;
+    b.operands[1] = static_cast<char*>(res.ptr()) + 2;  // overlaps the residual, not exactly
+    fails(call(b), "without being the same buffer");
+    b = f;
+    int host = 0;
+    b.operands[2] = &host;
+    fails(call(b), "not GPU memory");
+    b = f;
+    b.operands[1] = res_out.ptr();
+    mkt::Buffer small(dev, 64);
+    b.operands[1] = small.ptr();
+    fails(call(b), "allocation ends");
+    CHECK(mkt::counts().launches == launches);  // nothing launched for a bad call
+    REQUIRE(mkCommDestroy(comm) == mkSuccess);
+  }
+  const std::string leaked = mkt::leaks(before, mkt::counts());
+  CHECK_MESSAGE(leaked.empty(), leaked);
+}
+
+TEST_CASE("C++ API: mk::Communicator::all_reduce_fused runs a fused all-reduce of typed buffers") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  const size_t hidden = 512, tokens = 2, count = hidden * tokens;
+  mkt::Buffer in(dev, count * 4), out(dev, count * 4), res(dev, count * 4), weight(dev, hidden * 4);
+  mk::Communicator comm(mkt::one_rank());
+  mk::Fusion f("allreduce.rmsnorm", int64_t(hidden));
+  f.operand(res.ptr()).operand(res.ptr()).operand(weight.ptr()).scalar(1e-6);
+  comm.all_reduce_fused(static_cast<const float*>(in.ptr()), static_cast<float*>(out.ptr()), count, mk::Op::sum, f,
+                        dev.stream);
+  const mkfake_launch l = mkt::last_launch();
+  CHECK(std::string(l.function).find("fp32_sum_allreduce_rmsnorm") != std::string::npos);
+  CHECK(l.args.epi_ops[2] == weight.ptr());
+  CHECK(l.args.epi_scalars[0] == 1e-6);
+  CHECK_THROWS_WITH_AS(comm.all_reduce_fused(static_cast<const float*>(in.ptr()), static_cast<float*>(out.ptr()),
+                                             count + 3, mk::Op::sum, f, dev.stream),
+                       doctest::Contains("whole number of rows"), mk::RuntimeError);
+}
+
+TEST_CASE("mkAllReduceFused: a call of many rows launches the collective without its tail, then the plan's epilogue "
+          "kernel on every SM") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  const size_t hidden = 16, tokens = 8192, count = hidden * tokens;
+  mkt::Buffer in(dev, count * 2), out(dev, count * 2), res(dev, count * 2), weight(dev, hidden * 2);
+  mkComm_t comm = mkt::one_rank();
+  mkFusion_t f{};
+  f.name = "allreduce.rmsnorm";
+  f.operands[0] = res.ptr();
+  f.operands[1] = res.ptr();
+  f.operands[2] = weight.ptr();
+  f.row = int64_t(hidden);
+  // few rows: one launch, the epilogue in the collective's tail
+  const int64_t l0 = mkt::counts().launches;
+  REQUIRE_MESSAGE(mkAllReduceFused(in.ptr(), out.ptr(), hidden, mkBfloat16, mkSum, &f, comm, dev.stream) == mkSuccess,
+                  mkGetLastError(comm));
+  CHECK(mkt::counts().launches == l0 + 1);
+  mkfake_launch l = mkt::last_launch();
+  CHECK(l.args.epi_mode == 0);
+  CHECK(std::string(l.function).find("_epi") == std::string::npos);
+  // many rows: two launches; the second is <kernel>_epi with up to 4 blocks per SM
+  const int64_t l1 = mkt::counts().launches;
+  REQUIRE_MESSAGE(mkAllReduceFused(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, &f, comm, dev.stream) == mkSuccess,
+                  mkGetLastError(comm));
+  CHECK(mkt::counts().launches == l1 + 2);
+  l = mkt::last_launch();
+  const std::string fn = l.function;
+  CHECK(fn.size() > 4);
+  CHECK(fn.substr(fn.size() - 4) == "_epi");
+  CHECK(l.args.epi_mode == 1);
+  CHECK(l.args.epi_row == int64_t(hidden));
+  CHECK(l.grid[0] >= 1);
+  CHECK(int64_t(l.grid[0]) <= int64_t(tokens));
+  REQUIRE(mkCommDestroy(comm) == mkSuccess);
+}
