@@ -62,8 +62,8 @@ void check_fusion_plan(const ir::Schedule& built, const dsl::FusionInfo& f, DTyp
   }
 }
 
-// A fusion as it shapes a plan: its name and a hash of its code and operand
-// list (a user file that changes the code under the same name gets a new plan).
+}  // namespace
+
 std::string fusion_identity(const std::string& name) {
   if (name.empty()) return {};
   const dsl::FusionInfo* f = dsl::find_fusion(name);
@@ -74,7 +74,6 @@ std::string fusion_identity(const std::string& name) {
   k += fmt::format("\nrows {} {}", int(f->rows), f->max_row);
   return name + "@" + jit::hash_hex(k);
 }
-}  // namespace
 
 std::string known_fusions() {
   std::string names;
@@ -246,7 +245,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   p.topology = s0.topology;
   p.dtype = o.dtype;
   p.op = o.op;
-  p.fusion = o.fusion;
+  p.fusion = fusion_identity(o.fusion);  // name@hash: a plan of an older version of the code is not it
   p.arch = o.arch;
   p.nvrtc_version = jit::nvrtc_version();
   p.mkernel_version = MK_VERSION;

@@ -43,6 +43,12 @@ struct CompileStats {
 // structs fails to compile here until it is serialised (or named as excluded).
 std::string options_json(const CompileOptions& o);
 
+// A fusion as it shapes a plan: "name@hash" of its code, operands and row
+// settings as registered now ("" for ""); throws mk.cli.E011 for an unknown
+// name. plan::Plan::fusion holds it, so a plan compiled against another
+// version of a fusion's code is never taken for it.
+std::string fusion_identity(const std::string& name);
+
 // "known fusions: a, b": the registered fusions' names, for error hints.
 std::string known_fusions();
 

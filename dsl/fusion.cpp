@@ -45,6 +45,8 @@ std::string check(const FusionInfo& f) {
     if (int(o.shape) < 0 || int(o.shape) > 2) return fmt::format("operand {} has an unknown shape", o.name);
     if (!o.same_dtype && (int(o.dtype) < 0 || int(o.dtype) >= kNumDTypes))
       return fmt::format("operand {} has an unknown dtype", o.name);
+    if (o.output && o.shape == Shape::col)
+      return fmt::format("operand {} is a per-column output: every row's block would write it", o.name);
   }
   if (f.rows != RowMode::given && f.rows != RowMode::any) return "unknown row mode";
   if (f.rows == RowMode::any)

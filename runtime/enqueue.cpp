@@ -160,6 +160,10 @@ void validate_fusion(Pending& p) {
       fail(mkInvalidArgument, fmt::format("{}: count {} is not a whole number of rows of {} elements (fusion {})", api,
                                           count, row, fname));
   }
+  if (count == 0) {
+    p.fusion = fname;
+    return;
+  }
   const int64_t rows = (count + row - 1) / row;
   const size_t nops = info->operands.size();
   for (size_t k = 0; k < size_t(MK_FUSION_MAX_OPERANDS); ++k) {
@@ -198,7 +202,7 @@ void validate_fusion(Pending& p) {
       if (j == k) continue;
       const uintptr_t y = reinterpret_cast<uintptr_t>(p.epi_ops[j]);
       const dsl::OperandInfo& q = info->operands[j];
-      const bool exact = x == y && p.epi_bytes[k] == p.epi_bytes[j] && o.shape == q.shape &&
+      const bool exact = x == y && p.epi_bytes[k] == p.epi_bytes[j] && o.shape == dsl::Shape::elem && o.shape == q.shape &&
                          (o.same_dtype ? p.dt : o.dtype) == (q.same_dtype ? p.dt : q.dtype) && !q.output;
       if (!exact && overlaps(x, p.epi_bytes[k], y, p.epi_bytes[j]))
         fail(mkInvalidArgument, fmt::format("{}: fusion->operands[{}] ({}, written) overlaps operands[{}] ({}) without "
@@ -244,6 +248,7 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
             false,
             {},
             {}};
+  if (k.fusion) validate_fusion(p);  // count 0 too: a bad fusion is an error, its operands are not read
   if (k.count == 0) return p;
   const size_t in_bytes = p.in_bytes, out_bytes = p.out_bytes;
   const bool need_send = p.need_send, need_recv = p.need_recv;
@@ -255,7 +260,6 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
   };
   if (need_send) check_ptr(k.send, "sendbuff");
   if (need_recv) check_ptr(k.recv, "recvbuff");
-  if (k.fusion) validate_fusion(p);
   if (need_send && need_recv) {
     const uintptr_t sp = reinterpret_cast<uintptr_t>(k.send), rp = reinterpret_cast<uintptr_t>(k.recv);
     const bool inplace = is_inplace_call(k.coll, sp, rp, c->rank, bytes);

@@ -187,6 +187,7 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
                                            RedOp op, int arch, bool zero_copy, int32_t max_grid, int32_t rank,
                                            const std::string& tune, const std::string& fusion) {
   compiler::CompileOptions o = plan_options(coll, dtype, op, arch, zero_copy, max_grid, -1, tune, fusion);
+  const std::string fusion_id = compiler::fusion_identity(fusion);  // what a matching plan.json holds
   const std::string key = fmt::format("{}|{}|{}", schedule, nranks, compiler::options_json(o));
   o.rank = rank;
   std::unique_lock<std::mutex> lock(mutex());
@@ -210,7 +211,7 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     std::shared_ptr<const plan::Plan> elsewhere;
     for (const auto& p : candidates) {
       if (p->schedule != schedule || p->dtype != dtype || (collective_reduces(coll) && p->op != op) ||
-          p->fusion != fusion)
+          p->fusion != fusion_id)
         continue;
       if (p->zero_copy && !zero_copy) continue;
       if (p->nranks != nranks || p->arch != arch)

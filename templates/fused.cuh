@@ -128,19 +128,31 @@ struct RowCtx {
       for (int j = 0; j < V; ++j) p[j] = k.e[j];
     }
   }
+  // A per-row operand holds one value per row: ld_v gives it in every lane,
+  // st_v stores x[0] (the host's HostRow does the same).
   template <class U, int S>
   MK_DEV void ld_v_as(int k, int v, C (&x)[V]) const {
-    Pack<U> p;
-    ld_pack(at<U, S>(k, v * V), p);
+    if constexpr (S == 2) {
+      const C one = ld_as<U, S>(k, 0);
 #pragma unroll
-    for (int j = 0; j < V; ++j) x[j] = C(Compute<U>::load(p.e[j]));
+      for (int j = 0; j < V; ++j) x[j] = one;
+    } else {
+      Pack<U> p;
+      ld_pack(at<U, S>(k, v * V), p);
+#pragma unroll
+      for (int j = 0; j < V; ++j) x[j] = C(Compute<U>::load(p.e[j]));
+    }
   }
   template <class U, int S>
   MK_DEV void st_v_as(int k, int v, const C (&x)[V]) {
-    Pack<U> p;
+    if constexpr (S == 2) {
+      st_as<U, S>(k, 0, x[0]);
+    } else {
+      Pack<U> p;
 #pragma unroll
-    for (int j = 0; j < V; ++j) p.e[j] = Compute<U>::store(typename Compute<U>::type(x[j]));
-    st_pack(at<U, S>(k, v * V), p);
+      for (int j = 0; j < V; ++j) p.e[j] = Compute<U>::store(typename Compute<U>::type(x[j]));
+      st_pack(at<U, S>(k, v * V), p);
+    }
   }
   MK_DEV void out_v(int v, C (&x)[V]) const {
     Pack<T> p;

@@ -200,8 +200,8 @@ Plan parse(const json& j, const std::string& where) {
   p.fusion = opt_str(j, "fusion", where, "$", "");
   if (p.fusion.size() > 128) bad(where, "$.fusion", "longer than 128 characters");
   for (char c : p.fusion)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
-      bad(where, "$.fusion", "expected a fusion name (letters, digits, '.', '_', '-')");
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '@'))
+      bad(where, "$.fusion", "expected a fusion's name@hash (letters, digits, '.', '_', '-', '@')");
   p.arch = parse_sm(str(j, "arch", where, "$"), where);
   p.nvrtc_version = j.contains("nvrtc_version")
                         ? num<int32_t>(j, "nvrtc_version", where, "$", 0, std::numeric_limits<int32_t>::max())

@@ -62,8 +62,9 @@ struct Plan {
   bool zero_copy = false;  // lowered for registered buffers (mkc compile --zero-copy)
   DType dtype = DType::fp32;
   RedOp op = RedOp::sum;
-  // The fused epilogue in every kernel's tail (include/mk/fusion.hpp, by
-  // name); empty: none.
+  // The fused epilogue in every kernel's tail (include/mk/fusion.hpp):
+  // "name@hash" of the code it was compiled from (compiler::fusion_identity);
+  // empty: none.
   std::string fusion;
   int32_t arch = 90;
   int32_t nvrtc_version = 0;

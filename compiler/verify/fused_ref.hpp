@@ -3,6 +3,7 @@
 // the CPU unit tests and the GPU suite compare with these.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -119,7 +120,8 @@ inline Fp8Ref fp8_rows(const std::vector<double>& ar, const std::vector<double>&
       amax = std::max(amax, std::fabs(ar[size_t(base + j)]));
       magmax = std::max(magmax, mag[size_t(base + j)]);
     }
-    const double scale = amax > 0 ? amax / 448.0 : 1.0;
+    const double tiny = double(std::ldexp(1.0f, -126));  // the smallest normal float
+    const double scale = amax > 0 ? std::max(amax / 448.0, tiny) : 1.0;
     r.scales.push_back(scale);
     // the device's amax is of the all-reduce as rounded to the dtype
     r.scale_tol.push_back(4 * u * magmax / 448.0 + 1e-30);

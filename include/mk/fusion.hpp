@@ -40,7 +40,9 @@
 //   r.round(v)              v rounded to the collective's dtype (as a store would)
 //   R::V, r.vec(), r.nv()   vectors: when r.vec(), the row is nv() vectors of V
 //   r.out_v(v, x), r.set_out_v(v, x), r.ld_v(k, v, x), r.st_v(k, v, x)
-//                           elements v*V .. v*V+V-1 at once (x: C[R::V]); the
+//                           elements v*V .. v*V+V-1 at once (x: C[R::V]; a per-row
+//                           operand: ld_v gives its value in every lane, st_v
+//                           stores x[0]); the
 //                           device moves 16 bytes of the collective's dtype a
 //                           time. Rows the call's sizes or alignment do not let
 //                           move as vectors have vec() false: write the element
@@ -154,9 +156,13 @@ struct HostRow : HostRowBase {
     for (int j = 0; j < V; ++j) set_out(v * V + j, x[j]);
   }
   void ld_v(int k, int v, C (&x)[V]) const {
-    for (int j = 0; j < V; ++j) x[j] = ld(k, v * V + j);
+    for (int j = 0; j < V; ++j) x[j] = ld(k, v * V + j);  // a per-row operand: its value in every lane
   }
   void st_v(int k, int v, const C (&x)[V]) {
+    if (shape_[k] == Shape::row) {  // one value per row: x[0], as the device stores it
+      st(k, 0, x[0]);
+      return;
+    }
     for (int j = 0; j < V; ++j) st(k, v * V + j, x[j]);
   }
   double* at(int k, int i) const {
@@ -203,7 +209,9 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
   static const char* const source = #__VA_ARGS__;                                                  \
   }
 
-// MK_FUSION(ident, "name", "doc", {operands}, {"scalar", ...}, RowMode[, extra settings])
+// MK_FUSION(ident, "name", "doc", ({operands}), ({"scalar", ...}), RowMode): fp16,
+// bf16 and fp32, rows up to 16384. Other settings (FusionInfo::dtypes,
+// max_row): fill a FusionInfo as this macro does and call register_fusion.
 #define MK_FUSION(IDENT, NAME, DOC, OPERANDS, SCALARS, ROWS)                                          \
   static const bool MK_FUSION_CAT(mk_fusion_registered_, __LINE__) = [] {                          \
     ::mk::dsl::FusionInfo f;                                                                        \

@@ -304,7 +304,7 @@ def _(t, comm):
 # ---- fused all-reduces (mkAllReduceFused) -------------------------------------------
 
 def _rows_of(x, what):
-    if x.dim() == 0 or x.numel() == 0:
+    if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError("mkernel.%s: x must have a last dimension (the row), got shape %s" % (what, tuple(x.shape)))
     return x.shape[-1]
 
@@ -331,6 +331,8 @@ def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     c._check(res, "residual")
     c._check(w, "weight")
     out, res_out = _like(xc), _like(xc)
+    if xc.numel() == 0:  # no rows: nothing to reduce (as all_reduce of an empty tensor)
+        return out, res_out
     c.mk.all_reduce_fused(xc, out, xc.numel(), d, "allreduce.rmsnorm", [res, res_out, w], [eps], row=hidden,
                           stream=_stream(xc))
     return out, res_out
@@ -350,6 +352,8 @@ def all_reduce_fp8(x: torch.Tensor, comm: int) -> Tuple[torch.Tensor, torch.Tens
     out = _like(xc)
     q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=xc.device)
     scales = torch.empty(xc.shape[:-1], dtype=torch.float32, device=xc.device)
+    if xc.numel() == 0:
+        return out, q, scales
     c.mk.all_reduce_fused(xc, out, xc.numel(), d, "allreduce.fp8_rows", [q, scales], row=hidden, stream=_stream(xc))
     return out, q, scales
 

@@ -1,6 +1,7 @@
 // All-reduce with fp8 (e4m3) output quantisation and a scale per row:
 //
-//   scale[row] = max(|allreduce(x)| over the row) / 448   (1 for an all-zero row)
+//   scale[row] = max(|allreduce(x)| over the row) / 448   (1 for an all-zero row; at
+//                least the smallest normal float)
 //   q          = fp8e4m3(allreduce(x) / scale[row])        (saturating)
 //
 // The all-reduce's receive buffer keeps the full-precision result; `q` and
@@ -26,7 +27,10 @@ MK_EPILOGUE(fp8_rows,
         for (int i = r.first(); i < r.n; i += r.step()) m = r.abs(r.out(i)) > m ? r.abs(r.out(i)) : m;
       }
       const C amax = r.max(m);
-      const C scale = amax > C(0) ? amax / C(448) : C(1);
+      // at least the smallest normal float: 1 / scale stays finite (a
+      // subnormal scale would turn zeros into NaN)
+      const C tiny = C(1.17549435e-38f);
+      const C scale = amax > C(0) ? (amax / C(448) > tiny ? amax / C(448) : tiny) : C(1);
       if (r.first() == 0) r.st(1, 0, scale);
       const C inv = C(1) / scale;
       if (r.vec()) {

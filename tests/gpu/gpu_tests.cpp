@@ -580,15 +580,8 @@ void fused_call(World& w, const std::string& fusion, DType t, int64_t tokens, in
       const auto scales = fr::decode(sb, DType::fp32);
       bad = fr::first_bad(scales, ref.scales, ref.scale_tol, "scales");
       if (bad.empty()) {
-        // the device's q is of its own scale: compare q * scale with the all-reduce
-        const auto q = fr::decode(qb, DType::fp8e4m3);
-        std::vector<double> got(q.size()), want(q.size()), tol(q.size());
-        for (int64_t i = 0; i < count; ++i) {
-          got[size_t(i)] = q[size_t(i)];
-          want[size_t(i)] = ar[size_t(i)] / scales[size_t(i / hidden)];
-          tol[size_t(i)] = ref.q_tol[size_t(i)];
-        }
-        bad = fr::first_bad(got, want, tol, "q");
+        // q against the reference's own scale (its tolerance covers the scale's)
+        bad = fr::first_bad(fr::decode(qb, DType::fp8e4m3), ref.q, ref.q_tol, "q");
       }
       // the receive buffer keeps the all-reduce
       if (bad.empty()) {
@@ -619,7 +612,8 @@ void fused(World& w) {
     for (int64_t hidden : {int64_t(1024), int64_t(4096), int64_t(8192), int64_t(16384), int64_t(1001)})
       for (int64_t tokens : {int64_t(1), int64_t(3), int64_t(64)}) {
         if (g_quick && tokens == 3) continue;
-        fused_call(w, "allreduce.rmsnorm", t, tokens, hidden, false, false, seed++, tokens == 3);
+        // tokens 64: rank 0's residual off a vector boundary (also in --quick)
+        fused_call(w, "allreduce.rmsnorm", t, tokens, hidden, false, false, seed++, tokens == 64);
         fused_call(w, "allreduce.rmsnorm", t, tokens, hidden, true, true, seed++);
         fused_call(w, "allreduce.fp8_rows", t, tokens, hidden, (seed & 1) != 0, false, seed++);
       }

@@ -110,6 +110,15 @@ TEST_CASE("mkAllReduceFused: the fusion's operands, scalars and row reach a fuse
     mkt::Buffer small(dev, 64);
     b.operands[1] = small.ptr();
     fails(call(b), "allocation ends");
+    // count 0 launches nothing, but a bad fusion is still an error (its operands are not read)
+    CHECK(mkAllReduceFused(in.ptr(), out.ptr(), 0, mkBfloat16, mkSum, &b, comm, dev.stream) == mkSuccess);
+    b = f;
+    b.name = "no.such.fusion";
+    fails(mkAllReduceFused(in.ptr(), out.ptr(), 0, mkBfloat16, mkSum, &b, comm, dev.stream), "unknown fusion");
+    mkFusion_t empty{};
+    empty.name = "allreduce.rmsnorm";
+    empty.row = 16;
+    CHECK(mkAllReduceFused(in.ptr(), out.ptr(), 0, mkBfloat16, mkSum, &empty, comm, dev.stream) == mkSuccess);
     CHECK(mkt::counts().launches == launches);  // nothing launched for a bad call
     REQUIRE(mkCommDestroy(comm) == mkSuccess);
   }
