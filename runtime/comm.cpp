@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "compiler/jit/jit.hpp"
 #include "mk/dsl.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/env.hpp"
@@ -416,6 +417,10 @@ mkResult_t Comm::poll_async_error() {
   else if (e.code == dev::kErrWaitTimeout && e.slot == -2)
     what = fmt::format("{} waited {:.0f} ms at kernel exit for rank {} to finish with this rank's buffers (zero-copy)",
                        who, double(e.waited_ns) / 1e6, e.peer);
+  else if (e.code == dev::kErrWaitTimeout && e.slot == dev::kChainBarrierSlot)
+    what = fmt::format("{} waited {:.0f} ms in a group kernel for this rank's other thread blocks to finish the "
+                       "previous collective on them ({} of {} arrived)",
+                       who, double(e.waited_ns) / 1e6, e.have, e.want);
   else if (e.code == dev::kErrWaitTimeout && e.slot == dev::kTailBarrierSlot)
     what = fmt::format("{} waited {:.0f} ms before the fused epilogue for this rank's other thread blocks to finish "
                        "the collective ({} of {} arrived)",
@@ -828,6 +833,49 @@ Resources::~Resources() {
   }
 }
 
+GroupKernel& Comm::group_kernel(const std::string& key, const std::vector<codegen::GroupMember>& members,
+                                int32_t threads, int64_t grid) {
+  std::unique_ptr<GroupKernel>& slot = plans.groups[key];
+  if (slot) return *slot;
+  auto g = std::make_unique<GroupKernel>();
+  try {
+    RelaxedCapture relaxed;
+    CtxGuard guard(ctx);
+    // named by its code (the cubin cache is keyed by the source anyway)
+    g->name = "mk_group_" + jit::hash_hex(codegen::group_source(members, threads, "mk_group")).substr(0, 16);
+    const jit::CompileResult r = jit::compile(codegen::group_source(members, threads, g->name), g->name, arch);
+    const Driver& d = cu();
+    MK_CU(d.cuModuleLoadData(&g->module, r.cubin.data()), "loading group kernel " + g->name);
+    MK_CU(d.cuModuleGetFunction(&g->fn, g->module, g->name.c_str()), "finding group kernel " + g->name);
+    if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(g->fn), "loading group kernel " + g->name);
+    int per_sm = 0;
+    MK_CU(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, g->fn, threads, 0), "querying occupancy");
+    if (grid * colocated > int64_t(per_sm) * sms) {
+      g->fn = nullptr;
+      g->why = fmt::format("its {} blocks of {} threads per rank ({} rank(s) on this GPU) would not all be resident "
+                           "at once ({} per SM x {} SMs)",
+                           grid, threads, colocated, per_sm, sms);
+    }
+  } catch (const std::exception& e) {
+    g->fn = nullptr;
+    g->why = e.what();
+  }
+  if (g->fn)
+    debug_log(fmt::format("rank {}: group kernel {} ready: {} calls, {} blocks of {} threads", rank, g->name,
+                          members.size(), grid, threads));
+  else
+    debug_log(fmt::format("rank {}: a group of {} calls runs as one launch per call: {}", rank, members.size(), g->why));
+  slot = std::move(g);
+  return *slot;
+}
+
+GroupKernel::~GroupKernel() {
+  try {
+    if (module) cu().cuModuleUnload(module);
+  } catch (...) {
+  }
+}
+
 PlanInstance::~PlanInstance() {
   try {
     if (module) cu().cuModuleUnload(module);
@@ -842,6 +890,7 @@ void Comm::release() {
   for (auto& f : plans.fast)
     for (auto& v : f) v.clear();
   plans.owned.clear();
+  plans.groups.clear();
   ce_states.clear();
   {
     std::lock_guard<std::mutex> lock(plans.res_mu);
@@ -877,6 +926,7 @@ void Comm::abandon() {
       if (m == this) m = nullptr;
   }
   for (auto& i : plans.owned) (void)i.release();
+  for (auto& [key, g] : plans.groups) (void)g.release();
   for (auto& x : ce_states) (void)x.release();
   {
     std::lock_guard<std::mutex> lock(plans.res_mu);

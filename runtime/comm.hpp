@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/plan/plan.hpp"
 #include "mk.h"
@@ -90,6 +91,18 @@ struct PlanInstance {
   ~PlanInstance();  // unloads the module
 };
 
+// A group kernel (codegen group_source): consecutive calls of one
+// mkGroupStart/End on this communicator in one launch (runtime/enqueue.cpp).
+// fn null: it could not be built or would not fit the GPU (`why`); the calls
+// are then launched one by one.
+struct GroupKernel {
+  CUmodule module = nullptr;
+  CUfunction fn = nullptr;
+  std::string name;
+  std::string why;
+  ~GroupKernel();  // unloads the module
+};
+
 // A buffer registered with mkCommRegister: its row in the zero-copy window
 // table, and what this rank opened to map the peers' buffers of that row.
 struct Registration {
@@ -145,6 +158,10 @@ struct PlanCache {
   // Fused calls (never zero-copy): "fusion|slot" -> ranges.
   std::unordered_map<std::string, std::vector<Range>> fused;
   std::vector<std::unique_ptr<PlanInstance>> owned;
+  // Group kernels by the group's shape (its calls' instances and lanes), and
+  // how often each shape was seen (MK_GROUP_FUSE=auto compiles on the second).
+  std::unordered_map<std::string, std::unique_ptr<GroupKernel>> groups;
+  std::unordered_map<std::string, int> group_seen;
   // Schedules (with their knobs) whose PreMulSum plans the compiler refused
   // (verify_prologue): why, so that other sizes fall back without lowering again.
   std::map<std::string, std::string> premul_refused;
@@ -319,6 +336,11 @@ class Comm {
     int64_t in_offset = 0, out_offset = 0, in_bytes = 0, out_bytes = 0;
     uint64_t call_sig = 0;  // collective | dtype << 8 | op << 16 | root << 32
   };
+  // The group kernel of shape `key` running `members` (`threads` per block,
+  // `grid` blocks in all), built and loaded on first use; a failure is kept
+  // in GroupKernel::why (and logged with MK_DEBUG). Caller holds `mu`.
+  GroupKernel& group_kernel(const std::string& key, const std::vector<codegen::GroupMember>& members,
+                            int32_t threads, int64_t grid);
   dev::Args args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
                  int32_t elem_size, const ZcCall& zc) const;
   // Thread blocks per kernel at most: maxCTAs, and for ranks sharing a GPU

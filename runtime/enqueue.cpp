@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <functional>
+#include <map>
 
 #include <algorithm>
 #include <cstdlib>
@@ -450,6 +451,46 @@ std::unique_ptr<ce::Issue> ce_issue(Pending& p, PlanInstance& inst, const Launch
                                      p.stream, !ls.eager);
 }
 
+// One call's kernel arguments. Caller holds p.c->mu.
+dev::Args call_args(const Pending& p, const PlanInstance& inst) {
+  dev::Args a = p.c->args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
+  a.prescale = p.prescale;
+  a.prescale_ptr = p.prescale_ptr;
+  for (int j = 0; j < dsl::kMaxOperands; ++j) a.epi_ops[j] = p.epi_ops[j];
+  for (int j = 0; j < dsl::kMaxScalars; ++j) a.epi_scalars[j] = p.epi_scalars[j];
+  a.epi_row = p.epi_row;
+  return a;
+}
+
+// Launches `fn` with the one parameter at `param`; `pdl`: the kernel allows
+// programmatic dependent launch (plan::Kernel::pdl).
+void launch_kernel(CUfunction fn, unsigned grid, unsigned threads, CUstream stream, void* param, bool pdl,
+                   const char* api) {
+  void* params[] = {param};
+  CUresult r;
+  if (pdl && pdl_enabled() && cu().cuLaunchKernelEx) {
+    // Programmatic dependent launch: the kernel may be scheduled as soon as
+    // the previous kernel of the stream has let its blocks go; it waits for
+    // that kernel's completion (griddepcontrol.wait) before touching memory.
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = grid;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = threads;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = 0;
+    cfg.hStream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    r = cu().cuLaunchKernelEx(&cfg, fn, params, nullptr);
+  } else {
+    r = cu().cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, 0, stream, params, nullptr);
+  }
+  if (r != CUDA_SUCCESS) fail(mkUnhandledCudaError, std::string(api) + ": kernel launch failed: " + cu_error_string(r));
+}
+
 // Caller holds c->mu.
 void launch_locked(Pending& p, PlanInstance& inst) {
   Comm& c = *p.c;
@@ -473,12 +514,7 @@ void launch_locked(Pending& p, PlanInstance& inst) {
     return;
   }
   const plan::Kernel& kern = *inst.kernel;
-  dev::Args a = c.args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
-  a.prescale = p.prescale;
-  a.prescale_ptr = p.prescale_ptr;
-  for (int j = 0; j < dsl::kMaxOperands; ++j) a.epi_ops[j] = p.epi_ops[j];
-  for (int j = 0; j < dsl::kMaxScalars; ++j) a.epi_scalars[j] = p.epi_scalars[j];
-  a.epi_row = p.epi_row;
+  dev::Args a = call_args(p, inst);
   // A fused call of many rows: the collective kernel skips its tail and the
   // plan's epilogue kernel, on every SM, follows it (the collective's grid is
   // sized for the collective; its tail pays off while each of its blocks has
@@ -494,30 +530,7 @@ void launch_locked(Pending& p, PlanInstance& inst) {
     a.epi_mode = epi_kernel ? 1 : 0;
   }
   auto go = [&](CUfunction fn, unsigned grid, unsigned threads) {
-    void* params[] = {&a};
-    CUresult r;
-    if (kern.pdl && pdl_enabled() && cu().cuLaunchKernelEx) {
-      // Programmatic dependent launch: the kernel may be scheduled as soon as
-      // the previous kernel of the stream has let its blocks go; it waits for
-      // that kernel's completion (griddepcontrol.wait) before touching memory.
-      CUlaunchAttribute attr{};
-      attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attr.value.programmaticStreamSerializationAllowed = 1;
-      CUlaunchConfig cfg{};
-      cfg.gridDimX = grid;
-      cfg.gridDimY = cfg.gridDimZ = 1;
-      cfg.blockDimX = threads;
-      cfg.blockDimY = cfg.blockDimZ = 1;
-      cfg.sharedMemBytes = 0;
-      cfg.hStream = p.stream;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      r = cu().cuLaunchKernelEx(&cfg, fn, params, nullptr);
-    } else {
-      r = cu().cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, 0, p.stream, params, nullptr);
-    }
-    if (r != CUDA_SUCCESS)
-      fail(mkUnhandledCudaError, std::string(api) + ": kernel launch failed: " + cu_error_string(r));
+    launch_kernel(fn, grid, threads, p.stream, &a, kern.pdl, api);
   };
   go(inst.fn, unsigned(kern.grid), unsigned(kern.threads));
   if (epi_kernel) {
@@ -557,6 +570,149 @@ void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream) {
   PlanInstance& inst = resolve_locked(p);
   launch_locked(p, inst);
 }
+
+namespace {
+
+// A run of a group's calls on one communicator launched as one group kernel
+// (codegen group_source): calls [begin, end) of the communicator's calls.
+struct FusedRun {
+  size_t end = 0;
+  GroupKernel* gk = nullptr;
+  int64_t grid = 0;
+  int32_t threads = 0;
+};
+
+// Whether call p can be part of a group kernel: a kernel of its own (not the
+// copy engines), no fused epilogue (its tail barrier uses the word that
+// chains calls), not zero-copy (its entry and exit speak with peers' whole
+// kernels), and a source generated with a body function (plans of older
+// mkc versions in MK_PLAN_DIR have none).
+bool groupable(const Pending& p, const PlanInstance& inst) {
+  return !inst.ce && p.fusion.empty() && !p.zc && !inst.plan->zero_copy && inst.kernel &&
+         inst.kernel->source.find(inst.kernel->name + "_body(") != std::string::npos;
+}
+
+// [x, x+n) and [y, y+m) share a byte.
+bool touch(const void* x, size_t n, const void* y, size_t m) {
+  return x && y && n && m && overlaps(reinterpret_cast<uintptr_t>(x), n, reinterpret_cast<uintptr_t>(y), m);
+}
+
+// Calls a and b of a group may run at the same time: neither writes what the
+// other reads or writes (one launch per call would order them).
+bool independent(const Pending& a, const Pending& b) {
+  const void* ai = a.need_send ? a.k.send : nullptr;
+  const void* ao = a.need_recv ? a.k.recv : nullptr;
+  const void* bi = b.need_send ? b.k.send : nullptr;
+  const void* bo = b.need_recv ? b.k.recv : nullptr;
+  return !touch(ao, a.out_bytes, bi, b.in_bytes) && !touch(ao, a.out_bytes, bo, b.out_bytes) &&
+         !touch(bo, b.out_bytes, ai, a.in_bytes);
+}
+
+// Splits one communicator's calls of a group (`idx`, in group order) into
+// runs that each become one group kernel, keyed by their first position.
+// A run is consecutive calls: every rank then still completes the group's
+// calls in an order compatible with the group's (calls of a run at once,
+// runs in turn), whichever runs it fuses, so ranks need not agree on it.
+// Calls that share scratch and flags (one plan's kernel, or kernels of one
+// resource set) form a lane: they run one after another on the same blocks.
+// Lanes run side by side, so a run ends where the next call would need more
+// blocks than the rank may keep resident, where its stream or block size
+// differs, where it touches a buffer of another lane's call, or at a call
+// that cannot take part. Caller holds c.mu.
+std::map<size_t, FusedRun> plan_fusion(Comm& c, const std::vector<Pending>& calls,
+                                       const std::vector<PlanInstance*>& inst, const std::vector<size_t>& idx) {
+  std::map<size_t, FusedRun> out;
+  const int mode = env::group_fuse();  // read each time: tests change it
+  if (mode == 0 || idx.size() < 2) return out;
+  const int64_t cap = c.grid_cap() > 0 ? c.grid_cap() : c.sms > 0 ? c.sms : int64_t(1) << 30;
+  size_t j = 0;
+  while (j < idx.size()) {
+    std::vector<const Resources*> lanes;
+    std::vector<int32_t> lane_of;  // per call of the run
+    int64_t grid = 0;
+    size_t e = j;
+    for (; e < idx.size(); ++e) {
+      const Pending& p = calls[idx[e]];
+      const PlanInstance& pi = *inst[idx[e]];
+      if (!groupable(p, pi)) break;
+      if (e > j) {
+        const Pending& p0 = calls[idx[j]];
+        if (p.stream != p0.stream || pi.kernel->threads != inst[idx[j]]->kernel->threads ||
+            e - j == size_t(dev::kMaxGroupMembers))
+          break;
+      }
+      auto at = std::find(lanes.begin(), lanes.end(), pi.res);
+      if (at == lanes.end() && e > j && grid + pi.kernel->grid > cap) break;
+      bool clash = false;
+      for (size_t q = j; q < e && !clash; ++q)
+        clash = inst[idx[q]]->res != pi.res && !independent(calls[idx[q]], p);
+      if (clash) break;
+      if (at == lanes.end()) {
+        lanes.push_back(pi.res);
+        grid += pi.kernel->grid;
+        at = lanes.end() - 1;
+      }
+      lane_of.push_back(int32_t(at - lanes.begin()));
+    }
+    if (e == j) {  // a call that cannot take part
+      ++j;
+      continue;
+    }
+    if (e - j >= 2) {
+      const int32_t threads = inst[idx[j]]->kernel->threads;
+      std::string key = std::to_string(threads);
+      std::vector<codegen::GroupMember> members;
+      for (size_t q = j; q < e; ++q) {
+        const PlanInstance& pi = *inst[idx[q]];
+        key += fmt::format("|{}@{}", static_cast<const void*>(&pi), lane_of[q - j]);
+        members.push_back({pi.kernel->source, pi.kernel->name, pi.kernel->grid, lane_of[q - j]});
+      }
+      auto seen = c.plans.group_seen.find(key);
+      if (seen == c.plans.group_seen.end() && c.plans.group_seen.size() < 4096)
+        seen = c.plans.group_seen.emplace(key, 0).first;
+      const int times = seen == c.plans.group_seen.end() ? 1 : ++seen->second;
+      if (mode == 1 || times >= 2) {
+        GroupKernel& gk = c.group_kernel(key, members, threads, grid);
+        if (gk.fn) out[j] = FusedRun{e, &gk, grid, threads};
+      }
+    }
+    j = e;
+  }
+  return out;
+}
+
+// Launches calls idx[b, run.end) as one group kernel. Caller holds their
+// communicator's mu.
+void launch_group_locked(std::vector<Pending>& calls, const std::vector<PlanInstance*>& inst,
+                         const std::vector<size_t>& idx, size_t b, const FusedRun& run) {
+  Pending& p0 = calls[idx[b]];
+  const char* api = "mkGroupEnd";
+  std::unique_ptr<CtxGuard> g;
+  if (special_stream(p0.stream)) g = std::make_unique<CtxGuard>(p0.c->ctx);
+  const LaunchStart ls = start_locked(p0);
+  const size_t n = run.end - b;
+  std::vector<uint64_t> blob((dev::group_args_bytes(int(n)) + 7) / 8, 0);
+  blob[0] = n;
+  auto* a = reinterpret_cast<dev::Args*>(reinterpret_cast<char*>(blob.data()) + 16);
+  bool pdl = true;
+  for (size_t q = 0; q < n; ++q) {
+    a[q] = call_args(calls[idx[b + q]], *inst[idx[b + q]]);
+    pdl = pdl && inst[idx[b + q]]->kernel->pdl;
+  }
+  try {
+    launch_kernel(run.gk->fn, unsigned(run.grid), unsigned(run.threads), p0.stream, blob.data(), pdl, api);
+  } catch (...) {
+    try {
+      finish_locked(p0, *inst[idx[b]], ls);
+    } catch (...) {
+    }
+    throw;
+  }
+  for (size_t q = 0; q + 1 < n; ++q) inst[idx[b + q]]->res->last.store(inst[idx[b + q]]);
+  finish_locked(calls[idx[run.end - 1]], *inst[idx[run.end - 1]], ls);
+}
+
+}  // namespace
 
 void group_start() { ++t_group.depth; }
 
@@ -621,6 +777,7 @@ void group_end() {
     size_t next = 0;
     std::unique_ptr<ce::Issue> ce;
     LaunchStart ls;
+    std::map<size_t, FusedRun> fused;  // group kernels, by the position of their first call
   };
   std::vector<Lane> lanes;
   // A lane in the middle of a copy-engine call marks its communicator (so
@@ -647,6 +804,11 @@ void group_end() {
       lanes[size_t(it - order.begin())].calls.push_back(i);
     }
   }
+  for (Lane& lane : lanes) {
+    Comm& c = *calls[lane.calls[0]].c;
+    std::lock_guard<std::mutex> lock(c.mu);
+    lane.fused = plan_fusion(c, calls, inst, lane.calls);
+  }
   size_t launched = 0;  // calls issued completely
   bool any = false;      // anything issued (peers may wait for the rest)
   try {
@@ -658,6 +820,13 @@ void group_end() {
         Pending& p = calls[lane.calls[lane.next]];
         PlanInstance& pi = *inst[lane.calls[lane.next]];
         std::lock_guard<std::mutex> lock(p.c->mu);
+        if (auto f = lane.fused.find(lane.next); f != lane.fused.end()) {
+          any = true;
+          launch_group_locked(calls, inst, lane.calls, lane.next, f->second);
+          launched += f->second.end - lane.next;
+          lane.next = f->second.end;
+          continue;
+        }
         if (!pi.ce) {
           launch_locked(p, pi);
           any = true;

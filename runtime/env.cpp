@@ -118,6 +118,12 @@ int32_t bootstrap_timeout_ms() {
 }
 bool zero_copy() { return get_bool("MK_ZERO_COPY", true); }
 bool pdl() { return get_bool("MK_PDL", true); }
+int group_fuse() {
+  const auto v = raw("MK_GROUP_FUSE");
+  if (!v || *v == "auto") return 2;
+  if (*v != "0" && *v != "1") invalid("MK_GROUP_FUSE", *v, "expected 0, 1 or auto");
+  return *v == "1" ? 1 : 0;
+}
 int64_t zero_copy_min_bytes() { return get_int("MK_ZERO_COPY_MIN_BYTES", int64_t(4) << 20, 0, int64_t(1) << 62); }
 
 std::string tune_keys() {

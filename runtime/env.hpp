@@ -49,6 +49,11 @@ int32_t bootstrap_timeout_ms();
 bool zero_copy();
 int64_t zero_copy_min_bytes();
 bool pdl();
+// MK_GROUP_FUSE: how mkGroupEnd runs several calls of one communicator
+// (runtime/enqueue.cpp): 0 one launch per call, 1 one group kernel from the
+// first time, 2 ("auto", the default) from the second time a group of the
+// same shape is seen (a shape that changes every call is never compiled).
+int group_fuse();
 
 // MK_TUNE applied to compile options, every key strictly parsed and
 // range-checked; unknown keys are errors.

@@ -23,6 +23,11 @@ constexpr int32_t kStoppedAtEntry = -3;
 // (templates/fused.cuh): a block of this rank never finished its ops (have:
 // the blocks that arrived, want: the grid).
 constexpr int32_t kTailBarrierSlot = -4;
+// ErrorRecord::slot of a kErrWaitTimeout in a group kernel's chain barrier
+// (kernel.cuh chain_barrier): a block of this rank never finished the
+// collective before the next one on the same blocks (have: the blocks that
+// arrived, want: the collective's grid).
+constexpr int32_t kChainBarrierSlot = -5;
 
 // Zero-copy mismatches (ErrorRecord::slot).
 enum ZcWhat : int32_t {
@@ -107,10 +112,24 @@ struct Args {
   int64_t epi_mode;
 };
 
+// A group kernel's argument (codegen group_source): one Args per member,
+// in member order. `members` is N (read by tools that see only the bytes).
+constexpr int kMaxGroupMembers = 32;
+template <int N>
+struct GroupArgs {
+  int64_t members;
+  int64_t pad_;
+  Args a[N];
+};
+// Its size in bytes for n members (kernel parameters: at most 32764 bytes).
+MK_HD constexpr size_t group_args_bytes(int n) { return 16 + size_t(n) * 272; }
+
 // The host fills Args and the kernel reads it; both compile this file.
 static_assert(sizeof(ErrorRecord) == 64, "ErrorRecord is 64 bytes on host and device");
 static_assert(sizeof(ZcPeerWindow) == 16, "ZcPeerWindow is 16 bytes on host and device");
 static_assert(sizeof(Args) == 272, "Args is 272 bytes on host and device (fixed-width fields, explicit padding)");
+static_assert(sizeof(GroupArgs<3>) == group_args_bytes(3), "GroupArgs is a header and the members' Args");
+static_assert(group_args_bytes(kMaxGroupMembers) <= 32764, "a group kernel's argument fits a kernel parameter");
 
 // Flag region of one plan on one rank: [instance][slot] step values, then the
 // tail word (fused kernels' grid barrier, templates/fused.cuh; the abort word

@@ -230,13 +230,13 @@ MK_DEV bool tail_barrier(Cx& c) {
     __threadfence();  // this block's output stores before its arrival
     const uint64_t old = atomicAdd(reinterpret_cast<unsigned long long*>(w), 1ull);
     const uint64_t gen = old >> 32;
-    if ((old & 0xffffffffull) == uint64_t(gridDim.x) - 1) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(w), (1ull << 32) - uint64_t(gridDim.x));
+    if ((old & 0xffffffffull) == uint64_t(c.nbid) - 1) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(w), (1ull << 32) - uint64_t(c.nbid));
     } else {
       uint64_t have = 0, t0 = 0;
       if (!bounded_spin([&] { return ((have = ld_acquire_sys(w)) >> 32) != gen; },
                         [&](uint64_t since) { return c.stop_requested(since); }, &t0))
-        c.fail(kErrWaitTimeout, kTailBarrierSlot, c.rank, -1, have & 0xffffffffull, uint64_t(gridDim.x),
+        c.fail(kErrWaitTimeout, kTailBarrierSlot, c.rank, -1, have & 0xffffffffull, uint64_t(c.nbid),
                globaltimer() - t0);
     }
     __threadfence();
@@ -280,7 +280,7 @@ template <class Cx, class F, class Epi>
 MK_DEV void epilogue_tail(Cx& c) {
   if (c.a.epi_mode != 0) return;  // the epilogue kernel runs it (every block sees the same mode)
   if (!tail_barrier(c)) return;
-  epilogue_rows<Cx, F, Epi>(c.a, blockIdx.x, gridDim.x);
+  epilogue_rows<Cx, F, Epi>(c.a, c.bid, c.nbid);
 }
 
 // The plan's epilogue kernel (epi_mode 1: many rows, a grid of its own on

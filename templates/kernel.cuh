@@ -72,17 +72,22 @@ struct Ctx {
   const Args& a;
   Shared<N>& sh;
   int32_t rank, vrank, inst, tb;
+  // This block's index among the kernel's blocks and their number: blockIdx.x
+  // and gridDim.x, except in a group kernel (several collectives side by
+  // side in one launch, codegen group_source), where each collective's
+  // blocks count from 0.
+  int32_t bid, nbid;
   uint64_t base;
   int64_t step, tile;
   Layout L;
   int aborted;
   C prescale;  // PreMulSum kernels: this rank's scalar (Args::prescale)
 
-  MK_DEV Ctx(const Args& args, Shared<N>& s) : a(args), sh(s) {
+  MK_DEV Ctx(const Args& args, Shared<N>& s, int32_t block, int32_t blocks) : a(args), sh(s), bid(block), nbid(blocks) {
     rank = a.rank;
     vrank = P::kRooted ? (rank - a.root + N) % N : rank;
-    inst = int32_t(blockIdx.x) / P::kTbs;
-    tb = int32_t(blockIdx.x) % P::kTbs;
+    inst = bid / P::kTbs;
+    tb = bid % P::kTbs;
     for (int i = threadIdx.x; i < N; i += NT) {
       sh.sc[i] = a.scratch[i];
       sh.fl[i] = a.flags[i];
@@ -92,7 +97,7 @@ struct Ctx {
       // Issued next to the step-counter load below, so the two latencies overlap.
       sh.stop = int(*reinterpret_cast<const volatile uint64_t*>(comm_abort(a.flags[rank], a.flag_offset)) != 0);
     }
-    base = a.seq[blockIdx.x];
+    base = a.seq[bid];
     L = make_layout(a.count, P::kChunks, a.tile_bytes, P::kInstances, int32_t(sizeof(T)));
     step = 0;
     tile = inst;
@@ -181,7 +186,7 @@ struct Ctx {
     return step < L.steps;
   }
   MK_DEV void finish() {
-    if (threadIdx.x == 0) a.seq[blockIdx.x] = base + uint64_t(L.steps);
+    if (threadIdx.x == 0) a.seq[bid] = base + uint64_t(L.steps);
   }
 
   // ---- zero-copy entry and exit (zero_copy.cuh) -------------------------------
@@ -200,7 +205,7 @@ struct Ctx {
     const bool root_cause = *reinterpret_cast<const volatile uint64_t*>(abort_word(rank)) == 0 &&
                             !(a.host_abort && *a.host_abort != 0);
     if (atomicCAS(&sh.claim, 0, 1) == 0) {
-      ErrorRecord& e = a.errors[blockIdx.x];
+      ErrorRecord& e = a.errors[bid];
       e.rank = rank;
       e.instance = inst;
       e.tb = tb;
@@ -383,6 +388,67 @@ struct Ctx {
     return barrier();  // also: no thread rewrites p/ll while another reads them
   }
 };
+
+// Group kernels (codegen group_source): collectives that share scratch,
+// flags and step counters run one after another on the same blocks. Between
+// two of them every block of the earlier one has finished on this rank, as
+// between two launches: each block arrives on the plan's tail word (the word
+// after its flag slots; fused.cuh tail_barrier counts the same way: arrivals
+// in the low 32 bits, a generation in the high 32, the last arrival resets
+// both in one atomic) and waits for the last. False: the communicator is
+// stopping (an abort, a failure here or on a peer, or this barrier timed out,
+// which it records as kErrWaitTimeout at kChainBarrierSlot): the block runs
+// no further collective of the chain, so the first failure's record stays.
+template <class P>
+MK_DEV bool chain_barrier(const Args& a, int32_t bid, int32_t nbid) {
+  __shared__ int stop;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t* const flags = a.flags[a.rank];
+    uint64_t* const w = flags + int64_t(P::kInstances) * P::kSlots;
+    auto abort_of = [&](int32_t q) {
+      return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.flags[q]) - a.flag_offset);
+    };
+    auto stopping = [&] {
+      return *reinterpret_cast<const volatile uint64_t*>(abort_of(a.rank)) != 0 || (a.host_abort && *a.host_abort != 0);
+    };
+    __threadfence();  // this block's stores before its arrival
+    const uint64_t old = atomicAdd(reinterpret_cast<unsigned long long*>(w), 1ull);
+    const uint64_t gen = old >> 32;
+    if ((old & 0xffffffffull) == uint64_t(nbid) - 1) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(w), (1ull << 32) - uint64_t(nbid));
+    } else {
+      uint64_t have = 0, t0 = 0;
+      const bool ok = bounded_spin([&] { return ((have = ld_acquire_sys(w)) >> 32) != gen; },
+                                   [&](uint64_t since) {
+                                     return stopping() || (a.timeout_ns != 0 && globaltimer() - since > a.timeout_ns);
+                                   },
+                                   &t0);
+      if (!ok && !stopping()) {
+        ErrorRecord& e = a.errors[bid];
+        e.rank = a.rank;
+        e.instance = bid / P::kTbs;
+        e.tb = bid % P::kTbs;
+        e.slot = kChainBarrierSlot;
+        e.peer = a.rank;
+        e.op = -1;
+        e.step = 0;
+        e.have = have & 0xffffffffull;
+        e.want = uint64_t(nbid);
+        e.waited_ns = globaltimer() - t0;
+        __threadfence_system();
+        *reinterpret_cast<volatile int32_t*>(&e.code) = int32_t(kErrWaitTimeout);
+        __threadfence_system();
+        if (a.host_abort) a.host_abort[1] = 1;
+        for (int32_t q = 0; q < P::kRanks; ++q) st_release_sys(abort_of(q), 1);
+      }
+    }
+    __threadfence();
+    stop = int(stopping());
+  }
+  __syncthreads();
+  return !stop;
+}
 
 }  // namespace dev
 }  // namespace mk

@@ -47,7 +47,7 @@ MK_DEV bool zc_enter(X& c) {
   const Args& a = c.a;
   constexpr int N = X::N, NT = X::NT;
   const uint64_t E = *reinterpret_cast<volatile uint64_t*>(z.epoch()) + 1;
-  if (blockIdx.x == 0)
+  if (c.bid == 0)
     for (int q = threadIdx.x; q < N; q += NT) {
       if (q == c.rank) continue;
       ZcMailbox* box = z.box(q, c.rank);
@@ -111,7 +111,7 @@ MK_DEV void zc_exit(X& c) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();  // this block's peer writes, before it is counted
-    c.sh.last = atomicAdd(reinterpret_cast<unsigned long long*>(z.done()), 1ull) == gridDim.x - 1;
+    c.sh.last = atomicAdd(reinterpret_cast<unsigned long long*>(z.done()), 1ull) == uint64_t(c.nbid) - 1;
   }
   __syncthreads();
   if (!c.sh.last) return;

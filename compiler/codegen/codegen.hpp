@@ -119,6 +119,25 @@ std::vector<Unit> generate(const std::vector<ir::Schedule>& variants, DType dtyp
 Unit generate_one(const ir::Schedule& variant, size_t bucket, size_t buckets, DType dtype, RedOp op,
                   const std::string& tag, const Limits& lim = {}, int32_t rank = -1);
 
+// A group kernel: several plan kernels in one launch (the runtime's fused
+// mkGroupStart/End). Each member is a kernel generated above (`source`,
+// `kernel` its name) with its own mk::dev::Args (mk::dev::GroupArgs<members>
+// ::a[i], in member order). Members of one `lane` share scratch, flags and
+// step counters: they run in member order on the same `grid` blocks, each
+// after every block of the one before has finished (kernel.cuh
+// chain_barrier; a lane stops at the first failure). Lanes run side by side,
+// on consecutive block ranges in order of their first member. Every member
+// uses `threads` threads per block; members with the same kernel share its
+// code. Throws Error(jit_E005) for 0 or more than dev::kMaxGroupMembers
+// members, and MK_CHECKs lanes whose members differ in grid.
+struct GroupMember {
+  std::string source;
+  std::string kernel;
+  int32_t grid = 0;
+  int32_t lane = 0;
+};
+std::string group_source(const std::vector<GroupMember>& members, int32_t threads, const std::string& kernel_name);
+
 // The embedded templates/*.cuh (name, contents), for NVRTC.
 const std::vector<std::pair<std::string_view, std::string_view>>& embedded_templates();
 

@@ -57,6 +57,7 @@ struct Op {
   int device = 0;
   unsigned grid[3] = {}, block[3] = {};
   mk::dev::Args args{};
+  std::vector<mk::dev::Args> group;  // a group kernel (mk_group_*): every member's (args: the first)
   bool ce = false;            // mk_ce_sync: `ce_args` instead of `args`
   mk::dev::CeSyncArgs ce_args{};
   bool ce_reduce = false;     // mk_ce_reduce_<dtype>_<op>: `red_args`
@@ -386,23 +387,32 @@ void run_launch(const Op& op, Stream* stream, CUstream handle) {
   std::snprintf(s.last.function, sizeof s.last.function, "%s", op.fn_name.c_str());
   s.last.args = op.args;
   s.last.pdl = op.pdl ? 1 : 0;
+  s.last.members = int(op.group.size());
+  std::copy(op.group.begin(), op.group.end(), s.last.member);
   s.have_last = true;
+  // A group kernel keeps the contract for each member (its own records).
+  const std::vector<mk::dev::Args> one{op.args};
+  const std::vector<mk::dev::Args>& each = op.group.empty() ? one : op.group;
   if (s.inject_left > 0) {
     --s.inject_left;
     write_record(op.args, s.inject);
-  } else if (stopped_at_entry(op.args)) {
-    mk::dev::ErrorRecord rec{};
-    rec.code = mk::dev::kErrStopped;
-    rec.rank = op.args.rank;
-    rec.slot = mk::dev::kStoppedAtEntry;
-    rec.peer = -1;
-    rec.op = -1;
-    write_record(op.args, rec);
-  } else if (s.hang) {
-    auto r = std::make_shared<Run>();
-    r->args = op.args;
-    stream->pending.push_back(r);
-    s.running.push_back(r);
+    return;
+  }
+  for (const mk::dev::Args& a : each) {
+    if (stopped_at_entry(a)) {
+      mk::dev::ErrorRecord rec{};
+      rec.code = mk::dev::kErrStopped;
+      rec.rank = a.rank;
+      rec.slot = mk::dev::kStoppedAtEntry;
+      rec.peer = -1;
+      rec.op = -1;
+      write_record(a, rec);
+    } else if (s.hang) {
+      auto r = std::make_shared<Run>();
+      r->args = a;
+      stream->pending.push_back(r);
+      s.running.push_back(r);
+    }
   }
 }
 
@@ -1852,6 +1862,14 @@ static CUresult launch(std::unique_lock<std::mutex>& lock_, State& s, CUfunction
   } else if (f->name.rfind("mk_ce_reduce_", 0) == 0) {
     op.ce_reduce = true;
     std::memcpy(&op.red_args, params[0], sizeof op.red_args);
+  } else if (f->name.rfind("mk_group_", 0) == 0) {
+    // mk::dev::GroupArgs: the member count, padding, then each member's Args
+    int64_t n = 0;
+    std::memcpy(&n, params[0], sizeof n);
+    if (n < 1 || n > mk::dev::kMaxGroupMembers) return CUDA_ERROR_INVALID_VALUE;
+    op.group.resize(size_t(n));
+    std::memcpy(op.group.data(), static_cast<const char*>(params[0]) + 16, size_t(n) * sizeof(mk::dev::Args));
+    op.args = op.group[0];
   } else {
     std::memcpy(&op.args, params[0], sizeof op.args);
   }

@@ -82,8 +82,12 @@ struct mkfake_launch {
   CUstream stream;
   int device;
   char function[128];
-  mk::dev::Args args;  // a copy of the first kernel parameter
+  mk::dev::Args args;  // a copy of the first kernel parameter (a group kernel's: its first member's)
   int pdl;             // 1: launched with programmatic stream serialisation (cuLaunchKernelEx)
+  // A group kernel (mk_group_*, mk::dev::GroupArgs): its members' arguments;
+  // 0 members for any other kernel.
+  int members;
+  mk::dev::Args member[mk::dev::kMaxGroupMembers];
 };
 
 // 1: this libcuda.so.1 is the fake.

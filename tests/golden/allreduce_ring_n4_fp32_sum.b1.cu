@@ -52,10 +52,9 @@ static __device__ __forceinline__ void b1_c0_tb1(mk::dev::Ctx<P1>& c) {
   } while (c.next());
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) mk_allreduce_ring_n4_fp32_sum_b1(const mk::dev::Args a) {
-  mk::dev::grid_dependency_wait();
+static __device__ __forceinline__ void mk_allreduce_ring_n4_fp32_sum_b1_body(const mk::dev::Args& a, int bid, int nbid) {
   __shared__ mk::dev::Shared<4> sh;
-  mk::dev::Ctx<P1> c(a, sh);
+  mk::dev::Ctx<P1> c(a, sh, bid, nbid);
   if (c.L.steps == 0) return;
   static constexpr short kClassOf[4] = {0,0,0,0};
   switch (kClassOf[c.vrank]) {
@@ -70,4 +69,16 @@ extern "C" __global__ void __launch_bounds__(512, 1) mk_allreduce_ring_n4_fp32_s
   }
   if (!__syncthreads_or(c.aborted)) c.finish();
 }
+
+#ifndef MK_GROUP_MEMBER
+extern "C" __global__ void __launch_bounds__(512, 1) mk_allreduce_ring_n4_fp32_sum_b1(const mk::dev::Args a) {
+  mk::dev::grid_dependency_wait();
+  mk_allreduce_ring_n4_fp32_sum_b1_body(a, int(blockIdx.x), int(gridDim.x));
+}
+#else
+// between this collective and the next on the same blocks of a group kernel
+static __device__ __forceinline__ bool mk_allreduce_ring_n4_fp32_sum_b1_chain(const mk::dev::Args& a, int bid, int nbid) {
+  return mk::dev::chain_barrier<P1>(a, bid, nbid);
+}
+#endif  // MK_GROUP_MEMBER
 

@@ -53,10 +53,9 @@ static __device__ __forceinline__ void b0_c1_tb0(mk::dev::Ctx<P0>& c, const int*
   } while (c.next());
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) mk_broadcast_direct_n3_bf16_sum_b0(const mk::dev::Args a) {
-  mk::dev::grid_dependency_wait();
+static __device__ __forceinline__ void mk_broadcast_direct_n3_bf16_sum_b0_body(const mk::dev::Args& a, int bid, int nbid) {
   __shared__ mk::dev::Shared<3> sh;
-  mk::dev::Ctx<P0> c(a, sh);
+  mk::dev::Ctx<P0> c(a, sh, bid, nbid);
   if (c.L.steps == 0) return;
   static constexpr short kClassOf[3] = {0,1,1};
   switch (kClassOf[c.vrank]) {
@@ -78,4 +77,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) mk_broadcast_direct_n3_bf16
   }
   if (!__syncthreads_or(c.aborted)) c.finish();
 }
+
+#ifndef MK_GROUP_MEMBER
+extern "C" __global__ void __launch_bounds__(256, 1) mk_broadcast_direct_n3_bf16_sum_b0(const mk::dev::Args a) {
+  mk::dev::grid_dependency_wait();
+  mk_broadcast_direct_n3_bf16_sum_b0_body(a, int(blockIdx.x), int(gridDim.x));
+}
+#else
+// between this collective and the next on the same blocks of a group kernel
+static __device__ __forceinline__ bool mk_broadcast_direct_n3_bf16_sum_b0_chain(const mk::dev::Args& a, int bid, int nbid) {
+  return mk::dev::chain_barrier<P0>(a, bid, nbid);
+}
+#endif  // MK_GROUP_MEMBER
 

@@ -25,10 +25,9 @@ static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {
   } while (c.next());
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) mk_reducescatter_direct_n2_int8_max_b0(const mk::dev::Args a) {
-  mk::dev::grid_dependency_wait();
+static __device__ __forceinline__ void mk_reducescatter_direct_n2_int8_max_b0_body(const mk::dev::Args& a, int bid, int nbid) {
   __shared__ mk::dev::Shared<2> sh;
-  mk::dev::Ctx<P0> c(a, sh);
+  mk::dev::Ctx<P0> c(a, sh, bid, nbid);
   if (c.L.steps == 0) return;
   static constexpr short kClassOf[2] = {0,0};
   switch (kClassOf[c.vrank]) {
@@ -42,4 +41,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) mk_reducescatter_direct_n2_
   }
   if (!__syncthreads_or(c.aborted)) c.finish();
 }
+
+#ifndef MK_GROUP_MEMBER
+extern "C" __global__ void __launch_bounds__(256, 1) mk_reducescatter_direct_n2_int8_max_b0(const mk::dev::Args a) {
+  mk::dev::grid_dependency_wait();
+  mk_reducescatter_direct_n2_int8_max_b0_body(a, int(blockIdx.x), int(gridDim.x));
+}
+#else
+// between this collective and the next on the same blocks of a group kernel
+static __device__ __forceinline__ bool mk_reducescatter_direct_n2_int8_max_b0_chain(const mk::dev::Args& a, int bid, int nbid) {
+  return mk::dev::chain_barrier<P0>(a, bid, nbid);
+}
+#endif  // MK_GROUP_MEMBER
 

@@ -33,10 +33,9 @@ static __device__ __forceinline__ void b1_c0_tb1(mk::dev::Ctx<P1>& c) {
   } while (c.next());
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) mk_reducescatter_direct_n2_int8_max_b1(const mk::dev::Args a) {
-  mk::dev::grid_dependency_wait();
+static __device__ __forceinline__ void mk_reducescatter_direct_n2_int8_max_b1_body(const mk::dev::Args& a, int bid, int nbid) {
   __shared__ mk::dev::Shared<2> sh;
-  mk::dev::Ctx<P1> c(a, sh);
+  mk::dev::Ctx<P1> c(a, sh, bid, nbid);
   if (c.L.steps == 0) return;
   static constexpr short kClassOf[2] = {0,0};
   switch (kClassOf[c.vrank]) {
@@ -51,4 +50,16 @@ extern "C" __global__ void __launch_bounds__(512, 1) mk_reducescatter_direct_n2_
   }
   if (!__syncthreads_or(c.aborted)) c.finish();
 }
+
+#ifndef MK_GROUP_MEMBER
+extern "C" __global__ void __launch_bounds__(512, 1) mk_reducescatter_direct_n2_int8_max_b1(const mk::dev::Args a) {
+  mk::dev::grid_dependency_wait();
+  mk_reducescatter_direct_n2_int8_max_b1_body(a, int(blockIdx.x), int(gridDim.x));
+}
+#else
+// between this collective and the next on the same blocks of a group kernel
+static __device__ __forceinline__ bool mk_reducescatter_direct_n2_int8_max_b1_chain(const mk::dev::Args& a, int bid, int nbid) {
+  return mk::dev::chain_barrier<P1>(a, bid, nbid);
+}
+#endif  // MK_GROUP_MEMBER
 

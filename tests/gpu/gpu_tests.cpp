@@ -370,6 +370,37 @@ void run_checked(World& w, const CallSpec& s, int launch = 0) {
   }
 }
 
+// Runs `specs` as one group on every local rank (each call its own guarded
+// buffers) and checks every call: with MK_GROUP_FUSE=1 the group's calls of
+// each communicator run as one group kernel (runtime/enqueue.cpp).
+void run_group_checked(World& w, const std::vector<CallSpec>& specs, int launch = 0) {
+  std::vector<std::vector<RankBuffers>> bufs(specs.size(), std::vector<RankBuffers>(w.local.size()));
+  for (size_t c = 0; c < specs.size(); ++c)
+    for (size_t i = 0; i < w.local.size(); ++i) {
+      CK_CUDA(cudaSetDevice(w.local[i].device));
+      prepare(w, w.local[i], specs[c], bufs[c][i], launch);
+    }
+  CK_MK(mkGroupStart(), nullptr);
+  for (size_t i = 0; i < w.local.size(); ++i)
+    for (size_t c = 0; c < specs.size(); ++c) {
+      CK_CUDA(cudaSetDevice(w.local[i].device));
+      const mkResult_t r = issue(w.local[i], specs[c], bufs[c][i]);
+      if (r != mkSuccess)
+        throw Failure("group: " + describe(specs[c], w.nranks) + ": " + mkGetErrorString(r) + ": " +
+                      mkGetLastError(w.local[i].comm));
+    }
+  CK_MK(mkGroupEnd(), nullptr);
+  sync_all(w);
+  check_async(w);
+  for (size_t c = 0; c < specs.size(); ++c)
+    for (size_t i = 0; i < w.local.size(); ++i) {
+      CK_CUDA(cudaSetDevice(w.local[i].device));
+      check(w, w.local[i], specs[c], bufs[c][i], launch);
+      bufs[c][i].in.free();
+      bufs[c][i].out.free();
+    }
+}
+
 // ---- worlds ------------------------------------------------------------------
 
 World one_process(const std::vector<int>& devices) {
@@ -604,6 +635,56 @@ void fused_call(World& w, const std::string& fusion, DType t, int64_t tokens, in
     CK_CUDA(cudaSetDevice(w.local[li].device));
     for (GuardedBuffer* g : {&bufs[li].in, &bufs[li].out, &bufs[li].a, &bufs[li].b, &bufs[li].c}) g->free();
   }
+}
+
+// Groups as one kernel: what FSDP issues (all-gathers of parameter shards),
+// what DDP issues (bucket all-reduces), and one of every collective; calls
+// of one plan share a lane (chained on the same blocks), others run side by
+// side. Each group three times (its step counters continue).
+void grouped(World& w) {
+  std::vector<std::vector<CallSpec>> groups;
+  const int64_t big = g_quick ? 65536 : 1 << 20;
+  {
+    std::vector<CallSpec> g;  // FSDP: bf16 all-gathers, equal and different sizes
+    for (int i = 0; i < 8; ++i) {
+      CallSpec s;
+      s.coll = Collective::allgather;
+      s.dtype = DType::bf16;
+      s.count = i % 3 == 0 ? big + 8 * i : 1000 + 37 * i;
+      s.seed = 100 + uint64_t(i);
+      g.push_back(s);
+    }
+    groups.push_back(g);
+  }
+  {
+    std::vector<CallSpec> g;  // DDP: fp32 sum all-reduces, one in place
+    for (int i = 0; i < 6; ++i) {
+      CallSpec s;
+      s.coll = Collective::allreduce;
+      s.count = i < 3 ? big / 2 + i : 3000 + 11 * i;
+      s.inplace = i == 4;
+      s.seed = 200 + uint64_t(i);
+      g.push_back(s);
+    }
+    groups.push_back(g);
+  }
+  {
+    std::vector<CallSpec> g;  // every collective, mixed dtypes and ops
+    const std::vector<Collective> colls = all_collectives();
+    for (size_t i = 0; i < colls.size(); ++i) {
+      CallSpec s;
+      s.coll = colls[i];
+      s.dtype = i % 2 ? DType::fp16 : DType::fp32;
+      s.op = i % 3 == 1 ? RedOp::max : RedOp::sum;
+      s.count = 4097 + int64_t(i);
+      s.root = w.nranks - 1;
+      s.seed = 300 + i;
+      g.push_back(s);
+    }
+    groups.push_back(g);
+  }
+  for (size_t k = 0; k < groups.size(); ++k)
+    for (int launch = 0; launch < 3; ++launch) run_group_checked(w, groups[k], launch);
 }
 
 void fused(World& w) {
@@ -1596,6 +1677,12 @@ std::vector<Scenario> scenarios() {
   // on every shape).
   v.push_back({"fused_tail_share_gpu_3ranks_1proc", 3, false, 1, {{"MK_FUSED_EPILOGUE", "tail"}}, fused, 1});
   v.push_back({"fused_kernel_share_gpu_2ranks_1proc", 2, false, 1, {{"MK_FUSED_EPILOGUE", "kernel"}}, fused, 1});
+  // Groups as one kernel (MK_GROUP_FUSE=1: from the first time), and the
+  // same groups one launch per call.
+  v.push_back({"group_fused_share_gpu_3ranks_1proc", 3, false, 1, {{"MK_GROUP_FUSE", "1"}}, grouped, 1});
+  v.push_back({"group_fused_share_gpu_2ranks_2proc", 2, true, 1, {{"MK_GROUP_FUSE", "1"}}, grouped});
+  v.push_back({"group_fused_1rank", 1, false, 1, {{"MK_GROUP_FUSE", "1"}}, grouped});
+  v.push_back({"group_unfused_share_gpu_2ranks_1proc", 2, false, 1, {{"MK_GROUP_FUSE", "0"}}, grouped, 1});
   v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
   v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});

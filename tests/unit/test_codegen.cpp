@@ -23,6 +23,7 @@
 #include "compiler/topology/topology.hpp"
 #include "mk/dsl.hpp"
 #include "support.hpp"
+#include "templates/abi.cuh"
 #include "templates/ref.cuh"
 
 using namespace mk;
@@ -1181,4 +1182,62 @@ TEST_CASE("codegen: rerolled code runs the statements of straight-line code in t
           compiler::lower(dsl::build(*dsl::find_schedule(s), topo), compiler::LowerOptions{}).variants,
           fmt::format("{}, {}", s, t));
     }
+}
+
+// Group kernels (codegen group_source): plans' kernels side by side, members
+// that share resources chained on the same blocks.
+namespace {
+plan::Plan small_plan(const std::string& schedule, int n, DType t, int64_t max_bytes) {
+  compiler::CompileOptions o;
+  o.arch = 90;
+  o.dtype = t;
+  o.op = RedOp::sum;
+  o.lower.max_bytes = max_bytes;
+  return compiler::compile_plan(dsl::build(*dsl::find_schedule(schedule), n), o);
+}
+}  // namespace
+
+TEST_CASE("codegen: a group kernel places lanes side by side and chains the members of a lane" *
+          doctest::skip(!mkt::have_nvrtc())) {
+  const plan::Plan ar = small_plan("allreduce.ring", 2, DType::bf16, 4096);
+  const plan::Plan ag = small_plan("allgather.direct", 2, DType::bf16, 4096);
+  const plan::Kernel& ka = ar.kernels.at(0);
+  const plan::Kernel& kg = ag.kernels.at(0);
+  REQUIRE(ka.threads == kg.threads);
+  REQUIRE(ka.source.find(ka.name + "_body(") != std::string::npos);
+  REQUIRE(ka.source.find(ka.name + "_chain(") != std::string::npos);
+  // all-reduce, all-gather, all-reduce again: the two all-reduces share a lane
+  std::vector<codegen::GroupMember> m{{ka.source, ka.name, ka.grid, 0},
+                                      {kg.source, kg.name, kg.grid, 1},
+                                      {ka.source, ka.name, ka.grid, 0}};
+  const std::string src = codegen::group_source(m, ka.threads, "mk_group_test");
+  // each distinct plan once, in its own namespace, its includes on top
+  CHECK(src.find("namespace mk_m0 {") != std::string::npos);
+  CHECK(src.find("namespace mk_m1 {") != std::string::npos);
+  CHECK(src.find("namespace mk_m2 {") == std::string::npos);
+  size_t includes = 0;
+  for (size_t at = 0; (at = src.find("#include", at)) != std::string::npos; ++at) ++includes;
+  CHECK(includes == 2);
+  // lane 0 on blocks [0, grid_a): member 0, the chain barrier, member 2; lane 1 after it
+  const std::string lane0 = fmt::format("if (b < {}) {{\n    const int bid = b - 0;\n    mk_m0::{}_body(g.a[0], bid, {});\n"
+                                        "    if (!mk_m0::{}_chain(g.a[0], bid, {})) return;\n"
+                                        "    mk_m0::{}_body(g.a[2], bid, {});\n",
+                                        ka.grid, ka.name, ka.grid, ka.name, ka.grid, ka.name, ka.grid);
+  CHECK_MESSAGE(src.find(lane0) != std::string::npos, src.substr(src.find("extern \"C\"")));
+  const std::string lane1 = fmt::format("if (b < {}) {{\n    const int bid = b - {};\n    mk_m1::{}_body(g.a[1], bid, {});\n",
+                                        ka.grid + kg.grid, ka.grid, kg.name, kg.grid);
+  CHECK(src.find(lane1) != std::string::npos);
+  CHECK(src.find("mk::dev::GroupArgs<3> g") != std::string::npos);
+  const auto r = jit::compile(src, "mk_group_test", 90, /*use_cache=*/false);
+  CHECK(!r.cubin.empty());
+  const std::string bytes(r.cubin.begin(), r.cubin.end());
+  CHECK(bytes.find("mk_group_test") != std::string::npos);
+
+  // refused: no members, too many, a lane whose members differ in grid
+  CHECK(catch_error([&] { codegen::group_source({}, 256, "x"); }).id == "mk.jit.E005");
+  std::vector<codegen::GroupMember> many(size_t(mk::dev::kMaxGroupMembers) + 1, m[0]);
+  CHECK(catch_error([&] { codegen::group_source(many, 256, "x"); }).id == "mk.jit.E005");
+  auto bad = m;
+  bad[2].grid = ka.grid + 1;
+  CHECK(catch_error([&] { codegen::group_source(bad, 256, "x"); }).internal);
 }

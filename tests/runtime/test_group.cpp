@@ -1,0 +1,279 @@
+// Group kernels through the real host runtime and the fake driver: a group's
+// calls on one communicator become one launch of a group kernel (MK_GROUP_FUSE),
+// each call with its own arguments, calls that share scratch and flags on one
+// lane, everything else (other streams, buffers one call writes and another
+// touches, fused or copy-engine calls) launched one by one.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mk.h"
+#include "tests/runtime/fake.hpp"
+
+namespace {
+
+// Sets an environment variable for a scope.
+struct ScopedEnv {
+  std::string name;
+  std::string old;
+  bool had;
+  ScopedEnv(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
+    if (had) old = std::getenv(n);
+    if (v)
+      setenv(n, v, 1);
+    else
+      unsetenv(n);
+  }
+  ~ScopedEnv() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+};
+
+// The launches a group of `calls` on `comm` makes.
+template <class F>
+int64_t launches_of(mkComm_t comm, F&& calls) {
+  const int64_t launches = mkt::counts().launches;
+  mkGroupStart();
+  calls();
+  REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, mkGetLastError(comm));
+  return mkt::counts().launches - launches;
+}
+
+bool is_group(const mkfake_launch& l) { return std::string(l.function).rfind("mk_group_", 0) == 0; }
+
+}  // namespace
+
+TEST_CASE("mkGroupEnd: a group's calls on one communicator run as one group kernel from the second time (auto), "
+          "each with its own arguments, calls of one plan on one lane") {
+  MKT_REQUIRE_FAKE();
+  ScopedEnv fuse("MK_GROUP_FUSE", nullptr);  // auto
+  const mkfake_counts before = mkt::counts();
+  {
+    mkt::Device dev(0);
+    const size_t n = 1024;  // bf16 elements
+    mkt::Buffer in(dev, n * 2), o1(dev, n * 2), o2(dev, n * 2), o3(dev, n * 2);
+    mkComm_t comm = mkt::one_rank();
+    auto group = [&] {
+      REQUIRE(mkGroupStart() == mkSuccess);
+      CHECK(mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream) == mkSuccess);
+      CHECK(mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream) == mkSuccess);
+      CHECK(mkAllReduce(in.ptr(), o3.ptr(), n / 2, mkBfloat16, mkMax, comm, dev.stream) == mkSuccess);
+      return mkGroupEnd();
+    };
+    // the first time: one launch per call (a shape seen once is not compiled)
+    int64_t launches = mkt::counts().launches;
+    REQUIRE_MESSAGE(group() == mkSuccess, mkGetLastError(comm));
+    CHECK(mkt::counts().launches == launches + 3);
+    const mkfake_launch last_plain = mkt::last_launch();
+    CHECK_FALSE(is_group(last_plain));
+    // the same calls alone, for their grids
+    REQUIRE(mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream) == mkSuccess);
+    const mkfake_launch ar = mkt::last_launch();
+    REQUIRE(mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream) == mkSuccess);
+    const mkfake_launch ag = mkt::last_launch();
+    REQUIRE(mkAllReduce(in.ptr(), o3.ptr(), n / 2, mkBfloat16, mkMax, comm, dev.stream) == mkSuccess);
+    const mkfake_launch ar2 = mkt::last_launch();
+    // the second time: one launch
+    launches = mkt::counts().launches;
+    REQUIRE_MESSAGE(group() == mkSuccess, mkGetLastError(comm));
+    CHECK(mkt::counts().launches == launches + 1);
+    const mkfake_launch l = mkt::last_launch();
+    REQUIRE_MESSAGE(is_group(l), l.function);
+    REQUIRE(l.members == 3);
+    CHECK(l.stream == dev.stream);
+    CHECK(l.block[0] == ar.block[0]);
+    // each member's arguments are those of its call alone
+    CHECK(l.member[0].input == in.ptr());
+    CHECK(l.member[0].output == o1.ptr());
+    CHECK(l.member[0].count == int64_t(n));
+    CHECK(l.member[1].output == o2.ptr());
+    CHECK(l.member[2].output == o3.ptr());
+    CHECK(l.member[2].count == int64_t(n / 2));
+    CHECK(l.member[0].flags == ar.args.flags);
+    CHECK(l.member[1].flags == ag.args.flags);
+    CHECK(l.member[2].flags == ar2.args.flags);
+    CHECK(l.member[0].tile_bytes == ar.args.tile_bytes);
+    CHECK(l.member[2].tile_bytes == ar2.args.tile_bytes);
+    // members sharing scratch and flags run on the same blocks (one lane):
+    // the grid holds each set of resources once
+    const bool shared = ar.args.flags == ar2.args.flags;
+    const unsigned lanes = ar.grid[0] + ag.grid[0] + (shared ? 0 : ar2.grid[0]);
+    CHECK(l.grid[0] == lanes);
+    // the third time: the same kernel, no new module
+    const int64_t modules = mkt::counts().modules;
+    REQUIRE(group() == mkSuccess);
+    CHECK(mkt::counts().modules == modules);
+    CHECK(std::string(mkt::last_launch().function) == l.function);
+    REQUIRE(mkCommDestroy(comm) == mkSuccess);
+  }
+  const std::string leak = mkt::leaks(before, mkt::counts());
+  CHECK_MESSAGE(leak.empty(), leak);
+}
+
+TEST_CASE("mkGroupEnd: MK_GROUP_FUSE=0 launches one kernel per call, =1 fuses the first time, a bad value is "
+          "mkInvalidArgument and launches nothing") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  const size_t n = 512;
+  mkt::Buffer in(dev, n * 4), o1(dev, n * 4), o2(dev, n * 4);
+  mkComm_t comm = mkt::one_rank();
+  auto group = [&] {
+    mkGroupStart();
+    mkAllReduce(in.ptr(), o1.ptr(), n, mkFloat32, mkSum, comm, dev.stream);
+    mkReduceScatter(in.ptr(), o2.ptr(), n, mkFloat32, mkSum, comm, dev.stream);
+    return mkGroupEnd();
+  };
+  {
+    ScopedEnv fuse("MK_GROUP_FUSE", "0");
+    for (int i = 0; i < 3; ++i) {
+      const int64_t launches = mkt::counts().launches;
+      REQUIRE_MESSAGE(group() == mkSuccess, mkGetLastError(comm));
+      CHECK(mkt::counts().launches == launches + 2);
+      CHECK_FALSE(is_group(mkt::last_launch()));
+    }
+  }
+  {
+    ScopedEnv fuse("MK_GROUP_FUSE", "1");
+    const int64_t launches = mkt::counts().launches;
+    REQUIRE_MESSAGE(group() == mkSuccess, mkGetLastError(comm));
+    CHECK(mkt::counts().launches == launches + 1);
+    CHECK(is_group(mkt::last_launch()));
+    CHECK(mkt::last_launch().members == 2);
+  }
+  {
+    ScopedEnv fuse("MK_GROUP_FUSE", "yes");
+    const int64_t launches = mkt::counts().launches;
+    CHECK(group() == mkInvalidArgument);
+    const std::string msg = mkGetLastError(nullptr);
+    CHECK_MESSAGE(msg.find("MK_GROUP_FUSE") != std::string::npos, msg);
+    CHECK(mkt::counts().launches == launches);
+  }
+  // the communicator is still usable
+  ScopedEnv fuse("MK_GROUP_FUSE", "1");
+  CHECK(group() == mkSuccess);
+  REQUIRE(mkCommDestroy(comm) == mkSuccess);
+}
+
+TEST_CASE("mkGroupEnd: calls on other streams, a call that reads what another writes, and fused calls are not in "
+          "a group kernel") {
+  MKT_REQUIRE_FAKE();
+  ScopedEnv fuse("MK_GROUP_FUSE", "1");
+  mkt::Device dev(0);
+  CUstream other = nullptr;
+  REQUIRE(mkt::cu().cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  const size_t n = 1024;
+  mkt::Buffer in(dev, n * 2), o1(dev, n * 2), o2(dev, n * 2), res(dev, n * 2), w(dev, n * 2);
+  mkComm_t comm = mkt::one_rank();
+  auto launched = [&](auto&& calls) { return launches_of(comm, calls); };
+  // other streams: one launch each
+  CHECK(launched([&] {
+          mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
+          mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, other);
+        }) == 2);
+  // the all-gather reads the all-reduce's output: it must see it complete
+  CHECK(launched([&] {
+          mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
+          mkAllGather(o1.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
+        }) == 2);
+  // ... or writes what it reads
+  CHECK(launched([&] {
+          mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
+          mkAllGather(o2.ptr(), in.ptr(), n, mkBfloat16, comm, dev.stream);
+        }) == 2);
+  // independent buffers: one launch
+  CHECK(launched([&] {
+          mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
+          mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
+        }) == 1);
+  // a fused all-reduce runs alone; the calls around it are not fused across it
+  mkFusion_t f{};
+  f.name = "allreduce.rmsnorm";
+  f.operands[0] = res.ptr();
+  f.operands[1] = res.ptr();
+  f.operands[2] = w.ptr();
+  f.scalars[0] = 1e-6;
+  f.row = int64_t(n);
+  CHECK(launched([&] {
+          mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
+          mkAllReduceFused(in.ptr(), o2.ptr(), n, mkBfloat16, mkSum, &f, comm, dev.stream);
+          mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
+        }) == 3);
+  REQUIRE(mkCommDestroy(comm) == mkSuccess);
+  mkt::cu().cuStreamDestroy(other);
+}
+
+TEST_CASE("mkGroupEnd: two ranks sharing one GPU each launch one group kernel within their share of the SMs, and a "
+          "config's maxCTAs below the lanes' blocks splits the group") {
+  MKT_REQUIRE_FAKE();
+  ScopedEnv fuse("MK_GROUP_FUSE", "1");
+  const mkfake_counts before = mkt::counts();
+  {
+    mkt::Device dev(0);
+    const size_t n = 2048;
+    std::vector<std::unique_ptr<mkt::Buffer>> in, o1, o2;
+    for (int r = 0; r < 2; ++r) {
+      in.push_back(std::make_unique<mkt::Buffer>(dev, n * 4 * 2));
+      o1.push_back(std::make_unique<mkt::Buffer>(dev, n * 4 * 2));
+      o2.push_back(std::make_unique<mkt::Buffer>(dev, n * 4 * 2));
+    }
+    mkComm_t comms[2] = {};
+    const int devs[2] = {0, 0};
+    REQUIRE_MESSAGE(mkCommInitAll(comms, 2, devs) == mkSuccess, mkGetLastError(nullptr));
+    const int64_t launches = mkt::counts().launches;
+    REQUIRE(mkGroupStart() == mkSuccess);
+    for (int r = 0; r < 2; ++r) {
+      mkAllReduce(in[size_t(r)]->ptr(), o1[size_t(r)]->ptr(), n, mkFloat32, mkSum, comms[r], dev.stream);
+      mkAllGather(in[size_t(r)]->ptr(), o2[size_t(r)]->ptr(), n, mkFloat32, comms[r], dev.stream);
+    }
+    REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, mkGetLastError(nullptr));
+    CHECK(mkt::counts().launches == launches + 2);
+    const mkfake_launch l = mkt::last_launch();
+    REQUIRE(is_group(l));
+    CHECK(l.members == 2);
+    CHECK(l.member[0].rank == 1);
+    CHECK(l.grid[0] <= 132u / 2);  // the rank's share of the fake GPU's SMs
+    for (mkComm_t c : comms) CHECK(mkCommDestroy(c) == mkSuccess);
+  }
+  {
+    // one rank whose config allows the blocks of one lane, not of two side by side
+    mkt::Device dev(0);
+    const size_t n = 1024;
+    mkt::Buffer in(dev, n * 2), o1(dev, n * 2), o2(dev, n * 2);
+    mkComm_t probe = mkt::one_rank();
+    REQUIRE(mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, probe, dev.stream) == mkSuccess);
+    const mkfake_launch ar = mkt::last_launch();
+    REQUIRE(mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, probe, dev.stream) == mkSuccess);
+    const mkfake_launch ag = mkt::last_launch();
+    REQUIRE(mkAllGather(in.ptr(), o2.ptr(), n / 2, mkBfloat16, probe, dev.stream) == mkSuccess);
+    const mkfake_launch ag2 = mkt::last_launch();
+    REQUIRE(ag2.args.flags == ag.args.flags);  // one plan: one lane
+    REQUIRE(mkCommDestroy(probe) == mkSuccess);
+    mkUniqueId id;
+    REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+    mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+    cfg.maxCTAs = int(std::max(ar.grid[0], ag.grid[0]));
+    mkComm_t comm = nullptr;
+    REQUIRE_MESSAGE(mkCommInitRankConfig(&comm, 1, id, 0, &cfg) == mkSuccess, mkGetLastError(nullptr));
+    auto launched = [&](auto&& calls) { return launches_of(comm, calls); };
+    CHECK(launched([&] {
+            mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
+            mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
+          }) == 2);
+    CHECK(launched([&] {
+            mkAllGather(in.ptr(), o1.ptr(), n / 2, mkBfloat16, comm, dev.stream);
+            mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
+          }) == 1);
+    const mkfake_launch l = mkt::last_launch();
+    CHECK(is_group(l));
+    CHECK(l.grid[0] == ag.grid[0]);
+    REQUIRE(mkCommDestroy(comm) == mkSuccess);
+  }
+  const std::string leak = mkt::leaks(before, mkt::counts());
+  CHECK_MESSAGE(leak.empty(), leak);
+}
