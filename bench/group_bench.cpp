@@ -192,14 +192,14 @@ int main(int argc, char** argv) {
   int ngpu = 0;
   CKC(cudaGetDeviceCount(&ngpu));
   if (!share && ngpu < nranks) die("fewer GPUs than ranks: use --share-gpu (mKernel only)");
-  std::vector<int> devs(size_t(nranks));
+  std::vector<int> devs(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) devs[size_t(r)] = share ? 0 : r;
-  std::vector<Rank> ranks(size_t(nranks));
-  std::vector<mkComm_t> mk(size_t(nranks));
+  std::vector<Rank> ranks(static_cast<size_t>(nranks));
+  std::vector<mkComm_t> mk(static_cast<size_t>(nranks));
   CKM(mkCommInitAll(mk.data(), nranks, devs.data()));
   Nccl nc;
   const bool with_nccl = !share && load_nccl(&nc);
-  std::vector<ncclComm_t> ncc(size_t(nranks));
+  std::vector<ncclComm_t> ncc(static_cast<size_t>(nranks));
   if (with_nccl && nc.initAll(ncc.data(), nranks, devs.data()) != ncclSuccess) die("ncclCommInitAll failed");
   std::vector<Call> fsdp, ddp;
   for (int i = 0; i < 16; ++i) fsdp.push_back({true, size_t((1 << 20) + (i % 4) * (1 << 20)) / 2 / size_t(nranks)});
