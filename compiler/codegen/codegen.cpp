@@ -1138,7 +1138,7 @@ std::string group_source(const std::vector<GroupMember>& members, int32_t thread
     }
     o += fmt::format("}}  // namespace {}\n\n", it->second);
   }
-  o += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, 1) {}(const mk::dev::GroupArgs<{}> g) {{\n"
+  o += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, 1) {}(const __grid_constant__ mk::dev::GroupArgs<{}> g) {{\n"
                    "  mk::dev::grid_dependency_wait();\n  const int b = int(blockIdx.x);\n",
                    threads, kernel_name, members.size());
   std::vector<int32_t> lanes;  // in order of first appearance

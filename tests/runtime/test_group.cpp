@@ -52,7 +52,7 @@ bool is_group(const mkfake_launch& l) { return std::string(l.function).rfind("mk
 TEST_CASE("mkGroupEnd: a group's calls on one communicator run as one group kernel from the second time (auto), "
           "each with its own arguments, calls of one plan on one lane") {
   MKT_REQUIRE_FAKE();
-  ScopedEnv fuse("MK_GROUP_FUSE", nullptr);  // auto
+  ScopedEnv fuse("MK_GROUP_FUSE", "auto");
   const mkfake_counts before = mkt::counts();
   {
     mkt::Device dev(0);
@@ -116,8 +116,8 @@ TEST_CASE("mkGroupEnd: a group's calls on one communicator run as one group kern
   CHECK_MESSAGE(leak.empty(), leak);
 }
 
-TEST_CASE("mkGroupEnd: MK_GROUP_FUSE=0 launches one kernel per call, =1 fuses the first time, a bad value is "
-          "mkInvalidArgument and launches nothing") {
+TEST_CASE("mkGroupEnd: MK_GROUP_FUSE=0 and unset launch one kernel per call, =1 fuses the first time, a bad value "
+          "is mkInvalidArgument and launches nothing") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
   const size_t n = 512;
@@ -129,8 +129,8 @@ TEST_CASE("mkGroupEnd: MK_GROUP_FUSE=0 launches one kernel per call, =1 fuses th
     mkReduceScatter(in.ptr(), o2.ptr(), n, mkFloat32, mkSum, comm, dev.stream);
     return mkGroupEnd();
   };
-  {
-    ScopedEnv fuse("MK_GROUP_FUSE", "0");
+  for (const char* off : {"0", static_cast<const char*>(nullptr)}) {
+    ScopedEnv fuse("MK_GROUP_FUSE", off);
     for (int i = 0; i < 3; ++i) {
       const int64_t launches = mkt::counts().launches;
       REQUIRE_MESSAGE(group() == mkSuccess, mkGetLastError(comm));

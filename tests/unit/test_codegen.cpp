@@ -1227,7 +1227,7 @@ TEST_CASE("codegen: a group kernel places lanes side by side and chains the memb
   const std::string lane1 = fmt::format("if (b < {}) {{\n    const int bid = b - {};\n    mk_m1::{}_body(g.a[1], bid, {});\n",
                                         ka.grid + kg.grid, ka.grid, kg.name, kg.grid);
   CHECK(src.find(lane1) != std::string::npos);
-  CHECK(src.find("mk::dev::GroupArgs<3> g") != std::string::npos);
+  CHECK(src.find("const __grid_constant__ mk::dev::GroupArgs<3> g") != std::string::npos);
   const auto r = jit::compile(src, "mk_group_test", 90, /*use_cache=*/false);
   CHECK(!r.cubin.empty());
   const std::string bytes(r.cubin.begin(), r.cubin.end());
