@@ -3,12 +3,15 @@
 //
 //   mk_group_bench [--ranks N] [--share-gpu] [--iters I] [--batches B] [--graph]
 //
-// Two groups, what data-parallel training issues each step:
+// Three groups, what data-parallel training issues each step:
 //   fsdp: 16 bf16 all-gathers of 1..4 MiB (output) each
 //   ddp:  8 fp32 sum all-reduces of 1..8 MiB each (gradient buckets)
-// Modes: mKernel with MK_GROUP_FUSE=1 (one group kernel), MK_GROUP_FUSE=0 (one
-// launch per call), and NCCL (ncclGroupStart/End; one rank per GPU only, so
-// not with --share-gpu). Each batch is I groups; the table has the median
+//   zero: a bf16 reduce-scatter of 16 MiB of gradients and an all-gather of
+//         16 MiB of parameters, as the built-in composite composite.zero_step
+//         (mkCompositeRun, docs/composites.md)
+// Modes: mKernel with MK_GROUP_FUSE=1 (one group kernel; for zero, the
+// composite), MK_GROUP_FUSE=0 (one launch per call), and NCCL
+// (ncclGroupStart/End; one rank per GPU only, so not with --share-gpu). Each batch is I groups; the table has the median
 // over B batches of the time per group. Before timing, every mKernel output
 // of the fused group is compared bit-wise with the unfused one's (same
 // kernels, same order of sums: they must be equal).
@@ -22,6 +25,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,6 +56,7 @@ struct Nccl {
   decltype(&ncclCommDestroy) destroy = nullptr;
   decltype(&ncclAllGather) allGather = nullptr;
   decltype(&ncclAllReduce) allReduce = nullptr;
+  decltype(&ncclReduceScatter) reduceScatter = nullptr;
   decltype(&ncclGroupStart) groupStart = nullptr;
   decltype(&ncclGroupEnd) groupEnd = nullptr;
 };
@@ -63,14 +68,16 @@ bool load_nccl(Nccl* n) {
   n->destroy = reinterpret_cast<decltype(n->destroy)>(dlsym(h, "ncclCommDestroy"));
   n->allGather = reinterpret_cast<decltype(n->allGather)>(dlsym(h, "ncclAllGather"));
   n->allReduce = reinterpret_cast<decltype(n->allReduce)>(dlsym(h, "ncclAllReduce"));
+  n->reduceScatter = reinterpret_cast<decltype(n->reduceScatter)>(dlsym(h, "ncclReduceScatter"));
   n->groupStart = reinterpret_cast<decltype(n->groupStart)>(dlsym(h, "ncclGroupStart"));
   n->groupEnd = reinterpret_cast<decltype(n->groupEnd)>(dlsym(h, "ncclGroupEnd"));
-  return n->initAll && n->destroy && n->allGather && n->allReduce && n->groupStart && n->groupEnd;
+  return n->initAll && n->destroy && n->allGather && n->allReduce && n->reduceScatter && n->groupStart && n->groupEnd;
 }
 
+enum Kind { kGather, kReduce, kScatter };
 struct Call {
-  bool gather;     // all-gather (bf16) or all-reduce (fp32 sum)
-  size_t count;    // elements per rank (all-gather: the input)
+  Kind kind;     // all-gather (bf16), all-reduce (fp32 sum) or reduce-scatter (bf16 sum)
+  size_t count;  // the call's count (all-gather: the input, reduce-scatter: the output)
 };
 
 struct Rank {
@@ -81,28 +88,43 @@ struct Rank {
   std::vector<void*> in, out;
 };
 
-size_t out_bytes(const Call& c, int n) { return c.gather ? c.count * 2 * size_t(n) : c.count * 4; }
-size_t in_bytes(const Call& c) { return c.gather ? c.count * 2 : c.count * 4; }
+size_t out_bytes(const Call& c, int n) {
+  return c.kind == kGather ? c.count * 2 * size_t(n) : c.kind == kReduce ? c.count * 4 : c.count * 2;
+}
+size_t in_bytes(const Call& c, int n) {
+  return c.kind == kGather ? c.count * 2 : c.kind == kReduce ? c.count * 4 : c.count * 2 * size_t(n);
+}
 
-// lib 0: mKernel, 1: NCCL
+// lib 0: mKernel, 1: NCCL, 2: mKernel's composite.zero_step (the zero group:
+// a reduce-scatter, then an all-gather, of one count)
 void issue(std::vector<Rank>& ranks, const std::vector<Call>& g, int lib, const Nccl& nc) {
-  if (lib == 0) CKM(mkGroupStart());
-  else nc.groupStart();
+  if (lib == 1) nc.groupStart();
+  else CKM(mkGroupStart());
   for (Rank& r : ranks) {
     CKC(cudaSetDevice(r.device));
+    if (lib == 2) {
+      void* bufs[4] = {r.in[0], r.out[0], r.in[1], r.out[1]};
+      CKM(mkCompositeRun("composite.zero_step", bufs, 4, g[0].count, mkBfloat16, mkSum, r.mk, r.stream));
+      continue;
+    }
     for (size_t i = 0; i < g.size(); ++i) {
       const Call& c = g[i];
       if (lib == 0) {
-        if (c.gather) CKM(mkAllGather(r.in[i], r.out[i], c.count, mkBfloat16, r.mk, r.stream));
-        else CKM(mkAllReduce(r.in[i], r.out[i], c.count, mkFloat32, mkSum, r.mk, r.stream));
+        if (c.kind == kGather) CKM(mkAllGather(r.in[i], r.out[i], c.count, mkBfloat16, r.mk, r.stream));
+        else if (c.kind == kReduce) CKM(mkAllReduce(r.in[i], r.out[i], c.count, mkFloat32, mkSum, r.mk, r.stream));
+        else CKM(mkReduceScatter(r.in[i], r.out[i], c.count, mkBfloat16, mkSum, r.mk, r.stream));
       } else {
-        if (c.gather) nc.allGather(r.in[i], r.out[i], c.count, ncclBfloat16, r.nccl, r.stream);
-        else nc.allReduce(r.in[i], r.out[i], c.count, ncclFloat32, ncclSum, r.nccl, r.stream);
+        if (c.kind == kGather) nc.allGather(r.in[i], r.out[i], c.count, ncclBfloat16, r.nccl, r.stream);
+        else if (c.kind == kReduce) nc.allReduce(r.in[i], r.out[i], c.count, ncclFloat32, ncclSum, r.nccl, r.stream);
+        else nc.reduceScatter(r.in[i], r.out[i], c.count, ncclBfloat16, ncclSum, r.nccl, r.stream);
       }
     }
   }
-  if (lib == 0) CKM(mkGroupEnd());
-  else if (nc.groupEnd() != ncclSuccess) die("ncclGroupEnd failed");
+  if (lib == 1) {
+    if (nc.groupEnd() != ncclSuccess) die("ncclGroupEnd failed");
+  } else {
+    CKM(mkGroupEnd());
+  }
 }
 
 void sync(std::vector<Rank>& ranks) {
@@ -201,13 +223,16 @@ int main(int argc, char** argv) {
   const bool with_nccl = !share && load_nccl(&nc);
   std::vector<ncclComm_t> ncc(static_cast<size_t>(nranks));
   if (with_nccl && nc.initAll(ncc.data(), nranks, devs.data()) != ncclSuccess) die("ncclCommInitAll failed");
-  std::vector<Call> fsdp, ddp;
-  for (int i = 0; i < 16; ++i) fsdp.push_back({true, size_t((1 << 20) + (i % 4) * (1 << 20)) / 2 / size_t(nranks)});
-  for (int i = 0; i < 8; ++i) ddp.push_back({false, size_t((1 << 20) + i * (1 << 20)) / 4});
+  std::vector<Call> fsdp, ddp, zero;
+  for (int i = 0; i < 16; ++i) fsdp.push_back({kGather, size_t((1 << 20) + (i % 4) * (1 << 20)) / 2 / size_t(nranks)});
+  for (int i = 0; i < 8; ++i) ddp.push_back({kReduce, size_t((1 << 20) + i * (1 << 20)) / 4});
+  zero.push_back({kScatter, size_t(8 << 20) / size_t(nranks)});  // 16 MiB of bf16 gradients
+  zero.push_back({kGather, size_t(8 << 20) / size_t(nranks)});   // 16 MiB of bf16 parameters
   std::printf("| group | ranks | mKernel fused (us) | mKernel one launch per call (us) | NCCL grouped (us) | fused vs "
               "per call | fused vs NCCL |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-  for (int which = 0; which < 2; ++which) {
-    const std::vector<Call>& g = which == 0 ? fsdp : ddp;
+  for (int which = 0; which < 3; ++which) {
+    const std::vector<Call>& g = which == 0 ? fsdp : which == 1 ? ddp : zero;
+    const int fused_lib = which == 2 ? 2 : 0;  // the zero group: mkCompositeRun
     for (int r = 0; r < nranks; ++r) {
       Rank& x = ranks[size_t(r)];
       x.device = devs[size_t(r)];
@@ -220,15 +245,23 @@ int main(int argc, char** argv) {
       x.in.assign(g.size(), nullptr);
       x.out.assign(g.size(), nullptr);
       for (size_t i = 0; i < g.size(); ++i) {
-        CKC(cudaMalloc(&x.in[i], in_bytes(g[i])));
+        CKC(cudaMalloc(&x.in[i], in_bytes(g[i], nranks)));
         CKC(cudaMalloc(&x.out[i], out_bytes(g[i], nranks)));
         // inputs that differ per rank, call and element (bytes 1..251)
-        std::vector<unsigned char> h(in_bytes(g[i]));
+        std::vector<unsigned char> h(in_bytes(g[i], nranks));
         for (size_t k = 0; k < h.size(); ++k) h[k] = (unsigned char)(1 + (k * 7 + i * 13 + size_t(r) * 29) % 251);
-        if (!g[i].gather)  // fp32 sums exact: small integers
+        if (g[i].kind == kReduce)  // fp32 sums exact: small integers
           for (size_t k = 0; k < h.size() / 4; ++k) {
             const float v = float((k + i + size_t(r)) % 64);
             std::memcpy(&h[k * 4], &v, 4);
+          }
+        if (g[i].kind == kScatter)  // bf16 sums exact: small integers (0x3f80 = 1.0, ...)
+          for (size_t k = 0; k < h.size() / 2; ++k) {
+            const float v = float((k + size_t(r)) % 8);
+            uint32_t b;
+            std::memcpy(&b, &v, 4);
+            const uint16_t top = uint16_t(b >> 16);
+            std::memcpy(&h[k * 2], &top, 2);
           }
         CKC(cudaMemcpy(x.in[i], h.data(), h.size(), cudaMemcpyHostToDevice));
       }
@@ -241,7 +274,7 @@ int main(int argc, char** argv) {
         CKC(cudaSetDevice(x.device));
         for (size_t i = 0; i < g.size(); ++i) CKC(cudaMemset(x.out[i], 0xA5, out_bytes(g[i], nranks)));
       }
-      issue(ranks, g, 0, nc);
+      issue(ranks, g, mode == 0 ? fused_lib : 0, nc);
       sync(ranks);
       for (Rank& x : ranks)
         for (size_t i = 0; i < g.size(); ++i) {
@@ -251,9 +284,10 @@ int main(int argc, char** argv) {
           got[size_t(mode)].push_back(std::move(h));
         }
     }
-    if (got[0] != got[1]) die(std::string(which == 0 ? "fsdp" : "ddp") + ": fused and unfused outputs differ");
+    static const char* const kName[3] = {"fsdp", "ddp", "zero"};
+    if (got[0] != got[1]) die(std::string(kName[which]) + ": fused and unfused outputs differ");
     setenv("MK_GROUP_FUSE", "1", 1);
-    const double fused = time_group(ranks, g, 0, nc, iters, batches, graph);
+    const double fused = time_group(ranks, g, fused_lib, nc, iters, batches, graph);
     setenv("MK_GROUP_FUSE", "0", 1);
     const double plain = time_group(ranks, g, 0, nc, iters, batches, graph);
     const double nccl = with_nccl ? time_group(ranks, g, 1, nc, iters, batches, graph) : 0;
@@ -262,8 +296,9 @@ int main(int argc, char** argv) {
       std::snprintf(nccl_us, sizeof nccl_us, "%.1f", nccl);
       std::snprintf(vs_nccl, sizeof vs_nccl, "%.2fx", nccl / fused);
     }
-    std::printf("| %s (%zu calls) | %d%s | %.1f | %.1f | %s | %.2fx | %s |\n",
-                which == 0 ? "fsdp all-gathers" : "ddp all-reduces", g.size(), nranks, share ? " sharing GPU 0" : "",
+    static const char* const kTitle[3] = {"fsdp all-gathers", "ddp all-reduces", "zero step composite: RS + AG"};
+    std::printf("| %s (%zu calls) | %d%s | %.1f | %.1f | %s | %.2fx | %s |\n", kTitle[which], g.size(), nranks,
+                share ? " sharing GPU 0" : "",
                 fused, plain, nccl_us, plain / fused, vs_nccl);
   }
   for (Rank& x : ranks) {

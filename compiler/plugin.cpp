@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "compiler/jit/jit.hpp"
+#include "mk/composite.hpp"
 
 namespace mk::plugin {
 namespace fs = std::filesystem;
@@ -218,12 +219,14 @@ std::vector<dsl::ScheduleInfo> load_library(const std::string& so_file) {
   const std::string key = fs::weakly_canonical(so_file).string();
   if (auto it = loaded.find(key); it != loaded.end()) return it->second;
   int64_t before = current_seq();
+  const int64_t composites_before = dsl::composite_registrations();
   void* h = dlopen(fs::absolute(so_file).c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (!h) throw Error(ErrId::cli_E006, fmt::format("cannot load plugin {}: {}", so_file, dlerror()));
   auto found = registered_after(before);
-  if (found.empty())
+  if (found.empty() && dsl::composite_registrations() == composites_before)
     throw Error(ErrId::cli_E007, so_file + " defines no schedule", {},
-                "register one with MK_SCHEDULE(\"name\", collective, builder, \"description\")");
+                "register one with MK_SCHEDULE(\"name\", collective, builder, \"description\") (or a composite "
+                "with MK_COMPOSITE)");
   loaded[key] = found;
   return found;
 }
@@ -313,7 +316,8 @@ std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
   } catch (const Error& e) {
     if (e.id() == ErrId::cli_E007)
       throw Error(ErrId::cli_E007, cpp_file + " defines no schedule", {},
-                  "register one with MK_SCHEDULE(\"name\", collective, builder, \"description\")");
+                  "register one with MK_SCHEDULE(\"name\", collective, builder, \"description\") (or a composite "
+                  "with MK_COMPOSITE)");
     throw;
   }
 }

@@ -289,6 +289,20 @@ mkResult_t mkReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcoun
 mkResult_t mkAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                       mkDataType_t datatype, mkComm_t comm, cudaStream_t stream);
 
+/* Composites (include/mk/composite.hpp, docs/composites.md): several
+ * collectives written as one program in a schedule file (MK_COMPOSITE) and
+ * run as one kernel. `buffers` holds one pointer per buffer the composite
+ * declares, in declaration order (`mkc composite NAME` lists them); `count`
+ * is every stage's count (elements per block, as each collective's own call
+ * takes it); `op` serves the stages that reduce. Stages that depend on each
+ * other run in program order on the same thread blocks, the others side by
+ * side; where no group kernel can be built the stages run one launch each.
+ * Every rank passes the same name, count, datatype and op. Inside
+ * mkGroupStart/End the stages join that group (which then runs as group
+ * kernels whatever MK_GROUP_FUSE says). */
+mkResult_t mkCompositeRun(const char* name, void* const* buffers, int nbuffers, size_t count,
+                          mkDataType_t datatype, mkRedOp_t op, mkComm_t comm, cudaStream_t stream);
+
 /* Groups: one host thread driving several communicators. Calls between
  * mkGroupStart and mkGroupEnd are issued at mkGroupEnd. All or nothing: if any
  * call of the group failed (its own return code says why), mkGroupEnd returns

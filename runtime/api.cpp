@@ -429,6 +429,14 @@ mkResult_t mkAllToAll(const void* sendbuff, void* recvbuff, size_t count, mkData
   return collective({Collective::alltoall, sendbuff, recvbuff, count, int(datatype), 0, 0}, comm, stream);
 }
 
+mkResult_t mkCompositeRun(const char* name, void* const* buffers, int nbuffers, size_t count, mkDataType_t datatype,
+                          mkRedOp_t op, mkComm_t comm, cudaStream_t stream) {
+  const mkResult_t r =
+      guard(comm, [&] { composite_run(name, buffers, nbuffers, count, int(datatype), int(op), comm, stream); });
+  if (r != mkSuccess) group_fail(r, t_last_error);  // inside the caller's own group: that group fails too
+  return r;
+}
+
 mkResult_t mkGroupStart(void) {
   return guard(nullptr, [] { group_start(); });
 }

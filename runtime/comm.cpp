@@ -559,10 +559,18 @@ class RelaxedCapture {
 };
 }  // namespace
 
-PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, const std::string& fusion) {
+namespace {
+// PlanCache::fused's key of a fused call or a stage that names its schedule.
+std::string special_key(const std::string& fusion, size_t slot, const std::string& schedule) {
+  return schedule.empty() ? fusion + "|" + std::to_string(slot) : fusion + "|" + std::to_string(slot) + "|" + schedule;
+}
+}  // namespace
+
+PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, const std::string& fusion,
+                         const std::string& schedule) {
   const std::vector<PlanCache::Range>* ranges = &plans.fast[zc][fast_slot(coll, dtype, op)];
-  if (!fusion.empty()) {
-    auto it = plans.fused.find(fusion + "|" + std::to_string(fast_slot(coll, dtype, op)));
+  if (!fusion.empty() || !schedule.empty()) {
+    auto it = plans.fused.find(special_key(fusion, fast_slot(coll, dtype, op), schedule));
     if (it == plans.fused.end()) return nullptr;
     ranges = &it->second;
   }
@@ -571,16 +579,17 @@ PlanInstance* Comm::find(Collective coll, DType dtype, RedOp op, int64_t bytes, 
   return nullptr;
 }
 
-PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, const std::string& fusion) {
-  if (PlanInstance* p = find(coll, dtype, op, bytes, zc, fusion)) return *p;
+PlanInstance& Comm::instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, const std::string& fusion,
+                             const std::string& schedule) {
+  if (PlanInstance* p = find(coll, dtype, op, bytes, zc, fusion, schedule)) return *p;
   int64_t lo = 0, hi = -1;
   RelaxedCapture relaxed;
   CtxGuard g(ctx);
-  PlanInstance& inst = create_instance(coll, dtype, op, bytes, zc, &lo, &hi, fusion);
-  if (fusion.empty())
+  PlanInstance& inst = create_instance(coll, dtype, op, bytes, zc, &lo, &hi, fusion, schedule);
+  if (fusion.empty() && schedule.empty())
     plans.fast[zc][fast_slot(coll, dtype, op)].push_back({lo, hi, &inst});
   else
-    plans.fused[fusion + "|" + std::to_string(fast_slot(coll, dtype, op))].push_back({lo, hi, &inst});
+    plans.fused[special_key(fusion, fast_slot(coll, dtype, op), schedule)].push_back({lo, hi, &inst});
   return inst;
 }
 
@@ -600,8 +609,8 @@ int32_t Comm::grid_cap() const {
 }
 
 PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
-                                    int64_t* hi, const std::string& fusion) {
-  Choice choice = choose_schedule(coll, nranks, bytes, zc);
+                                    int64_t* hi, const std::string& fusion, const std::string& schedule) {
+  Choice choice = schedule.empty() ? choose_schedule(coll, nranks, bytes, zc) : Choice{schedule, 0, -1, ""};
   const dsl::ScheduleInfo* info = dsl::find_schedule(choice.schedule);
   const int32_t max_grid = grid_cap();
   std::shared_ptr<const plan::Plan> plan;
@@ -748,10 +757,31 @@ void Comm::alloc_error_records(Resources& res) {
   MK_CU(d.cuMemHostGetDevicePointer(&res.errors_dev, host_rec, 0), "mapping error records");
 }
 
-Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
+Resources* Comm::resource_copy(const PlanInstance& inst, int copy) {
+  MK_CHECK(copy > 0 && inst.kernel && !inst.ce, "resource_copy: copy 0 or a kernel-less instance");
+  const plan::Kernel& k = *inst.kernel;
+  const std::string key = plan::resource_key(*inst.plan, k) + fmt::format("#copy{}", copy);
+  {
+    std::lock_guard<std::mutex> lock(plans.res_mu);
+    for (auto& r : plans.resources)
+      if (r->key == key) return r.get();
+  }
+  const int64_t align = 256;
+  const int64_t flag_size = plans.flag_end - plans.flag_base, scratch_size = plans.scratch_end - plans.scratch_base;
+  const int64_t flags_after = (plans.flags_used + align - 1) / align * align + k.flag_bytes;
+  const int64_t scratch_after = (plans.scratch_used + align - 1) / align * align + k.scratch_bytes;
+  // Copies are a speed-up, plans are not optional: half of the arena stays
+  // for plans of later calls.
+  if (flags_after > flag_size / 2 || scratch_after > scratch_size / 2) return nullptr;
+  RelaxedCapture relaxed;  // as for a first use inside stream capture (instance)
+  CtxGuard g(ctx);
+  return &resources_for(*inst.plan, k, copy);
+}
+
+Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k, int copy) {
   // Everything that shapes the flag protocol and the scratch layout.
   // (The compiler version too: another one may place synchronisation elsewhere.)
-  const std::string key = plan::resource_key(p, k);
+  const std::string key = plan::resource_key(p, k) + (copy ? fmt::format("#copy{}", copy) : std::string());
   for (auto& r : plans.resources)
     if (r->key == key) return *r;
   const Driver& d = cu();
@@ -792,7 +822,8 @@ Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
 }
 
 dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
-                     int32_t elem_size, const ZcCall& zc) const {
+                     int32_t elem_size, const ZcCall& zc, const Resources* res) const {
+  if (!res) res = inst.res;
   const plan::Kernel& k = *inst.kernel;
   dev::Args a{};
   a.input = input;
@@ -801,13 +832,13 @@ dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, 
   a.tile_bytes = dev::pick_tile_bytes(count, inst.plan->chunks, k.instances, elem_size, k.max_tile_bytes);
   a.rank = rank;
   a.root = inst.rooted ? root : 0;
-  a.scratch = reinterpret_cast<char* const*>(inst.res->scratch_ptrs);
-  a.flags = reinterpret_cast<uint64_t* const*>(inst.res->flag_ptrs);
-  a.seq = reinterpret_cast<uint64_t*>(inst.res->seq);
-  a.errors = reinterpret_cast<dev::ErrorRecord*>(inst.res->errors_dev);
+  a.scratch = reinterpret_cast<char* const*>(res->scratch_ptrs);
+  a.flags = reinterpret_cast<uint64_t* const*>(res->flag_ptrs);
+  a.seq = reinterpret_cast<uint64_t*>(res->seq);
+  a.errors = reinterpret_cast<dev::ErrorRecord*>(res->errors_dev);
   a.host_abort = reinterpret_cast<volatile int32_t*>(host_dev);
   a.timeout_ns = config.timeout_ns;
-  a.flag_offset = inst.res->flag_offset;
+  a.flag_offset = res->flag_offset;
   if (inst.plan->zero_copy) {
     a.windows = reinterpret_cast<const dev::ZcPeerWindow*>(regs.windows);
     a.max_windows = config.max_windows;
@@ -841,9 +872,15 @@ GroupKernel& Comm::group_kernel(const std::string& key, const std::vector<codege
   try {
     RelaxedCapture relaxed;
     CtxGuard guard(ctx);
-    // named by its code (the cubin cache is keyed by the source anyway)
-    g->name = "mk_group_" + jit::hash_hex(codegen::group_source(members, threads, "mk_group")).substr(0, 16);
-    const jit::CompileResult r = jit::compile(codegen::group_source(members, threads, g->name), g->name, arch);
+    // named by its code (the cubin cache is keyed by the source anyway):
+    // rendered once, then the kernel's declaration takes the name
+    std::string src = codegen::group_source(members, threads, "mk_group");
+    g->name = "mk_group_" + jit::hash_hex(src).substr(0, 16);
+    const std::string decl = " mk_group(const __grid_constant__";
+    const size_t at = src.find(decl);
+    MK_CHECK(at != std::string::npos, "group_source: no kernel declaration");
+    src.replace(at, decl.size(), " " + g->name + "(const __grid_constant__");
+    const jit::CompileResult r = jit::compile(src, g->name, arch);
     const Driver& d = cu();
     MK_CU(d.cuModuleLoadData(&g->module, r.cubin.data()), "loading group kernel " + g->name);
     MK_CU(d.cuModuleGetFunction(&g->fn, g->module, g->name.c_str()), "finding group kernel " + g->name);

@@ -29,6 +29,7 @@
 #include "compiler/compile.hpp"
 #include "compiler/plan/plan.hpp"
 #include "mk.h"
+#include "mk/composite.hpp"
 #include "mk/types.hpp"
 #include "runtime/bootstrap.hpp"
 #include "runtime/memory.hpp"
@@ -155,13 +156,17 @@ struct PlanCache {
   };
   static constexpr size_t kSlots = size_t(kNumCollectives) * kNumDTypes * kNumRedOps;
   std::vector<Range> fast[2][kSlots];  // [zero-copy][collective, dtype, op]
-  // Fused calls (never zero-copy): "fusion|slot" -> ranges.
+  // Fused calls (never zero-copy): "fusion|slot" -> ranges; composites'
+  // stages that name their schedule: "fusion|slot|schedule".
   std::unordered_map<std::string, std::vector<Range>> fused;
   std::vector<std::unique_ptr<PlanInstance>> owned;
   // Group kernels by the group's shape (its calls' instances and lanes), and
   // how often each shape was seen (MK_GROUP_FUSE=auto compiles on the second).
   std::unordered_map<std::string, std::unique_ptr<GroupKernel>> groups;
   std::unordered_map<std::string, int> group_seen;
+  // Composites built for this communicator's rank count, by name
+  // (mkCompositeRun; runtime/composite.cpp).
+  std::map<std::string, std::shared_ptr<const dsl::Composite>> composites;
   // Schedules (with their knobs) whose PreMulSum plans the compiler refused
   // (verify_prologue): why, so that other sizes fall back without lowering again.
   std::map<std::string, std::string> premul_refused;
@@ -324,11 +329,13 @@ class Comm {
   // buffers are registered (a zero-copy plan if the schedule has one).
   // Caller holds `mu`.
   // `fusion`: a fused call's fusion (include/mk/fusion.hpp); empty: none.
-  PlanInstance* find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, const std::string& fusion = {});
+  PlanInstance* find(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, const std::string& fusion = {},
+                     const std::string& schedule = {});
   // The instance for a call, created on first use. Works inside stream
   // capture: nothing is enqueued on the caller's stream. Caller holds `mu`.
+  // `schedule`: the one a composite's stage names ("": the selection tables').
   PlanInstance& instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc,
-                         const std::string& fusion = {});
+                         const std::string& fusion = {}, const std::string& schedule = {});
   // The kernel arguments of one call of `inst` (tile chosen for this count).
   // Zero-copy plans also get the call's windows and offsets (`zc`).
   struct ZcCall {
@@ -341,8 +348,16 @@ class Comm {
   // in GroupKernel::why (and logged with MK_DEBUG). Caller holds `mu`.
   GroupKernel& group_kernel(const std::string& key, const std::vector<codegen::GroupMember>& members,
                             int32_t threads, int64_t grid);
+  // `res`: the resources the call uses (a copy, resource_copy); null: inst.res.
   dev::Args args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
-                 int32_t elem_size, const ZcCall& zc) const;
+                 int32_t elem_size, const ZcCall& zc, const Resources* res = nullptr) const;
+  // Copy `copy` (1..) of inst's resources (scratch, flags, step counters,
+  // error records) for a group's repeated calls of one plan, allocated on
+  // first use like the originals (in call order, so at the same offsets on
+  // every rank). Null when the arena's scratch or flag memory would be more
+  // than half used after it (the same answer on every rank: the rest stays
+  // for plans); throws when an allocation fails. Caller holds `mu`.
+  Resources* resource_copy(const PlanInstance& inst, int copy);
   // Thread blocks per kernel at most: maxCTAs, and for ranks sharing a GPU
   // their share of its SMs (0: no cap). Plans are compiled for it.
   int32_t grid_cap() const;
@@ -350,10 +365,10 @@ class Comm {
 
  private:
   PlanInstance& create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
-                                int64_t* hi, const std::string& fusion);
+                                int64_t* hi, const std::string& fusion, const std::string& schedule);
   // The resources for kernel `k` of `p`: shared with structurally equal
   // kernels, else allocated (tables initialised on the side stream).
-  Resources& resources_for(const plan::Plan& p, const plan::Kernel& k);
+  Resources& resources_for(const plan::Plan& p, const plan::Kernel& k, int copy = 0);
   // Where the next flag and scratch regions of `flag_bytes` and
   // `scratch_bytes` go: after what is in use, 256-byte aligned (offsets from
   // the flag and scratch parts' bases; the same on every rank, which

@@ -103,12 +103,19 @@ struct Pending {
   size_t epi_bytes[dsl::kMaxOperands] = {};
   double epi_scalars[dsl::kMaxScalars] = {};
   int64_t epi_row = 0;
+  std::string schedule;  // a composite's stage: the schedule it names ("" : the tables')
+  // A copy of the plan's resources for a group's repeated calls of one plan
+  // (Comm::resource_copy); null: the plan instance's own.
+  Resources* res = nullptr;
 };
+
+Resources* res_of(const Pending& p, const PlanInstance& inst) { return p.res ? p.res : inst.res; }
 
 struct GroupState {
   int depth = 0;
   std::vector<Pending> pending;
   std::vector<std::function<void()>> deferred;  // splits started inside the group
+  bool fuse = false;  // group_fuse_all
   mkResult_t failed = mkSuccess;
   std::string why;
 };
@@ -401,7 +408,9 @@ void check_locked(Pending& p) {
 // allocates, never on the caller's stream, so it also works on the first call
 // inside graph capture. It must happen before any kernel of the same group is
 // launched. Caller holds c->mu.
-PlanInstance& resolve_locked(Pending& p) { return p.c->instance(p.k.coll, p.dt, p.op, p.bytes, p.zc, p.fusion); }
+PlanInstance& resolve_locked(Pending& p) {
+  return p.c->instance(p.k.coll, p.dt, p.op, p.bytes, p.zc, p.fusion, p.schedule);
+}
 
 // What every launch does first: refuse a closing communicator, order this
 // communicator's work across streams. Returns whether the stream is eager
@@ -436,7 +445,7 @@ LaunchStart start_locked(Pending& p) {
 // What every launch does last. Caller holds c->mu.
 void finish_locked(Pending& p, PlanInstance& inst, const LaunchStart& ls) {
   Comm& c = *p.c;
-  inst.res->last.store(&inst);
+  res_of(p, inst)->last.store(&inst);
   if (ls.eager) {
     // Destroy, finalize and deregistration wait for this event, not for the
     // whole device.
@@ -453,7 +462,8 @@ std::unique_ptr<ce::Issue> ce_issue(Pending& p, PlanInstance& inst, const Launch
 
 // One call's kernel arguments. Caller holds p.c->mu.
 dev::Args call_args(const Pending& p, const PlanInstance& inst) {
-  dev::Args a = p.c->args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc);
+  dev::Args a =
+      p.c->args(inst, p.k.send, p.k.recv, int64_t(p.k.count), p.k.root, int32_t(dtype_size(p.dt)), p.zcc, p.res);
   a.prescale = p.prescale;
   a.prescale_ptr = p.prescale_ptr;
   for (int j = 0; j < dsl::kMaxOperands; ++j) a.epi_ops[j] = p.epi_ops[j];
@@ -554,6 +564,14 @@ void launch_locked(Pending& p, PlanInstance& inst) {
 void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream) {
   std::shared_ptr<Comm> c = acquire(comm);
   Pending p = validate(k, c, stream);
+  if (k.schedule && *k.schedule) {
+    // A composite's stage runs the schedule it names, through scratch (the
+    // zero-copy plans are the tables' registered entries).
+    p.schedule = k.schedule;
+    p.k.schedule = nullptr;
+    p.zc = false;
+    p.zcc = Comm::ZcCall{};
+  }
   if (k.count == 0) {  // nothing to do, but a bad op handle is still an error
     std::lock_guard<std::mutex> lock(c->mu);
     resolve_premul_locked(p);
@@ -572,6 +590,10 @@ void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream) {
 }
 
 namespace {
+
+// Copies of a plan's resources a group's repeated calls of it take in turn
+// (the plan's own, then up to three copies).
+constexpr int kResourceCopies = 4;
 
 // A run of a group's calls on one communicator launched as one group kernel
 // (codegen group_source): calls [begin, end) of the communicator's calls.
@@ -614,21 +636,24 @@ bool independent(const Pending& a, const Pending& b) {
 // calls in an order compatible with the group's (calls of a run at once,
 // runs in turn), whichever runs it fuses, so ranks need not agree on it.
 // Calls that share scratch and flags (one plan's kernel, or kernels of one
-// resource set) form a lane: they run one after another on the same blocks.
-// Lanes run side by side, so a run ends where the next call would need more
-// blocks than the rank may keep resident, where its stream or block size
-// differs, where it touches a buffer of another lane's call, or at a call
-// that cannot take part. Caller holds c.mu.
+// resource set), and calls that touch a buffer an earlier call of the run
+// writes (or write one it reads), form a lane: they run one after another on
+// the same blocks, in group order, as separate launches would. Lanes run side
+// by side, so a run ends where the next call would need more blocks than the
+// rank may keep resident, where its stream or block size differs, where it
+// would join two lanes at once, or at a call that cannot take part. `force`:
+// fuse whatever MK_GROUP_FUSE says (mkCompositeRun). Caller holds c.mu.
 std::map<size_t, FusedRun> plan_fusion(Comm& c, const std::vector<Pending>& calls,
-                                       const std::vector<PlanInstance*>& inst, const std::vector<size_t>& idx) {
+                                       const std::vector<PlanInstance*>& inst, const std::vector<size_t>& idx,
+                                       bool force) {
   std::map<size_t, FusedRun> out;
-  const int mode = env::group_fuse();  // read each time: tests change it
+  const int mode = force ? 1 : env::group_fuse();  // read each time: tests change it
   if (mode == 0 || idx.size() < 2) return out;
   const int64_t cap = c.grid_cap() > 0 ? c.grid_cap() : c.sms > 0 ? c.sms : int64_t(1) << 30;
   size_t j = 0;
   while (j < idx.size()) {
-    std::vector<const Resources*> lanes;
-    std::vector<int32_t> lane_of;  // per call of the run
+    std::vector<int64_t> lane_grid;  // blocks of each lane: its largest member's
+    std::vector<int32_t> lane_of;    // per call of the run
     int64_t grid = 0;
     size_t e = j;
     for (; e < idx.size(); ++e) {
@@ -641,18 +666,25 @@ std::map<size_t, FusedRun> plan_fusion(Comm& c, const std::vector<Pending>& call
             e - j == size_t(dev::kMaxGroupMembers))
           break;
       }
-      auto at = std::find(lanes.begin(), lanes.end(), pi.res);
-      if (at == lanes.end() && e > j && grid + pi.kernel->grid > cap) break;
-      bool clash = false;
-      for (size_t q = j; q < e && !clash; ++q)
-        clash = inst[idx[q]]->res != pi.res && !independent(calls[idx[q]], p);
-      if (clash) break;
-      if (at == lanes.end()) {
-        lanes.push_back(pi.res);
-        grid += pi.kernel->grid;
-        at = lanes.end() - 1;
+      int32_t lane = -1;  // the one lane this call must join, if any
+      bool two = false;
+      for (size_t q = j; q < e && !two; ++q) {
+        const bool bound = res_of(calls[idx[q]], *inst[idx[q]]) == res_of(p, pi) || !independent(calls[idx[q]], p);
+        if (!bound || lane == lane_of[q - j]) continue;
+        two = lane >= 0;
+        lane = lane_of[q - j];
       }
-      lane_of.push_back(int32_t(at - lanes.begin()));
+      if (two) break;
+      const int64_t more = lane < 0 ? pi.kernel->grid : std::max<int64_t>(0, pi.kernel->grid - lane_grid[size_t(lane)]);
+      if (e > j && grid + more > cap) break;
+      grid += more;
+      if (lane < 0) {
+        lane = int32_t(lane_grid.size());
+        lane_grid.push_back(pi.kernel->grid);
+      } else {
+        lane_grid[size_t(lane)] += more;
+      }
+      lane_of.push_back(lane);
     }
     if (e == j) {  // a call that cannot take part
       ++j;
@@ -708,13 +740,17 @@ void launch_group_locked(std::vector<Pending>& calls, const std::vector<PlanInst
     }
     throw;
   }
-  for (size_t q = 0; q + 1 < n; ++q) inst[idx[b + q]]->res->last.store(inst[idx[b + q]]);
+  for (size_t q = 0; q + 1 < n; ++q) res_of(calls[idx[b + q]], *inst[idx[b + q]])->last.store(inst[idx[b + q]]);
   finish_locked(calls[idx[run.end - 1]], *inst[idx[run.end - 1]], ls);
 }
 
 }  // namespace
 
 void group_start() { ++t_group.depth; }
+
+void group_fuse_all() {
+  if (t_group.depth > 0) t_group.fuse = true;
+}
 
 bool group_open() { return t_group.depth > 0; }
 
@@ -730,6 +766,7 @@ void group_fail(mkResult_t code, const std::string& why) {
 void group_end() {
   if (t_group.depth == 0) fail(mkInvalidUsage, "mkGroupEnd without mkGroupStart");
   if (--t_group.depth > 0) return;
+  const bool fuse = std::exchange(t_group.fuse, false);
   std::vector<Pending> calls;
   calls.swap(t_group.pending);
   std::vector<std::function<void()>> deferred;
@@ -766,6 +803,23 @@ void group_end() {
     p.c->check_usable(api_name_of(p.k.coll));
     std::lock_guard<std::mutex> lock(p.c->mu);
     inst.push_back(&resolve_locked(p));
+  }
+  // A group's repeated calls of one plan take copies of its resources in
+  // turn (copy k of the k-th call, modulo kResourceCopies): a group kernel
+  // then runs them side by side instead of one after another. Chosen by
+  // position in the group, whether or not this rank fuses anything, so every
+  // rank uses the same copy for the same call.
+  {
+    std::map<std::pair<const Comm*, const Resources*>, int> seen;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      Pending& p = calls[i];
+      const PlanInstance& pi = *inst[i];
+      if (pi.ce || !pi.kernel || !pi.res || p.zc || pi.plan->zero_copy || !p.fusion.empty()) continue;
+      const int copy = seen[{p.c.get(), pi.res}]++ % kResourceCopies;
+      if (copy == 0) continue;
+      std::lock_guard<std::mutex> lock(p.c->mu);
+      p.res = p.c->resource_copy(pi, copy);
+    }
   }
   for (auto& p : calls) p.c->check_usable(api_name_of(p.k.coll));
   // In group order per communicator; across communicators in turn, one step
@@ -807,7 +861,7 @@ void group_end() {
   for (Lane& lane : lanes) {
     Comm& c = *calls[lane.calls[0]].c;
     std::lock_guard<std::mutex> lock(c.mu);
-    lane.fused = plan_fusion(c, calls, inst, lane.calls);
+    lane.fused = plan_fusion(c, calls, inst, lane.calls, fuse);
   }
   size_t launched = 0;  // calls issued completely
   bool any = false;      // anything issued (peers may wait for the rest)

@@ -22,6 +22,9 @@ struct Call {
   int op;
   int root;
   const mkFusion_t* fusion = nullptr;  // mkAllReduceFused; copied by enqueue
+  // A stage of a composite (mkCompositeRun): the schedule it names instead of
+  // the selection tables' ("" or null: the tables'); copied by enqueue.
+  const char* schedule = nullptr;
 };
 
 // mkRedOpCreatePreMulSum's device scalar: GPU memory of the communicator's
@@ -35,6 +38,9 @@ void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream);
 void group_start();
 // Launches the group's calls, all or nothing; throws RtError.
 void group_end();
+// The open group's calls run as group kernels whatever MK_GROUP_FUSE says
+// (mkCompositeRun); reset by the outermost mkGroupEnd.
+void group_fuse_all();
 // Records a failure inside an open group (the group then launches nothing).
 void group_fail(mkResult_t code, const std::string& why);
 // Whether this thread is inside mkGroupStart/End.
@@ -45,5 +51,9 @@ bool group_open();
 void group_defer(std::function<void()> wait);
 
 const char* api_name_of(Collective c);
+
+// mkCompositeRun (runtime/composite.cpp); throws RtError or mk::Error.
+void composite_run(const char* name, void* const* buffers, int nbuffers, size_t count, int dtype, int op,
+                   mkComm_t comm, cudaStream_t stream);
 
 }  // namespace mk::rt

@@ -50,6 +50,32 @@ struct Shared {
   int last;   // zero-copy: this block is the launch's last to finish
 };
 
+// Writes block `bid`'s error record (the code last, so that the host never
+// reads half a record), tells the host, and raises every rank's abort word
+// (`abort_of(q)`): every waiting block of every rank then stops. Ctx::fail and
+// chain_barrier report through it.
+template <class AbortOf>
+MK_DEV void record_failure(const Args& a, int32_t bid, int32_t nranks, AbortOf abort_of, int32_t code,
+                           int32_t instance, int32_t tb, int32_t slot, int32_t peer, int32_t op, uint64_t step,
+                           uint64_t have, uint64_t want, uint64_t waited) {
+  ErrorRecord& e = a.errors[bid];
+  e.rank = a.rank;
+  e.instance = instance;
+  e.tb = tb;
+  e.slot = slot;
+  e.peer = peer;
+  e.op = op;
+  e.step = step;
+  e.have = have;
+  e.want = want;
+  e.waited_ns = waited;
+  __threadfence_system();
+  *reinterpret_cast<volatile int32_t*>(&e.code) = code;
+  __threadfence_system();
+  if (a.host_abort) a.host_abort[1] = 1;  // the host sees it at its next call
+  for (int32_t q = 0; q < nranks; ++q) st_release_sys(abort_of(q), 1);
+}
+
 // P: plan traits from the generated source.
 template <class P>
 struct Ctx {
@@ -204,25 +230,12 @@ struct Ctx {
     aborted = 1;
     const bool root_cause = *reinterpret_cast<const volatile uint64_t*>(abort_word(rank)) == 0 &&
                             !(a.host_abort && *a.host_abort != 0);
-    if (atomicCAS(&sh.claim, 0, 1) == 0) {
-      ErrorRecord& e = a.errors[bid];
-      e.rank = rank;
-      e.instance = inst;
-      e.tb = tb;
-      e.slot = slot;
-      e.peer = peer_rank;
-      e.op = op;
-      e.step = step;
-      e.have = have;
-      e.want = want;
-      e.waited_ns = waited;
-      __threadfence_system();
-      *reinterpret_cast<volatile int32_t*>(&e.code) = root_cause ? code : int32_t(kErrStopped);
-      __threadfence_system();
-      if (a.host_abort) a.host_abort[1] = 1;  // the host sees it at its next call
-    }
-    // Tell every rank (and every block here) to stop waiting.
-    for (int q = 0; q < N; ++q) st_release_sys(abort_word(q), 1);
+    auto abort_of = [this](int32_t q) { return abort_word(q); };
+    if (atomicCAS(&sh.claim, 0, 1) == 0)
+      record_failure(a, bid, N, abort_of, root_cause ? code : int32_t(kErrStopped), inst, tb, slot, peer_rank, op,
+                     step, have, want, waited);
+    else  // tell every rank (and every block here) to stop waiting
+      for (int q = 0; q < N; ++q) st_release_sys(abort_word(q), 1);
   }
 
   // ---- synchronisation -------------------------------------------------------
@@ -425,23 +438,15 @@ MK_DEV bool chain_barrier(const Args& a, int32_t bid, int32_t nbid) {
                                      return stopping() || (a.timeout_ns != 0 && globaltimer() - since > a.timeout_ns);
                                    },
                                    &t0);
+      // A lane's block beyond this plan's grid (a larger member follows)
+      // has no record of its own: it stops the ranks without one.
       if (!ok && !stopping()) {
-        ErrorRecord& e = a.errors[bid];
-        e.rank = a.rank;
-        e.instance = bid / P::kTbs;
-        e.tb = bid % P::kTbs;
-        e.slot = kChainBarrierSlot;
-        e.peer = a.rank;
-        e.op = -1;
-        e.step = 0;
-        e.have = have & 0xffffffffull;
-        e.want = uint64_t(nbid);
-        e.waited_ns = globaltimer() - t0;
-        __threadfence_system();
-        *reinterpret_cast<volatile int32_t*>(&e.code) = int32_t(kErrWaitTimeout);
-        __threadfence_system();
-        if (a.host_abort) a.host_abort[1] = 1;
-        for (int32_t q = 0; q < P::kRanks; ++q) st_release_sys(abort_of(q), 1);
+        if (bid < P::kTbs * P::kInstances)
+          record_failure(a, bid, P::kRanks, abort_of, int32_t(kErrWaitTimeout), bid / P::kTbs, bid % P::kTbs,
+                         kChainBarrierSlot, a.rank, -1, 0, have & 0xffffffffull, uint64_t(nbid),
+                         globaltimer() - t0);
+        else
+          for (int32_t q = 0; q < P::kRanks; ++q) st_release_sys(abort_of(q), 1);
       }
     }
     __threadfence();

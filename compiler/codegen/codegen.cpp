@@ -1146,19 +1146,26 @@ std::string group_source(const std::vector<GroupMember>& members, int32_t thread
     if (std::find(lanes.begin(), lanes.end(), m.lane) == lanes.end()) lanes.push_back(m.lane);
   int64_t first = 0;
   for (int32_t lane : lanes) {
-    int32_t grid = -1;
+    // A lane has its largest member's blocks; a smaller member runs on the
+    // first of them and the others only take part in the chain barriers.
+    int32_t grid = 0;
+    for (const GroupMember& m : members)
+      if (m.lane == lane) grid = std::max(grid, m.grid);
+    bool started = false;
     size_t prev = 0;
     std::string body;
     for (size_t i = 0; i < members.size(); ++i) {
       const GroupMember& m = members[i];
       if (m.lane != lane) continue;
-      MK_CHECK(grid < 0 || m.grid == grid, "group_source: members of one lane differ in grid");
-      if (grid >= 0)  // the previous member of the lane, on every block, first
+      if (started)  // the previous member of the lane, on every block, first
         body += fmt::format("    if (!{}::{}_chain(g.a[{}], bid, {})) return;\n", ns[prev], members[prev].kernel, prev,
-                            m.grid);
-      grid = m.grid;
+                            grid);
+      started = true;
       prev = i;
-      body += fmt::format("    {}::{}_body(g.a[{}], bid, {});\n", ns[i], m.kernel, i, m.grid);
+      if (m.grid == grid)
+        body += fmt::format("    {}::{}_body(g.a[{}], bid, {});\n", ns[i], m.kernel, i, m.grid);
+      else
+        body += fmt::format("    if (bid < {}) {}::{}_body(g.a[{}], bid, {});\n", m.grid, ns[i], m.kernel, i, m.grid);
     }
     o += fmt::format("  if (b < {}) {{\n    const int bid = b - {};\n{}    return;\n  }}\n", first + grid, first, body);
     first += grid;

@@ -122,14 +122,15 @@ Unit generate_one(const ir::Schedule& variant, size_t bucket, size_t buckets, DT
 // A group kernel: several plan kernels in one launch (the runtime's fused
 // mkGroupStart/End). Each member is a kernel generated above (`source`,
 // `kernel` its name) with its own mk::dev::Args (mk::dev::GroupArgs<members>
-// ::a[i], in member order). Members of one `lane` share scratch, flags and
-// step counters: they run in member order on the same `grid` blocks, each
-// after every block of the one before has finished (kernel.cuh
-// chain_barrier; a lane stops at the first failure). Lanes run side by side,
-// on consecutive block ranges in order of their first member. Every member
-// uses `threads` threads per block; members with the same kernel share its
-// code. Throws Error(jit_E005) for 0 or more than dev::kMaxGroupMembers
-// members, and MK_CHECKs lanes whose members differ in grid.
+// ::a[i], in member order). Members of one `lane` (they share scratch, flags
+// and step counters, or one reads or writes what another writes) run in
+// member order on the same blocks (the lane has its largest member's `grid`;
+// a smaller member runs on the first of them), each after every block of the
+// one before has finished (kernel.cuh chain_barrier; a lane stops at the
+// first failure). Lanes run side by side, on consecutive block ranges in
+// order of their first member. Every member uses `threads` threads per
+// block; members with the same kernel share its code. Throws
+// Error(jit_E005) for 0 or more than dev::kMaxGroupMembers members.
 struct GroupMember {
   std::string source;
   std::string kernel;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -322,6 +323,14 @@ class Communicator {
   template <typename T>
   void all_reduce_fused(const T* send, T* recv, size_t count, Op op, const Fusion& f, cudaStream_t s) {
     all_reduce_fused(send, recv, count, DataType<T>::value, mkRedOp_t(op), f, s);
+  }
+
+  // A composite's stages as one kernel (mkCompositeRun): one buffer per name
+  // the composite declares, in its order.
+  //   comm.composite("composite.zero_step", {grads, grad_shard, param_shard, params}, n, mkBfloat16, mkSum, s);
+  void composite(const char* name, std::initializer_list<void*> buffers, size_t count, mkDataType_t t,
+                 mkRedOp_t op, cudaStream_t s) {
+    check(mkCompositeRun(name, buffers.begin(), int(buffers.size()), count, t, op, c_, s), c_);
   }
 
   // Typed.

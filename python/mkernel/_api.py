@@ -521,6 +521,18 @@ class Communicator:
         call("mkAllReduceFused", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(count),
              dtype_code(dtype), op_code(op), ctypes.byref(f), self._live(), stream_handle(stream), comm=self._h)
 
+    def composite(self, name, buffers, count, dtype, op="sum", stream=None):
+        """mkCompositeRun: the stages of composite `name` (a schedule file's
+        MK_COMPOSITE, e.g. "composite.zero_step") as one kernel. `buffers`:
+        one device buffer per name the composite declares, in its order
+        (`mkc composite NAME -n N` lists them); `count`: every stage's count."""
+        buffers = list(buffers)
+        arr = (ctypes.c_void_p * max(1, len(buffers)))()
+        for k, b in enumerate(buffers):
+            arr[k] = pointer(b, "buffers[%d]" % k)
+        call("mkCompositeRun", str(name).encode(), arr, len(buffers), int(count), dtype_code(dtype), op_code(op),
+             self._live(), stream_handle(stream), comm=self._h)
+
     def broadcast(self, sendbuf, recvbuf, count, dtype, root=0, stream=None):
         call("mkBroadcast", pointer(sendbuf, "sendbuf"), pointer(recvbuf, "recvbuf"), int(count), dtype_code(dtype),
              int(root), self._live(), stream_handle(stream), comm=self._h)

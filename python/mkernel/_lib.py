@@ -110,6 +110,7 @@ _SIGNATURES = {
     "mkRedOpDestroy": [_c.c_int, _P],
     "mkAllReduce": [_P, _P, _S, _c.c_int, _c.c_int, _P, _P],
     "mkAllReduceFused": [_P, _P, _S, _c.c_int, _c.c_int, _c.POINTER(Fusion), _P, _P],
+    "mkCompositeRun": [_c.c_char_p, _c.POINTER(_P), _c.c_int, _S, _c.c_int, _c.c_int, _P, _P],
     "mkBroadcast": [_P, _P, _S, _c.c_int, _c.c_int, _P, _P],
     "mkReduce": [_P, _P, _S, _c.c_int, _c.c_int, _c.c_int, _P, _P],
     "mkAllGather": [_P, _P, _S, _c.c_int, _P, _P],

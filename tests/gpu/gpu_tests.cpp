@@ -687,6 +687,79 @@ void grouped(World& w) {
     for (int launch = 0; launch < 3; ++launch) run_group_checked(w, groups[k], launch);
 }
 
+// Composites (mkCompositeRun, docs/composites.md): the built-ins' stages as
+// one group kernel. composite.reduce_scatter_all_gather chains an all-gather
+// after the reduce-scatter whose output it reads: `shard` must be the
+// reduce-scatter of `in` and `out` the all-reduce of `in` (the same data).
+// composite.zero_step runs a reduce-scatter and an unrelated all-gather side
+// by side. Each composite three times (step counters continue), dtypes and
+// sizes that make the stages' plans differ in grid.
+void composites(World& w) {
+  uint64_t seed = 1300;
+  const int n = w.nranks;
+  for (DType t : {DType::fp32, DType::bf16, DType::fp16})
+    for (int64_t count : {int64_t(1), int64_t(1000), int64_t(4097), int64_t(g_quick ? 65536 : 1 << 20)})
+      for (int launch = 0; launch < 3; ++launch) {
+        CallSpec rs{Collective::reducescatter, t, RedOp::sum, count, false, 0, seed};
+        CallSpec ar{Collective::allreduce, t, RedOp::sum, count * n, false, 0, seed};  // what `out` holds
+        CallSpec ag{Collective::allgather, t, RedOp::sum, count, false, 0, seed + 1};
+        const size_t es = dtype_size(t);
+        std::vector<RankBuffers> a(w.local.size()), b(w.local.size());  // rs: in -> shard; ag: param -> params
+        std::vector<GuardedBuffer> out(w.local.size());
+        for (size_t i = 0; i < w.local.size(); ++i) {
+          CK_CUDA(cudaSetDevice(w.local[i].device));
+          prepare(w, w.local[i], rs, a[i], launch);
+          prepare(w, w.local[i], ag, b[i], launch);
+          out[i].alloc(size_t(count * n) * es);
+          CK_CUDA(cudaMemset(out[i].ptr(), 0xA5, size_t(count * n) * es));
+        }
+        CK_CUDA(cudaDeviceSynchronize());
+        for (const char* which : {"composite.reduce_scatter_all_gather", "composite.zero_step"}) {
+          const bool chain = std::string(which).find("reduce_scatter") != std::string::npos;
+          CK_MK(mkGroupStart(), nullptr);
+          for (size_t i = 0; i < w.local.size(); ++i) {
+            CK_CUDA(cudaSetDevice(w.local[i].device));
+            void* chained[3] = {a[i].send, a[i].recv, out[i].ptr()};
+            void* zero[4] = {a[i].send, a[i].recv, b[i].send, b[i].recv};
+            const mkResult_t r = mkCompositeRun(which, chain ? chained : zero, chain ? 3 : 4, size_t(count),
+                                                to_mk(t), mkSum, w.local[i].comm, w.local[i].stream);
+            if (r != mkSuccess)
+              throw Failure(std::string(which) + ": " + mkGetErrorString(r) + ": " + mkGetLastError(w.local[i].comm));
+          }
+          CK_MK(mkGroupEnd(), nullptr);
+          sync_all(w);
+          check_async(w);
+          for (size_t i = 0; i < w.local.size(); ++i) {
+            CK_CUDA(cudaSetDevice(w.local[i].device));
+            check(w, w.local[i], rs, a[i], launch);
+            if (chain) {
+              RankBuffers whole;  // the all-reduce view: `in` -> `out`
+              whole.in = a[i].in;
+              whole.out = out[i];
+              whole.send = a[i].send;
+              whole.recv = out[i].ptr();
+              check(w, w.local[i], ar, whole, launch);
+            } else {
+              check(w, w.local[i], ag, b[i], launch);
+            }
+            // the next composite starts from poisoned outputs again
+            CK_CUDA(cudaMemset(a[i].recv, 0xA5, size_t(count) * es));
+            CK_CUDA(cudaMemset(b[i].recv, 0xA5, size_t(count * n) * es));
+          }
+          CK_CUDA(cudaDeviceSynchronize());
+        }
+        for (size_t i = 0; i < w.local.size(); ++i) {
+          CK_CUDA(cudaSetDevice(w.local[i].device));
+          a[i].in.free();
+          a[i].out.free();
+          b[i].in.free();
+          b[i].out.free();
+          out[i].free();
+        }
+        seed += 2;
+      }
+}
+
 void fused(World& w) {
   uint64_t seed = 900;
   for (DType t : {DType::bf16, DType::fp16, DType::fp32})
@@ -1683,6 +1756,10 @@ std::vector<Scenario> scenarios() {
   v.push_back({"group_fused_share_gpu_2ranks_2proc", 2, true, 1, {{"MK_GROUP_FUSE", "1"}}, grouped});
   v.push_back({"group_fused_1rank", 1, false, 1, {{"MK_GROUP_FUSE", "1"}}, grouped});
   v.push_back({"group_unfused_share_gpu_2ranks_1proc", 2, false, 1, {{"MK_GROUP_FUSE", "0"}}, grouped, 1});
+  // Composites: one group kernel per call whatever MK_GROUP_FUSE says.
+  v.push_back({"composite_share_gpu_3ranks_1proc", 3, false, 1, {}, composites, 1});
+  v.push_back({"composite_share_gpu_2ranks_2proc", 2, true, 1, {}, composites});
+  v.push_back({"composite_1rank", 1, false, 1, {}, composites});
   v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
   v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});

@@ -204,6 +204,30 @@ class Package(unittest.TestCase):
         # The shipped plans served these calls: nothing was compiled into the cache.
         self.assertEqual(plans_in(cache), [])
 
+    def test_composite_runs_as_one_group_kernel_on_the_fake_driver(self):
+        cache = os.path.join(TMP, "c-composite")
+        p = py(ALLOC + """
+            comms = mkernel.Communicator.init_all([0, 1])
+            n = 4096
+            bufs = [[dalloc(4 * n * 2, d) for _ in range(4)] for d in (0, 1)]
+            with mkernel.group():
+                for c, b in zip(comms, bufs):
+                    c.composite("composite.zero_step", b, n, "fp32")
+            try:
+                comms[0].composite("composite.zero_step", bufs[0][:3], n, "fp32")
+                print("NO ERROR")
+            except mkernel.MkError as e:
+                print("ERR", e.name, e)
+            for c in comms:
+                c.destroy()
+            print("DONE")
+        """, env=fake_env(cache))
+        out = p.stdout
+        self.assertIn("DONE", out)
+        self.assertNotIn("NO ERROR", out)
+        self.assertIn("ERR mkInvalidArgument", out)
+        self.assertIn("3 buffer(s) given", out)
+
     def test_schedules_argument_reaches_the_config(self):
         cache = os.path.join(TMP, "c-sched")
         good = os.path.join(SRC, "tests", "fixtures", "mscclpp", "allreduce_tbg_2.json")

@@ -97,19 +97,77 @@ TEST_CASE("mkGroupEnd: a group's calls on one communicator run as one group kern
     CHECK(l.member[2].count == int64_t(n / 2));
     CHECK(l.member[0].flags == ar.args.flags);
     CHECK(l.member[1].flags == ag.args.flags);
-    CHECK(l.member[2].flags == ar2.args.flags);
     CHECK(l.member[0].tile_bytes == ar.args.tile_bytes);
     CHECK(l.member[2].tile_bytes == ar2.args.tile_bytes);
-    // members sharing scratch and flags run on the same blocks (one lane):
-    // the grid holds each set of resources once
+    // the two all-reduces: when their plans share scratch and flags, the
+    // group's second call of them runs on a copy of the resources (its own
+    // flags), side by side with the first; otherwise on its own
     const bool shared = ar.args.flags == ar2.args.flags;
-    const unsigned lanes = ar.grid[0] + ag.grid[0] + (shared ? 0 : ar2.grid[0]);
-    CHECK(l.grid[0] == lanes);
+    if (shared)
+      CHECK(l.member[2].flags != ar2.args.flags);
+    else
+      CHECK(l.member[2].flags == ar2.args.flags);
+    CHECK(l.grid[0] == ar.grid[0] + ag.grid[0] + ar2.grid[0]);
     // the third time: the same kernel, no new module
     const int64_t modules = mkt::counts().modules;
     REQUIRE(group() == mkSuccess);
     CHECK(mkt::counts().modules == modules);
     CHECK(std::string(mkt::last_launch().function) == l.function);
+    REQUIRE(mkCommDestroy(comm) == mkSuccess);
+  }
+  const std::string leak = mkt::leaks(before, mkt::counts());
+  CHECK_MESSAGE(leak.empty(), leak);
+}
+
+TEST_CASE("mkGroupEnd: a group's repeated calls of one plan take copies of its resources in turn, fused or not, "
+          "and run side by side") {
+  MKT_REQUIRE_FAKE();
+  const mkfake_counts before = mkt::counts();
+  {
+    mkt::Device dev(0);
+    const size_t n = 2048;
+    std::vector<std::unique_ptr<mkt::Buffer>> in, out;
+    for (int i = 0; i < 5; ++i) {
+      in.push_back(std::make_unique<mkt::Buffer>(dev, n * 4));
+      out.push_back(std::make_unique<mkt::Buffer>(dev, n * 4));
+    }
+    mkComm_t comm = mkt::one_rank();
+    REQUIRE(mkAllReduce(in[0]->ptr(), out[0]->ptr(), n, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+    const mkfake_launch alone = mkt::last_launch();
+    auto group = [&] {
+      mkGroupStart();
+      for (int i = 0; i < 5; ++i) mkAllReduce(in[i]->ptr(), out[i]->ptr(), n, mkFloat32, mkSum, comm, dev.stream);
+      return mkGroupEnd();
+    };
+    // one launch per call: call k of the group runs on copy k % 4
+    std::vector<uint64_t* const*> flags;
+    {
+      ScopedEnv fuse("MK_GROUP_FUSE", "0");
+      const int64_t allocs = mkt::counts().device_allocs;
+      REQUIRE(group() == mkSuccess);
+      CHECK(mkt::counts().device_allocs > allocs);  // the copies, on first use
+      CHECK(mkt::last_launch().args.flags == alone.args.flags);  // the fifth call: the plan's own again
+    }
+    // fused: five members, the first four side by side, the fifth after the first
+    ScopedEnv fuse("MK_GROUP_FUSE", "1");
+    const int64_t allocs = mkt::counts().device_allocs;
+    REQUIRE(group() == mkSuccess);
+    CHECK(mkt::counts().device_allocs == allocs);  // the same copies
+    const mkfake_launch l = mkt::last_launch();
+    REQUIRE(is_group(l));
+    REQUIRE(l.members == 5);
+    CHECK(l.member[0].flags == alone.args.flags);
+    for (int i = 1; i < 4; ++i)
+      for (int j = 0; j < i; ++j) CHECK(l.member[i].flags != l.member[j].flags);
+    CHECK(l.member[4].flags == alone.args.flags);
+    CHECK(l.grid[0] == 4 * alone.grid[0]);
+    for (int i = 0; i < 5; ++i) {
+      CHECK(l.member[i].input == in[size_t(i)]->ptr());
+      CHECK(l.member[i].output == out[size_t(i)]->ptr());
+    }
+    // a call alone still runs on the plan's own resources
+    REQUIRE(mkAllReduce(in[1]->ptr(), out[1]->ptr(), n, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+    CHECK(mkt::last_launch().args.flags == alone.args.flags);
     REQUIRE(mkCommDestroy(comm) == mkSuccess);
   }
   const std::string leak = mkt::leaks(before, mkt::counts());
@@ -176,15 +234,31 @@ TEST_CASE("mkGroupEnd: calls on other streams, a call that reads what another wr
           mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
           mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, other);
         }) == 2);
-  // the all-gather reads the all-reduce's output: it must see it complete
+  // the calls alone, for their grids
+  REQUIRE(mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream) == mkSuccess);
+  const unsigned ar_grid = mkt::last_launch().grid[0];
+  REQUIRE(mkAllGather(o1.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream) == mkSuccess);
+  const unsigned ag_grid = mkt::last_launch().grid[0];
+  // the all-gather reads the all-reduce's output: it must see it complete,
+  // so it runs after it on the same blocks (one lane: the larger grid)
   CHECK(launched([&] {
           mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
           mkAllGather(o1.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
-        }) == 2);
+        }) == 1);
+  CHECK(is_group(mkt::last_launch()));
+  CHECK(mkt::last_launch().grid[0] == std::max(ar_grid, ag_grid));
   // ... or writes what it reads
   CHECK(launched([&] {
           mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
           mkAllGather(o2.ptr(), in.ptr(), n, mkBfloat16, comm, dev.stream);
+        }) == 1);
+  CHECK(mkt::last_launch().grid[0] == std::max(ar_grid, ag_grid));
+  // a call that depends on two lanes (they run side by side; one lane cannot
+  // wait for the other) starts a new launch
+  CHECK(launched([&] {
+          mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
+          mkAllGather(w.ptr(), o2.ptr(), n / 2, mkBfloat16, comm, dev.stream);
+          mkAllReduce(o1.ptr(), o2.ptr(), n, mkBfloat16, mkMax, comm, dev.stream);
         }) == 2);
   // independent buffers: one launch
   CHECK(launched([&] {
@@ -252,7 +326,7 @@ TEST_CASE("mkGroupEnd: two ranks sharing one GPU each launch one group kernel wi
     const mkfake_launch ag = mkt::last_launch();
     REQUIRE(mkAllGather(in.ptr(), o2.ptr(), n / 2, mkBfloat16, probe, dev.stream) == mkSuccess);
     const mkfake_launch ag2 = mkt::last_launch();
-    REQUIRE(ag2.args.flags == ag.args.flags);  // one plan: one lane
+    REQUIRE(ag2.args.flags == ag.args.flags);  // one plan
     REQUIRE(mkCommDestroy(probe) == mkSuccess);
     mkUniqueId id;
     REQUIRE(mkGetUniqueId(&id) == mkSuccess);
@@ -265,13 +339,20 @@ TEST_CASE("mkGroupEnd: two ranks sharing one GPU each launch one group kernel wi
             mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
             mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
           }) == 2);
+    // two calls of one plan: the second runs on a copy of the resources,
+    // which needs a lane of its own, and there is no room for two
     CHECK(launched([&] {
             mkAllGather(in.ptr(), o1.ptr(), n / 2, mkBfloat16, comm, dev.stream);
             mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
+          }) == 2);
+    // an all-reduce of what an all-gather wrote: one lane, within the room
+    CHECK(launched([&] {
+            mkAllGather(in.ptr(), o1.ptr(), n / 2, mkBfloat16, comm, dev.stream);
+            mkAllReduce(o1.ptr(), o2.ptr(), n / 2, mkBfloat16, mkSum, comm, dev.stream);
           }) == 1);
     const mkfake_launch l = mkt::last_launch();
     CHECK(is_group(l));
-    CHECK(l.grid[0] == ag.grid[0]);
+    CHECK(l.grid[0] == std::max(ag.grid[0], ar.grid[0]));
     REQUIRE(mkCommDestroy(comm) == mkSuccess);
   }
   const std::string leak = mkt::leaks(before, mkt::counts());

@@ -277,4 +277,17 @@ inline RunResult mkc(std::vector<std::string> args, std::vector<std::pair<std::s
     CHECK(::mkt::contains(r_.err, "mkc: error: [" ID "]"));                       \
   } while (0)
 
+// The id of the mk::Error `f` throws (and its text in *what); fails the test
+// when it throws none.
+inline mk::ErrId error_id(const std::function<void()>& f, std::string* what = nullptr) {
+  try {
+    f();
+  } catch (const mk::Error& e) {
+    if (what) *what = e.what();
+    return e.id();
+  }
+  FAIL("no mk::Error thrown");
+  return mk::ErrId::count_;
+}
+
 }  // namespace mkt

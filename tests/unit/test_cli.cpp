@@ -17,6 +17,7 @@
 #include "compiler/plan/plan.hpp"
 #include "compiler/plugin.hpp"
 #include "compiler/verify/verify.hpp"
+#include "mk/composite.hpp"
 #include "mk/dsl.hpp"
 #include "plan_util.hpp"
 #include "runtime/select.hpp"
@@ -80,7 +81,16 @@ TEST_CASE("mkc list: every registered schedule with its collective and descripti
                         contains(l, info.doc));
     CHECK(found);
   }
-  CHECK(ls.size() == dsl::registered_schedules().size() + 1);
+  // then the composites, under a header of their own
+  const auto composites = dsl::registered_composites();
+  REQUIRE(!composites.empty());
+  for (const auto& c : composites) {
+    CAPTURE(c.name);
+    bool found = false;
+    for (const auto& l : ls) found = found || (l.rfind(c.name + " ", 0) == 0 && contains(l, c.doc));
+    CHECK(found);
+  }
+  CHECK(ls.size() == dsl::registered_schedules().size() + 1 + 2 + composites.size());  // a blank line, a header
 }
 
 TEST_CASE("mkc info and --version") {

@@ -1233,11 +1233,33 @@ TEST_CASE("codegen: a group kernel places lanes side by side and chains the memb
   const std::string bytes(r.cubin.begin(), r.cubin.end());
   CHECK(bytes.find("mk_group_test") != std::string::npos);
 
-  // refused: no members, too many, a lane whose members differ in grid
+  // refused: no members, too many
   CHECK(catch_error([&] { codegen::group_source({}, 256, "x"); }).id == "mk.jit.E005");
   std::vector<codegen::GroupMember> many(size_t(mk::dev::kMaxGroupMembers) + 1, m[0]);
   CHECK(catch_error([&] { codegen::group_source(many, 256, "x"); }).id == "mk.jit.E005");
-  auto bad = m;
-  bad[2].grid = ka.grid + 1;
-  CHECK(catch_error([&] { codegen::group_source(bad, 256, "x"); }).internal);
+}
+
+TEST_CASE("codegen: a lane of members with different grids has its largest member's blocks, a smaller member runs "
+          "on the first of them and every block takes part in the chain barrier" *
+          doctest::skip(!mkt::have_nvrtc())) {
+  // a reduce-scatter, then an all-gather of its output (a composite's chained stages)
+  const plan::Plan rs = small_plan("reducescatter.ring", 4, DType::fp32, 1 << 16);
+  const plan::Plan ag = small_plan("allgather.direct", 4, DType::fp32, 1 << 16);
+  const plan::Kernel& kr = rs.kernels.at(0);
+  const plan::Kernel& kg = ag.kernels.at(0);
+  REQUIRE(kr.threads == kg.threads);
+  REQUIRE(kr.grid != kg.grid);
+  const int32_t big = std::max(kr.grid, kg.grid);
+  std::vector<codegen::GroupMember> m{{kr.source, kr.name, kr.grid, 0}, {kg.source, kg.name, kg.grid, 0}};
+  const std::string src = codegen::group_source(m, kr.threads, "mk_group_chain");
+  auto call = [&](const std::string& ns, const plan::Kernel& k, int i) {
+    const std::string body = fmt::format("{}::{}_body(g.a[{}], bid, {});", ns, k.name, i, k.grid);
+    return k.grid == big ? body : fmt::format("if (bid < {}) {}", k.grid, body);
+  };
+  const std::string lane = fmt::format("if (b < {}) {{\n    const int bid = b - 0;\n    {}\n"
+                                       "    if (!mk_m0::{}_chain(g.a[0], bid, {})) return;\n    {}\n",
+                                       big, call("mk_m0", kr, 0), kr.name, big, call("mk_m1", kg, 1));
+  CHECK_MESSAGE(src.find(lane) != std::string::npos, src.substr(src.find("extern \"C\"")));
+  const auto r = jit::compile(src, "mk_group_chain", 90, /*use_cache=*/false);
+  CHECK(!r.cubin.empty());
 }

@@ -22,16 +22,7 @@ using topology::Topology;
 
 namespace {
 
-ErrId error_id(const std::function<void()>& f, std::string* what = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (what) *what = e.what();
-    return e.id();
-  }
-  FAIL("no mk::Error thrown");
-  return ErrId::count_;
-}
+using mkt::error_id;
 
 compiler::Lowered lower_for(const std::string& name, const Topology& t) {
   const auto* info = dsl::find_schedule(name);

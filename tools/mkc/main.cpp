@@ -8,6 +8,7 @@
 //   mkc simulate SCHEDULE [--ranks N] --dtype T --op O --count C
 //   mkc import   FILE.xml|FILE.json [-o schedule.json]
 //   mkc export   SCHEDULE [--ranks N] --format msccl-xml [-o out.xml]
+//   mkc composite NAME|FILE.cpp --ranks N
 //   mkc info
 //
 // SCHEDULE is `--schedule NAME` (built-in or plugin) or a FILE: a C++ DSL file
@@ -32,9 +33,11 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "compiler/codegen/codegen.hpp"
+#include "mk/composite.hpp"
 #include "compiler/common/side_by_side.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/cost/cost.hpp"
@@ -265,6 +268,11 @@ int cmd_list() {
   fmt::print("{:<24} {:<14} {}\n", "schedule", "collective", "description");
   for (const auto& s : dsl::registered_schedules())
     fmt::print("{:<24} {:<14} {}\n", s.name, name(s.coll), s.doc);
+  const auto composites = dsl::registered_composites();
+  if (!composites.empty()) {
+    fmt::print("\n{:<39} {}\n", "composite (mkc composite NAME)", "description");
+    for (const auto& c : composites) fmt::print("{:<39} {}\n", c.name, c.doc);
+  }
   return 0;
 }
 
@@ -313,6 +321,70 @@ int verify_one(const Common& o, Loaded in, bool strict) {
       "count; bounds hold; {} bucket(s) synchronised ({} signal(s) in the first), no race, no deadlock; {} ({:.0f} "
       "ms)\n",
       in.name, name(in.coll), o.ranks, roots, nops, l.variants.size(), pairs, determinism, ms);
+  return 0;
+}
+
+// mkc composite NAME|FILE.cpp -n N: a composite's buffers and stages, which
+// stage runs after which, and the proof of every schedule a stage names.
+int cmd_composite(Common o, const std::string& target) {
+  for (const auto& p : o.plugins) plugin::load_library(p);
+  if (o.ranks == kRanksUnset) throw Error(ErrId::cli_E004, "--ranks is required", {}, "e.g. --ranks 8");
+  check_ranks(o);
+  std::vector<dsl::CompositeInfo> todo;
+  if (plugin::is_dsl_source(target)) {
+    std::set<std::string> before;
+    for (const auto& c : dsl::registered_composites()) before.insert(c.name + "@" + c.file);
+    plugin::load_source(target);
+    for (const auto& c : dsl::registered_composites())
+      if (!before.count(c.name + "@" + c.file)) todo.push_back(c);
+    if (todo.empty())
+      throw Error(ErrId::cli_E001, target + " defines no composite", {},
+                  "register one with MK_COMPOSITE(\"name\", builder, \"description\")");
+  } else {
+    const dsl::CompositeInfo* info = dsl::find_composite(target);
+    if (!info) {
+      std::string names;
+      for (const auto& c : dsl::registered_composites()) names += " " + c.name;
+      throw Error(ErrId::cli_E001, "unknown composite '" + target + "'", {},
+                  names.empty() ? std::string("none is registered; load a file with MK_SCHEDULES or --plugin")
+                                : "known composites:" + names);
+    }
+    todo.push_back(*info);
+  }
+  for (const auto& info : todo) {
+    const dsl::Composite c = dsl::build_composite(info, o.ranks);
+    fmt::print("composite {} for {} ranks ({}:{}): {}\n", info.name, o.ranks, fs::path(info.file).filename().string(),
+               info.line, info.doc);
+    fmt::print("  buffers, in mkCompositeRun's order (elements per rank for a call of count c):\n");
+    for (size_t b = 0; b < c.buffers().size(); ++b) {
+      const int64_t per = c.buffer_elems(int(b), 1);
+      fmt::print("    {:>2}  {:<20} {}\n", b, c.buffers()[b],
+                 per == 0 ? std::string("unused") : per == 1 ? std::string("c") : fmt::format("{} x c", per));
+    }
+    fmt::print("  stages:\n");
+    for (size_t j = 0; j < c.stages().size(); ++j) {
+      const dsl::Stage& st = c.stages()[j];
+      std::string after;
+      for (size_t i = 0; i < j; ++i)
+        if (c.depends(int(i), int(j))) after += (after.empty() ? "" : ", ") + std::to_string(i);
+      fmt::print("    {:>2}  {:<14} {} -> {}{}  schedule: {}  {}  ({})\n", j, name(st.coll), c.buffers()[size_t(st.in)],
+                 c.buffers()[size_t(st.out)], collective_rooted(st.coll) ? fmt::format(" root {}", st.root) : "",
+                 st.schedule.empty() ? "the runtime's selection for the size" : st.schedule,
+                 after.empty() ? "independent of the stages before" : "after stage(s) " + after, st.loc.str());
+    }
+    std::set<std::string> proved;
+    for (const dsl::Stage& st : c.stages()) {
+      if (st.schedule.empty() || !proved.insert(st.schedule).second) continue;
+      Common v = o;
+      v.schedule = st.schedule;
+      v.file.clear();
+      v.root = 0;
+      for (auto& l : load_schedules(v)) verify_one(v, std::move(l), false);
+    }
+    fmt::print("ok: {} stage(s); ordered stages run in program order on the same thread blocks, the others side by "
+               "side (one group kernel, docs/composites.md)\n",
+               c.stages().size());
+  }
   return 0;
 }
 
@@ -708,6 +780,14 @@ int main(int argc, char** argv) {
   import->add_option("-o,--out", import_out, "write the IR as JSON here (ir::to_json; every command reads it back)");
   import->add_flag("--no-verify", import_no_verify, "write the IR even if it is not proved (it says so)");
 
+  auto* comp = app.add_subcommand("composite", "a composite's buffers and stages (MK_COMPOSITE), which stage runs after "
+                                                "which, and the proof of each schedule it names");
+  Common comp_o;
+  std::string comp_target;
+  comp->add_option("composite", comp_target, "a registered composite's name, or a DSL file (.cpp) defining composites")
+      ->required();
+  comp->add_option("-n,--ranks", comp_o.ranks, "number of ranks (GPUs)");
+  comp->add_option("--plugin", comp_o.plugins, "load schedules and composites from a plugin library (.so)");
   auto* exp = app.add_subcommand("export", "write a schedule in another format (MSCCL XML)");
   add_common(exp, export_o, false);
   std::string export_format = "msccl-xml", export_out;
@@ -781,6 +861,7 @@ int main(int argc, char** argv) {
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
     if (*import) return cmd_import(import_file, import_out, import_no_verify);
     if (*exp) return cmd_export(export_o, export_format, export_out);
+    if (*comp) return cmd_composite(comp_o, comp_target);
   } catch (const Error& e) {
     std::cerr << "mkc: error: " << e.what() << "\n";
     return 1;
