@@ -46,6 +46,7 @@
 #include "mk_git_commit.hpp"  // generated at build time (cmake/git_commit.cmake)
 #include "compiler/jit/jit.hpp"
 #include "compiler/verify/reference.hpp"
+#include "bench/nccl_loader.hpp"
 #include "mk.h"
 #include "mk/types.hpp"
 
@@ -66,56 +67,8 @@ namespace {
                                std::to_string(__LINE__) + ")");                                                   \
   } while (0)
 
-struct Nccl {
-  decltype(&ncclGetUniqueId) getUniqueId = nullptr;
-  decltype(&ncclCommInitRank) commInitRank = nullptr;
-  decltype(&ncclCommDestroy) commDestroy = nullptr;
-  decltype(&ncclAllReduce) allReduce = nullptr;
-  decltype(&ncclAllGather) allGather = nullptr;
-  decltype(&ncclReduceScatter) reduceScatter = nullptr;
-  decltype(&ncclBroadcast) broadcast = nullptr;
-  decltype(&ncclReduce) reduce = nullptr;
-  decltype(&ncclAlltoAll) alltoAll = nullptr;
-  decltype(&ncclGetErrorString) errorString = nullptr;
-  decltype(&ncclGetVersion) getVersion = nullptr;
-  decltype(&ncclMemAlloc) memAlloc = nullptr;
-  decltype(&ncclMemFree) memFree = nullptr;
-  decltype(&ncclCommWindowRegister) windowRegister = nullptr;
-  decltype(&ncclCommWindowDeregister) windowDeregister = nullptr;
-  decltype(&ncclRedOpCreatePreMulSum) redOpCreatePreMulSum = nullptr;
-};
-
-bool load_nccl(Nccl* n, std::string* why) {
-  void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
-  if (!h) h = dlopen("/usr/local/cuda/lib64/libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
-  if (!h) {
-    *why = dlerror();
-    return false;
-  }
-#define LD(f, s) n->f = reinterpret_cast<decltype(n->f)>(dlsym(h, s))
-  LD(getUniqueId, "ncclGetUniqueId");
-  LD(commInitRank, "ncclCommInitRank");
-  LD(commDestroy, "ncclCommDestroy");
-  LD(allReduce, "ncclAllReduce");
-  LD(allGather, "ncclAllGather");
-  LD(reduceScatter, "ncclReduceScatter");
-  LD(broadcast, "ncclBroadcast");
-  LD(reduce, "ncclReduce");
-  LD(alltoAll, "ncclAlltoAll");
-  LD(errorString, "ncclGetErrorString");
-  LD(getVersion, "ncclGetVersion");
-  LD(memAlloc, "ncclMemAlloc");
-  LD(memFree, "ncclMemFree");
-  LD(windowRegister, "ncclCommWindowRegister");
-  LD(windowDeregister, "ncclCommWindowDeregister");
-  LD(redOpCreatePreMulSum, "ncclRedOpCreatePreMulSum");
-#undef LD
-  if (!n->getUniqueId || !n->commInitRank || !n->allReduce) {
-    *why = "libnccl.so.2 lacks ncclCommInitRank/ncclAllReduce";
-    return false;
-  }
-  return true;
-}
+using mkbench::Nccl;
+using mkbench::load_nccl;
 
 struct Options {
   int ranks = 2;

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/nccl_loader.hpp"
 #include "mk.h"
 
 namespace {
@@ -51,27 +52,11 @@ namespace {
     if (e_ != mkSuccess) die(std::string(#x) + ": " + mkGetLastError(nullptr));            \
   } while (0)
 
-struct Nccl {
-  decltype(&ncclCommInitAll) initAll = nullptr;
-  decltype(&ncclCommDestroy) destroy = nullptr;
-  decltype(&ncclAllGather) allGather = nullptr;
-  decltype(&ncclAllReduce) allReduce = nullptr;
-  decltype(&ncclReduceScatter) reduceScatter = nullptr;
-  decltype(&ncclGroupStart) groupStart = nullptr;
-  decltype(&ncclGroupEnd) groupEnd = nullptr;
-};
+using mkbench::Nccl;
 
 bool load_nccl(Nccl* n) {
-  void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
-  if (!h) return false;
-  n->initAll = reinterpret_cast<decltype(n->initAll)>(dlsym(h, "ncclCommInitAll"));
-  n->destroy = reinterpret_cast<decltype(n->destroy)>(dlsym(h, "ncclCommDestroy"));
-  n->allGather = reinterpret_cast<decltype(n->allGather)>(dlsym(h, "ncclAllGather"));
-  n->allReduce = reinterpret_cast<decltype(n->allReduce)>(dlsym(h, "ncclAllReduce"));
-  n->reduceScatter = reinterpret_cast<decltype(n->reduceScatter)>(dlsym(h, "ncclReduceScatter"));
-  n->groupStart = reinterpret_cast<decltype(n->groupStart)>(dlsym(h, "ncclGroupStart"));
-  n->groupEnd = reinterpret_cast<decltype(n->groupEnd)>(dlsym(h, "ncclGroupEnd"));
-  return n->initAll && n->destroy && n->allGather && n->allReduce && n->reduceScatter && n->groupStart && n->groupEnd;
+  std::string why;
+  return mkbench::load_nccl(n, &why);
 }
 
 enum Kind { kGather, kReduce, kScatter };
@@ -222,7 +207,7 @@ int main(int argc, char** argv) {
   Nccl nc;
   const bool with_nccl = !share && load_nccl(&nc);
   std::vector<ncclComm_t> ncc(static_cast<size_t>(nranks));
-  if (with_nccl && nc.initAll(ncc.data(), nranks, devs.data()) != ncclSuccess) die("ncclCommInitAll failed");
+  if (with_nccl && nc.commInitAll(ncc.data(), nranks, devs.data()) != ncclSuccess) die("ncclCommInitAll failed");
   std::vector<Call> fsdp, ddp, zero;
   for (int i = 0; i < 16; ++i) fsdp.push_back({kGather, size_t((1 << 20) + (i % 4) * (1 << 20)) / 2 / size_t(nranks)});
   for (int i = 0; i < 8; ++i) ddp.push_back({kReduce, size_t((1 << 20) + i * (1 << 20)) / 4});
@@ -308,6 +293,6 @@ int main(int argc, char** argv) {
   }
   for (mkComm_t c : mk) CKM(mkCommDestroy(c));
   if (with_nccl)
-    for (ncclComm_t c : ncc) nc.destroy(c);
+    for (ncclComm_t c : ncc) nc.commDestroy(c);
   return 0;
 }
