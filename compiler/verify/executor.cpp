@@ -140,7 +140,13 @@ class Sim {
     RankMem& m = mem_[r];
     DataSpec d{o_.dtype, o_.op, o_.seed, m.launch, s_.nranks};
     if (m.out) std::memset(m.out, 0xA5, size_t(m.out_bytes));  // poison
-    if (m.in) fill_input(d, r, 0, m.in_bytes / es_, m.in);
+    if (m.in && o_.io) {
+      const std::vector<uint8_t>& src = o_.io->in.at(size_t(r));
+      MK_CHECK(int64_t(src.size()) == m.in_bytes, "SimIO: an input of the wrong size");
+      std::memcpy(m.in, src.data(), src.size());
+    } else if (m.in) {
+      fill_input(d, r, 0, m.in_bytes / es_, m.in);
+    }
     for (int32_t i = 0; i < s_.instances; ++i)
       for (int32_t tb = 0; tb < s_.tbs; ++tb) {
         Thread t;
@@ -182,6 +188,11 @@ class Sim {
   void check_launch(int32_t r) {
     SimResult& res = res_;
     RankMem& m = mem_[r];
+    if (o_.io) {  // the caller checks
+      o_.io->out.resize(size_t(s_.nranks));
+      o_.io->out[size_t(r)].assign(m.out, m.out ? m.out + m.out_bytes : m.out);
+      return;
+    }
     if (m.out) {
       DataSpec d{o_.dtype, o_.op, o_.seed, m.launch, s_.nranks};
       auto c = check_output(s_.coll, d, s_.nranks, s_.root, o_.count, r, m.out, m.out_bytes / es_);
@@ -412,6 +423,8 @@ SimResult simulate(const Schedule& lowered, const SimOptions& o) {
                               o.count, lowered.nranks, limit >> 30),
                   {}, "simulate a smaller count: the schedule's behaviour does not depend on it beyond a few tiles");
   }
+  if (o.io && (o.launches != 1 || int32_t(o.io->in.size()) != lowered.nranks))
+    throw Error(ErrId::cli_E011, "a simulation with caller-provided data runs one launch, with an input per rank");
   if (o.root < 0 || o.root >= lowered.nranks)
     throw Error(ErrId::cli_E011, fmt::format("root {} is not a rank of {}", o.root, lowered.nranks));
   if (collective_rooted(lowered.coll) || o.root == 0) {

@@ -8,10 +8,20 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "compiler/ir/ir.hpp"
 
 namespace mk::verify {
+
+// Caller-provided data instead of the generated inputs and the reference
+// check (a composite's stages, verify/composite.hpp): in[r] is rank r's input
+// (its input bytes; empty for a rank without one), and the run leaves rank r's
+// output in out[r] (empty for a rank without one). One launch; nothing is
+// compared.
+struct SimIO {
+  std::vector<std::vector<uint8_t>> in, out;
+};
 
 struct SimOptions {
   DType dtype = DType::fp32;
@@ -26,6 +36,7 @@ struct SimOptions {
   // starts a launch once every rank has finished the previous one). false
   // shows what goes wrong without them (tests).
   bool zc_barriers = true;
+  SimIO* io = nullptr;  // see SimIO
 };
 
 struct SimResult {

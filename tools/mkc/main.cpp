@@ -8,7 +8,7 @@
 //   mkc simulate SCHEDULE [--ranks N] --dtype T --op O --count C
 //   mkc import   FILE.xml|FILE.json [-o schedule.json]
 //   mkc export   SCHEDULE [--ranks N] --format msccl-xml [-o out.xml]
-//   mkc composite NAME|FILE.cpp --ranks N
+//   mkc composite NAME|FILE.cpp --ranks N [--simulate --dtype T --op O --count C]
 //   mkc info
 //
 // SCHEDULE is `--schedule NAME` (built-in or plugin) or a FILE: a C++ DSL file
@@ -48,6 +48,7 @@
 #include "compiler/plugin.hpp"
 #include "compiler/sources.hpp"
 #include "compiler/topology/topology.hpp"
+#include "compiler/verify/composite.hpp"
 #include "compiler/verify/executor.hpp"
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
@@ -326,7 +327,52 @@ int verify_one(const Common& o, Loaded in, bool strict) {
 
 // mkc composite NAME|FILE.cpp -n N: a composite's buffers and stages, which
 // stage runs after which, and the proof of every schedule a stage names.
-int cmd_composite(Common o, const std::string& target) {
+ir::Schedule pick_variant(const compiler::Lowered& l, int bucket, int64_t bytes);
+
+struct CompositeSim {
+  bool on = false;
+  std::string dtype = "bf16", op = "sum";
+  int64_t count = 1000;
+  uint64_t seed = 1;
+};
+
+// Every stage's schedule lowered for `count` elements (the one it names, or
+// the runtime's selection for the size), then the composite on the CPU.
+void simulate_composite(const Common& o, const dsl::Composite& c, const CompositeSim& cs) {
+  const DType t = dtype_arg(cs.dtype);
+  const RedOp op = op_arg(cs.op);
+  if (cs.count < 0) throw Error(ErrId::cli_E011, "--count must be >= 0");
+  const int64_t bytes = cs.count * int64_t(dtype_size(t));
+  std::vector<ir::Schedule> lowered;
+  std::string names;
+  for (const dsl::Stage& st : c.stages()) {
+    Common v = o;
+    v.file.clear();
+    v.root = 0;
+    if (st.schedule.empty()) {
+      const rt::Choice ch = rt::choose_schedule(st.coll, c.ranks(), bytes);
+      v.schedule = ch.schedule;
+      v.tune = ch.tune;
+    } else {
+      v.schedule = st.schedule;
+    }
+    names += (names.empty() ? "" : ", ") + v.schedule;
+    Loaded in = std::move(load_schedules(v).front());
+    const compiler::LowerOptions lo = lower_options(v);
+    auto l = compiler::lower(std::move(in.raw), lo);
+    ir::Schedule s = pick_variant(l, -1, bytes);
+    lowered.push_back(passes::mark_lamport(std::move(s), t, lo.proto.lamport != 0));
+  }
+  std::vector<const ir::Schedule*> ptrs;
+  for (const auto& s : lowered) ptrs.push_back(&s);
+  const verify::CompositeSimResult r = verify::simulate_composite(c, ptrs, t, op, cs.count, cs.seed);
+  fmt::print("simulated: {} stage(s) ({}), {} {}, count {}: {} element(s) of every buffer and rank checked against "
+             "the float64 reference of the stages in program order; max error {:.3g}, {} mismatch(es)\n",
+             c.stages().size(), names, name(t), name(op), cs.count, r.checked, r.max_err, r.mismatches);
+  if (!r.ok) throw Error(ErrId::verify_E013, "simulated composite differs from the float64 reference: " + r.first_bad);
+}
+
+int cmd_composite(Common o, const std::string& target, const CompositeSim& cs) {
   for (const auto& p : o.plugins) plugin::load_library(p);
   if (o.ranks == kRanksUnset) throw Error(ErrId::cli_E004, "--ranks is required", {}, "e.g. --ranks 8");
   check_ranks(o);
@@ -381,6 +427,7 @@ int cmd_composite(Common o, const std::string& target) {
       v.root = 0;
       for (auto& l : load_schedules(v)) verify_one(v, std::move(l), false);
     }
+    if (cs.on) simulate_composite(o, c, cs);
     fmt::print("ok: {} stage(s); ordered stages run in program order on the same thread blocks, the others side by "
                "side (one group kernel, docs/composites.md)\n",
                c.stages().size());
@@ -788,6 +835,14 @@ int main(int argc, char** argv) {
       ->required();
   comp->add_option("-n,--ranks", comp_o.ranks, "number of ranks (GPUs)");
   comp->add_option("--plugin", comp_o.plugins, "load schedules and composites from a plugin library (.so)");
+  CompositeSim comp_sim;
+  comp->add_flag("--simulate", comp_sim.on,
+                 "also run the stages' lowered schedules on the CPU in program order and compare every buffer with a "
+                 "float64 reference");
+  comp->add_option("--dtype", comp_sim.dtype, "--simulate: fp16, bf16 (default), fp32 or fp64");
+  comp->add_option("--op", comp_sim.op, "--simulate: sum (default), avg, min or max");
+  comp->add_option("--count", comp_sim.count, "--simulate: every stage's count (default 1000)");
+  comp->add_option("--seed", comp_sim.seed, "--simulate: data and interleaving seed");
   auto* exp = app.add_subcommand("export", "write a schedule in another format (MSCCL XML)");
   add_common(exp, export_o, false);
   std::string export_format = "msccl-xml", export_out;
@@ -861,7 +916,7 @@ int main(int argc, char** argv) {
     if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
     if (*import) return cmd_import(import_file, import_out, import_no_verify);
     if (*exp) return cmd_export(export_o, export_format, export_out);
-    if (*comp) return cmd_composite(comp_o, comp_target);
+    if (*comp) return cmd_composite(comp_o, comp_target, comp_sim);
   } catch (const Error& e) {
     std::cerr << "mkc: error: " << e.what() << "\n";
     return 1;
