@@ -12,16 +12,6 @@
 namespace mk::verify {
 namespace {
 
-double unit(DType t) {
-  switch (t) {
-    case DType::fp64: return 0x1.0p-53;
-    case DType::fp32: return 0x1.0p-24;
-    case DType::fp16: return 0x1.0p-11;
-    case DType::bf16: return 0x1.0p-8;
-    default: return 0;
-  }
-}
-
 // One buffer of one rank: its bytes as the simulated kernels leave them, the
 // float64 reference, and how far a correct run may be from it.
 struct Buf {
@@ -54,7 +44,7 @@ CompositeSimResult simulate_composite(const dsl::Composite& c, const std::vector
   MK_CHECK(lowered.size() == c.stages().size(), "simulate_composite: a lowered schedule per stage");
   const int n = c.ranks();
   const int64_t es = int64_t(dtype_size(dtype));
-  const double u = unit(dtype);
+  const double u = unit_roundoff(dtype);
   // every buffer of every rank: the generated data of its own seed
   std::vector<std::vector<Buf>> bufs(c.buffers().size(), std::vector<Buf>(size_t(n)));
   for (size_t b = 0; b < bufs.size(); ++b) {

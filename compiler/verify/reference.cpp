@@ -57,19 +57,6 @@ double float_value(const DataSpec& d, int32_t rank, int64_t elem) {
   return 2.0 * u - 1.0;
 }
 
-// unit roundoff of each float dtype
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::fp64: return 0x1.0p-53;
-    case DType::fp32: return 0x1.0p-24;
-    case DType::fp16: return 0x1.0p-11;
-    case DType::bf16: return 0x1.0p-8;
-    case DType::fp8e4m3: return 0x1.0p-4;
-    case DType::fp8e5m2: return 0x1.0p-3;
-    default: return 0;
-  }
-}
-
 double smallest_subnormal(DType t) {
   switch (t) {
     case DType::fp64: return 4.9e-324;
@@ -197,6 +184,18 @@ CheckResult check_typed(Collective coll, const DataSpec& d, int32_t nranks, int3
 }
 
 }  // namespace
+
+double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::fp64: return 0x1.0p-53;
+    case DType::fp32: return 0x1.0p-24;
+    case DType::fp16: return 0x1.0p-11;
+    case DType::bf16: return 0x1.0p-8;
+    case DType::fp8e4m3: return 0x1.0p-4;
+    case DType::fp8e5m2: return 0x1.0p-3;
+    default: return 0;
+  }
+}
 
 double prescale_of(DType t, int32_t rank) {
   return dtype_is_float(t) ? 1.0 + double(rank % 4) / 4.0 : double(rank + 2);

@@ -65,6 +65,9 @@ void fill_input_parallel(const DataSpec& d, int32_t rank, int64_t n, void* dst, 
 CheckResult check_output_parallel(Collective coll, const DataSpec& d, int32_t nranks, int32_t root, int64_t count,
                                   int32_t rank, const void* out, int64_t out_elems, unsigned threads = 0);
 
+// The unit roundoff of a floating-point dtype (2^-24 for fp32); 0 for integers.
+double unit_roundoff(DType t);
+
 // Elements in each rank's input / output buffer for a collective of `count`.
 int64_t input_elems(Collective c, int32_t nranks, int64_t count);
 int64_t output_elems(Collective c, int32_t nranks, int64_t count);
