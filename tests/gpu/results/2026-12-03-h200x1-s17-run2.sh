@@ -11,18 +11,19 @@ export MK_TIMEOUT_MS=20000 LD_LIBRARY_PATH=$G MK_CACHE_DIR=/tmp/mkc-s17
 cd $G
 for s in group_fused_share_gpu_3ranks_1proc group_fused_share_gpu_2ranks_2proc group_fused_1rank group_unfused_share_gpu_2ranks_1proc; do
   echo "== $s"
-  MK_DEBUG=1 timeout 200 ./mk_gpu_tests --only $s > $O/$s.log 2>&1; rc=$?
+  q=; case $s in *1rank|*unfused*) q=--quick;; esac
+  MK_DEBUG=1 timeout 120 ./mk_gpu_tests $q --only $s > $O/$s.log 2>&1; rc=$?
   tail -2 $O/$s.log; echo "   rc=$rc; group kernels built: $(grep -c 'group kernel mk_group_.* ready' $O/$s.log), refused: $(grep -c 'runs as one launch per call' $O/$s.log)"
 done
 echo "== memcheck group_fused_share_gpu_3ranks_1proc --quick"
-timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 9 ./mk_gpu_tests --quick --only group_fused_share_gpu_3ranks_1proc 2>&1 | tail -3; echo "   rc=${PIPESTATUS[0]}"
-for s in composite_share_gpu_3ranks_1proc graphs_2gpu_1proc first_use_capture_1rank; do
+timeout 120 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 9 ./mk_gpu_tests --quick --only group_fused_share_gpu_3ranks_1proc 2>&1 | tail -3; echo "   rc=${PIPESTATUS[0]}"
+for s in composite_share_gpu_3ranks_1proc graphs_2gpu_1proc; do
   echo "== $s --quick"
-  timeout 150 ./mk_gpu_tests --quick --only $s 2>&1 | tail -2; echo "   rc=${PIPESTATUS[0]}"
+  timeout 60 ./mk_gpu_tests --quick --only $s 2>&1 | tail -2; echo "   rc=${PIPESTATUS[0]}"
 done
 echo "== mk_group_bench --ranks 1 (eager)"
-timeout 150 ./mk_group_bench --ranks 1 2>&1 | tail -5
+timeout 60 ./mk_group_bench --ranks 1 2>&1 | tail -5
 echo "== mk_group_bench --ranks 1 --graph"
-timeout 150 ./mk_group_bench --ranks 1 --graph 2>&1 | tail -5
+timeout 60 ./mk_group_bench --ranks 1 --graph 2>&1 | tail -5
 echo "== mk_group_bench --share-gpu --ranks 2"
-timeout 150 ./mk_group_bench --share-gpu --ranks 2 2>&1 | tail -5
+timeout 60 ./mk_group_bench --share-gpu --ranks 2 2>&1 | tail -5
