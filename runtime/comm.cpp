@@ -757,8 +757,18 @@ void Comm::alloc_error_records(Resources& res) {
   MK_CU(d.cuMemHostGetDevicePointer(&res.errors_dev, host_rec, 0), "mapping error records");
 }
 
-Resources* Comm::resource_copy(const PlanInstance& inst, int copy) {
-  MK_CHECK(copy > 0 && inst.kernel && !inst.ce, "resource_copy: copy 0 or a kernel-less instance");
+Resources* Comm::resource_copy(PlanInstance& inst, int copy) {
+  MK_CHECK(copy > 0 && copy < kResourceCopies && inst.kernel && !inst.ce, "resource_copy: copy out of range");
+  // Answered once per instance and copy (the key below costs a plan's
+  // serialisation): a refusal stays, as the arena only fills, alike on
+  // every rank.
+  if (inst.copy_tried[copy]) return inst.copies[copy];
+  inst.copies[copy] = make_resource_copy(inst, copy);
+  inst.copy_tried[copy] = true;
+  return inst.copies[copy];
+}
+
+Resources* Comm::make_resource_copy(const PlanInstance& inst, int copy) {
   const plan::Kernel& k = *inst.kernel;
   const std::string key = plan::resource_key(*inst.plan, k) + fmt::format("#copy{}", copy);
   {

@@ -76,6 +76,10 @@ struct CeState {
   ~CeState();                  // frees the tables
 };
 
+// Resource sets a group's repeated calls of one plan take in turn: the
+// plan's own, then up to three copies (Comm::resource_copy).
+inline constexpr int kResourceCopies = 4;
+
 struct PlanInstance {
   std::shared_ptr<const plan::Plan> plan;
   const plan::Kernel* kernel = nullptr;
@@ -85,6 +89,10 @@ struct PlanInstance {
   // calls of many rows; null otherwise.
   CUfunction fn_epi = nullptr;
   Resources* res = nullptr;
+  // Copies of `res` for a group's repeated calls, [k] for copy k (k >= 1):
+  // made, or refused (null), on first use (Comm::resource_copy).
+  Resources* copies[kResourceCopies] = {};
+  bool copy_tried[kResourceCopies] = {};
   bool rooted = false;
   // A copy-engine schedule: `fn` is the communicator's mk_ce_sync, `plan`
   // describes the schedule only (one kernel entry, proto "ce", no cubin).
@@ -357,7 +365,7 @@ class Comm {
   // every rank). Null when the arena's scratch or flag memory would be more
   // than half used after it (the same answer on every rank: the rest stays
   // for plans); throws when an allocation fails. Caller holds `mu`.
-  Resources* resource_copy(const PlanInstance& inst, int copy);
+  Resources* resource_copy(PlanInstance& inst, int copy);
   // Thread blocks per kernel at most: maxCTAs, and for ranks sharing a GPU
   // their share of its SMs (0: no cap). Plans are compiled for it.
   int32_t grid_cap() const;
@@ -369,6 +377,7 @@ class Comm {
   // The resources for kernel `k` of `p`: shared with structurally equal
   // kernels, else allocated (tables initialised on the side stream).
   Resources& resources_for(const plan::Plan& p, const plan::Kernel& k, int copy = 0);
+  Resources* make_resource_copy(const PlanInstance& inst, int copy);  // resource_copy, uncached
   // Where the next flag and scratch regions of `flag_bytes` and
   // `scratch_bytes` go: after what is in use, 256-byte aligned (offsets from
   // the flag and scratch parts' bases; the same on every rank, which

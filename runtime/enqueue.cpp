@@ -591,10 +591,6 @@ void enqueue(const Call& k, mkComm_t comm, cudaStream_t stream) {
 
 namespace {
 
-// Copies of a plan's resources a group's repeated calls of it take in turn
-// (the plan's own, then up to three copies).
-constexpr int kResourceCopies = 4;
-
 // A run of a group's calls on one communicator launched as one group kernel
 // (codegen group_source): calls [begin, end) of the communicator's calls.
 struct FusedRun {
@@ -639,9 +635,10 @@ bool independent(const Pending& a, const Pending& b) {
 // resource set), and calls that touch a buffer an earlier call of the run
 // writes (or write one it reads), form a lane: they run one after another on
 // the same blocks, in group order, as separate launches would. Lanes run side
-// by side, so a run ends where the next call would need more blocks than the
-// rank may keep resident, where its stream or block size differs, where it
-// would join two lanes at once, or at a call that cannot take part. `force`:
+// by side; a call with no room for a lane of its own joins the lane it
+// widens least. A run ends where the next call would need more blocks than
+// the rank may keep resident even so, where its stream or block size differs,
+// where it would join two lanes at once, or at a call that cannot take part. `force`:
 // fuse whatever MK_GROUP_FUSE says (mkCompositeRun). Caller holds c.mu.
 std::map<size_t, FusedRun> plan_fusion(Comm& c, const std::vector<Pending>& calls,
                                        const std::vector<PlanInstance*>& inst, const std::vector<size_t>& idx,
@@ -675,6 +672,16 @@ std::map<size_t, FusedRun> plan_fusion(Comm& c, const std::vector<Pending>& call
         lane = lane_of[q - j];
       }
       if (two) break;
+      if (lane < 0 && e > j && grid + pi.kernel->grid > cap) {
+        // No room for a lane of its own: after the calls of the lane it
+        // widens least (any lane keeps group order; a chain barrier instead
+        // of a launch boundary).
+        int64_t least = -1;
+        for (size_t q = 0; q < lane_grid.size(); ++q) {
+          const int64_t widen = std::max<int64_t>(0, pi.kernel->grid - lane_grid[q]);
+          if (least < 0 || widen < least) least = widen, lane = int32_t(q);
+        }
+      }
       const int64_t more = lane < 0 ? pi.kernel->grid : std::max<int64_t>(0, pi.kernel->grid - lane_grid[size_t(lane)]);
       if (e > j && grid + more > cap) break;
       grid += more;
@@ -813,7 +820,7 @@ void group_end() {
     std::map<std::pair<const Comm*, const Resources*>, int> seen;
     for (size_t i = 0; i < calls.size(); ++i) {
       Pending& p = calls[i];
-      const PlanInstance& pi = *inst[i];
+      PlanInstance& pi = *inst[i];
       if (pi.ce || !pi.kernel || !pi.res || p.zc || pi.plan->zero_copy || !p.fusion.empty()) continue;
       const int copy = seen[{p.c.get(), pi.res}]++ % kResourceCopies;
       if (copy == 0) continue;

@@ -120,7 +120,7 @@ bool zero_copy() { return get_bool("MK_ZERO_COPY", true); }
 bool pdl() { return get_bool("MK_PDL", true); }
 int group_fuse() {
   const auto v = raw("MK_GROUP_FUSE");
-  if (!v) return 0;  // off by default: on one H200 it was slower (bench/results/2026-12-03-proxy-h200x1-groups.md)
+  if (!v) return 0;  // off by default until two GPUs confirm the one-GPU proxies (docs/groups.md)
   if (*v == "auto") return 2;
   if (*v != "0" && *v != "1") invalid("MK_GROUP_FUSE", *v, "expected 0, 1 or auto");
   return *v == "1" ? 1 : 0;

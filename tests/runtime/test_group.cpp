@@ -283,7 +283,7 @@ TEST_CASE("mkGroupEnd: calls on other streams, a call that reads what another wr
 }
 
 TEST_CASE("mkGroupEnd: two ranks sharing one GPU each launch one group kernel within their share of the SMs, and a "
-          "config's maxCTAs below the lanes' blocks splits the group") {
+          "config's maxCTAs below the lanes' blocks chains the calls on one lane") {
   MKT_REQUIRE_FAKE();
   ScopedEnv fuse("MK_GROUP_FUSE", "1");
   const mkfake_counts before = mkt::counts();
@@ -335,16 +335,21 @@ TEST_CASE("mkGroupEnd: two ranks sharing one GPU each launch one group kernel wi
     mkComm_t comm = nullptr;
     REQUIRE_MESSAGE(mkCommInitRankConfig(&comm, 1, id, 0, &cfg) == mkSuccess, mkGetLastError(nullptr));
     auto launched = [&](auto&& calls) { return launches_of(comm, calls); };
+    // independent calls with no room for two lanes: one lane, one after the other
     CHECK(launched([&] {
             mkAllReduce(in.ptr(), o1.ptr(), n, mkBfloat16, mkSum, comm, dev.stream);
             mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
-          }) == 2);
-    // two calls of one plan: the second runs on a copy of the resources,
-    // which needs a lane of its own, and there is no room for two
+          }) == 1);
+    CHECK(is_group(mkt::last_launch()));
+    CHECK(mkt::last_launch().grid[0] == std::max(ar.grid[0], ag.grid[0]));
+    // two calls of one plan: the second runs on a copy of the resources, and
+    // with no room for its own lane after the first on the same blocks
     CHECK(launched([&] {
             mkAllGather(in.ptr(), o1.ptr(), n / 2, mkBfloat16, comm, dev.stream);
             mkAllGather(in.ptr(), o2.ptr(), n, mkBfloat16, comm, dev.stream);
-          }) == 2);
+          }) == 1);
+    CHECK(mkt::last_launch().grid[0] == ag.grid[0]);
+    CHECK(mkt::last_launch().member[0].flags != mkt::last_launch().member[1].flags);
     // an all-reduce of what an all-gather wrote: one lane, within the room
     CHECK(launched([&] {
             mkAllGather(in.ptr(), o1.ptr(), n / 2, mkBfloat16, comm, dev.stream);
