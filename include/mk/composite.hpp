@@ -29,8 +29,10 @@
 // for the rank's share of the GPU, a copy-engine or zero-copy stage), the
 // stages run one launch each, in program order: same results.
 //
-// `mkc composite NAME -n N` lists the stages, proves every stage's schedule
-// for N ranks, and shows which stages chain and which run side by side.
+// `mkc composite NAME -n N` lists the stages, proves every schedule a stage
+// names for N ranks, and shows which stages chain and which run side by side;
+// with --simulate it runs every stage's lowered schedule on the CPU in program
+// order against a float64 reference (verify::simulate_composite).
 #pragma once
 
 #include <memory>
