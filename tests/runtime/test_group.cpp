@@ -174,6 +174,47 @@ TEST_CASE("mkGroupEnd: a group's repeated calls of one plan take copies of its r
   CHECK_MESSAGE(leak.empty(), leak);
 }
 
+TEST_CASE("mkGroupEnd: resource copies never take the room later plans need: with the smallest flag memory a "
+          "group of repeated calls runs, and new plans still find room afterwards") {
+  MKT_REQUIRE_FAKE();
+  ScopedEnv flags("MK_FLAG_BYTES", "4096");
+  ScopedEnv fuse("MK_GROUP_FUSE", "1");
+  mkt::Device dev(0);
+  const size_t n = 4096;
+  std::vector<std::unique_ptr<mkt::Buffer>> bufs;
+  for (int i = 0; i < 9; ++i) bufs.push_back(std::make_unique<mkt::Buffer>(dev, n * 4 * 2));
+  mkComm_t comm = mkt::one_rank();
+  // plans of four other collectives first: the arena fills up
+  REQUIRE(mkAllGather(bufs[8]->ptr(), bufs[1]->ptr(), n, mkFloat32, comm, dev.stream) == mkSuccess);
+  REQUIRE(mkReduceScatter(bufs[2]->ptr(), bufs[8]->ptr(), n / 2, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+  REQUIRE(mkBroadcast(bufs[3]->ptr(), bufs[4]->ptr(), n, mkFloat32, 0, comm, dev.stream) == mkSuccess);
+  REQUIRE(mkReduce(bufs[3]->ptr(), bufs[4]->ptr(), n, mkFloat32, mkSum, 0, comm, dev.stream) == mkSuccess);
+  REQUIRE(mkAllReduce(bufs[0]->ptr(), bufs[0]->ptr(), n, mkFloat32, mkSum, comm, dev.stream) == mkSuccess);
+  const int64_t own = mkt::last_launch().args.flag_offset;
+  // three copies of 256 bytes or more after it would cross the half (2048)
+  REQUIRE(own + 4 * 256 > 2048);
+  mkGroupStart();
+  for (int i = 0; i < 8; ++i) mkAllReduce(bufs[size_t(i)]->ptr(), bufs[size_t(i)]->ptr(), n, mkFloat32, mkSum, comm, dev.stream);
+  REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, mkGetLastError(comm));
+  const mkfake_launch l = mkt::last_launch();
+  REQUIRE(is_group(l));
+  REQUIRE(l.members == 8);
+  // every copy made ends in the first half of the flag memory; calls whose
+  // copy would not fit run on the plan's own resources
+  int refused = 0;
+  for (int i = 1; i < l.members; ++i) {
+    CAPTURE(i);
+    if (l.member[i].flag_offset == own) ++refused;
+    else CHECK(l.member[i].flag_offset + 256 <= 2048);
+  }
+  CHECK(refused > 1);  // members 4 (copy 0) and at least one refused copy
+  CHECK(l.member[0].flag_offset == own);
+  // plans of other collectives still get their own room
+  CHECK_MESSAGE(mkAllToAll(bufs[5]->ptr(), bufs[6]->ptr(), n / 2, mkFloat32, comm, dev.stream) == mkSuccess,
+                mkGetLastError(comm));
+  REQUIRE(mkCommDestroy(comm) == mkSuccess);
+}
+
 TEST_CASE("mkGroupEnd: MK_GROUP_FUSE=0 and unset launch one kernel per call, =1 fuses the first time, a bad value "
           "is mkInvalidArgument and launches nothing") {
   MKT_REQUIRE_FAKE();
