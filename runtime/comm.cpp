@@ -715,8 +715,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   return *raw;
 }
 
-Comm::Regions Comm::place_regions(int64_t flag_bytes, int64_t scratch_bytes, const std::string& who,
-                                  const std::string& detail, const std::string& remedy) const {
+Comm::Regions Comm::next_regions(int64_t flag_bytes, int64_t scratch_bytes) const {
   // Regions, allocated in call order: identical on every rank because every
   // rank makes the same calls in the same order (as NCCL requires).
   // Flag offsets count from the abort word (the flag part's base), scratch
@@ -727,6 +726,12 @@ Comm::Regions Comm::place_regions(int64_t flag_bytes, int64_t scratch_bytes, con
   r.scratch_offset = (plans.scratch_used + align - 1) / align * align;
   r.flag_bytes = flag_bytes;
   r.scratch_bytes = scratch_bytes;
+  return r;
+}
+
+Comm::Regions Comm::place_regions(int64_t flag_bytes, int64_t scratch_bytes, const std::string& who,
+                                  const std::string& detail, const std::string& remedy) const {
+  const Regions r = next_regions(flag_bytes, scratch_bytes);
   const int64_t flag_size = plans.flag_end - plans.flag_base, scratch_size = plans.scratch_end - plans.scratch_base;
   const char* share_hint = arena_shared() ? " (this communicator shares its parent's memory: splitShare gave it part "
                                             "of the parent's free scratch; raise it there or split without splitShare)"
@@ -771,29 +776,34 @@ Resources* Comm::resource_copy(PlanInstance& inst, int copy) {
 Resources* Comm::make_resource_copy(const PlanInstance& inst, int copy) {
   const plan::Kernel& k = *inst.kernel;
   const std::string key = plan::resource_key(*inst.plan, k) + fmt::format("#copy{}", copy);
-  {
-    std::lock_guard<std::mutex> lock(plans.res_mu);
-    for (auto& r : plans.resources)
-      if (r->key == key) return r.get();
-  }
-  const int64_t align = 256;
-  const int64_t flag_size = plans.flag_end - plans.flag_base, scratch_size = plans.scratch_end - plans.scratch_base;
-  const int64_t flags_after = (plans.flags_used + align - 1) / align * align + k.flag_bytes;
-  const int64_t scratch_after = (plans.scratch_used + align - 1) / align * align + k.scratch_bytes;
+  if (Resources* made = find_resources(key)) return made;  // by another instance of one layout
   // Copies are a speed-up, plans are not optional: half of the arena stays
   // for plans of later calls.
-  if (flags_after > flag_size / 2 || scratch_after > scratch_size / 2) return nullptr;
+  const Regions at = next_regions(k.flag_bytes, k.scratch_bytes);
+  if (at.flag_offset + at.flag_bytes > (plans.flag_end - plans.flag_base) / 2 ||
+      at.scratch_offset + at.scratch_bytes > (plans.scratch_end - plans.scratch_base) / 2)
+    return nullptr;
   RelaxedCapture relaxed;  // as for a first use inside stream capture (instance)
   CtxGuard g(ctx);
-  return &resources_for(*inst.plan, k, copy);
+  return &new_resources(key, k);
 }
 
-Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k, int copy) {
+Resources* Comm::find_resources(const std::string& key) {
+  std::lock_guard<std::mutex> lock(plans.res_mu);
+  for (auto& r : plans.resources)
+    if (r->key == key) return r.get();
+  return nullptr;
+}
+
+Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
   // Everything that shapes the flag protocol and the scratch layout.
   // (The compiler version too: another one may place synchronisation elsewhere.)
-  const std::string key = plan::resource_key(p, k) + (copy ? fmt::format("#copy{}", copy) : std::string());
-  for (auto& r : plans.resources)
-    if (r->key == key) return *r;
+  const std::string key = plan::resource_key(p, k);
+  if (Resources* r = find_resources(key)) return *r;
+  return new_resources(key, k);
+}
+
+Resources& Comm::new_resources(const std::string& key, const plan::Kernel& k) {
   const Driver& d = cu();
   // Built completely before it is published: a failure part-way (a GPU full
   // because a framework's caching allocator holds it) frees what was taken

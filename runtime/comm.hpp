@@ -376,7 +376,11 @@ class Comm {
                                 int64_t* hi, const std::string& fusion, const std::string& schedule);
   // The resources for kernel `k` of `p`: shared with structurally equal
   // kernels, else allocated (tables initialised on the side stream).
-  Resources& resources_for(const plan::Plan& p, const plan::Kernel& k, int copy = 0);
+  Resources& resources_for(const plan::Plan& p, const plan::Kernel& k);
+  Resources* find_resources(const std::string& key);  // null: none of that key yet
+  // Allocates the resources of `key` for kernel `k` (flag and scratch
+  // regions, tables, step counters, error records) and keeps them.
+  Resources& new_resources(const std::string& key, const plan::Kernel& k);
   Resources* make_resource_copy(const PlanInstance& inst, int copy);  // resource_copy, uncached
   // Where the next flag and scratch regions of `flag_bytes` and
   // `scratch_bytes` go: after what is in use, 256-byte aligned (offsets from
@@ -387,6 +391,7 @@ class Comm {
   struct Regions {
     int64_t flag_offset = 0, scratch_offset = 0, flag_bytes = 0, scratch_bytes = 0;
   };
+  Regions next_regions(int64_t flag_bytes, int64_t scratch_bytes) const;  // where, without the check
   Regions place_regions(int64_t flag_bytes, int64_t scratch_bytes, const std::string& who, const std::string& detail,
                         const std::string& remedy) const;
   void commit_regions(const Regions& r);
