@@ -51,7 +51,7 @@ std::vector<int32_t> served_by_all(const std::vector<codegen::Unit>& units) {
 }
 // What a fused plan needs of its collective and dtype (the epilogue's own
 // soundness is verify_epilogue's, per lowered bucket).
-void check_fusion_plan(const ir::Schedule& built, const dsl::FusionInfo& f, DType dtype) {
+void check_fusion_plan(const ir::Schedule& built, const dsl::FusionInfo& f, DType dtype, RedOp op) {
   if (built.coll != Collective::allreduce)
     throw Error(ErrId::cli_E013,
                 fmt::format("fusion {} runs on all-reduce outputs; {} is a {}", f.name, built.name, name(built.coll)));
@@ -60,6 +60,10 @@ void check_fusion_plan(const ir::Schedule& built, const dsl::FusionInfo& f, DTyp
     for (DType t : f.dtypes) ok += (ok.empty() ? "" : ", ") + std::string(name(t));
     throw Error(ErrId::cli_E013, fmt::format("fusion {} does not serve {} (it serves {})", f.name, name(dtype), ok));
   }
+  if (op == RedOp::premulsum && !f.pre_source.empty())
+    throw Error(ErrId::cli_E013, fmt::format("fusion {} has a prologue, and a PreMulSum kernel has its own (the "
+                                             "scaling); use op sum and scale in the prologue",
+                                             f.name));
 }
 
 }  // namespace
@@ -69,6 +73,7 @@ std::string fusion_identity(const std::string& name) {
   const dsl::FusionInfo* f = dsl::find_fusion(name);
   if (!f) throw Error(ErrId::cli_E011, fmt::format("unknown fusion '{}'", name), {}, known_fusions());
   std::string k = f->source;
+  if (!f->pre_source.empty()) k += "\nprologue\n" + f->pre_source;  // (a fusion without one keeps its old identity)
   for (const auto& op : f->operands)
     k += fmt::format("\n{} {} {} {} {}", op.name, int(op.shape), op.output, op.same_dtype, int(op.dtype));
   k += fmt::format("\nrows {} {}", int(f->rows), f->max_row);
@@ -179,7 +184,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     const dsl::FusionInfo* f = dsl::find_fusion(o.fusion);
     MK_CHECK(f, "compile_plan: the fusion vanished after the key was made");
     fusion = *f;
-    check_fusion_plan(built, *fusion, o.dtype);
+    check_fusion_plan(built, *fusion, o.dtype, o.op);
   }
   const std::string tag = fmt::format("{}_n{}_{}_{}{}", codegen::identifier(built.name), built.nranks, name(o.dtype),
                                       name(o.op), fusion ? "_" + codegen::identifier(fusion->name) : std::string());
@@ -203,14 +208,20 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     started_ms[b] = ms_since(t0);
     v = passes::mark_lamport(std::move(v), o.dtype, o.lower.proto.lamport != 0);  // per dtype: after lowering
     verify::verify_resources(v);  // refuse what no communicator could load
-    if (o.op == RedOp::premulsum) verify::verify_prologue(v);  // the kernel's prologue is sound here
-    if (fusion) verify::verify_epilogue(v, fusion->name);          // and the epilogue in its tail
+    // the kernel's prologue is sound here, and the epilogue in its tail
+    if (o.op == RedOp::premulsum) verify::verify_prologue(v);
+    if (fusion && !fusion->pre_source.empty()) verify::verify_prologue(v, "prologue of fusion " + fusion->name);
+    if (fusion && !fusion->source.empty()) verify::verify_epilogue(v, fusion->name);
     auto t = std::chrono::steady_clock::now();
     codegen::Limits lim;
     lim.loads = o.lower.proto.simple_loads;
     lim.pipeline = o.lower.proto.simple_pipeline != 0;
     lim.lamport_units = o.lower.proto.lamport_units;
-    if (fusion) {
+    if (fusion && !fusion->pre_source.empty()) {
+      lim.prologue.name = fusion->name;
+      lim.prologue.source = fusion->pre_source;
+    }
+    if (fusion && !fusion->source.empty()) {
       lim.epilogue.name = fusion->name;
       lim.epilogue.source = fusion->source;
       for (const auto& op : fusion->operands)

@@ -35,7 +35,12 @@ std::string check(const FusionInfo& f) {
   for (char c : f.name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
       return fmt::format("fusion name '{}' may hold only letters, digits, '.', '_' and '-'", f.name);
-  if (f.source.find("Epi") == std::string::npos) return "its epilogue code defines no struct Epi";
+  if (f.source.empty() && f.pre_source.empty()) return "it has neither an epilogue (MK_EPILOGUE) nor a prologue (MK_PROLOGUE)";
+  if (!f.source.empty() && f.source.find("Epi") == std::string::npos) return "its epilogue code defines no struct Epi";
+  if (!f.pre_source.empty() && f.pre_source.find("Pro") == std::string::npos)
+    return "its prologue code defines no struct Pro";
+  if (f.source.empty() && (!f.operands.empty() || f.rows != RowMode::any))
+    return "a fusion without an epilogue has no operands and no rows (operands and rows are the epilogue's)";
   if (f.operands.size() > size_t(kMaxOperands))
     return fmt::format("{} operands; at most {}", f.operands.size(), kMaxOperands);
   if (f.scalars.size() > size_t(kMaxScalars)) return fmt::format("{} scalars; at most {}", f.scalars.size(), kMaxScalars);
@@ -109,8 +114,32 @@ double host_round(double v, DType t) {
 }
 }  // namespace fusion_detail
 
+namespace {
+int host_slot(DType t) {
+  switch (t) {
+    case DType::fp16: return 0;
+    case DType::bf16: return 1;
+    case DType::fp32: return 2;
+    case DType::fp64: return 3;
+    default: return -1;
+  }
+}
+}  // namespace
+
+double run_prologue_host(const FusionInfo& f, DType dtype, double x, const double* scalars, bool exact) {
+  const int slot = host_slot(dtype);
+  if (f.pre_source.empty() || slot < 0 || !f.pre_host[slot] || !f.pre_host[3])
+    throw Error(ErrId::cli_E013, fmt::format("fusion {} has no prologue host code for {}", f.name, name(dtype)));
+  double in[kMaxScalars] = {};
+  for (size_t k = 0; k < f.scalars.size() && k < size_t(kMaxScalars); ++k) in[k] = scalars ? scalars[k] : 0.0;
+  if (exact) return f.pre_host[3](x, in);
+  return fusion_detail::host_round(f.pre_host[slot](x, in), dtype);
+}
+
 void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t row, double* out,
                      double* const* operands, const double* scalars, bool exact) {
+  if (f.source.empty() || !f.host[3])
+    throw Error(ErrId::cli_E013, fmt::format("fusion {} has no epilogue", f.name));
   if (row < 1) throw Error(ErrId::cli_E011, fmt::format("fusion {}: row {} is not positive", f.name, row));
   int slot = -1;
   switch (dtype) {

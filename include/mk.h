@@ -253,8 +253,9 @@ mkResult_t mkRedOpDestroy(mkRedOp_t op, mkComm_t comm);
 /* Collectives. `op` is a built-in mkRedOp_t or a PreMulSum handle. */
 mkResult_t mkAllReduce(const void* sendbuff, void* recvbuff, size_t count, mkDataType_t datatype,
                        mkRedOp_t op, mkComm_t comm, cudaStream_t stream);
-/* Fused all-reduce: the all-reduce, then the fusion's epilogue on every row of
- * recvbuff, in the same kernel (include/mk/fusion.hpp; built-ins in
+/* Fused all-reduce: the all-reduce, with the fusion's prologue on every
+ * element of each rank's input as it is read and its epilogue on every row
+ * of recvbuff, in the same kernel (include/mk/fusion.hpp; built-ins in
  * schedules/fused/, docs/fusions.md). `fusion` names a registered fusion and
  * passes its operands (device pointers of the communicator's GPU, in the
  * fusion's order), scalars and row length; NULL is plain mkAllReduce.
@@ -264,6 +265,10 @@ mkResult_t mkAllReduce(const void* sendbuff, void* recvbuff, size_t count, mkDat
  *       recvbuff = rmsnorm(residual_out) * weight  (per row)
  *   "allreduce.fp8_rows" operands {q (fp8 e4m3), scales (fp32, one per row)}:
  *       scales[r] = amax(row r) / 448; q = e4m3(recvbuff / scales[r])
+ *   "allreduce.premulsum" (a prologue; no operands, no row), scalars {scale}:
+ *       recvbuff = sum over ranks of sendbuff * that rank's scale
+ * A fusion with a prologue takes op mkSum (a PreMulSum op is a prologue of
+ * its own: mkInvalidArgument).
  * Operands may alias each other only exactly (residual_out == residual) and
  * must not overlap sendbuff or recvbuff. Every rank passes the same fusion,
  * row and count. Capturable in CUDA graphs like every call. */

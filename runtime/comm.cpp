@@ -11,6 +11,7 @@
 
 #include "compiler/jit/jit.hpp"
 #include "mk/dsl.hpp"
+#include "mk/fusion.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/env.hpp"
 #include "runtime/schedules.hpp"
@@ -641,7 +642,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
     const std::string refused_key = fmt::format("{}|{}|{}|{}", fusion, name(op), choice.schedule, choice.tune);
     if (info && info->copy_engine)
       builtin(choice.schedule + " moves data with copy engines, which run no " +
-              (fusion.empty() ? std::string("prologue") : std::string("epilogue")));
+              (fusion.empty() ? std::string("prologue") : std::string("fusion code")));
     else if (auto it = refused.find(refused_key); it != refused.end())
       builtin(it->second);  // refused before: not lowered again
     try {
@@ -688,7 +689,10 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   // load the code, which may wait for running kernels: ours wait for peers,
   // so load now, before any kernel of this call is launched.
   if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(inst->fn), "loading kernel " + k->name);
-  if (!plan->fusion.empty()) {
+  // A fusion with an epilogue: its kernel for calls of many rows (a fusion
+  // that is a prologue only has none).
+  const dsl::FusionInfo* fi = plan->fusion.empty() ? nullptr : dsl::find_fusion(plan->fusion.substr(0, plan->fusion.find('@')));
+  if (fi && !fi->source.empty()) {
     MK_CU(d.cuModuleGetFunction(&inst->fn_epi, inst->module, (k->name + "_epi").c_str()),
           "finding the epilogue kernel " + k->name + "_epi");
     if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(inst->fn_epi), "loading kernel " + k->name + "_epi");

@@ -154,6 +154,10 @@ void validate_fusion(Pending& p) {
     for (DType t : info->dtypes) ok += (ok.empty() ? "" : ", ") + std::string(name(t));
     fail(mkInvalidArgument, fmt::format("{}: fusion {} does not serve {} (it serves {})", api, fname, name(p.dt), ok));
   }
+  if (p.op == RedOp::premulsum && !info->pre_source.empty())
+    fail(mkInvalidArgument, fmt::format("{}: fusion {} has a prologue, and a PreMulSum op is one too (the scaling): "
+                                        "pass mkSum and scale in the fusion's prologue",
+                                        api, fname));
   const int64_t count = int64_t(p.k.count);
   int64_t row = f.row;
   if (info->rows == dsl::RowMode::any) {

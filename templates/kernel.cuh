@@ -81,7 +81,7 @@ template <class P>
 struct Ctx {
   using Plan = P;
   using T = typename P::T;
-  using Comb = Combine<T, P::kRed, P::kRanks>;
+  using Comb = Combine<T, P::kRed, P::kRanks, typename P::Pre>;
   using C = typename Comb::C;
   static constexpr int N = P::kRanks;
   static constexpr int NT = P::kThreads;
@@ -284,16 +284,27 @@ struct Ctx {
       simple_tile<Ctx, NS, ND, RED, FINAL>(src, dst, n, pro);
   }
 
+  // The prologue's state for one op: PreMulSum's scalar, or a fusion
+  // prologue's scalars (the call's, Args::epi_scalars); sources marked by
+  // the caller.
+  MK_DEV typename Comb::Pro make_pro() const {
+    typename Comb::Pro p{prescale, 0u, nullptr, {C(0), C(0), C(0), C(0)}};
+    if constexpr (Comb::kUser)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) p.s[k] = C(a.epi_scalars[k]);
+    return p;
+  }
+
   // Decodes an op's operands and runs its tile. The prologue scales the
   // sources that are this rank's input: only owners touch user buffers in
   // the plans a PreMulSum kernel is built from (the compiler proves it,
   // verify_prologue), so an input operand is this rank's own.
   template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
   MK_DEV void run_op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
-    static_assert(!(P::kRed == kRedPreMulSum && P::kZeroCopy), "PreMulSum kernels read only their own input");
+    static_assert(!(Comb::kPre && P::kZeroCopy), "kernels with a prologue read only their own input");
     T* src[NS];
     T* dst[ND];
-    typename Comb::Pro pro{prescale, 0u, nullptr};
+    typename Comb::Pro pro = make_pro();
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       src[i] = decode(s[i]);
@@ -361,8 +372,8 @@ struct Ctx {
     __shared__ uint32_t m[(P::kWide > 0 ? P::kWide : 1) / 32 + 1];
     return m;
   }
-  MK_DEV uint32_t* wide_in() {  // PreMulSum kernels: which operands are this rank's input
-    __shared__ uint32_t m[(P::kRed == kRedPreMulSum && P::kWide > 0 ? P::kWide : 1) / 32 + 1];
+  MK_DEV uint32_t* wide_in() {  // kernels with a prologue: which operands are this rank's input
+    __shared__ uint32_t m[(Comb::kPre && P::kWide > 0 ? P::kWide : 1) / 32 + 1];
     return m;
   }
 
@@ -379,8 +390,8 @@ struct Ctx {
           if (int(r[i] & 3u) == kRefScratch) m |= 1u << (i - w * 32);
         ll[w] = m;
       }
-    typename Comb::Pro pro{prescale, 0u, nullptr};
-    if constexpr (P::kRed == kRedPreMulSum) {
+    typename Comb::Pro pro = make_pro();
+    if constexpr (Comb::kPre) {
       uint32_t* in = wide_in();
       for (int w = threadIdx.x; w * 32 < nr; w += NT) {
         uint32_t m = 0;

@@ -55,21 +55,48 @@ MK_DEV void st_elem(T* p, T x) {
 // `mask`: bit s for source s of an op of few operands; `wide`: bit s of
 // wide[s / 32] for a wide op (kernel.cuh op_wide), else null. Kernels of
 // other ops never read it.
-template <typename C>
+//
+// A fusion's prologue (include/mk/fusion.hpp MK_PROLOGUE) takes the same
+// path: U::Fn::in(p, x) instead of the scalar product, with the call's
+// scalars (Args::epi_scalars) in `s`; the struct is also the `q` the
+// user's code sees (q.scalar(k), q.abs(x), q.rsqrt(x), Q::C).
+template <typename CT>
 struct Prologue {
+  using C = CT;
   C scale;
   uint32_t mask;
   const uint32_t* wide;
-  MK_DEV bool on(int s) const { return wide ? ((wide[s >> 5] >> (s & 31)) & 1u) != 0 : ((mask >> s) & 1u) != 0; }
+  C s[4];
+  MK_DEV bool on(int i) const { return wide ? ((wide[i >> 5] >> (i & 31)) & 1u) != 0 : ((mask >> i) & 1u) != 0; }
+  MK_DEV C scalar(int k) const { return s[k]; }
+  MK_DEV C abs(C x) const { return x < C(0) ? -x : x; }
+  MK_DEV C rsqrt(C x) const {
+    if constexpr (sizeof(C) == 8)
+      return ::rsqrt(x);
+    else
+      return ::rsqrtf(x);
+  }
+};
+
+// The prologue of a fusion, or none (the generated plan traits' P::Pre).
+struct NoPre {
+  static constexpr bool kOn = false;
+};
+template <class U>
+struct UserPre {
+  static constexpr bool kOn = true;
+  using Fn = U;
 };
 
 // Combining sources: T the element type, K the reduction (reduce.cuh), N the
-// rank count (avg's divisor).
-template <typename T, int K, int N>
+// rank count (avg's divisor), U the fusion's prologue (NoPre, UserPre<Pro>).
+template <typename T, int K, int N, class U = NoPre>
 struct Combine {
   using C = typename Compute<T>::type;
   using Pro = Prologue<C>;
-  static constexpr bool kPre = K == kRedPreMulSum;
+  static constexpr bool kUser = U::kOn;
+  static_assert(!(kUser && K == kRedPreMulSum), "a PreMulSum kernel runs no fusion prologue");
+  static constexpr bool kPre = K == kRedPreMulSum || kUser;
 
   // Whether source s gets the prologue (never outside PreMulSum kernels).
   MK_DEV static bool pre(const Pro& p, int s) {
@@ -83,19 +110,27 @@ struct Combine {
   // the element loops have no branch per source: NVVM would otherwise
   // unswitch them into 2^sources copies (NVRTC took minutes for 10 sources).
   MK_DEV static C factor(const Pro& p, int s) {
-    if constexpr (kPre)
+    if constexpr (K == kRedPreMulSum)
       return p.on(s) ? p.scale : C(1);
     else
       return C(1);
   }
   // A source in the compute type; through the prologue, rounded to the dtype
   // as a copy of it into scratch would store it, so every rank adds the very
-  // same terms whichever rank scaled them (bit-identical results).
-  MK_DEV static C in(T v, C f) {
-    if constexpr (kPre)
+  // same terms whichever rank scaled them (bit-identical results). A fusion's
+  // prologue (`on`: this source is this rank's input) is computed for every
+  // source and selected, so that the element loops have no branch per
+  // source either.
+  MK_DEV static C in(T v, C f, bool on, const Pro& p) {
+    if constexpr (K == kRedPreMulSum) {
       return rounded(red_pre<C>(Compute<T>::load(v), f));
-    else
+    } else if constexpr (kUser) {
+      const C x = Compute<T>::load(v);
+      const C y = rounded(settle_rn(U::Fn::in(p, x)));
+      return on ? y : x;
+    } else {
       return Compute<T>::load(v);
+    }
   }
   MK_DEV static C rounded(C x) {
     if constexpr (sizeof(T) == 1 && !IsInt<T>::value)
@@ -113,22 +148,24 @@ struct Combine {
   // on either path.
   template <int NS, bool FINAL, typename V, int E, typename Load>
   MK_DEV static void fold(int ns, Load load, V& out, const Pro& p) {
-    union U {
+    union W {
       V v;
       T e[E];
     };
-    U u;
+    W u;
     u.v = load(0);
     C acc[E];
     const C f0 = factor(p, 0);
+    const bool on0 = pre(p, 0);
 #pragma unroll
-    for (int i = 0; i < E; ++i) acc[i] = in(u.e[i], f0);
+    for (int i = 0; i < E; ++i) acc[i] = in(u.e[i], f0, on0, p);
     auto add = [&](int s) {
-      U w;
+      W w;
       w.v = load(s);
       const C f = factor(p, s);
+      const bool on = pre(p, s);
 #pragma unroll
-      for (int i = 0; i < E; ++i) acc[i] = red_apply<K, C>(acc[i], in(w.e[i], f));
+      for (int i = 0; i < E; ++i) acc[i] = red_apply<K, C>(acc[i], in(w.e[i], f, on, p));
     };
     if constexpr (NS > 0) {
 #pragma unroll
@@ -154,20 +191,20 @@ struct Combine {
       out = v;
       return;
     }
-    out = scaled<V, E>(v, p.scale);
+    out = scaled<V, E>(v, p);
   }
   // Called, not inlined: the conversions back into a narrow dtype (fp8's
   // are long) inlined into every unrolled copy made NVRTC take minutes.
   template <typename V, int E>
-  __device__ __noinline__ static V scaled(V v, C scale) {
-    union U {
+  __device__ __noinline__ static V scaled(V v, const Pro& p) {
+    union W {
       V v;
       T e[E];
     };
-    U u;
+    W u;
     u.v = v;
 #pragma unroll
-    for (int i = 0; i < E; ++i) u.e[i] = Compute<T>::store(in(u.e[i], scale));
+    for (int i = 0; i < E; ++i) u.e[i] = Compute<T>::store(in(u.e[i], p.scale, true, p));
     return u.v;
   }
 

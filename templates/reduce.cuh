@@ -79,6 +79,25 @@ MK_HD double mul_rn(double a, double b) {
 #endif
 }
 
+// x itself, as a value the compiler may not fuse into a following operation
+// (x + -0 is x for every x; the _rn intrinsics are never contracted): a
+// fusion's prologue result enters every sum as the same rounded value,
+// whether it was computed in registers or read back from scratch.
+MK_HD float settle_rn(float x) {
+#if MK_DEVICE_CODE && defined(__CUDA_ARCH__)
+  return __fadd_rn(x, -0.0f);
+#else
+  return x;
+#endif
+}
+MK_HD double settle_rn(double x) {
+#if MK_DEVICE_CODE && defined(__CUDA_ARCH__)
+  return __dadd_rn(x, -0.0);
+#else
+  return x;
+#endif
+}
+
 // PreMulSum's prologue: an input element times its rank's scalar. Floats
 // round the product by itself, so that the rank that scales its own input
 // in registers adds exactly the value its peers read back from scratch.

@@ -1051,15 +1051,26 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
                  : std::string());
   Emitter e(s, int32_t(b), cp, o, served, lim.reroll && !s.one_pass, rooted || (s.one_pass && !own) ? -1 : rank,
             lim.row_only_bytes);
+  // A fusion's prologue: its code in a namespace of its own, named by the
+  // plan traits (P::Pre; templates/prims.cuh UserPre).
+  const bool user_pre = !lim.prologue.source.empty();
+  if (user_pre) {
+    MK_CHECK(!s.zero_copy, "codegen: a fusion prologue on a zero-copy schedule (verify_prologue refuses it)");
+    MK_CHECK(op != RedOp::premulsum, "codegen: a fusion prologue on a PreMulSum kernel");
+    o += fmt::format("// fusion prologue {}\nnamespace mk_pro_b{} {{\n{}\n}}  // namespace\n\n", lim.prologue.name, b,
+                     lim.prologue.source);
+  }
   o += fmt::format(
-      "struct P{} {{\n  using T = {};\n  static constexpr int kRed = {};\n"
+      "struct P{} {{\n  using T = {};\n  static constexpr int kRed = {};\n  using Pre = {};\n"
       "  static constexpr int kRanks = {}, kChunks = {}, kTbs = {}, kInstances = {}, kDepth = {};\n"
       "  static constexpr int kScratch = {}, kSlots = {}, kThreads = {}, kPosRot = {}, kWide = {};\n"
       "  static constexpr long long kMaxTileBytes = {};\n"
       "  static constexpr int kLoads = {}, kLamportUnits = {};\n"
       "  static constexpr bool kLL = {}, kLamport = {}, kRooted = {}, kZeroCopy = {}, kPipeline = {}, kOnePass = {};\n"
       "  static constexpr bool kInlineOps = {};\n}};\n\n",
-      b, dtype_device_name(dtype), int(op), s.nranks, s.chunks, s.tbs, s.instances, s.depth,
+      b, dtype_device_name(dtype), int(op),
+      user_pre ? fmt::format("::mk::dev::UserPre<mk_pro_b{}::Pro>", b) : std::string("::mk::dev::NoPre"), s.nranks,
+      s.chunks, s.tbs, s.instances, s.depth,
       std::max(s.scratch, 1), std::max(s.slots, 1), s.proto == ir::Proto::ll ? 256 : 512, rc.pos_rot, cp.wide,
       s.tile_bytes, std::max(lim.loads, 1), std::max(lim.lamport_units, 1), s.proto == ir::Proto::ll ? "true" : "false",
       s.lamport ? "true" : "false", rooted ? "true" : "false",

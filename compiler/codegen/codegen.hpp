@@ -93,6 +93,13 @@ struct Limits {
     std::string source;
     std::vector<std::pair<DType, int32_t>> operands;
   } epilogue;
+  // A fusion's prologue (MK_PROLOGUE: device code defining struct Pro),
+  // applied to every read of this rank's input (templates/prims.cuh
+  // Combine). Empty source: none.
+  struct Prologue {
+    std::string name;
+    std::string source;
+  } prologue;
 };
 
 // One compilation unit per size bucket (compiled in parallel).

@@ -12,6 +12,7 @@
 #include "compiler/verify/reference.hpp"
 #include "compiler/verify/typed.hpp"
 #include "compiler/verify/verify.hpp"
+#include "mk/fusion.hpp"
 #include "templates/layout.cuh"
 
 namespace mk::verify {
@@ -291,6 +292,9 @@ class Sim {
         T v;
         std::memcpy(&v, src[k] + e * sizeof(T), sizeof(T));
         C x = dev::Compute<T>::load(v);
+        if (o_.prologue && op.srcs[k].buf == Buf::input)  // a fusion's prologue, rounded to the dtype
+          x = C(dsl::run_prologue_host(*o_.prologue, o_.dtype, double(x),
+                                       o_.pre_scalars[size_t(op.srcs[k].rank)].data()));
         if constexpr (K == dev::kRedPreMulSum)
           if (op.srcs[k].buf == Buf::input)  // rounded to the dtype, as the kernel does (every rank adds the same terms)
             x = dev::Compute<T>::load(dev::Compute<T>::store(dev::red_pre<C>(x, scale[k])));
@@ -355,7 +359,7 @@ class Sim {
           std::vector<uint8_t*> src, dst;
           for (const Ref& r : op.srcs) src.push_back(addr(t, r, k, tile, len, pos));
           for (const Ref& r : op.dsts) dst.push_back(addr(t, r, k, tile, len, pos));
-          const bool scales = o_.op == RedOp::premulsum && op.srcs[0].buf == Buf::input;
+          const bool scales = (o_.op == RedOp::premulsum || o_.prologue) && op.srcs[0].buf == Buf::input;
           if (op.kind == OpKind::copy && !op.final && !scales) {
             for (uint8_t* d : dst)
               if (d != src[0]) std::memmove(d, src[0], size_t(len * es_));
@@ -414,6 +418,18 @@ SimResult simulate(const Schedule& lowered, const SimOptions& o) {
   if (o.count < 0) throw Error(ErrId::cli_E011, "count must be >= 0");
   // The prologue scales what the kernel would: only where that is sound.
   if (o.op == RedOp::premulsum) verify_prologue(lowered);
+  if (o.prologue) {
+    if (!o.io) throw Error(ErrId::cli_E011, "a simulation with a fusion prologue takes caller-provided data (SimIO)");
+    if (o.op == RedOp::premulsum)
+      throw Error(ErrId::cli_E013, "a PreMulSum run has its own prologue; a fusion prologue runs with op sum");
+    if (int32_t(o.pre_scalars.size()) != lowered.nranks)
+      throw Error(ErrId::cli_E011, fmt::format("a fusion prologue needs every rank's scalars ({} given for {} ranks)",
+                                               o.pre_scalars.size(), lowered.nranks));
+    for (const auto& v : o.pre_scalars)
+      if (v.size() < size_t(dsl::kMaxScalars))
+        throw Error(ErrId::cli_E011, "a rank's prologue scalars hold fewer than 4 values");
+    verify_prologue(lowered, "prologue of fusion " + o.prologue->name);
+  }
   {  // host memory the simulation needs: every rank's buffers
     const int64_t limit = 8ll << 30;
     const int64_t per_elem = int64_t(dtype_size(o.dtype)) * 2 * lowered.nranks * lowered.nranks;

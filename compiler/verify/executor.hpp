@@ -12,6 +12,10 @@
 
 #include "compiler/ir/ir.hpp"
 
+namespace mk::dsl {
+struct FusionInfo;
+}
+
 namespace mk::verify {
 
 // Caller-provided data instead of the generated inputs and the reference
@@ -37,6 +41,11 @@ struct SimOptions {
   // shows what goes wrong without them (tests).
   bool zc_barriers = true;
   SimIO* io = nullptr;  // see SimIO
+  // A fusion's prologue (include/mk/fusion.hpp MK_PROLOGUE), run on every
+  // read of an input chunk as the kernel does, with rank r's scalars
+  // pre_scalars[r] (needs `io`: the reference does not know the prologue).
+  const dsl::FusionInfo* prologue = nullptr;
+  std::vector<std::vector<double>> pre_scalars;
 };
 
 struct SimResult {

@@ -1,5 +1,5 @@
-// verify_prologue: the PreMulSum prologue scales every contribution exactly
-// once.
+// verify_prologue: the prologue (PreMulSum's scaling, or a fusion's
+// MK_PROLOGUE) transforms every contribution exactly once.
 //
 // The kernel multiplies a source by its rank's scalar exactly when the source
 // is an input chunk (templates/kernel.cuh run_op), and it can only know its
@@ -54,10 +54,10 @@ class Cells {
   std::unordered_map<uint64_t, State> scratch_;
 };
 
-void run(const Schedule& s, bool inplace) {
+void run(const Schedule& s, bool inplace, const std::string& what) {
   const char* mode = inplace ? "in-place" : "out-of-place";
   const std::string who =
-      fmt::format("{} ({} ranks, {}, PreMulSum)", s.name.empty() ? std::string(name(s.coll)) : s.name, s.nranks, mode);
+      fmt::format("{} ({} ranks, {}, {})", s.name.empty() ? std::string(name(s.coll)) : s.name, s.nranks, mode, what);
   Cells cells(s, inplace);
   // In place, a copy of an input chunk onto its own output alias writes
   // nothing for a sum, so insert_sync orders nothing against it; a PreMulSum
@@ -82,8 +82,8 @@ void run(const Schedule& s, bool inplace) {
             if (it == self.end() || it->second == oi) continue;
             const Op& c = s.ops[it->second];
             throw Error(ErrId::verify_E018,
-                        fmt::format("{}: {} copies input {} onto itself (its in-place output), which a PreMulSum "
-                                    "kernel must write (the scaled value), unordered with {}, which also reads {}",
+                        fmt::format("{}: {} copies input {} onto itself (its in-place output), which a kernel with a "
+                                    "prologue must write (the prologue's value), unordered with {}, which also reads {}",
                                     who, describe_op(s, it->second), ir::to_string(c.srcs[0]), describe_op(s, oi),
                                     ir::to_string(src.at(k))),
                         c.loc, "copy the input into scratch or another chunk instead of onto itself");
@@ -103,10 +103,10 @@ void run(const Schedule& s, bool inplace) {
         if (c.buf == Buf::input) {
           if (c.rank != op.rank)
             throw Error(ErrId::verify_E018,
-                        fmt::format("{}: {} reads rank {}'s input {}; the prologue multiplies an input by its "
-                                    "owner's scalar, which only rank {} has",
+                        fmt::format("{}: {} reads rank {}'s input {}; the prologue transforms an input with its "
+                                    "owner's scalars, which only rank {} has",
                                     who, describe_op(s, oi), c.rank, ir::to_string(c), c.rank),
-                        op.loc, "let the owner read its input (zero-copy plans cannot serve PreMulSum)");
+                        op.loc, "let the owner read its input (zero-copy plans cannot run a prologue)");
           if (st != State::pristine)
             throw Error(ErrId::verify_E018,
                         fmt::format("{}: {} reads input {} after it was overwritten (through its in-place "
@@ -138,12 +138,12 @@ void run(const Schedule& s, bool inplace) {
 
 }  // namespace
 
-void verify_prologue(const Schedule& s) {
+void verify_prologue(const Schedule& s, const std::string& what) {
   if (!collective_reduces(s.coll))
-    throw Error(ErrId::verify_E018, fmt::format("{}: {} does not reduce; PreMulSum is a reduction", s.name,
-                                                name(s.coll)));
-  run(s, false);
-  run(s, true);
+    throw Error(ErrId::verify_E018, fmt::format("{}: {} does not reduce; the {} runs on reductions",
+                                                s.name, name(s.coll), what));
+  run(s, false, what);
+  run(s, true, what);
 }
 
 }  // namespace mk::verify

@@ -23,7 +23,7 @@
 //                    verify_all: `mkc verify` warns, `--strict` refuses.
 //  verify_resources  a lowered schedule's scratch fits the communicator's
 //                    default scratch (compile_plan refuses larger plans).
-//  verify_prologue   (PreMulSum kernels) every input element enters the
+//  verify_prologue   (PreMulSum kernels, fusion prologues) every input element enters the
 //                    result scaled exactly once: each read of an input chunk
 //                    is by its owner, of the caller's data as it came in, and
 //                    nothing reads an input unscaled through its in-place
@@ -83,7 +83,9 @@ void verify_resources(const ir::Schedule& s);  // throws mk.verify.E016
 // is an input chunk; whether that scales every contribution exactly once.
 // Runs both aliasings; throws mk.verify.E018 naming the op, the chunk and the
 // DSL line.
-void verify_prologue(const ir::Schedule& s);
+// `what` names the prologue in messages ("PreMulSum", "prologue of fusion
+// my.clip_sum"): a fusion's prologue takes the same path in the kernel.
+void verify_prologue(const ir::Schedule& s, const std::string& what = "PreMulSum");
 
 // A fused epilogue (templates/fused.cuh) runs in each rank's kernel tail, on
 // every element of its output once; whether that is after the element's

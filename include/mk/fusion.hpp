@@ -1,5 +1,5 @@
-// Fused epilogues: your element-wise or row-wise work, compiled into the
-// collective's kernel.
+// Fused prologues and epilogues: your element-wise or row-wise work,
+// compiled into the collective's kernel.
 //
 // An epilogue is a small device function over one row of the collective's
 // final output (all-reduce: every element of the receive buffer). It runs
@@ -54,6 +54,30 @@
 //
 // Values move as the compute type: loads convert from the operand's dtype,
 // stores round to it (round to nearest even; fp8 saturates).
+//
+// A prologue is a device function over one element of a rank's own input,
+// applied as the kernel reads it, before the element is sent or reduced
+// (scale, clip, cast, fake-quantise): the all-reduce then combines the
+// prologue's results. It sees the call's scalars (each rank passes its own,
+// as PreMulSum's factor), and its result is rounded to the collective's
+// dtype, as storing it would, so every rank adds the very same terms:
+//
+//   MK_PROLOGUE(my_clip,
+//     struct Pro {
+//       template <class Q>
+//       MK_DEV static typename Q::C in(const Q& q, typename Q::C x) {
+//         return x < -q.scalar(0) ? -q.scalar(0) : (x > q.scalar(0) ? q.scalar(0) : x);
+//       }
+//     };
+//   )
+//   MK_PROLOGUE_FUSION(my_clip, "my.clip_sum", "sum of inputs clipped to [-c, c]", ({"c"}));
+//
+// `Q` gives q.scalar(k), q.abs(x), q.rsqrt(x) and the compute type Q::C.
+// The compiler proves (verify_prologue) that in the kernel it runs in, the
+// prologue runs exactly once on every input element, on its owner's rank,
+// before any use of it. A fusion may have both: MK_FUSION_PRE(pro, epi, ...)
+// registers a prologue and an epilogue under one name (they share the
+// call's scalars).
 #pragma once
 
 #include <cmath>
@@ -93,6 +117,8 @@ enum class RowMode : int32_t {
 namespace fusion_detail {
 struct HostRowBase;
 using HostFn = void (*)(HostRowBase&);
+// A prologue on the host: x in the compute type's range, the call's scalars.
+using PreFn = double (*)(double x, const double* scalars);
 }  // namespace fusion_detail
 
 struct FusionInfo {
@@ -103,9 +129,13 @@ struct FusionInfo {
   RowMode rows = RowMode::given;
   int32_t max_row = 16384;  // longest row the epilogue serves (RowMode::given)
   std::vector<DType> dtypes = {DType::fp16, DType::bf16, DType::fp32};
-  std::string source;  // the device code (MK_EPILOGUE), defining struct Epi
+  std::string source;  // the device code (MK_EPILOGUE), defining struct Epi; empty: no epilogue
   // The same code compiled for the host: [fp16, bf16, fp32, fp64] (simulation).
   fusion_detail::HostFn host[4] = {nullptr, nullptr, nullptr, nullptr};
+  // The prologue (MK_PROLOGUE), defining struct Pro; empty: none. Its host
+  // code in the compute type of [fp16, bf16, fp32, fp64].
+  std::string pre_source;
+  fusion_detail::PreFn pre_host[4] = {nullptr, nullptr, nullptr, nullptr};
   std::string file;
   int line = 0;
 };
@@ -182,6 +212,26 @@ struct HostRow : HostRowBase {
 };
 }  // namespace fusion_detail
 
+namespace fusion_detail {
+// The prologue's context on the host (the device's is templates/prims.cuh
+// Prologue): the call's scalars in the compute type.
+template <class CT>
+struct HostPre {
+  using C = CT;
+  const double* s;
+  C scalar(int k) const { return C(s[k]); }
+  C abs(C x) const { return x < C(0) ? -x : x; }
+  C rsqrt(C x) const { return C(1) / std::sqrt(x); }
+};
+}  // namespace fusion_detail
+
+// Fusion `f`'s prologue on the host, on one element x of a rank's input (a
+// value of `dtype`), with that rank's scalars: computed in the dtype's
+// compute type and rounded to the dtype, as the kernel does; `exact`: in
+// double, unrounded (the float64 reference of the same code). Throws
+// mk.cli.E013 for a fusion without a prologue or host code for the dtype.
+double run_prologue_host(const FusionInfo& f, DType dtype, double x, const double* scalars, bool exact = false);
+
 // Runs fusion `f`'s host code on one rank's output: `count` elements in rows
 // of `row` (the last may be shorter), every buffer as doubles. `out` and the
 // operands hold values of their dtypes (the collective's `dtype`, or the
@@ -209,6 +259,41 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
   static const char* const source = #__VA_ARGS__;                                                  \
   }
 
+// MK_PROLOGUE(ident, code): `code` defines `struct Pro` with
+// `template <class Q> MK_DEV static typename Q::C in(const Q& q, typename Q::C x)`.
+#define MK_PROLOGUE(IDENT, ...)                                                                    \
+  namespace mk_prologue_##IDENT {                                                                  \
+  __VA_ARGS__                                                                                      \
+  template <class CT>                                                                              \
+  double host(double x, const double* s) {                                                         \
+    const ::mk::dsl::fusion_detail::HostPre<CT> q{s};                                              \
+    return double(Pro::in(q, CT(x)));                                                              \
+  }                                                                                                \
+  static const char* const source = #__VA_ARGS__;                                                  \
+  }
+
+#define MK_FUSION_SET_PROLOGUE(f, IDENT)                                                           \
+  (f).pre_source = mk_prologue_##IDENT::source;                                                    \
+  (f).pre_host[0] = &mk_prologue_##IDENT::host<float>;                                             \
+  (f).pre_host[1] = &mk_prologue_##IDENT::host<float>;                                             \
+  (f).pre_host[2] = &mk_prologue_##IDENT::host<float>;                                             \
+  (f).pre_host[3] = &mk_prologue_##IDENT::host<double>
+
+// MK_PROLOGUE_FUSION(ident, "name", "doc", ({"scalar", ...})): a fusion that is
+// a prologue only (fp16, bf16, fp32; no operands, no rows).
+#define MK_PROLOGUE_FUSION(IDENT, NAME, DOC, SCALARS)                                              \
+  static const bool MK_FUSION_CAT(mk_fusion_registered_, __LINE__) = [] {                          \
+    ::mk::dsl::FusionInfo f;                                                                        \
+    f.name = NAME;                                                                                  \
+    f.doc = DOC;                                                                                    \
+    f.scalars = std::vector<std::string> SCALARS;                                                   \
+    f.rows = ::mk::dsl::RowMode::any;                                                               \
+    MK_FUSION_SET_PROLOGUE(f, IDENT);                                                               \
+    f.file = __FILE__;                                                                              \
+    f.line = __LINE__;                                                                              \
+    return ::mk::dsl::register_fusion(f);                                                           \
+  }()
+
 // MK_FUSION(ident, "name", "doc", ({operands}), ({"scalar", ...}), RowMode): fp16,
 // bf16 and fp32, rows up to 16384. Other settings (FusionInfo::dtypes,
 // max_row): fill a FusionInfo as this macro does and call register_fusion.
@@ -220,11 +305,31 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
     f.operands = std::vector<::mk::dsl::OperandInfo> OPERANDS;                                      \
     f.scalars = std::vector<std::string> SCALARS;                                                   \
     f.rows = ROWS;                                                                                  \
-    f.source = mk_epilogue_##IDENT::source;                                                         \
-    f.host[0] = &mk_epilogue_##IDENT::host<float>;                                                  \
-    f.host[1] = &mk_epilogue_##IDENT::host<float>;                                                  \
-    f.host[2] = &mk_epilogue_##IDENT::host<float>;                                                  \
-    f.host[3] = &mk_epilogue_##IDENT::host<double>;                                                 \
+    MK_FUSION_SET_EPILOGUE(f, IDENT);                                                               \
+    f.file = __FILE__;                                                                              \
+    f.line = __LINE__;                                                                              \
+    return ::mk::dsl::register_fusion(f);                                                           \
+  }()
+
+#define MK_FUSION_SET_EPILOGUE(f, IDENT)                                                           \
+  (f).source = mk_epilogue_##IDENT::source;                                                        \
+  (f).host[0] = &mk_epilogue_##IDENT::host<float>;                                                 \
+  (f).host[1] = &mk_epilogue_##IDENT::host<float>;                                                 \
+  (f).host[2] = &mk_epilogue_##IDENT::host<float>;                                                 \
+  (f).host[3] = &mk_epilogue_##IDENT::host<double>
+
+// MK_FUSION_PRE(pro, epi, "name", "doc", ({operands}), ({"scalar", ...}), RowMode):
+// MK_FUSION with the prologue `pro` (MK_PROLOGUE) as well.
+#define MK_FUSION_PRE(PRO, IDENT, NAME, DOC, OPERANDS, SCALARS, ROWS)                             \
+  static const bool MK_FUSION_CAT(mk_fusion_registered_, __LINE__) = [] {                          \
+    ::mk::dsl::FusionInfo f;                                                                        \
+    f.name = NAME;                                                                                  \
+    f.doc = DOC;                                                                                    \
+    f.operands = std::vector<::mk::dsl::OperandInfo> OPERANDS;                                      \
+    f.scalars = std::vector<std::string> SCALARS;                                                   \
+    f.rows = ROWS;                                                                                  \
+    MK_FUSION_SET_EPILOGUE(f, IDENT);                                                               \
+    MK_FUSION_SET_PROLOGUE(f, PRO);                                                                 \
     f.file = __FILE__;                                                                              \
     f.line = __LINE__;                                                                              \
     return ::mk::dsl::register_fusion(f);                                                           \

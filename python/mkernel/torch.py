@@ -162,6 +162,10 @@ class Communicator:
         """(out, residual_out) of torch.ops.mkernel.all_reduce_rmsnorm on this communicator."""
         return torch.ops.mkernel.all_reduce_rmsnorm(x, residual, weight, float(eps), self.id)
 
+    def all_reduce_premulsum(self, x, scale):
+        """torch.ops.mkernel.all_reduce_premulsum on this communicator: all_reduce(x * scale)."""
+        return torch.ops.mkernel.all_reduce_premulsum(x, float(scale), self.id)
+
     def all_reduce_fp8(self, x):
         """(out, q, scales) of torch.ops.mkernel.all_reduce_fp8 on this communicator."""
         return torch.ops.mkernel.all_reduce_fp8(x, self.id)
@@ -362,6 +366,24 @@ def all_reduce_fp8(x: torch.Tensor, comm: int) -> Tuple[torch.Tensor, torch.Tens
 def _(x, comm):
     return (_like(x), torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
             torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device))
+
+
+@torch.library.custom_op("mkernel::all_reduce_premulsum", mutates_args=())
+def all_reduce_premulsum(x: torch.Tensor, scale: float, comm: int) -> torch.Tensor:
+    """all_reduce(x * scale), each rank's `scale` its own: the prologue
+    fusion allreduce.premulsum (schedules/fused/allreduce_premulsum.cpp), in
+    the all-reduce's kernel. fp16, bf16, fp32."""
+    c, xc, d = _input(x, comm)
+    out = _like(xc)
+    if xc.numel() == 0:
+        return out
+    c.mk.all_reduce_fused(xc, out, xc.numel(), d, "allreduce.premulsum", [], [float(scale)], stream=_stream(xc))
+    return out
+
+
+@all_reduce_premulsum.register_fake
+def _(x, scale, comm):
+    return _like(x)
 
 
 # ---- the process-group backend ---------------------------------------------------

@@ -8,6 +8,7 @@
 struct P0 {
   using T = mk::dev::f16;
   static constexpr int kRed = 2;
+  using Pre = ::mk::dev::NoPre;
   static constexpr int kRanks = 3, kChunks = 1, kTbs = 1, kInstances = 16, kDepth = 2;
   static constexpr int kScratch = 2, kSlots = 2, kThreads = 256, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 16384;

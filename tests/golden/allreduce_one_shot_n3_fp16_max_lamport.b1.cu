@@ -7,6 +7,7 @@
 struct P1 {
   using T = mk::dev::f16;
   static constexpr int kRed = 2;
+  using Pre = ::mk::dev::NoPre;
   static constexpr int kRanks = 3, kChunks = 1, kTbs = 3, kInstances = 32, kDepth = 2;
   static constexpr int kScratch = 2, kSlots = 6, kThreads = 512, kPosRot = 0, kWide = 4;
   static constexpr long long kMaxTileBytes = 262144;

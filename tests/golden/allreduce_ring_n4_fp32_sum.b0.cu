@@ -7,6 +7,7 @@
 struct P0 {
   using T = float;
   static constexpr int kRed = 0;
+  using Pre = ::mk::dev::NoPre;
   static constexpr int kRanks = 4, kChunks = 4, kTbs = 2, kInstances = 16, kDepth = 2;
   static constexpr int kScratch = 6, kSlots = 7, kThreads = 256, kPosRot = 1, kWide = 0;
   static constexpr long long kMaxTileBytes = 4096;

@@ -7,6 +7,7 @@
 struct P0 {
   using T = mk::dev::bf16;
   static constexpr int kRed = 0;
+  using Pre = ::mk::dev::NoPre;
   static constexpr int kRanks = 3, kChunks = 1, kTbs = 3, kInstances = 16, kDepth = 2;
   static constexpr int kScratch = 1, kSlots = 2, kThreads = 256, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 16384;

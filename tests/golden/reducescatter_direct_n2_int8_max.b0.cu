@@ -8,6 +8,7 @@
 struct P0 {
   using T = int8_t;
   static constexpr int kRed = 2;
+  using Pre = ::mk::dev::NoPre;
   static constexpr int kRanks = 2, kChunks = 1, kTbs = 1, kInstances = 16, kDepth = 2;
   static constexpr int kScratch = 1, kSlots = 1, kThreads = 256, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 16384;

@@ -7,6 +7,7 @@
 struct P1 {
   using T = int8_t;
   static constexpr int kRed = 2;
+  using Pre = ::mk::dev::NoPre;
   static constexpr int kRanks = 2, kChunks = 1, kTbs = 2, kInstances = 32, kDepth = 2;
   static constexpr int kScratch = 1, kSlots = 2, kThreads = 512, kPosRot = 0, kWide = 0;
   static constexpr long long kMaxTileBytes = 262144;

@@ -248,7 +248,7 @@ def ops():
 
 
 def fused():
-    """torch.ops.mkernel.all_reduce_rmsnorm / all_reduce_fp8 against a float64
+    """torch.ops.mkernel.all_reduce_rmsnorm / all_reduce_fp8 / all_reduce_premulsum against a float64
     reference of all_reduce + residual add + rms_norm (and of e4m3 rows),
     eagerly, under torch.compile and replayed from a CUDA graph."""
     comm = mt.Communicator()
@@ -270,6 +270,11 @@ def fused():
         check("all_reduce_fp8 q %s" % dtype, q.to(torch.float64) * scales.to(torch.float64).unsqueeze(-1), ar,
               torch.bfloat16, 3)  # e4m3 keeps 3 mantissa bits: within 2^-4 relative of the row's amax
         check("all_reduce_fp8 out %s" % dtype, o8, ar, dtype, world)
+        # a prologue fusion: each rank's input times its own scale, then the sum
+        scales_r = [0.5 + 0.25 * r for r in range(world)]
+        ps = torch.ops.mkernel.all_reduce_premulsum(x, scales_r[rank], cid)
+        pref = sum(a.to(torch.float64) * s for a, s in zip(allx, scales_r))
+        check("all_reduce_premulsum %s" % dtype, ps, pref, dtype, world + 1)
 
     def f(t, r, w):
         o, ro = torch.ops.mkernel.all_reduce_rmsnorm(t * 2, r, w, 1e-6, cid)

@@ -181,3 +181,45 @@ TEST_CASE("mkAllReduceFused: a call of many rows launches the collective without
   CHECK(int64_t(l.grid[0]) <= int64_t(tokens));
   REQUIRE(mkCommDestroy(comm) == mkSuccess);
 }
+
+TEST_CASE("mkAllReduceFused: a prologue fusion (allreduce.premulsum) passes each call's scalars to one kernel "
+          "launch, never an epilogue kernel, and a PreMulSum op with it is mkInvalidArgument") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  const size_t count = size_t(1) << 20;  // many rows of the element-wise default: still one launch
+  mkt::Buffer in(dev, count * 2), out(dev, count * 2);
+  mkComm_t comm = mkt::one_rank();
+  mkFusion_t f{};
+  f.name = "allreduce.premulsum";
+  f.scalars[0] = 0.75;
+  const int64_t l0 = mkt::counts().launches;
+  REQUIRE_MESSAGE(mkAllReduceFused(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, &f, comm, dev.stream) == mkSuccess,
+                  mkGetLastError(comm));
+  CHECK(mkt::counts().launches == l0 + 1);
+  mkfake_launch l = mkt::last_launch();
+  const std::string fn = l.function;
+  CHECK(fn.find("allreduce_premulsum") != std::string::npos);
+  CHECK(fn.find("_epi") == std::string::npos);
+  CHECK(l.args.epi_scalars[0] == 0.75);
+  CHECK(l.args.epi_mode == 0);
+  // the next call's scalar reaches the same kernel
+  f.scalars[0] = -2.5;
+  REQUIRE(mkAllReduceFused(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, &f, comm, dev.stream) == mkSuccess);
+  CHECK(mkt::last_launch().args.epi_scalars[0] == -2.5);
+  CHECK(std::string(mkt::last_launch().function) == fn);
+  // operands are the epilogue's: a prologue fusion takes none
+  mkFusion_t b = f;
+  b.operands[0] = in.ptr();
+  CHECK(mkAllReduceFused(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, &b, comm, dev.stream) == mkInvalidArgument);
+  CHECK(std::string(mkGetLastError(comm)).find("takes 0 operand(s)") != std::string::npos);
+  // PreMulSum is a prologue of its own
+  mkRedOp_t op;
+  float scalar = 2.0f;
+  REQUIRE(mkRedOpCreatePreMulSum(&op, &scalar, mkFloat32, mkScalarHostImmediate, comm) == mkSuccess);
+  const int64_t l1 = mkt::counts().launches;
+  CHECK(mkAllReduceFused(in.ptr(), out.ptr(), 1024, mkFloat32, op, &f, comm, dev.stream) == mkInvalidArgument);
+  CHECK(std::string(mkGetLastError(comm)).find("has a prologue") != std::string::npos);
+  CHECK(mkt::counts().launches == l1);
+  REQUIRE(mkRedOpDestroy(op, comm) == mkSuccess);
+  REQUIRE(mkCommDestroy(comm) == mkSuccess);
+}

@@ -1,0 +1,27 @@
+// PreMulSum as a fusion prologue: every rank's input times that rank's own
+// scalar, then the sum (NCCL's ncclRedOpCreatePreMulSum with a host scalar):
+//
+//   out = sum over ranks r of  round(x_r * scale_r)
+//
+// A prologue runs on each element of a rank's input as the kernel reads it,
+// before it is sent or added (include/mk/fusion.hpp); its result is rounded
+// to the dtype, so every rank adds the same terms. Copy this file to write
+// your own prologue (clip, fake-quantise, cast): the same kernels run it,
+// and the compiler proves that each input element goes through it exactly
+// once. mKernel's own PreMulSum op (mkRedOpCreatePreMulSum, which the NCCL
+// ABI library serves) computes the same bits with a scalar it may also read
+// from device memory; this file is the form a researcher extends.
+#include <mk/fusion.hpp>
+
+MK_PROLOGUE(premulsum,
+  struct Pro {
+    // scalar 0: this rank's factor
+    template <class Q>
+    MK_DEV static typename Q::C in(const Q& q, typename Q::C x) {
+      return x * q.scalar(0);
+    }
+  };
+)
+
+MK_PROLOGUE_FUSION(premulsum, "allreduce.premulsum",
+                   "each rank's input times its own scalar `scale` (a prologue), then the sum", ({"scale"}));
