@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -761,7 +762,10 @@ const char* kUsage =
     "      --warmup-ms MS     warm-up before the first size (default 100)\n"
     "      --no-probe         do not ask NCCL which algorithm it ran\n"
     "      --prewarm          compile mKernel's plans on every core first (mkCommPrewarm)\n"
-    "      --out FILE.md, --json FILE, --csv FILE, --plot FILE.svg, --label TEXT\n";
+    "      --out FILE.md, --json FILE, --csv FILE, --plot FILE.svg, --label TEXT\n"
+    "  mk_bench --fused [--ranks N] [--share-gpu] [--tokens 1,16,..] [--hidden 4096,8192] [--graph] [--out FILE.md]\n"
+    "                         fused all-reduce + residual + RMSNorm against all-reduce + two kernels (mKernel,\n"
+    "                         NCCL): bench/fused_bench.cpp\n";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -886,7 +890,24 @@ void probe_nccl(int argc, char** argv) {
 
 }  // namespace
 
+// `mk_bench --fused ...`: the fused all-reduce + residual + RMSNorm benchmark,
+// a program of its own (bench/fused_bench.cpp) next to this one.
+[[noreturn]] void run_fused(int argc, char** argv) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) die("--fused: cannot find this program's path");
+  self[n] = 0;
+  std::string path(self);
+  path = path.substr(0, path.rfind('/') + 1) + "mk_fused_bench";
+  std::vector<char*> args = {const_cast<char*>(path.c_str())};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(path.c_str(), args.data());
+  die("--fused: cannot run " + path + ": " + std::strerror(errno));
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--fused") run_fused(argc, argv);
   const Options o = parse(argc, argv);
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   setenv("NVSHMEM_DISABLE_NVLS", "1", 1);

@@ -1,0 +1,426 @@
+// mk_fused_bench (also `mk_bench --fused ...`): the fused all-reduce +
+// residual add + RMSNorm (mkAllReduceFused, allreduce.rmsnorm) against what a
+// user runs without it, same process, same buffers:
+//
+//   fused     mkAllReduceFused: one kernel
+//   mk+2      mkAllReduce, then a residual-add kernel and an RMSNorm kernel
+//   nccl+2    ncclAllReduce, then the same two kernels (the usual baseline;
+//             one rank per GPU only, so not with --share-gpu)
+//
+//   mk_fused_bench [--ranks N] [--share-gpu] [--tokens 1,16,128,1024,8192]
+//                  [--hidden 4096,8192] [--iters I] [--batches B] [--graph]
+//                  [--out FILE.md]
+//
+// bf16. The two baseline kernels are this file's own (compiled by NVRTC at
+// start): the add moves 16 bytes per thread, the norm gives a row to a block
+// of 512 threads with vector loads and a two-level sum, as PyTorch's eager
+// `h = y + residual; rms_norm(h, weight)` runs two kernels. Each batch is I
+// calls; the table has the median over B batches of the time per call (CUDA
+// events on rank 0's stream, which waits for the other ranks' streams), and
+// the ratios against fused. Before timing, fused and mk+2 are compared
+// (out and residual_out: max |difference| over max |value|; both round to
+// bf16, the norm's sum order differs) and the figure is in the table.
+//
+// One GPU: --ranks 1 measures launches and passes over memory (a one-rank
+// all-reduce is a copy); --share-gpu --ranks 2 runs both ranks' kernels on
+// one GPU (SMs split), without NCCL. Neither is an NVLink measurement.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/nccl_loader.hpp"
+#include "compiler/jit/jit.hpp"
+#include "mk.h"
+
+namespace {
+
+[[noreturn]] void die(const std::string& why) {
+  std::fprintf(stderr, "mk_fused_bench: %s\n", why.c_str());
+  std::exit(1);
+}
+#define CKC(x)                                                                   \
+  do {                                                                           \
+    cudaError_t e_ = (x);                                                        \
+    if (e_ != cudaSuccess) die(std::string(#x) + ": " + cudaGetErrorString(e_)); \
+  } while (0)
+#define CKM(x, c)                                                                \
+  do {                                                                           \
+    mkResult_t e_ = (x);                                                         \
+    if (e_ != mkSuccess) die(std::string(#x) + ": " + mkGetLastError(c));        \
+  } while (0)
+
+// The baseline's kernels: bf16 as its bits, float math, round to nearest even.
+const char* const kBaseline = R"(
+typedef unsigned short bf16;
+typedef unsigned int u32;
+__device__ __forceinline__ float ld(bf16 b) { return __uint_as_float(u32(b) << 16); }
+__device__ __forceinline__ bf16 st(float f) {
+  u32 u = __float_as_uint(f);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16(u >> 16);
+}
+// h = y + residual, 8 elements (16 bytes) per thread; n a multiple of 8
+extern "C" __global__ void mkf_add(const uint4* y, const uint4* res, uint4* h, long long n8) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
+    uint4 a = y[i], b = res[i], o;
+    const bf16* pa = reinterpret_cast<const bf16*>(&a);
+    const bf16* pb = reinterpret_cast<const bf16*>(&b);
+    bf16* po = reinterpret_cast<bf16*>(&o);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) po[k] = st(ld(pa[k]) + ld(pb[k]));
+    h[i] = o;
+  }
+}
+// out = h * rsqrt(mean(h^2) + eps) * w, one row per block of 512 threads;
+// hidden a multiple of 8
+extern "C" __global__ void mkf_rmsnorm(const uint4* h, const uint4* w, uint4* out, int hidden8, float eps) {
+  const uint4* row = h + (long long)blockIdx.x * hidden8;
+  uint4* orow = out + (long long)blockIdx.x * hidden8;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden8; i += blockDim.x) {
+    uint4 a = row[i];
+    const bf16* p = reinterpret_cast<const bf16*>(&a);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) ss += ld(p[k]) * ld(p[k]);
+  }
+  __shared__ float part[32];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) part[0] = v;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(part[0] / float(hidden8 * 8) + eps);
+  for (int i = threadIdx.x; i < hidden8; i += blockDim.x) {
+    uint4 a = row[i], b = w[i], o;
+    const bf16* p = reinterpret_cast<const bf16*>(&a);
+    const bf16* q = reinterpret_cast<const bf16*>(&b);
+    bf16* r = reinterpret_cast<bf16*>(&o);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r[k] = st(ld(p[k]) * inv * ld(q[k]));
+    orow[i] = o;
+  }
+}
+)";
+
+struct Kernels {
+  cudaKernel_t add = nullptr, norm = nullptr;
+};
+
+Kernels load_kernels(int device) {
+  cudaDeviceProp prop;
+  CKC(cudaGetDeviceProperties(&prop, device));
+  mk::jit::CompileResult r;
+  try {
+    r = mk::jit::compile(kBaseline, "mk_fused_bench_baseline", prop.major * 10 + prop.minor);
+  } catch (const std::exception& e) {
+    die(std::string("compiling the baseline kernels: ") + e.what());
+  }
+  cudaLibrary_t lib;
+  CKC(cudaLibraryLoadData(&lib, r.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  Kernels k;
+  CKC(cudaLibraryGetKernel(&k.add, lib, "mkf_add"));
+  CKC(cudaLibraryGetKernel(&k.norm, lib, "mkf_rmsnorm"));
+  return k;
+}
+
+using mkbench::Nccl;
+
+struct Rank {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  mkComm_t mk = nullptr;
+  ncclComm_t nccl = nullptr;
+  Kernels k;
+  // x: the all-reduce's input; y: its output (baselines); res, w: residual
+  // and weight; out, res_out: the results (fused writes them, the baselines
+  // too: h is res_out)
+  void *x = nullptr, *y = nullptr, *res = nullptr, *w = nullptr, *out = nullptr, *res_out = nullptr;
+};
+
+enum Lib { kFused, kMk2, kNccl2 };
+constexpr float kEps = 1e-6f;
+
+void issue(std::vector<Rank>& ranks, Lib lib, size_t tokens, size_t hidden, const Nccl& nc) {
+  const size_t count = tokens * hidden;
+  if (lib == kNccl2) nc.groupStart();
+  else CKM(mkGroupStart(), nullptr);
+  for (Rank& r : ranks) {
+    CKC(cudaSetDevice(r.device));
+    if (lib == kFused) {
+      mkFusion_t f{};
+      f.name = "allreduce.rmsnorm";
+      f.operands[0] = r.res;
+      f.operands[1] = r.res_out;
+      f.operands[2] = r.w;
+      f.scalars[0] = kEps;
+      f.row = int64_t(hidden);
+      CKM(mkAllReduceFused(r.x, r.out, count, mkBfloat16, mkSum, &f, r.mk, r.stream), r.mk);
+    } else if (lib == kMk2) {
+      CKM(mkAllReduce(r.x, r.y, count, mkBfloat16, mkSum, r.mk, r.stream), r.mk);
+    } else {
+      nc.allReduce(r.x, r.y, count, ncclBfloat16, ncclSum, r.nccl, r.stream);
+    }
+  }
+  if (lib == kNccl2) {
+    if (nc.groupEnd() != ncclSuccess) die("ncclGroupEnd failed");
+  } else {
+    CKM(mkGroupEnd(), nullptr);
+  }
+  if (lib == kFused) return;
+  for (Rank& r : ranks) {  // the two kernels a user runs after the all-reduce
+    CKC(cudaSetDevice(r.device));
+    long long n8 = (long long)(count / 8);
+    int h8 = int(hidden / 8);
+    float eps = kEps;
+    void* a1[] = {&r.y, &r.res, &r.res_out, &n8};
+    const unsigned g1 = unsigned(std::min<long long>(4096, (n8 + 255) / 256));
+    CKC(cudaLaunchKernel(reinterpret_cast<const void*>(r.k.add), dim3(g1), dim3(256), a1, 0, r.stream));
+    void* a2[] = {&r.res_out, &r.w, &r.out, &h8, &eps};
+    CKC(cudaLaunchKernel(reinterpret_cast<const void*>(r.k.norm), dim3(unsigned(tokens)), dim3(512), a2, 0, r.stream));
+  }
+}
+
+void sync(std::vector<Rank>& ranks) {
+  for (Rank& r : ranks) {
+    CKC(cudaSetDevice(r.device));
+    CKC(cudaStreamSynchronize(r.stream));
+  }
+}
+
+double time_lib(std::vector<Rank>& ranks, Lib lib, size_t tokens, size_t hidden, const Nccl& nc, int iters,
+                int batches, bool graph) {
+  for (int i = 0; i < 5; ++i) issue(ranks, lib, tokens, hidden, nc);
+  sync(ranks);
+  cudaGraphExec_t exec = nullptr;
+  if (graph) {
+    if (ranks.size() != 1) die("--graph needs --ranks 1");
+    cudaGraph_t gr;
+    CKC(cudaSetDevice(ranks[0].device));
+    CKC(cudaStreamBeginCapture(ranks[0].stream, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < iters; ++i) issue(ranks, lib, tokens, hidden, nc);
+    CKC(cudaStreamEndCapture(ranks[0].stream, &gr));
+    CKC(cudaGraphInstantiate(&exec, gr, 0));
+    CKC(cudaGraphDestroy(gr));
+    CKC(cudaGraphLaunch(exec, ranks[0].stream));
+    sync(ranks);
+  }
+  std::vector<double> per;
+  cudaEvent_t a, b;
+  CKC(cudaSetDevice(ranks[0].device));
+  CKC(cudaEventCreate(&a));
+  CKC(cudaEventCreate(&b));
+  for (int k = 0; k < batches; ++k) {
+    CKC(cudaSetDevice(ranks[0].device));
+    CKC(cudaEventRecord(a, ranks[0].stream));
+    if (graph) CKC(cudaGraphLaunch(exec, ranks[0].stream));
+    else
+      for (int i = 0; i < iters; ++i) issue(ranks, lib, tokens, hidden, nc);
+    for (size_t q = 1; q < ranks.size(); ++q) {
+      cudaEvent_t e;
+      CKC(cudaSetDevice(ranks[q].device));
+      CKC(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      CKC(cudaEventRecord(e, ranks[q].stream));
+      CKC(cudaSetDevice(ranks[0].device));
+      CKC(cudaStreamWaitEvent(ranks[0].stream, e, 0));
+      CKC(cudaEventDestroy(e));
+    }
+    CKC(cudaSetDevice(ranks[0].device));
+    CKC(cudaEventRecord(b, ranks[0].stream));
+    CKC(cudaEventSynchronize(b));
+    float ms = 0;
+    CKC(cudaEventElapsedTime(&ms, a, b));
+    per.push_back(double(ms) * 1000.0 / iters);
+  }
+  sync(ranks);
+  if (exec) cudaGraphExecDestroy(exec);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(per.begin(), per.end());
+  return per[per.size() / 2];
+}
+
+float bf16_to_float(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+std::vector<uint16_t> fetch(const void* p, size_t n) {
+  std::vector<uint16_t> h(n);
+  CKC(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// max |a - b| / max |b|
+double rel_diff(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+    if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
+    d = std::max(d, std::fabs(x - y));
+    m = std::max(m, std::fabs(y));
+  }
+  return m > 0 ? d / m : d;
+}
+
+std::vector<size_t> list(const std::string& s) {
+  std::vector<size_t> v;
+  size_t at = 0;
+  while (at < s.size()) {
+    size_t end = s.find(',', at);
+    if (end == std::string::npos) end = s.size();
+    const long long x = std::atoll(s.substr(at, end - at).c_str());
+    if (x <= 0) die("bad list entry in '" + s + "'");
+    v.push_back(size_t(x));
+    at = end + 1;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
+  setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 1);
+  int nranks = 1, iters = 20, batches = 20;
+  bool share = false, graph = false;
+  std::vector<size_t> tokens_list = {1, 16, 128, 1024, 8192}, hidden_list = {4096, 8192};
+  std::string out_md, command = "mk_fused_bench";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) die(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--ranks") nranks = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--share-gpu") share = true;
+    else if (a == "--iters") iters = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--batches") batches = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--graph") graph = true;
+    else if (a == "--tokens") tokens_list = list(next());
+    else if (a == "--hidden") hidden_list = list(next());
+    else if (a == "--out") out_md = next();
+    else die("unknown option " + a + " (see the comment at the top of bench/fused_bench.cpp)");
+  }
+  for (size_t h : hidden_list)
+    if (h % 8 != 0 || h > 16384) die("--hidden " + std::to_string(h) + ": a multiple of 8 up to 16384");
+  int ngpu = 0;
+  CKC(cudaGetDeviceCount(&ngpu));
+  if (!share && ngpu < nranks) die("fewer GPUs than ranks: use --share-gpu (mKernel only)");
+  std::vector<int> devs(static_cast<size_t>(nranks));
+  for (int r = 0; r < nranks; ++r) devs[size_t(r)] = share ? 0 : r;
+  std::vector<mkComm_t> mk(static_cast<size_t>(nranks));
+  CKM(mkCommInitAll(mk.data(), nranks, devs.data()), nullptr);
+  Nccl nc;
+  std::string why;
+  const bool with_nccl = !share && mkbench::load_nccl(&nc, &why);
+  std::vector<ncclComm_t> ncc(static_cast<size_t>(nranks));
+  if (with_nccl && nc.commInitAll(ncc.data(), nranks, devs.data()) != ncclSuccess) die("ncclCommInitAll failed");
+  std::vector<Rank> ranks(static_cast<size_t>(nranks));
+  for (int r = 0; r < nranks; ++r) {
+    Rank& x = ranks[size_t(r)];
+    x.device = devs[size_t(r)];
+    x.mk = mk[size_t(r)];
+    x.nccl = with_nccl ? ncc[size_t(r)] : nullptr;
+    CKC(cudaSetDevice(x.device));
+    CKC(cudaStreamCreateWithFlags(&x.stream, cudaStreamNonBlocking));
+    x.k = load_kernels(x.device);
+  }
+  std::string table = "| tokens x hidden | ranks | fused (us) | mk+2 kernels (us) | nccl+2 kernels (us) | fused vs "
+                      "mk+2 | fused vs nccl+2 | max rel diff fused vs mk+2 |\n| --- | --- | --- | --- | --- | --- | "
+                      "--- | --- |\n";
+  std::printf("%s", table.c_str());
+  std::fflush(stdout);
+  for (size_t hidden : hidden_list)
+    for (size_t tokens : tokens_list) {
+      const size_t count = tokens * hidden, bytes = count * 2;
+      for (int r = 0; r < nranks; ++r) {
+        Rank& x = ranks[size_t(r)];
+        CKC(cudaSetDevice(x.device));
+        for (void** p : {&x.x, &x.y, &x.res, &x.out, &x.res_out}) {
+          if (*p) CKC(cudaFree(*p));
+          CKC(cudaMalloc(p, bytes));
+        }
+        if (x.w) CKC(cudaFree(x.w));
+        CKC(cudaMalloc(&x.w, hidden * 2));
+        // data that differs per rank and element, small enough that sums stay well inside bf16's range
+        std::vector<uint16_t> hx(count), hr(count), hw(hidden);
+        for (size_t i = 0; i < count; ++i) {
+          hx[i] = float_to_bf16(float(int((i * 37 + size_t(r) * 101) % 199) - 99) / 64.0f);
+          hr[i] = float_to_bf16(float(int((i * 13 + 7) % 101) - 50) / 32.0f);
+        }
+        for (size_t j = 0; j < hidden; ++j) hw[j] = float_to_bf16(0.5f + float(j % 17) / 32.0f);
+        CKC(cudaMemcpy(x.x, hx.data(), bytes, cudaMemcpyHostToDevice));
+        CKC(cudaMemcpy(x.res, hr.data(), bytes, cudaMemcpyHostToDevice));
+        CKC(cudaMemcpy(x.w, hw.data(), hidden * 2, cudaMemcpyHostToDevice));
+      }
+      CKC(cudaDeviceSynchronize());
+      // fused against mk+2 on every rank (outputs of each read back before the other runs)
+      std::vector<std::vector<uint16_t>> got[2];
+      for (int pass = 0; pass < 2; ++pass) {
+        issue(ranks, pass == 0 ? kFused : kMk2, tokens, hidden, nc);
+        sync(ranks);
+        for (Rank& x : ranks) {
+          CKC(cudaSetDevice(x.device));
+          got[pass].push_back(fetch(x.out, count));
+          got[pass].push_back(fetch(x.res_out, count));
+        }
+      }
+      double diff = 0;
+      for (size_t i = 0; i < got[0].size(); ++i) diff = std::max(diff, rel_diff(got[0][i], got[1][i]));
+      if (!(diff < 0.02))
+        die("tokens " + std::to_string(tokens) + " hidden " + std::to_string(hidden) +
+            ": fused and unfused results differ by " + std::to_string(diff) + " of their magnitude");
+      const double fused = time_lib(ranks, kFused, tokens, hidden, nc, iters, batches, graph);
+      const double mk2 = time_lib(ranks, kMk2, tokens, hidden, nc, iters, batches, graph);
+      const double nccl2 = with_nccl ? time_lib(ranks, kNccl2, tokens, hidden, nc, iters, batches, graph) : 0;
+      char nccl_us[32] = "-", vs_nccl[32] = "-";
+      if (with_nccl) {
+        std::snprintf(nccl_us, sizeof nccl_us, "%.1f", nccl2);
+        std::snprintf(vs_nccl, sizeof vs_nccl, "%.2fx", nccl2 / fused);
+      }
+      char line[256];
+      std::snprintf(line, sizeof line, "| %zu x %zu | %d%s | %.1f | %.1f | %s | %.2fx | %s | %.1e |\n", tokens, hidden,
+                    nranks, share ? " sharing GPU 0" : "", fused, mk2, nccl_us, mk2 / fused, vs_nccl, diff);
+      std::printf("%s", line);
+      std::fflush(stdout);
+      table += line;
+    }
+  if (!out_md.empty()) {
+    FILE* f = std::fopen(out_md.c_str(), "w");
+    if (!f) die("cannot write " + out_md);
+    std::fprintf(f, "# Fused all-reduce + residual + RMSNorm (bf16)\n\nCommand: `%s`%s\n\n%s", command.c_str(),
+                 graph ? " (CUDA graph replay)" : " (eager launches)", table.c_str());
+    std::fclose(f);
+  }
+  for (Rank& x : ranks) {
+    CKC(cudaSetDevice(x.device));
+    for (void* p : {x.x, x.y, x.res, x.out, x.res_out, x.w}) cudaFree(p);
+    cudaStreamDestroy(x.stream);
+  }
+  for (mkComm_t c : mk) CKM(mkCommDestroy(c), c);
+  if (with_nccl)
+    for (ncclComm_t c : ncc) nc.commDestroy(c);
+  return 0;
+}
