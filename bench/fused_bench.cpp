@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/batch_timer.hpp"
 #include "bench/nccl_loader.hpp"
 #include "compiler/jit/jit.hpp"
 #include "mk.h"
@@ -199,56 +200,14 @@ void sync(std::vector<Rank>& ranks) {
   }
 }
 
+// Median over `batches` of the microseconds per call (`iters` calls a batch).
 double time_lib(std::vector<Rank>& ranks, Lib lib, size_t tokens, size_t hidden, const Nccl& nc, int iters,
                 int batches, bool graph) {
-  for (int i = 0; i < 5; ++i) issue(ranks, lib, tokens, hidden, nc);
-  sync(ranks);
-  cudaGraphExec_t exec = nullptr;
-  if (graph) {
-    if (ranks.size() != 1) die("--graph needs --ranks 1");
-    cudaGraph_t gr;
-    CKC(cudaSetDevice(ranks[0].device));
-    CKC(cudaStreamBeginCapture(ranks[0].stream, cudaStreamCaptureModeRelaxed));
-    for (int i = 0; i < iters; ++i) issue(ranks, lib, tokens, hidden, nc);
-    CKC(cudaStreamEndCapture(ranks[0].stream, &gr));
-    CKC(cudaGraphInstantiate(&exec, gr, 0));
-    CKC(cudaGraphDestroy(gr));
-    CKC(cudaGraphLaunch(exec, ranks[0].stream));
-    sync(ranks);
-  }
-  std::vector<double> per;
-  cudaEvent_t a, b;
-  CKC(cudaSetDevice(ranks[0].device));
-  CKC(cudaEventCreate(&a));
-  CKC(cudaEventCreate(&b));
-  for (int k = 0; k < batches; ++k) {
-    CKC(cudaSetDevice(ranks[0].device));
-    CKC(cudaEventRecord(a, ranks[0].stream));
-    if (graph) CKC(cudaGraphLaunch(exec, ranks[0].stream));
-    else
-      for (int i = 0; i < iters; ++i) issue(ranks, lib, tokens, hidden, nc);
-    for (size_t q = 1; q < ranks.size(); ++q) {
-      cudaEvent_t e;
-      CKC(cudaSetDevice(ranks[q].device));
-      CKC(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      CKC(cudaEventRecord(e, ranks[q].stream));
-      CKC(cudaSetDevice(ranks[0].device));
-      CKC(cudaStreamWaitEvent(ranks[0].stream, e, 0));
-      CKC(cudaEventDestroy(e));
-    }
-    CKC(cudaSetDevice(ranks[0].device));
-    CKC(cudaEventRecord(b, ranks[0].stream));
-    CKC(cudaEventSynchronize(b));
-    float ms = 0;
-    CKC(cudaEventElapsedTime(&ms, a, b));
-    per.push_back(double(ms) * 1000.0 / iters);
-  }
-  sync(ranks);
-  if (exec) cudaGraphExecDestroy(exec);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(per.begin(), per.end());
-  return per[per.size() / 2];
+  std::vector<mkbench::Lane> lanes;
+  for (const Rank& r : ranks) lanes.push_back({r.device, r.stream});
+  return mkbench::median_us_per_iter(
+      lanes, [&] { issue(ranks, lib, tokens, hidden, nc); }, iters, batches, graph,
+      [](const std::string& m) { die(m); });
 }
 
 float bf16_to_float(uint16_t b) {

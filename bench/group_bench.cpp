@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/batch_timer.hpp"
 #include "bench/nccl_loader.hpp"
 #include "mk.h"
 
@@ -122,57 +123,10 @@ void sync(std::vector<Rank>& ranks) {
 // Median over `batches` of the microseconds per group (`iters` groups a batch).
 double time_group(std::vector<Rank>& ranks, const std::vector<Call>& g, int lib, const Nccl& nc, int iters,
                   int batches, bool graph) {
-  for (int i = 0; i < 5; ++i) issue(ranks, g, lib, nc);  // warm-up (and the fused kernel's first build)
-  sync(ranks);
-  std::vector<cudaGraphExec_t> exec;
-  if (graph) {
-    // one graph per rank's stream is not possible for a group spanning ranks in
-    // one thread; capture all ranks' streams in one global capture instead
-    cudaGraph_t gr;
-    CKC(cudaSetDevice(ranks[0].device));
-    CKC(cudaStreamBeginCapture(ranks[0].stream, cudaStreamCaptureModeRelaxed));
-    if (ranks.size() != 1) die("--graph needs --ranks 1");
-    for (int i = 0; i < iters; ++i) issue(ranks, g, lib, nc);
-    CKC(cudaStreamEndCapture(ranks[0].stream, &gr));
-    exec.resize(1);
-    CKC(cudaGraphInstantiate(&exec[0], gr, 0));
-    CKC(cudaGraphDestroy(gr));
-    CKC(cudaGraphLaunch(exec[0], ranks[0].stream));
-    sync(ranks);
-  }
-  std::vector<double> per;
-  cudaEvent_t a, b;
-  CKC(cudaSetDevice(ranks[0].device));
-  CKC(cudaEventCreate(&a));
-  CKC(cudaEventCreate(&b));
-  for (int k = 0; k < batches; ++k) {
-    CKC(cudaSetDevice(ranks[0].device));
-    CKC(cudaEventRecord(a, ranks[0].stream));
-    if (graph) CKC(cudaGraphLaunch(exec[0], ranks[0].stream));
-    else
-      for (int i = 0; i < iters; ++i) issue(ranks, g, lib, nc);
-    for (size_t q = 1; q < ranks.size(); ++q) {  // rank 0's stream waits for the others
-      cudaEvent_t e;
-      CKC(cudaSetDevice(ranks[q].device));
-      CKC(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      CKC(cudaEventRecord(e, ranks[q].stream));
-      CKC(cudaSetDevice(ranks[0].device));
-      CKC(cudaStreamWaitEvent(ranks[0].stream, e, 0));
-      CKC(cudaEventDestroy(e));
-    }
-    CKC(cudaSetDevice(ranks[0].device));
-    CKC(cudaEventRecord(b, ranks[0].stream));
-    CKC(cudaEventSynchronize(b));
-    float ms = 0;
-    CKC(cudaEventElapsedTime(&ms, a, b));
-    per.push_back(double(ms) * 1000.0 / iters);
-  }
-  sync(ranks);
-  for (auto e : exec) cudaGraphExecDestroy(e);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(per.begin(), per.end());
-  return per[per.size() / 2];
+  std::vector<mkbench::Lane> lanes;
+  for (const Rank& r : ranks) lanes.push_back({r.device, r.stream});
+  return mkbench::median_us_per_iter(
+      lanes, [&] { issue(ranks, g, lib, nc); }, iters, batches, graph, [](const std::string& m) { die(m); });
 }
 
 }  // namespace
