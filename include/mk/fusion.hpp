@@ -245,6 +245,16 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
 #define MK_FUSION_CAT2(a, b) a##b
 #define MK_FUSION_CAT(a, b) MK_FUSION_CAT2(a, b)
 
+// Registers the FusionInfo `f` that SETUP fills (the macros below), at load.
+#define MK_FUSION_REGISTER_(...)                                                                   \
+  static const bool MK_FUSION_CAT(mk_fusion_registered_, __LINE__) = [] {                          \
+    ::mk::dsl::FusionInfo f;                                                                        \
+    __VA_ARGS__                                                                                     \
+    f.file = __FILE__;                                                                              \
+    f.line = __LINE__;                                                                              \
+    return ::mk::dsl::register_fusion(f);                                                           \
+  }()
+
 // MK_EPILOGUE(ident, code): `code` defines `struct Epi` with
 // `template <class R> MK_DEV static void row(R& r)`.
 #define MK_EPILOGUE(IDENT, ...)                                                                    \
@@ -282,34 +292,16 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
 // MK_PROLOGUE_FUSION(ident, "name", "doc", ({"scalar", ...})): a fusion that is
 // a prologue only (fp16, bf16, fp32; no operands, no rows).
 #define MK_PROLOGUE_FUSION(IDENT, NAME, DOC, SCALARS)                                              \
-  static const bool MK_FUSION_CAT(mk_fusion_registered_, __LINE__) = [] {                          \
-    ::mk::dsl::FusionInfo f;                                                                        \
-    f.name = NAME;                                                                                  \
-    f.doc = DOC;                                                                                    \
-    f.scalars = std::vector<std::string> SCALARS;                                                   \
-    f.rows = ::mk::dsl::RowMode::any;                                                               \
-    MK_FUSION_SET_PROLOGUE(f, IDENT);                                                               \
-    f.file = __FILE__;                                                                              \
-    f.line = __LINE__;                                                                              \
-    return ::mk::dsl::register_fusion(f);                                                           \
-  }()
+  MK_FUSION_REGISTER_(f.name = NAME; f.doc = DOC; f.scalars = std::vector<std::string> SCALARS;           \
+                      f.rows = ::mk::dsl::RowMode::any; MK_FUSION_SET_PROLOGUE(f, IDENT);)
 
 // MK_FUSION(ident, "name", "doc", ({operands}), ({"scalar", ...}), RowMode): fp16,
 // bf16 and fp32, rows up to 16384. Other settings (FusionInfo::dtypes,
 // max_row): fill a FusionInfo as this macro does and call register_fusion.
-#define MK_FUSION(IDENT, NAME, DOC, OPERANDS, SCALARS, ROWS)                                          \
-  static const bool MK_FUSION_CAT(mk_fusion_registered_, __LINE__) = [] {                          \
-    ::mk::dsl::FusionInfo f;                                                                        \
-    f.name = NAME;                                                                                  \
-    f.doc = DOC;                                                                                    \
-    f.operands = std::vector<::mk::dsl::OperandInfo> OPERANDS;                                      \
-    f.scalars = std::vector<std::string> SCALARS;                                                   \
-    f.rows = ROWS;                                                                                  \
-    MK_FUSION_SET_EPILOGUE(f, IDENT);                                                               \
-    f.file = __FILE__;                                                                              \
-    f.line = __LINE__;                                                                              \
-    return ::mk::dsl::register_fusion(f);                                                           \
-  }()
+#define MK_FUSION(IDENT, NAME, DOC, OPERANDS, SCALARS, ROWS)                                      \
+  MK_FUSION_REGISTER_(f.name = NAME; f.doc = DOC; f.operands = std::vector<::mk::dsl::OperandInfo> OPERANDS; \
+                      f.scalars = std::vector<std::string> SCALARS; f.rows = ROWS;                        \
+                      MK_FUSION_SET_EPILOGUE(f, IDENT);)
 
 #define MK_FUSION_SET_EPILOGUE(f, IDENT)                                                           \
   (f).source = mk_epilogue_##IDENT::source;                                                        \
@@ -321,18 +313,8 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
 // MK_FUSION_PRE(pro, epi, "name", "doc", ({operands}), ({"scalar", ...}), RowMode):
 // MK_FUSION with the prologue `pro` (MK_PROLOGUE) as well.
 #define MK_FUSION_PRE(PRO, IDENT, NAME, DOC, OPERANDS, SCALARS, ROWS)                             \
-  static const bool MK_FUSION_CAT(mk_fusion_registered_, __LINE__) = [] {                          \
-    ::mk::dsl::FusionInfo f;                                                                        \
-    f.name = NAME;                                                                                  \
-    f.doc = DOC;                                                                                    \
-    f.operands = std::vector<::mk::dsl::OperandInfo> OPERANDS;                                      \
-    f.scalars = std::vector<std::string> SCALARS;                                                   \
-    f.rows = ROWS;                                                                                  \
-    MK_FUSION_SET_EPILOGUE(f, IDENT);                                                               \
-    MK_FUSION_SET_PROLOGUE(f, PRO);                                                                 \
-    f.file = __FILE__;                                                                              \
-    f.line = __LINE__;                                                                              \
-    return ::mk::dsl::register_fusion(f);                                                           \
-  }()
+  MK_FUSION_REGISTER_(f.name = NAME; f.doc = DOC; f.operands = std::vector<::mk::dsl::OperandInfo> OPERANDS; \
+                      f.scalars = std::vector<std::string> SCALARS; f.rows = ROWS;                        \
+                      MK_FUSION_SET_EPILOGUE(f, IDENT); MK_FUSION_SET_PROLOGUE(f, PRO);)
 
 }  // namespace mk::dsl
