@@ -66,7 +66,7 @@ std::vector<std::string> lines(const std::string& s) {
 
 // ---- smoke tests of every command ---------------------------------------------
 
-TEST_CASE("mkc list: every registered schedule with its collective and description") {
+TEST_CASE("mkc list: every registered schedule with its collective and description, composites, fusions") {
   auto r = mkc({"list"});
   CHECK_OK(r);
   auto ls = lines(r.out);
@@ -90,7 +90,18 @@ TEST_CASE("mkc list: every registered schedule with its collective and descripti
     for (const auto& l : ls) found = found || (l.rfind(c.name + " ", 0) == 0 && contains(l, c.doc));
     CHECK(found);
   }
-  CHECK(ls.size() == dsl::registered_schedules().size() + 1 + 2 + composites.size());  // a blank line, a header
+  // then the built-in fusions with what they run (mkc registers no test fusions)
+  const std::pair<const char*, const char*> fusions[] = {
+      {"allreduce.rmsnorm", "epilogue"}, {"allreduce.fp8_rows", "epilogue"}, {"allreduce.premulsum", "prologue"}};
+  for (const auto& [fname, runs] : fusions) {
+    CAPTURE(fname);
+    bool found = false;
+    for (const auto& l : ls)
+      found = found || (l.rfind(std::string(fname) + " ", 0) == 0 && contains(l, std::string(" ") + runs + " "));
+    CHECK(found);
+  }
+  // a blank line and a header before the composites and before the fusions
+  CHECK(ls.size() == dsl::registered_schedules().size() + 1 + 2 + composites.size() + 2 + 3);
 }
 
 TEST_CASE("mkc info and --version") {

@@ -52,6 +52,7 @@
 #include "compiler/verify/executor.hpp"
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
+#include "mk/fusion.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/env.hpp"
 #include "runtime/status.hpp"
@@ -273,6 +274,14 @@ int cmd_list() {
   if (!composites.empty()) {
     fmt::print("\n{:<39} {}\n", "composite (mkc composite NAME)", "description");
     for (const auto& c : composites) fmt::print("{:<39} {}\n", c.name, c.doc);
+  }
+  const auto fusions = dsl::registered_fusions();
+  if (!fusions.empty()) {
+    fmt::print("\n{:<24} {:<14} {}\n", "fusion (--fusion NAME)", "runs", "description");
+    for (const auto& f : fusions) {
+      const char* runs = f.source.empty() ? "prologue" : f.pre_source.empty() ? "epilogue" : "both";
+      fmt::print("{:<24} {:<14} {}\n", f.name, runs, f.doc);
+    }
   }
   return 0;
 }
