@@ -1,0 +1,13 @@
+#!/bin/bash
+# s18 GPU run 4 (one H200): tests/gpu/torch_check.py at world 2 sharing the
+# GPU, now with torch.ops.mkernel.all_reduce_premulsum (the prologue fusion)
+# next to the other fused ops.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+R=$PWD; G=$R/build-gpu
+O=${OUT:-/tmp/out}; mkdir -p $O
+exec > >(tee $O/run4.log) 2>&1
+export PYTHONPATH=$R/python MK_LIBMKERNEL=$G/libmkernel.so.0 MK_CACHE_DIR=/tmp/mkc-s18t
+cd /tmp
+TR="python3 -m torch.distributed.run --master-port 29618"
+timeout 300 $TR --nproc-per-node 2 $R/tests/gpu/torch_check.py --share-gpu 2>&1 | grep -E "TORCH CHECK|FAIL|SKIP|calls by|Error|rror|premulsum"
+echo "   rc=${PIPESTATUS[0]}"
