@@ -48,14 +48,9 @@ mkResult_t guard(mkComm_t comm, F&& f) {
   try {
     f();
     return mkSuccess;
-  } catch (const RtError& e) {
-    return record(e.code(), e.what());
-  } catch (const mk::Error& e) {
-    return record(mkInvalidArgument, e.what());
-  } catch (const std::bad_alloc&) {
-    return record(mkSystemError, "out of host memory");
-  } catch (const std::exception& e) {
-    return record(mkInternalError, std::string("internal error: ") + e.what());
+  } catch (...) {
+    const CaughtError e = caught_error();
+    return record(e.code, e.what);
   }
 }
 

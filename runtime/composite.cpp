@@ -59,19 +59,7 @@ void composite_run(const char* name, void* const* buffers, int nbuffers, size_t 
     }
   } catch (...) {
     // Close the group this call opened, launching nothing, and say which stage.
-    mkResult_t code = mkInternalError;
-    std::string what = "unknown error";
-    try {
-      throw;
-    } catch (const RtError& e) {
-      code = e.code();
-      what = e.what();
-    } catch (const Error& e) {
-      code = mkInvalidArgument;
-      what = e.what();
-    } catch (const std::exception& e) {
-      what = e.what();
-    }
+    const auto [code, what] = caught_error();
     const dsl::Stage& s = k->stages()[at];
     const std::string why = fmt::format("mkCompositeRun {}: stage {} ({} '{}' -> '{}'): {}", name, at,
                                         mk::name(s.coll), bufs[size_t(s.in)], bufs[size_t(s.out)], what);

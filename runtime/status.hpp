@@ -2,11 +2,13 @@
 // return codes and mkGetLastError text; nothing escapes as an exception.
 #pragma once
 
+#include <new>
 #include <stdexcept>
 #include <string>
 
 #include "mk.h"
 #include "compiler/common/log.hpp"
+#include "mk/error.hpp"
 
 namespace mk::rt {
 
@@ -28,6 +30,30 @@ class ScheduleRefused : public RtError {
 };
 
 [[noreturn]] inline void fail(mkResult_t code, const std::string& msg) { throw RtError(code, msg); }
+
+// The exception being handled as the C API reports it: a runtime error's
+// own code, a user error (mk::Error: a bad schedule, name or setting) as
+// mkInvalidArgument, out of host memory as mkSystemError, anything else as
+// an internal error. Call it only inside a catch block.
+struct CaughtError {
+  mkResult_t code;
+  std::string what;
+};
+inline CaughtError caught_error() {
+  try {
+    throw;
+  } catch (const RtError& e) {
+    return {e.code(), e.what()};
+  } catch (const mk::Error& e) {
+    return {mkInvalidArgument, e.what()};
+  } catch (const std::bad_alloc&) {
+    return {mkSystemError, "out of host memory"};
+  } catch (const std::exception& e) {
+    return {mkInternalError, std::string("internal error: ") + e.what()};
+  } catch (...) {
+    return {mkInternalError, "internal error: an unknown exception"};
+  }
+}
 
 // Checks a driver call: MK_CU(cu().cuMemAlloc(&p, n), "allocating scratch")
 #define MK_CU(call, what)                                                                       \
