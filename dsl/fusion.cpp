@@ -19,8 +19,16 @@ std::mutex& mu() {
   static std::mutex m;
   return m;
 }
-std::deque<FusionInfo>& registry() {  // deque: pointers stay valid as plugins register
+// Every registration ever made, never changed or freed (a deque: a pointer
+// find_fusion returned stays valid and unchanged while other threads load
+// plugins); `current` names the live one of each name, in first-registered
+// order.
+std::deque<FusionInfo>& store() {
   static std::deque<FusionInfo> r;
+  return r;
+}
+std::vector<const FusionInfo*>& current() {
+  static std::vector<const FusionInfo*> r;
   return r;
 }
 // Fusions that failed their checks at registration (static initialisers
@@ -77,26 +85,29 @@ bool register_fusion(const FusionInfo& info) {
     return false;
   }
   rejected().erase(info.name);
-  for (auto& f : registry())
-    if (f.name == info.name) {
-      f = info;  // a later registration (a user plugin) replaces an earlier one
+  store().push_back(info);
+  for (const FusionInfo*& f : current())
+    if (f->name == info.name) {
+      f = &store().back();  // a later registration (a user plugin) replaces an earlier one
       return true;
     }
-  registry().push_back(info);
+  current().push_back(&store().back());
   return true;
 }
 
 std::vector<FusionInfo> registered_fusions() {
   std::lock_guard<std::mutex> lock(mu());
-  return {registry().begin(), registry().end()};
+  std::vector<FusionInfo> out;
+  for (const FusionInfo* f : current()) out.push_back(*f);
+  return out;
 }
 
 const FusionInfo* find_fusion(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu());
   if (auto it = rejected().find(name); it != rejected().end())
     throw Error(ErrId::dsl_E009, fmt::format("fusion {} is malformed: {}", name, it->second));
-  for (auto& f : registry())
-    if (f.name == name) return &f;
+  for (const FusionInfo* f : current())
+    if (f->name == name) return f;
   return nullptr;
 }
 

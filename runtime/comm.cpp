@@ -690,12 +690,16 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   // so load now, before any kernel of this call is launched.
   if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(inst->fn), "loading kernel " + k->name);
   // A fusion with an epilogue: its kernel for calls of many rows (a fusion
-  // that is a prologue only has none).
+  // that is a prologue only has none). Asked of the registry, not probed in
+  // the module: a failed cuModuleGetFunction is an API error to
+  // compute-sanitizer. Registry entries never change (a plugin's
+  // re-registration is a new entry), and a plan serves only the version of
+  // the fusion it was compiled from.
   const dsl::FusionInfo* fi = plan->fusion.empty() ? nullptr : dsl::find_fusion(plan->fusion.substr(0, plan->fusion.find('@')));
   if (fi && !fi->source.empty()) {
-    MK_CU(d.cuModuleGetFunction(&inst->fn_epi, inst->module, (k->name + "_epi").c_str()),
-          "finding the epilogue kernel " + k->name + "_epi");
-    if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(inst->fn_epi), "loading kernel " + k->name + "_epi");
+    const std::string epi = k->name + "_epi";
+    MK_CU(d.cuModuleGetFunction(&inst->fn_epi, inst->module, epi.c_str()), "finding the epilogue kernel " + epi);
+    if (d.cuFuncLoad) MK_CU(d.cuFuncLoad(inst->fn_epi), "loading kernel " + epi);
   }
   // Every block of every kernel of the ranks sharing this GPU must be
   // resident at once (they wait for each other): check before launching.

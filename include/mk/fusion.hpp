@@ -143,7 +143,9 @@ constexpr int kMaxOperands = 6;
 constexpr int kMaxScalars = 4;
 
 // Adds a fusion to the process-wide registry (the same name again replaces
-// it, as schedules do). Throws mk.dsl.E009 for a malformed one.
+// it, as schedules do). find_fusion throws mk.dsl.E009 for a malformed one;
+// the entry it returns is never changed or freed (a replacement is a new
+// entry), so it may be read without a lock while plugins load.
 bool register_fusion(const FusionInfo& info);
 std::vector<FusionInfo> registered_fusions();
 const FusionInfo* find_fusion(const std::string& name);
@@ -204,7 +206,7 @@ struct HostRow : HostRowBase {
   }
   C ld(int k, int i) const { return C(*at(k, i)); }
   void st(int k, int i, C v) { *at(k, i) = host_round(double(v), dtype_[k]); }
-  C scalar(int k) const { return C(scalars_[k]); }
+  C scalar(int k) const { return unsigned(k) < unsigned(kMaxScalars) ? C(scalars_[k]) : C(0); }
   C sum(C x) const { return x; }
   C max(C x) const { return x; }
   C rsqrt(C x) const { return C(1) / std::sqrt(x); }
@@ -219,7 +221,7 @@ template <class CT>
 struct HostPre {
   using C = CT;
   const double* s;
-  C scalar(int k) const { return C(s[k]); }
+  C scalar(int k) const { return unsigned(k) < unsigned(kMaxScalars) ? C(s[k]) : C(0); }
   C abs(C x) const { return x < C(0) ? -x : x; }
   C rsqrt(C x) const { return C(1) / std::sqrt(x); }
 };

@@ -121,6 +121,27 @@ TEST_CASE("fusion registry: a malformed fusion is refused with mk.dsl.E009 when 
   CHECK(dsl::find_fusion("test.malformed") != nullptr);
 }
 
+TEST_CASE("fusion registry: a replacement is a new entry, and what find_fusion returned before stays valid and unchanged") {
+  dsl::FusionInfo f;
+  f.name = "test.replaced";
+  f.source = "struct Epi {};";
+  f.doc = "first";
+  REQUIRE(dsl::register_fusion(f));
+  const dsl::FusionInfo* a = dsl::find_fusion("test.replaced");
+  REQUIRE(a != nullptr);
+  const size_t n = dsl::registered_fusions().size();
+  f.doc = "second";
+  f.source = "struct Epi { /* v2 */ };";
+  REQUIRE(dsl::register_fusion(f));
+  CHECK(a->doc == "first");  // a thread still using the old entry sees it whole
+  CHECK(a->source == "struct Epi {};");
+  const dsl::FusionInfo* b = dsl::find_fusion("test.replaced");
+  REQUIRE(b != nullptr);
+  CHECK(b->doc == "second");
+  CHECK(b->source == "struct Epi { /* v2 */ };");
+  CHECK(dsl::registered_fusions().size() == n);  // listed once
+}
+
 TEST_CASE("allreduce.rmsnorm's code on the host matches the float64 reference: fp16, bf16, fp32, rows 1..16384, "
           "odd token counts, residual updated in place or not") {
   const auto& f = fusion("allreduce.rmsnorm");
