@@ -222,7 +222,10 @@ void validate_fusion(Pending& p) {
                                             api, k, o.name, j, q.name));
     }
   }
-  for (size_t j = 0; j < size_t(MK_FUSION_MAX_SCALARS); ++j) p.epi_scalars[j] = f.scalars[j];
+  // The declared scalars; the rest are 0 on the device as in the simulator
+  // (dsl::run_prologue_host), whatever the caller left in the struct.
+  for (size_t j = 0; j < size_t(MK_FUSION_MAX_SCALARS); ++j)
+    p.epi_scalars[j] = j < info->scalars.size() ? f.scalars[j] : 0.0;
   p.epi_row = row;
   p.fusion = fname;
 }

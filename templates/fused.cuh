@@ -187,7 +187,7 @@ struct RowCtx {
       default: st_v_as<typename F::O5, F::kS5>(5, v, x); break;
     }
   }
-  MK_DEV C scalar(int k) const { return C(a.epi_scalars[k]); }
+  MK_DEV C scalar(int k) const { return unsigned(k) < 4u ? C(a.epi_scalars[k]) : C(0); }  // undeclared: 0
   MK_DEV C rsqrt(C x) const {
     if constexpr (sizeof(C) == 8)
       return ::rsqrt(x);

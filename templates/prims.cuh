@@ -68,7 +68,7 @@ struct Prologue {
   const uint32_t* wide;
   C s[4];
   MK_DEV bool on(int i) const { return wide ? ((wide[i >> 5] >> (i & 31)) & 1u) != 0 : ((mask >> i) & 1u) != 0; }
-  MK_DEV C scalar(int k) const { return s[k]; }
+  MK_DEV C scalar(int k) const { return unsigned(k) < 4u ? s[k] : C(0); }  // undeclared: 0
   MK_DEV C abs(C x) const { return x < C(0) ? -x : x; }
   MK_DEV C rsqrt(C x) const {
     if constexpr (sizeof(C) == 8)
@@ -86,6 +86,20 @@ template <class U>
 struct UserPre {
   static constexpr bool kOn = true;
   using Fn = U;
+};
+// P::Pre, or NoPre for plan traits generated before prologues existed (a
+// plan from MK_PLAN_DIR whose source a group kernel recompiles).
+template <class...>
+struct VoidOf {
+  using type = void;
+};
+template <class P, class = void>
+struct PreOf {
+  using type = NoPre;
+};
+template <class P>
+struct PreOf<P, typename VoidOf<typename P::Pre>::type> {
+  using type = typename P::Pre;
 };
 
 // Combining sources: T the element type, K the reduction (reduce.cuh), N the

@@ -202,6 +202,12 @@ TEST_CASE("mkAllReduceFused: a prologue fusion (allreduce.premulsum) passes each
   CHECK(fn.find("_epi") == std::string::npos);
   CHECK(l.args.epi_scalars[0] == 0.75);
   CHECK(l.args.epi_mode == 0);
+  // undeclared scalars reach the kernel as 0, as the simulator has them,
+  // whatever the caller left there
+  f.scalars[1] = f.scalars[2] = f.scalars[3] = 7.0;
+  REQUIRE(mkAllReduceFused(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, &f, comm, dev.stream) == mkSuccess);
+  for (int j = 1; j < 4; ++j) CHECK(mkt::last_launch().args.epi_scalars[j] == 0.0);
+  CHECK(mkt::last_launch().args.epi_scalars[0] == 0.75);
   // the next call's scalar reaches the same kernel
   f.scalars[0] = -2.5;
   REQUIRE(mkAllReduceFused(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, &f, comm, dev.stream) == mkSuccess);
