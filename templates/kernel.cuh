@@ -81,7 +81,7 @@ template <class P>
 struct Ctx {
   using Plan = P;
   using T = typename P::T;
-  using Comb = Combine<T, P::kRed, P::kRanks, typename P::Pre>;
+  using Comb = Combine<T, P::kRed, P::kRanks, typename PreOf<P>::type>;
   using C = typename Comb::C;
   static constexpr int N = P::kRanks;
   static constexpr int NT = P::kThreads;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/jit/jit.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/pipeline.hpp"
 #include "compiler/verify/executor.hpp"
@@ -322,4 +323,12 @@ TEST_CASE("compile: fusion prologues compile for LL, Lamport, simple and wide op
   CHECK(contains(u.source, "namespace mk_pro_b0"));
   const auto plain = codegen::generate_one(l.variants[0], 0, 1, DType::fp32, RedOp::sum, "t", {}, -1);
   CHECK(contains(plain.source, "using Pre = ::mk::dev::NoPre"));
+  // plan traits from before prologues (no P::Pre: a plan in MK_PLAN_DIR whose
+  // source a group kernel recompiles) still compile, as no prologue
+  std::string old = plain.source;
+  const size_t at = old.find("using Pre = ::mk::dev::NoPre;");
+  REQUIRE(at != std::string::npos);
+  old.erase(at, std::string("using Pre = ::mk::dev::NoPre;").size());
+  CHECK(!contains(old, "using Pre"));
+  CHECK_NOTHROW((void)jit::compile(old, plain.kernel.name, 90, false));
 }
