@@ -17,9 +17,11 @@
 // `h = y + residual; rms_norm(h, weight)` runs two kernels. Each batch is I
 // calls; the table has the median over B batches of the time per call (CUDA
 // events on rank 0's stream, which waits for the other ranks' streams), and
-// the ratios against fused. Before timing, fused and mk+2 are compared
-// (out and residual_out: max |difference| over max |value|; both round to
-// bf16, the norm's sum order differs) and the figure is in the table.
+// the ratios against fused. Before timing, every way (fused, mk+2 and, where
+// it runs, nccl+2) runs once on outputs poisoned with NaN and out and
+// residual_out of every rank are compared with a float64 reference (per row:
+// max |difference| over max |value|, at most 0.02 as bf16 rounds); the worst
+// figure is in the table.
 //
 // One GPU: --ranks 1 measures launches and passes over memory (a one-rank
 // all-reduce is a copy); --share-gpu --ranks 2 runs both ranks' kernels on
@@ -151,12 +153,22 @@ struct Rank {
 };
 
 enum Lib { kFused, kMk2, kNccl2 };
+const char* const kLibName[] = {"fused", "mk+2 kernels", "nccl+2 kernels"};
 constexpr float kEps = 1e-6f;
+
+// The inputs, differing per rank and element, small enough that sums stay
+// well inside bf16's range (exact in bf16: multiples of 1/64 below 2).
+float in_x(size_t i, int r) { return float(int((i * 37 + size_t(r) * 101) % 199) - 99) / 64.0f; }
+float in_res(size_t i) { return float(int((i * 13 + 7) % 101) - 50) / 32.0f; }
+float in_w(size_t j) { return 0.5f + float(j % 17) / 32.0f; }
 
 void issue(std::vector<Rank>& ranks, Lib lib, size_t tokens, size_t hidden, const Nccl& nc) {
   const size_t count = tokens * hidden;
-  if (lib == kNccl2) nc.groupStart();
-  else CKM(mkGroupStart(), nullptr);
+  if (lib == kNccl2) {
+    if (nc.groupStart() != ncclSuccess) die("ncclGroupStart failed");
+  } else {
+    CKM(mkGroupStart(), nullptr);
+  }
   for (Rank& r : ranks) {
     CKC(cudaSetDevice(r.device));
     if (lib == kFused) {
@@ -171,7 +183,8 @@ void issue(std::vector<Rank>& ranks, Lib lib, size_t tokens, size_t hidden, cons
     } else if (lib == kMk2) {
       CKM(mkAllReduce(r.x, r.y, count, mkBfloat16, mkSum, r.mk, r.stream), r.mk);
     } else {
-      nc.allReduce(r.x, r.y, count, ncclBfloat16, ncclSum, r.nccl, r.stream);
+      if (nc.allReduce(r.x, r.y, count, ncclBfloat16, ncclSum, r.nccl, r.stream) != ncclSuccess)
+        die("ncclAllReduce failed");
     }
   }
   if (lib == kNccl2) {
@@ -229,16 +242,21 @@ std::vector<uint16_t> fetch(const void* p, size_t n) {
   return h;
 }
 
-// max |a - b| / max |b|
-double rel_diff(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
-  double d = 0, m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
-    if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
-    d = std::max(d, std::fabs(x - y));
-    m = std::max(m, std::fabs(y));
+// The largest, over rows of `hidden`, of max |got - ref| / max |ref| in the
+// row (a row that is wrong anywhere shows; infinite for a non-finite value).
+double rel_diff(const std::vector<uint16_t>& got, const std::vector<double>& ref, size_t hidden) {
+  double worst = 0;
+  for (size_t r0 = 0; r0 < ref.size(); r0 += hidden) {
+    double d = 0, m = 0;
+    for (size_t i = r0; i < r0 + hidden; ++i) {
+      const double x = bf16_to_float(got[i]);
+      if (!std::isfinite(x)) return INFINITY;
+      d = std::max(d, std::fabs(x - ref[i]));
+      m = std::max(m, std::fabs(ref[i]));
+    }
+    worst = std::max(worst, m > 0 ? d / m : d);
   }
-  return m > 0 ? d / m : d;
+  return worst;
 }
 
 std::vector<size_t> list(const std::string& s) {
@@ -307,7 +325,7 @@ int main(int argc, char** argv) {
     x.k = load_kernels(x.device);
   }
   std::string table = "| tokens x hidden | ranks | fused (us) | mk+2 kernels (us) | nccl+2 kernels (us) | fused vs "
-                      "mk+2 | fused vs nccl+2 | max rel diff fused vs mk+2 |\n| --- | --- | --- | --- | --- | --- | "
+                      "mk+2 | fused vs nccl+2 | max rel diff vs float64 (all ways) |\n| --- | --- | --- | --- | --- | --- | "
                       "--- | --- |\n";
   std::printf("%s", table.c_str());
   std::fflush(stdout);
@@ -326,31 +344,51 @@ int main(int argc, char** argv) {
         // data that differs per rank and element, small enough that sums stay well inside bf16's range
         std::vector<uint16_t> hx(count), hr(count), hw(hidden);
         for (size_t i = 0; i < count; ++i) {
-          hx[i] = float_to_bf16(float(int((i * 37 + size_t(r) * 101) % 199) - 99) / 64.0f);
-          hr[i] = float_to_bf16(float(int((i * 13 + 7) % 101) - 50) / 32.0f);
+          hx[i] = float_to_bf16(in_x(i, r));
+          hr[i] = float_to_bf16(in_res(i));
         }
-        for (size_t j = 0; j < hidden; ++j) hw[j] = float_to_bf16(0.5f + float(j % 17) / 32.0f);
+        for (size_t j = 0; j < hidden; ++j) hw[j] = float_to_bf16(in_w(j));
         CKC(cudaMemcpy(x.x, hx.data(), bytes, cudaMemcpyHostToDevice));
         CKC(cudaMemcpy(x.res, hr.data(), bytes, cudaMemcpyHostToDevice));
         CKC(cudaMemcpy(x.w, hw.data(), hidden * 2, cudaMemcpyHostToDevice));
       }
       CKC(cudaDeviceSynchronize());
-      // fused against mk+2 on every rank (outputs of each read back before the other runs)
-      std::vector<std::vector<uint16_t>> got[2];
-      for (int pass = 0; pass < 2; ++pass) {
-        issue(ranks, pass == 0 ? kFused : kMk2, tokens, hidden, nc);
+      // float64 reference: res_out = sum of x + res, out = rmsnorm(res_out) * w
+      std::vector<double> ref_h(count), ref_out(count);
+      for (size_t t = 0; t < tokens; ++t) {
+        double ss = 0;
+        for (size_t j = 0; j < hidden; ++j) {
+          const size_t i = t * hidden + j;
+          double s = in_res(i);
+          for (int r = 0; r < nranks; ++r) s += in_x(i, r);
+          ref_h[i] = s;
+          ss += s * s;
+        }
+        const double inv = 1.0 / std::sqrt(ss / double(hidden) + double(kEps));
+        for (size_t j = 0; j < hidden; ++j) ref_out[t * hidden + j] = ref_h[t * hidden + j] * inv * in_w(j);
+      }
+      // every way on every rank, each against the reference, with the outputs
+      // poisoned (bf16 NaN) first so that a way that writes nothing fails
+      double diff = 0;
+      for (Lib lib : {kFused, kMk2, kNccl2}) {
+        if (lib == kNccl2 && !with_nccl) continue;
+        for (Rank& x : ranks) {
+          CKC(cudaSetDevice(x.device));
+          for (void* p : {x.y, x.out, x.res_out}) CKC(cudaMemset(p, 0xff, bytes));
+        }
+        sync(ranks);
+        issue(ranks, lib, tokens, hidden, nc);
         sync(ranks);
         for (Rank& x : ranks) {
           CKC(cudaSetDevice(x.device));
-          got[pass].push_back(fetch(x.out, count));
-          got[pass].push_back(fetch(x.res_out, count));
+          const double d = std::max(rel_diff(fetch(x.out, count), ref_out, hidden),
+                                    rel_diff(fetch(x.res_out, count), ref_h, hidden));
+          if (!(d < 0.02))
+            die("tokens " + std::to_string(tokens) + " hidden " + std::to_string(hidden) + ": " + kLibName[lib] +
+                " differs from the float64 reference by " + std::to_string(d) + " of a row's magnitude");
+          diff = std::max(diff, d);
         }
       }
-      double diff = 0;
-      for (size_t i = 0; i < got[0].size(); ++i) diff = std::max(diff, rel_diff(got[0][i], got[1][i]));
-      if (!(diff < 0.02))
-        die("tokens " + std::to_string(tokens) + " hidden " + std::to_string(hidden) +
-            ": fused and unfused results differ by " + std::to_string(diff) + " of their magnitude");
       const double fused = time_lib(ranks, kFused, tokens, hidden, nc, iters, batches, graph);
       const double mk2 = time_lib(ranks, kMk2, tokens, hidden, nc, iters, batches, graph);
       const double nccl2 = with_nccl ? time_lib(ranks, kNccl2, tokens, hidden, nc, iters, batches, graph) : 0;
