@@ -267,8 +267,9 @@ mkResult_t mkAllReduce(const void* sendbuff, void* recvbuff, size_t count, mkDat
  *       scales[r] = amax(row r) / 448; q = e4m3(recvbuff / scales[r])
  *   "allreduce.premulsum" (a prologue; no operands, no row), scalars {scale}:
  *       recvbuff = sum over ranks of sendbuff * that rank's scale
- * A fusion with a prologue takes op mkSum (a PreMulSum op is a prologue of
- * its own: mkInvalidArgument).
+ * A fusion's prologue runs before any op (sum, prod, max, min, avg: the max
+ * of clipped inputs is valid), but not with a PreMulSum op, which is a
+ * prologue of its own (mkInvalidArgument).
  * Operands may alias each other only exactly (residual_out == residual) and
  * must not overlap sendbuff or recvbuff. Every rank passes the same fusion,
  * row and count. Capturable in CUDA graphs like every call. */

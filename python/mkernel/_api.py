@@ -504,10 +504,13 @@ class Communicator:
 
     def all_reduce_fused(self, sendbuf, recvbuf, count, dtype, fusion, operands, scalars=(), row=0, op="sum",
                          stream=None):
-        """mkAllReduceFused: the all-reduce, then fusion `fusion`'s epilogue
-        ("allreduce.rmsnorm", "allreduce.fp8_rows", or one a schedule file
-        registers) on every row of `row` elements of recvbuf. `operands`:
-        device buffers in the fusion's order; `scalars`: numbers."""
+        """mkAllReduceFused: the all-reduce with fusion `fusion`'s prologue
+        on every input element as it is read and its epilogue on every row
+        of `row` elements of recvbuf ("allreduce.rmsnorm",
+        "allreduce.fp8_rows", "allreduce.premulsum" (a prologue only), or one
+        a schedule file registers). `operands`: device buffers in the
+        fusion's order; `scalars`: numbers (each rank its own for a
+        prologue)."""
         operands, scalars = list(operands), list(scalars)
         if len(operands) > 6 or len(scalars) > 4:
             raise MkError(INVALID_ARGUMENT, "all_reduce_fused: at most 6 operands and 4 scalars")

@@ -9,8 +9,13 @@
 // your own prologue (clip, fake-quantise, cast): the same kernels run it,
 // and the compiler proves that each input element goes through it exactly
 // once. mKernel's own PreMulSum op (mkRedOpCreatePreMulSum, which the NCCL
-// ABI library serves) computes the same bits with a scalar it may also read
-// from device memory; this file is the form a researcher extends.
+// ABI library serves) computes the same bits when the scale is exactly a
+// value of the dtype (1/8, 0.75, 3 in bf16): that op takes its scalar in the
+// dtype, as NCCL does, while this prologue multiplies by the double it is
+// given, rounded to the compute type (float; double for fp64), so a scale
+// such as 0.1 can differ in the last bit of bf16 or fp16. The op may also
+// read its scalar from device memory; this file is the form a researcher
+// extends.
 #include <mk/fusion.hpp>
 
 MK_PROLOGUE(premulsum,
