@@ -2055,7 +2055,7 @@ int main(int argc, char** argv) {
     else if (a == "--list") list = true;
     else if (a == "--prewarm" && i + 1 < argc) return prewarm(std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--only NAME] [--skip NAME] [--list] [--prewarm ARCH]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--only NAME|=NAME] [--skip NAME] [--list] [--prewarm ARCH]\n", argv[0]);
       return 2;
     }
   }
@@ -2089,7 +2089,9 @@ int main(int argc, char** argv) {
   std::printf("mk_gpu_tests: %d GPU(s)%s\n", ngpu, g_quick ? ", quick mode" : "");
   int passed = 0, failed = 0, skipped = 0;
   for (auto& sc : all) {
-    if (!only.empty() && sc.name.find(only) == std::string::npos) continue;
+    // --only NAME: every scenario whose name contains NAME; --only =NAME: that one
+    if (!only.empty() && (only[0] == '=' ? sc.name != only.substr(1) : sc.name.find(only) == std::string::npos))
+      continue;
     if (!skip.empty() && sc.name.find(skip) != std::string::npos) continue;
     if (sc.min_gpus > ngpu && !(sc.shareable && ngpu == 1)) {
       std::printf("SKIP %-32s needs %d GPUs\n", sc.name.c_str(), sc.min_gpus);

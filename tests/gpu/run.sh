@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole GPU suite on a machine with NVIDIA GPUs and prints a summary.
 #
-#   tests/gpu/run.sh [BUILD_DIR] [--quick] [--only NAME]
+#   tests/gpu/run.sh [BUILD_DIR] [--quick] [--only NAME|=NAME] (=: that scenario only)
 #
 # 1. compiles every plan the suite needs on all CPU cores (into the JIT cache),
 # 2. runs build/tests/mk_gpu_tests (each scenario in its own processes).
