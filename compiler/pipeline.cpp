@@ -147,7 +147,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
   // clock memory; then, in the same worker, on_variant.
   const size_t budget = verify::kClockBudget / std::max<size_t>(1, nb);
   std::vector<double> ms(nb, 0);
-  std::vector<std::string> orders(nb);  // of variants whose data ops differ from `s`
+  std::vector<verify::Orders> orders(nb);  // of variants whose data ops differ from `s`
   side_by_side(nb, [&](size_t b) {
     const auto t = std::chrono::steady_clock::now();
     ir::Schedule& v = vs[b];

@@ -15,6 +15,7 @@
 
 #include "compiler/ir/ir.hpp"
 #include "compiler/passes/passes.hpp"
+#include "compiler/verify/verify.hpp"
 
 namespace mk::compiler {
 
@@ -41,8 +42,8 @@ struct LowerOptions {
   // "Guarantees" header is enforced where it is broken, not downstream. On in
   // tests and fuzzing; off by default (the final proof runs anyway).
   bool verify_each = false;
-  // Also ask whether every rank combines each reduction in the same order
-  // (verify_deterministic), as written and as lowered: answered by the
+  // Also ask whether every rank combines each reduction in the same order and
+  // rounds it at the same points (verify_deterministic), as written and as lowered: answered by the
   // symbolic runs of verify and analyze (Lowered::nondeterministic_*).
   bool orders = false;
   // Called once per bucket with its variant (synced and proved) and the
@@ -60,10 +61,10 @@ struct LowerOptions {
 struct Lowered {
   std::vector<passes::Bucket> buckets;
   std::vector<ir::Schedule> variants;  // one per bucket: synced and verified
-  // With LowerOptions::orders: why ranks combine a reduction in different
-  // orders ("" when they do not), as written and as lowered (the first
-  // variant, in bucket order, whose answer is not "").
-  std::string nondeterministic_written, nondeterministic_lowered;
+  // With LowerOptions::orders: why ranks' results of a reduction may differ
+  // bit-wise (verify::Orders; empty when they cannot), as written and as
+  // lowered (the first variant, in bucket order, whose answer is not empty).
+  verify::Orders nondeterministic_written, nondeterministic_lowered;
 };
 
 // Names accepted by --dump-after, in pipeline order.

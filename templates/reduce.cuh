@@ -36,6 +36,37 @@ template <> struct Unsigned<int8_t> { using type = uint8_t; };
 template <> struct Unsigned<int32_t> { using type = uint32_t; };
 template <> struct Unsigned<int64_t> { using type = uint64_t; };
 
+// Floating-point max and min, commutative and associative bit for bit, so
+// that ranks combining a reduction's contributions in different orders still
+// get the same bits (the verifier's determinism proof, E015, relies on it):
+// a NaN operand is ignored, as fmaxf does (NCCL's max and min); two NaNs give
+// the canonical NaN (whatever their payloads); of two equal values the sign
+// decides (max(+0, -0) = +0, min(+0, -0) = -0). `a < b ? b : a` returned its
+// first operand for ties and for NaNs: rank order showed in the bits.
+template <typename C>
+struct FloatBits {
+  using U = uint32_t;
+  static constexpr U kNaN = 0x7fffffffu;
+  static constexpr int kSign = 31;
+};
+template <>
+struct FloatBits<double> {
+  using U = uint64_t;
+  static constexpr U kNaN = 0x7fffffffffffffffull;
+  static constexpr int kSign = 63;
+};
+template <bool MAX, typename C>
+MK_HD C red_minmax_float(C a, C b) {
+  using B = FloatBits<C>;
+  const bool na = !(a == a), nb = !(b == b);
+  if (na || nb) return na && nb ? bitcast<C>(typename B::U(B::kNaN)) : na ? b : a;
+  if (a < b) return MAX ? b : a;
+  if (b < a) return MAX ? a : b;
+  // equal: the same value, or zeros of two signs
+  const bool a_neg = (bitcast<typename B::U>(a) >> B::kSign) != 0;
+  return (a_neg == MAX) ? b : a;
+}
+
 // One binary step in the compute type C.
 template <int K, typename C>
 MK_HD C red_apply(C a, C b) {
@@ -53,11 +84,18 @@ MK_HD C red_apply(C a, C b) {
     } else {
       return a * b;
     }
-  } else if constexpr (K == kRedMax) {
-    return a < b ? b : a;
+  } else if constexpr (K == kRedMax || K == kRedMin) {
+    if constexpr (IsInt<C>::value) {
+      if constexpr (K == kRedMax)
+        return a < b ? b : a;
+      else
+        return b < a ? b : a;
+    } else {
+      return red_minmax_float<K == kRedMax>(a, b);
+    }
   } else {
     static_assert(K == kRedMin, "unknown reduction kind");
-    return b < a ? b : a;
+    return a;
   }
 }
 

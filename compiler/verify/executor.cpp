@@ -132,14 +132,14 @@ class Sim {
         if (--mem_[r].running == 0) finish_launch(r);
       }
     }
-    res.ok = res.mismatches == 0;
+    res.ok = res.mismatches == 0 && res.rank_diffs == 0;
     return res;
   }
 
  private:
   void start_launch(int32_t r) {
     RankMem& m = mem_[r];
-    DataSpec d{o_.dtype, o_.op, o_.seed, m.launch, s_.nranks};
+    DataSpec d{o_.dtype, o_.op, o_.seed, m.launch, s_.nranks, o_.inexact};
     if (m.out) std::memset(m.out, 0xA5, size_t(m.out_bytes));  // poison
     if (m.in && o_.io) {
       const std::vector<uint8_t>& src = o_.io->in.at(size_t(r));
@@ -195,7 +195,7 @@ class Sim {
       return;
     }
     if (m.out) {
-      DataSpec d{o_.dtype, o_.op, o_.seed, m.launch, s_.nranks};
+      DataSpec d{o_.dtype, o_.op, o_.seed, m.launch, s_.nranks, o_.inexact};
       auto c = check_output(s_.coll, d, s_.nranks, s_.root, o_.count, r, m.out, m.out_bytes / es_);
       if (c.mismatches && res.mismatches == 0)
         res.first_bad = fmt::format("launch {} {}", m.launch, c.first_bad);
@@ -217,10 +217,10 @@ class Sim {
               if (at < 0) at = e;
               ++differ;
             }
-          if (differ && res.mismatches == 0)
-            res.first_bad = fmt::format("launch {}: rank {} element {} differs bit-wise from rank {}'s ({} element(s))",
-                                        m.launch, r, at, first.first, differ);
-          res.mismatches += differ;
+          if (differ && res.rank_diffs == 0)
+            res.first_diff = fmt::format("launch {}: rank {} element {} differs bit-wise from rank {}'s ({} element(s))",
+                                         m.launch, r, at, first.first, differ);
+          res.rank_diffs += differ;
         }
       }
     }

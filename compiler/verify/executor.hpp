@@ -35,6 +35,9 @@ struct SimOptions {
   int32_t root = 0;      // rooted collectives: the plan is rotated to this root
   int32_t launches = 2;  // back-to-back launches (fresh data each) to exercise flag epochs
   uint64_t seed = 1;     // data and interleaving
+  // Narrow-float sums on data whose partial sums round (reference.hpp
+  // DataSpec::inexact): shows ranks that round at different points.
+  bool inexact = false;
   int64_t tile_bytes = 0;  // 0: what the runtime would pick (pick_tile_bytes)
   // Zero-copy plans: model the kernel's entry and exit barriers (every rank
   // starts a launch once every rank has finished the previous one). false
@@ -49,10 +52,14 @@ struct SimOptions {
 };
 
 struct SimResult {
-  bool ok = true;
+  bool ok = true;        // no mismatch and no rank_diffs
   double max_err = 0;    // largest |got - ref| seen
   double max_tol = 0;    // tolerance at that element
-  int64_t mismatches = 0;
+  int64_t mismatches = 0;  // elements outside the reference's tolerance
+  // All-reduce elements whose bits differ from the first rank's (every value
+  // may still be within tolerance): what verify_deterministic (E015) rules out.
+  int64_t rank_diffs = 0;
+  std::string first_diff;  // "launch 0: rank 2 element 5 differs bit-wise from rank 0's (3 element(s))"
   int64_t steps = 0;     // steps per launch
   int64_t ops_run = 0;
   std::string first_bad;  // "launch 0 rank 1 elem 17: got 3 want 4 (tol 0)"

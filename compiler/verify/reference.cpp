@@ -33,7 +33,7 @@ bool narrow_float(DType t) {
 
 // Sums of these are exact in every narrow dtype (see the header).
 bool exact_sums(const DataSpec& d) {
-  return narrow_float(d.dtype) && (d.op == RedOp::sum || d.op == RedOp::avg) && d.nranks > 0;
+  return narrow_float(d.dtype) && (d.op == RedOp::sum || d.op == RedOp::avg) && d.nranks > 0 && !d.inexact;
 }
 
 template <typename T>

@@ -9,7 +9,10 @@
 //                               ranks q with (q + element) % ceil(n/3) == 0,
 //                               0 from the others: every partial sum is exact
 //                               in the dtype, so sums must match exactly (a
-//                               float64 bound would be wider than the values)
+//                               float64 bound would be wider than the values);
+//                               with DataSpec::inexact, uniform in [-1, 1]
+//                               instead (partial sums round: what shows ranks
+//                               that round at different points, E015)
 //   fp16/bf16/fp8, min/max      uniform in [-1, 1], rounded to the dtype
 //   floats, prod                +-1, with +-2 or +-0.5 at every 8th (rank+element)
 //                               (products are exact powers of two, no overflow)
@@ -29,6 +32,9 @@ struct DataSpec {
   uint64_t seed = 1;
   int32_t launch = 0;
   int32_t nranks = 0;  // 0: dense data (exact narrow-float sums need the rank count)
+  // Narrow-float sums and averages on data whose partial sums round (checked
+  // against a float64 bound); off: data whose every partial sum is exact.
+  bool inexact = false;
 };
 
 // PreMulSum (RedOp::premulsum) multiplies each rank's input by that rank's

@@ -136,11 +136,72 @@ class Machine {
   // combination order. Leaves are symbols. Every reduction op is commutative
   // (a op b == b op a bit for bit), but floating-point sum and product are not
   // associative, so the tree is kept up to the order of two operands only.
-  uint32_t combine(uint32_t a, uint32_t b) {
+  // `op`: the op that made the node first (messages).
+  uint32_t combine(uint32_t a, uint32_t b, int32_t op) {
     const uint64_t key = (uint64_t(std::min(a, b)) << 32) | std::max(a, b);
-    return nodes_.try_emplace(key, uint32_t(uint32_t(s_.nranks) * cin_ + nodes_.size())).first;
+    auto [id, added] = nodes_.try_emplace(key, leaves() + uint32_t(info_.size()));
+    if (added) info_.push_back({std::min(a, b), std::max(a, b), op});
+    return id;
   }
-
+  // A value the kernel computed in the compute type and stored in the dtype:
+  // a rounding point (fp16, bf16 and fp8 compute in float). Inputs are values
+  // of the dtype already, and a rounded value rounds to itself.
+  uint32_t round(uint32_t t, int32_t op) {
+    if (t < leaves() || rounded(t)) return t;
+    const uint64_t key = (uint64_t(t) << 32) | kRoundTag;
+    auto [id, added] = nodes_.try_emplace(key, leaves() + uint32_t(info_.size()));
+    if (added) info_.push_back({t, kRoundTag, op});
+    return id;
+  }
+  uint32_t leaves() const { return uint32_t(s_.nranks) * uint32_t(cin_); }
+  struct Node {
+    uint32_t a, b;  // operands; b == kRoundTag: round(a)
+    int32_t op;     // the op that made it first
+  };
+  static constexpr uint32_t kRoundTag = 0xffffffffu;
+  const Node& node(uint32_t t) const { return info_[t - leaves()]; }
+  bool rounded(uint32_t t) const { return t >= leaves() && node(t).b == kRoundTag; }
+  // The tree without its rounding points (interned like the others).
+  uint32_t strip(uint32_t t) {
+    if (t < leaves()) return t;
+    if (const uint32_t* m = stripped_.find(t)) return *m;
+    const Node n = node(t);
+    const uint32_t r = n.b == kRoundTag ? strip(n.a) : combine(strip(n.a), strip(n.b), n.op);
+    stripped_.try_emplace(t, r);
+    return r;
+  }
+  // Contributions in a tree.
+  uint32_t leaf_count(uint32_t t) {
+    if (t < leaves()) return 1;
+    if (const uint32_t* m = counts_.find(t)) return *m;
+    const Node n = node(t);
+    const uint32_t c = n.b == kRoundTag ? leaf_count(n.a) : leaf_count(n.a) + leaf_count(n.b);
+    counts_.try_emplace(t, c);
+    return c;
+  }
+  // Where two trees that agree up to rounding (strip(x) == strip(y), x != y)
+  // first differ: a rounding node on one side (`node`, `x_side`: it is x's)
+  // where the other keeps the value in the compute type inside the value
+  // that op `other_op` stores (the nearest rounding above on that side).
+  struct RoundDiff {
+    uint32_t node;
+    bool x_side;
+    int32_t other_op;
+  };
+  std::optional<RoundDiff> round_diff(uint32_t x, uint32_t y, int32_t xop, int32_t yop) {
+    if (x == y) return std::nullopt;
+    const bool rx = rounded(x), ry = rounded(y);
+    if (rx && ry) return round_diff(node(x).a, node(y).a, node(x).op, node(y).op);
+    if (rx) return RoundDiff{x, true, yop};
+    if (ry) return RoundDiff{y, false, xop};
+    if (x < leaves() || y < leaves()) return std::nullopt;  // not equal up to rounding
+    const Node nx = node(x), ny = node(y);
+    // operands are unordered: pair them by what they hold
+    uint32_t ya = ny.a, yb = ny.b;
+    if (!(strip(nx.a) == strip(ya) && strip(nx.b) == strip(yb))) std::swap(ya, yb);
+    if (auto d = round_diff(nx.a, ya, xop, yop)) return d;
+    return round_diff(nx.b, yb, xop, yop);
+  }
   size_t cell(const Ref& r) const {
     const size_t base = size_t(r.rank) * per_rank_;
     switch (r.buf) {
@@ -206,7 +267,9 @@ class Machine {
   std::vector<int32_t> slot_cell_;  // slot -> index in slots_ (empty when the numbers are sparse)
   std::vector<bool> has_in_, has_out_;  // per rank
   std::vector<int32_t> in_cell_;    // in-place: input chunk (rank-major) -> its cell within the rank
-  FlatMap nodes_;    // (tree, tree) -> tree combining them
+  FlatMap nodes_;    // (tree, tree) -> tree combining them; (tree, kRoundTag) -> tree rounded
+  std::vector<Node> info_;       // per non-leaf tree id
+  FlatMap stripped_, counts_;    // memos of strip() and leaf_count()
   FlatMap matched_;  // set (its address) -> input chunk it matched
 };
 
@@ -217,7 +280,7 @@ struct OpFacts {
 
 struct Outcome {
   std::vector<OpFacts> facts;
-  std::string nondeterministic;  // why ranks combine some output in different orders; "" if they do not
+  Orders orders;  // why ranks' results may differ bit-wise (with `orders`)
 };
 
 // Sees every chunk a data op reads (write = false, the value read) and
@@ -228,8 +291,8 @@ std::string trail(const Schedule& s, bool inplace, int32_t rank, int32_t chunk, 
 
 // Runs the schedule symbolically; throws on the first problem. With `watch`
 // it only runs (no final check), for trail().
-// With `orders`, it also follows how each reduction is combined and fills
-// Outcome::nondeterministic (interning every reduction step's tree is a
+// With `orders`, it also follows how each reduction is combined and rounded
+// and fills Outcome::orders (interning every reduction step's tree is a
 // large part of a run's time at scale, and only verify_deterministic asks).
 Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}, bool orders = false) {
   const char* mode = inplace ? "in-place" : "out-of-place";
@@ -307,7 +370,7 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}, bool order
           if (si + 1 == op.srcs.size())
             acc.syms = std::make_shared<const std::vector<uint32_t>>(merged.begin(), merged.end());
         }
-        if (orders) acc.tree = acc.init ? m.combine(acc.tree, v.tree) : v.tree;
+        if (orders) acc.tree = acc.init ? m.combine(acc.tree, v.tree, int32_t(oi)) : v.tree;
         acc.init = true;
         acc.pos = v.pos;
       }
@@ -337,6 +400,9 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}, bool order
       f.pos[k] = acc.pos;
       if (op.kind == OpKind::reduce && reducing && int32_t(syms.size()) == s.nranks)
         f.complete = true;
+      // the kernel folds a reduce's sources in the compute type and stores
+      // the result in the dtype: a rounding point
+      if (orders && op.kind == OpKind::reduce) acc.tree = m.round(acc.tree, int32_t(oi));
       result[k] = std::move(acc);
     }
     for (const Ref& d : op.dsts)
@@ -349,8 +415,18 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}, bool order
   }
   if (watch) return out;
   // Final state of every output chunk.
-  // input chunk -> (first rank whose output reduces it, its tree); rank -1: none yet
-  std::vector<std::pair<int32_t, uint32_t>> tree_of(size_t(m.cin_), {-1, 0});
+  // input chunk -> (first rank whose output reduces it, its tree, the op
+  // that wrote it); rank -1: none yet
+  struct Seen {
+    int32_t rank = -1;
+    uint32_t tree = 0;
+    int32_t writer = -1;
+  };
+  std::vector<Seen> tree_of(size_t(orders ? m.cin_ : 0));
+  auto op_at = [&](int32_t oi) {
+    const SrcLoc l = s.ops[size_t(oi)].loc.get();
+    return describe_op(s, size_t(oi)) + (l.valid() ? " at " + l.str() : "");
+  };
   for (int32_t r = 0; r < s.nranks; ++r) {
     if (!ir::has_output(s, r)) continue;
     for (int32_t i = 0; i < m.cout_; ++i) {
@@ -358,17 +434,36 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}, bool order
       const Value& v = m.at(c);
       if (m.holds_expected(r, i, v)) {
         const BlockSource src = m.source(r, i);
-        if (!orders || src.from != BlockSource::kAllRanks || !out.nondeterministic.empty()) continue;
-        auto& seen = tree_of[size_t(src.in_block)];
-        const bool first = seen.first < 0;
-        if (first) seen = {r, v.tree};
-        auto* it = &seen;
-        if (!first && it->second != v.tree)
-          out.nondeterministic = fmt::format(
+        if (!orders || src.from != BlockSource::kAllRanks || !out.orders.order.empty()) continue;
+        Seen& seen = tree_of[size_t(src.in_block)];
+        if (seen.rank < 0) {
+          seen = {r, v.tree, v.writer};
+          continue;
+        }
+        if (seen.tree == v.tree) continue;
+        if (m.strip(seen.tree) != m.strip(v.tree)) {
+          out.orders.order = fmt::format(
               "{}: ranks {} and {} combine the contributions to input chunk {} in different orders (rank {}'s "
               "output chunk {}, last written by {}): floating-point sums and products then differ bit-wise "
               "between ranks",
-              coll_context(s, mode), it->first, r, src.in_block, r, i, describe_op(s, size_t(v.writer)));
+              coll_context(s, mode), seen.rank, r, src.in_block, r, i, op_at(v.writer));
+          out.orders.order_loc = s.ops[size_t(v.writer)].loc.get();
+          continue;
+        }
+        if (!out.orders.rounding.empty()) continue;
+        const auto d = m.round_diff(seen.tree, v.tree, seen.writer, v.writer);
+        MK_CHECK(d, "trees equal up to rounding differ nowhere");
+        const int32_t rounds = m.node(d->node).op;  // stores the partial result in the dtype
+        const int32_t rank_rounds = d->x_side ? seen.rank : r, rank_keeps = d->x_side ? r : seen.rank;
+        out.orders.rounding = fmt::format(
+            "{}: ranks {} and {} combine the contributions to input chunk {} in the same order but round at "
+            "different points (rank {}'s output chunk {}): on rank {}'s path, {} stores a partial result of {} of "
+            "the {} contributions in the dtype (rounding it); on rank {}'s path, {} combines it with the rest in the "
+            "compute type and rounds only the result: fp16, bf16 and fp8 results then differ bit-wise between ranks (fp32, "
+            "fp64 and integer results agree)",
+            coll_context(s, mode), seen.rank, r, src.in_block, r, i, rank_rounds, op_at(rounds),
+            m.leaf_count(d->node), s.nranks, rank_keeps, op_at(d->other_op));
+        out.orders.rounding_loc = s.ops[size_t(rounds)].loc.get();
         continue;
       }
       const auto exp = m.expected(r, i);
@@ -378,14 +473,19 @@ Outcome run(const Schedule& s, bool inplace, const Watch& watch = {}, bool order
       std::string who = written ? "; last written by " + describe_op(s, size_t(v.writer)) : "; nothing wrote it";
       SrcLoc loc = written ? s.ops[size_t(v.writer)].loc.get() : s.loc;
       for (uint32_t e : exp)
-        if (!std::binary_search(syms.begin(), syms.end(), e))
+        if (!std::binary_search(syms.begin(), syms.end(), e)) {
+          const std::string t = written ? trail(s, inplace, r, i, e) : "";
+          const bool overwritten = t.find("overwrote before anything read it") != std::string::npos;
           throw Error(ErrId::verify_E001,
                       fmt::format("{}: rank {} output chunk {} misses the contribution of {}{}{}",
-                                  coll_context(s, mode), r, i, m.sym_str(e), who,
-                                  written ? trail(s, inplace, r, i, e) : ""),
+                                  coll_context(s, mode), r, i, m.sym_str(e), who, t),
                       loc,
-                      written ? "" : fmt::format("write rank {}'s output chunk {} (it is declared with the {})", r, i,
-                                                 name(s.coll)));
+                      !written ? fmt::format("write rank {}'s output chunk {} (it is declared with the {})", r, i,
+                                             name(s.coll))
+                      : overwritten ? "in place, read each input chunk (or copy it into scratch) before anything "
+                                      "writes the output chunk it shares memory with"
+                                    : "");
+        }
       for (uint32_t g : syms)
         if (!std::binary_search(exp.begin(), exp.end(), g))
           throw Error(ErrId::verify_E003,
@@ -419,7 +519,28 @@ std::string trail(const Schedule& s, bool inplace, int32_t rank, int32_t chunk, 
     if (!std::includes(exp.begin(), exp.end(), syms.begin(), syms.end())) return;
     if (!found || syms.size() >= found->size) found = Best{oi, syms.size(), c, {}, -1};
   });
-  if (!found) return fmt::format("; no partial result of this chunk ever held {}", m.sym_str(missing));
+  if (!found) {
+    // In place, an input chunk is its rank's output chunk: written before
+    // anything read it, the contribution was gone before it could be carried.
+    const Ref in{int32_t(missing / uint32_t(m.cin_)), Buf::input, int32_t(missing % uint32_t(m.cin_)), 1};
+    if (inplace && ir::inplace_output_of_input(s, in.rank, in.index)) {
+      const size_t target = m.cell(in);
+      int64_t first_write = -1;
+      bool read_before = false;
+      run(s, inplace, [&](size_t oi, const Ref& c, const Value&, bool write) {
+        if (first_write >= 0 || m.cell(c) != target) return;
+        if (write)
+          first_write = int64_t(oi);
+        else
+          read_before = true;
+      });
+      if (first_write >= 0 && !read_before)
+        return fmt::format("; in place, {} is rank {}'s output chunk {}, which {} overwrote before anything read it",
+                           m.sym_str(missing), in.rank, *ir::inplace_output_of_input(s, in.rank, in.index),
+                           describe_op(s, size_t(first_write)));
+    }
+    return fmt::format("; no partial result of this chunk ever held {}", m.sym_str(missing));
+  }
   std::optional<Best> best = found;
   run(s, inplace, [&](size_t oi, const Ref& c, const Value&, bool write) {
     if (oi <= best->op || c != best->at) return;
@@ -495,6 +616,18 @@ void check_overlaps(const Schedule& s, size_t oi, const std::string& ctx) {
     for (size_t i = 0; i < t.size(); ++i)
       for (size_t j = i + 1; j < t.size() && t[j].key == t[i].key; ++j) {
         const Touch &a = t[i], &b = t[j];  // a.dst implies b.dst (sources sort first)
+        if (a.dst && b.dst && a.k == b.k)  // the same position: the same value, written twice
+          throw Error(ErrId::verify_E004,
+                      fmt::format("{}: {} names {} twice as a destination ({}{}): both writes carry the same data, "
+                                  "but an op writes each destination chunk once (its threads would store to one "
+                                  "address twice, unordered; the LL protocol's flags would arrive twice)",
+                                  ctx, describe_op(s, oi), ir::to_string(b.ref->at(b.k)),
+                                  *a.ref == *b.ref ? fmt::format("the destination {} is listed twice",
+                                                                 ir::to_string(*a.ref))
+                                                   : fmt::format("in {} and in {}", ir::to_string(*a.ref),
+                                                                 ir::to_string(*b.ref)),
+                                  mode),
+                      op.loc, "list each destination once");
         if (a.dst && b.dst)
           throw Error(ErrId::verify_E004,
                       fmt::format("{}: {} writes {} twice, as chunk {} of {} and as chunk {} of {}{}: the result "
@@ -582,7 +715,7 @@ void verify_bounds(const Schedule& s) {
   }
 }
 
-void verify_semantics(const Schedule& s, std::string* orders) {
+void verify_semantics(const Schedule& s, Orders* orders) {
   bool any = std::any_of(s.ops.begin(), s.ops.end(), [](const Op& o) { return o.is_data(); });
   if (!any)
     throw Error(ErrId::verify_E012,
@@ -597,16 +730,16 @@ void verify_semantics(const Schedule& s, std::string* orders) {
   // With `orders`, the out-of-place run also answers verify_deterministic.
   side_by_side(2, [&](size_t k) {
     Outcome o = run(s, k == 1, {}, orders && k == 0);
-    if (orders && k == 0) *orders = std::move(o.nondeterministic);
+    if (orders && k == 0) *orders = std::move(o.orders);
   });
 }
 
-void analyze(Schedule& s, std::string* orders) {
+void analyze(Schedule& s, Orders* orders) {
   verify_bounds(s);
   std::vector<OpFacts> a, b;
   side_by_side(2, [&](size_t k) {
     Outcome o = run(s, k == 1, {}, orders && k == 0);
-    if (orders && k == 0) *orders = std::move(o.nondeterministic);
+    if (orders && k == 0) *orders = std::move(o.orders);
     (k == 0 ? a : b) = std::move(o.facts);
   });
   for (size_t i = 0; i < s.ops.size(); ++i) {
@@ -626,20 +759,53 @@ void verify_all(const Schedule& s) {
 
 namespace mk::verify {
 
-std::string nondeterminism(const Schedule& s) {
+namespace {
+bool narrow_float(DType t) {
+  return t == DType::fp16 || t == DType::bf16 || t == DType::fp8e4m3 || t == DType::fp8e5m2;
+}
+// Whether the order of a reduction's steps shows in its bits: floating-point
+// sum and product (avg and premulsum are sums). Integers wrap around (exact,
+// associative); min and max pick one of their operands, the same one in
+// either order (templates/reduce.cuh).
+bool order_matters(std::optional<DType> t, RedOp op) {
+  if (t && !dtype_is_float(*t)) return false;
+  return op != RedOp::min && op != RedOp::max;
+}
+const std::string kNone;
+}  // namespace
+
+const std::string& Orders::for_call(std::optional<DType> t, RedOp op) const {
+  if (!order_matters(t, op)) return kNone;
+  if (!order.empty()) return order;
+  if (!t || narrow_float(*t)) return rounding;
+  return kNone;
+}
+
+SrcLoc Orders::loc_for(std::optional<DType> t, RedOp op) const {
+  const std::string& why = for_call(t, op);
+  if (why.empty()) return {};
+  return &why == &order ? order_loc : rounding_loc;
+}
+
+Orders nondeterminism(const Schedule& s) {
   // One aliasing suffices: in-place and out-of-place run the same ops.
-  return run(s, false, {}, true).nondeterministic;
+  return run(s, false, {}, true).orders;
 }
 
-Error nondeterministic_error(const Schedule& s, const std::string& why) {
-  return Error(ErrId::verify_E015, why, s.loc,
-               "reduce each chunk once and copy the result to the other ranks, or list every rank's sources in "
-               "one order (e.g. by rank) on every rank");
+Error nondeterministic_error(const Orders& why, std::optional<DType> t, RedOp op) {
+  const std::string& w = why.for_call(t, op);
+  MK_CHECK(!w.empty(), "nondeterministic_error without a reason");
+  const bool rounding = &w == &why.rounding;
+  return Error(ErrId::verify_E015, w, why.loc_for(t, op),
+               rounding ? "reduce in one op what the other ranks reduce in one op (or store the same partial results "
+                          "on every rank), or reduce each chunk once and copy the result to the other ranks"
+                        : "reduce each chunk once and copy the result to the other ranks, or list every rank's sources "
+                          "in one order (e.g. by rank) on every rank");
 }
 
-void verify_deterministic(const Schedule& s) {
-  const std::string why = nondeterminism(s);
-  if (!why.empty()) throw nondeterministic_error(s, why);
+void verify_deterministic(const Schedule& s, std::optional<DType> t, RedOp op) {
+  const Orders why = nondeterminism(s);
+  if (!why.for_call(t, op).empty()) throw nondeterministic_error(why, t, op);
 }
 
 Schedule rotate_root(Schedule s, int32_t root) {

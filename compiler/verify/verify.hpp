@@ -17,10 +17,15 @@
 //                    network between nodes, mk.verify.E017). Part of
 //                    verify_semantics.
 //  analyze           fills Op::pos and Op::final from the symbolic run.
-//  verify_deterministic  ranks that end with the same reduced chunk combine
-//                    its contributions in the same order (floating-point sums
-//                    and products then agree bit for bit on every rank). Not in
-//                    verify_all: `mkc verify` warns, `--strict` refuses.
+//  verify_deterministic  ranks that end with the same reduced chunk get the
+//                    same bits: they combine its contributions in the same
+//                    order (floating-point sum and product are not
+//                    associative) *and* store partial results in the dtype at
+//                    the same points (every store into a buffer of fp16, bf16
+//                    or fp8 rounds a value the kernel computed in float).
+//                    Not in verify_all: `mkc verify` warns, `--strict`
+//                    refuses. Which dtypes and ops a difference matters for:
+//                    Orders::for_call.
 //  verify_resources  a lowered schedule's scratch fits the communicator's
 //                    default scratch (compile_plan refuses larger plans).
 //  verify_prologue   (PreMulSum kernels, fusion prologues) every input element enters the
@@ -46,6 +51,7 @@
 // chunk and DSL line.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,23 +60,46 @@
 namespace mk::verify {
 
 void verify_bounds(const ir::Schedule& s);
+
+// Why ranks may get different bits for one reduced chunk ("" where they
+// cannot). `order`: two ranks combine its contributions in different orders
+// (up to swapping the two operands of one step): every floating-point dtype
+// under sum, prod, avg and premulsum. `rounding`: the same order, but one
+// rank stores a partial result in the dtype (rounding it) where another
+// keeps it in the compute type: the dtypes narrower than their compute type
+// (fp16, bf16, fp8e4m3, fp8e5m2). Integer results, and min and max (exact,
+// and associative and commutative bit for bit: templates/reduce.cuh), agree
+// whatever the tree. Each names the ranks, the chunk, the ops and their DSL
+// lines; `*_loc` is the DSL line of the first op that differs.
+struct Orders {
+  std::string order, rounding;
+  SrcLoc order_loc, rounding_loc;
+  bool empty() const { return order.empty() && rounding.empty(); }
+  // What makes a call of this dtype and op differ between ranks ("": nothing).
+  // Without a dtype: any dtype (order first, then rounding).
+  const std::string& for_call(std::optional<DType> dtype = std::nullopt, RedOp op = RedOp::sum) const;
+  // The location matching for_call's answer.
+  SrcLoc loc_for(std::optional<DType> dtype = std::nullopt, RedOp op = RedOp::sum) const;
+};
+
 // With `orders` (non-null), the out-of-place run also answers
-// verify_deterministic's question at little extra cost: *orders is why ranks
-// combine a reduction in different orders, "" when they do not.
-void verify_semantics(const ir::Schedule& s, std::string* orders = nullptr);
+// verify_deterministic's question at little extra cost.
+void verify_semantics(const ir::Schedule& s, Orders* orders = nullptr);
 void verify_links(const ir::Schedule& s);
 void verify_sync(const ir::Schedule& s);
 // All of the above that apply to the schedule's stage (verify_sync only once
 // synced).
 void verify_all(const ir::Schedule& s);
 
-void analyze(ir::Schedule& s, std::string* orders = nullptr);  // `orders` as for verify_semantics
+void analyze(ir::Schedule& s, Orders* orders = nullptr);  // `orders` as for verify_semantics
 
-void verify_deterministic(const ir::Schedule& s);  // throws mk.verify.E015
-// Its two halves: why ranks combine a reduction in different orders ("" when
-// they do not), and the E015 error that says so.
-std::string nondeterminism(const ir::Schedule& s);
-Error nondeterministic_error(const ir::Schedule& s, const std::string& why);
+// Throws mk.verify.E015 when ranks may differ bit-wise for a call of `dtype`
+// and `op` (without a dtype: of any dtype).
+void verify_deterministic(const ir::Schedule& s, std::optional<DType> dtype = std::nullopt, RedOp op = RedOp::sum);
+// Its two halves: why ranks may differ bit-wise, and the E015 error that says
+// so for a call of `dtype` and `op` (nullopt-free: the error needs a reason).
+Orders nondeterminism(const ir::Schedule& s);
+Error nondeterministic_error(const Orders& why, std::optional<DType> dtype = std::nullopt, RedOp op = RedOp::sum);
 
 // The communicator's default symmetric scratch per rank (MK_SCRATCH_BYTES).
 inline constexpr int64_t kDefaultScratchBytes = int64_t(256) << 20;

@@ -21,6 +21,7 @@
 #include "compiler/pipeline.hpp"
 #include "compiler/verify/executor.hpp"
 #include "compiler/verify/reference.hpp"
+#include "compiler/verify/typed.hpp"
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "support.hpp"
@@ -1086,4 +1087,87 @@ TEST_CASE("reference: the parallel fill and check agree with the serial ones, fi
   CHECK(bad.mismatches == ref.mismatches);
   CHECK(bad.first_bad == ref.first_bad);
   CHECK(mkt::contains(bad.first_bad, "element 5:"));
+}
+
+namespace {
+template <typename C, typename U>
+U bits_of(C x) {
+  U u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+template <typename C, typename U, int K>
+void check_minmax_bitwise(const std::vector<U>& patterns) {
+  auto val = [](U u) {
+    C x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  auto f = [](C a, C b) { return mk::dev::red_apply<K, C>(a, b); };
+  for (U a : patterns)
+    for (U b : patterns) {
+      CAPTURE(a);
+      CAPTURE(b);
+      CHECK(bits_of<C, U>(f(val(a), val(b))) == bits_of<C, U>(f(val(b), val(a))));
+      for (U c : patterns)
+        CHECK(bits_of<C, U>(f(f(val(a), val(b)), val(c))) == bits_of<C, U>(f(val(a), f(val(b), val(c)))));
+    }
+}
+}  // namespace
+
+TEST_CASE("reduce: float max and min are commutative and associative bit for bit (zeros of two signs, NaNs)") {
+  // +0, -0, 1, -1, +inf, -inf, the smallest subnormal, NaNs of several payloads and signs
+  const std::vector<uint32_t> f = {0x00000000u, 0x80000000u, 0x3f800000u, 0xbf800000u, 0x7f800000u,
+                                   0xff800000u, 0x00000001u, 0x7fc00000u, 0x7fc00001u, 0xffc00000u};
+  check_minmax_bitwise<float, uint32_t, dev::kRedMax>(f);
+  check_minmax_bitwise<float, uint32_t, dev::kRedMin>(f);
+  const std::vector<uint64_t> d = {0, 0x8000000000000000ull, 0x3ff0000000000000ull, 0x7ff8000000000000ull,
+                                   0x7ff8000000000001ull, 0xfff8000000000000ull, 0x7ff0000000000000ull};
+  check_minmax_bitwise<double, uint64_t, dev::kRedMax>(d);
+  check_minmax_bitwise<double, uint64_t, dev::kRedMin>(d);
+  // what they compute: NaNs are ignored (as fmaxf, NCCL's max), +0 is the larger zero
+  CHECK(std::signbit(dev::red_apply<dev::kRedMax, float>(-0.0f, 0.0f)) == false);
+  CHECK(std::signbit(dev::red_apply<dev::kRedMin, float>(0.0f, -0.0f)) == true);
+  CHECK(dev::red_apply<dev::kRedMax, float>(NAN, 1.0f) == 1.0f);
+  CHECK(dev::red_apply<dev::kRedMin, float>(-2.0f, NAN) == -2.0f);
+  CHECK(std::isnan(dev::red_apply<dev::kRedMax, float>(NAN, NAN)));
+  CHECK(dev::red_apply<dev::kRedMax, float>(2.0f, 3.0f) == 3.0f);
+  CHECK(dev::red_apply<dev::kRedMin, double>(2.0, 3.0) == 2.0);
+}
+
+TEST_CASE("executor: ranks that take max and min over their sources in different orders get the same bits") {
+  // Each rank reduces its own input first: max(x0, x1) on rank 0, max(x1, x0)
+  // on rank 1. Zeros of two signs and NaNs made the order show in the bits.
+  mk::dsl::Program p(Collective::allreduce, 2, 0, "test.own_first");
+  p.reduce(p.scratch(0, 0), {p.input(0, 0), p.input(1, 0)});
+  p.reduce(p.scratch(1, 0), {p.input(1, 0), p.input(0, 0)});
+  for (int r = 0; r < 2; ++r) p.copy(p.output(r, 0), p.scratch(r, 0));
+  const compiler::Lowered l = compiler::lower(p.ir(), {});
+  CHECK_NOTHROW(verify::verify_deterministic(l.variants.back(), DType::fp32, RedOp::max));
+  const std::vector<float> x0 = {0.0f, -0.0f, NAN, 1.0f, -0.0f, NAN, 5.0f};
+  const std::vector<float> x1 = {-0.0f, 0.0f, 2.0f, NAN, -0.0f, NAN, 5.0f};
+  for (RedOp op : {RedOp::max, RedOp::min})
+    for (DType t : {DType::fp32, DType::bf16}) {
+      CAPTURE(name(op));
+      CAPTURE(name(t));
+      verify::SimIO io;
+      for (const auto* x : {&x0, &x1}) {
+        std::vector<uint8_t> b(x->size() * dtype_size(t));
+        for (size_t i = 0; i < x->size(); ++i)
+          verify::dispatch_dtype(t, [&]<typename T>() {
+            const T v = dev::Compute<T>::store(typename dev::Compute<T>::type((*x)[i]));
+            std::memcpy(b.data() + i * sizeof(T), &v, sizeof(T));
+            return 0;
+          });
+        io.in.push_back(b);
+      }
+      verify::SimOptions so;
+      so.dtype = t;
+      so.op = op;
+      so.count = int64_t(x0.size());
+      so.launches = 1;
+      so.io = &io;
+      REQUIRE(verify::simulate(l.variants.back(), so).ok);
+      CHECK(io.out[0] == io.out[1]);
+    }
 }
