@@ -88,7 +88,7 @@ std::string known_fusions() {
 
 std::string options_json(const CompileOptions& o) {
   // A new field breaks one of these bindings: serialise it below.
-  const auto& [arch, dtype, op, lower, use_cache, use_prebuilt, rank, fusion] = o;
+  const auto& [arch, dtype, op, lower, use_cache, use_prebuilt, rank, fusion, fusion_check] = o;
   const auto& [instances, max_tbs, min_bytes, max_bytes, proto, topology, zero_copy, verify_each, orders, on_variant,
                on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
@@ -101,7 +101,7 @@ std::string options_json(const CompileOptions& o) {
   (void)on_variant;   // how compile_plan takes each variant, not what it is
   (void)verify_each;  // checks the passes, changes nothing
   (void)orders;       // asks a question of the schedule, changes nothing
-  const nlohmann::json j = {
+  nlohmann::json j = {
       {"arch", arch},
       {"dtype", std::string(name(dtype))},
       {"op", std::string(name(op))},
@@ -129,6 +129,8 @@ std::string options_json(const CompileOptions& o) {
           {"one_pass", one_pass},
           {"lamport", lamport},
           {"lamport_units", lamport_units}}}}}};
+  // only where set: every other plan keeps its key
+  if (fusion_check && !fusion.empty()) j["fusion_check"] = true;
   return j.dump();
 }
 
@@ -224,8 +226,12 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     if (fusion && !fusion->source.empty()) {
       lim.epilogue.name = fusion->name;
       lim.epilogue.source = fusion->source;
-      for (const auto& op : fusion->operands)
+      for (const auto& op : fusion->operands) {
         lim.epilogue.operands.emplace_back(op.same_dtype ? o.dtype : op.dtype, int32_t(op.shape));
+        lim.epilogue.outputs.push_back(op.output);
+      }
+      lim.epilogue.check = o.fusion_check;
+      lim.epilogue.scalars = int32_t(fusion->scalars.size());
     }
     units[b] = codegen::generate_one(v, b, nb, o.dtype, o.op, tag, lim, o.rank);
     codegen_ms[b] = ms_since(t);

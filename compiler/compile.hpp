@@ -24,6 +24,10 @@ struct CompileOptions {
   // kernel's tail; empty: none. Only for all-reduce plans that verify_epilogue
   // accepts (EpilogueRefused otherwise).
   std::string fusion;
+  // Checked epilogue accessors (templates/fused.cuh RowCtx::kCheck; the
+  // runtime's MK_FUSION_CHECK=1, `mkc compile --fusion-check`): a debugging
+  // build of a fused plan that traps on an access outside a row.
+  bool fusion_check = false;
 };
 
 // The wall time's split: lowering until the last size bucket was proved,

@@ -22,6 +22,7 @@
 
 #include "compiler/jit/jit.hpp"
 #include "mk/composite.hpp"
+#include "mk/fusion.hpp"
 
 namespace mk::plugin {
 namespace fs = std::filesystem;
@@ -220,14 +221,19 @@ std::vector<dsl::ScheduleInfo> load_library(const std::string& so_file) {
   if (auto it = loaded.find(key); it != loaded.end()) return it->second;
   int64_t before = current_seq();
   const int64_t composites_before = dsl::composite_registrations();
+  const size_t fusions_before = dsl::fusion_registrations();
   void* h = dlopen(fs::absolute(so_file).c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (!h) throw Error(ErrId::cli_E006, fmt::format("cannot load plugin {}: {}", so_file, dlerror()));
   auto found = registered_after(before);
-  if (found.empty() && dsl::composite_registrations() == composites_before)
+  const std::vector<std::string> fusions = dsl::fusions_registered_since(fusions_before);
+  if (found.empty() && dsl::composite_registrations() == composites_before && fusions.empty())
     throw Error(ErrId::cli_E007, so_file + " defines no schedule", {},
                 "register one with MK_SCHEDULE(\"name\", collective, builder, \"description\") (or a composite "
-                "with MK_COMPOSITE)");
+                "with MK_COMPOSITE, a fusion with MK_FUSION)");
   loaded[key] = found;
+  // Its fusions are user device code: checked on the CPU now, at load, as
+  // find_fusion would before their first use (verify/fusion_check.hpp).
+  for (const std::string& name : fusions) (void)dsl::find_fusion(name);
   return found;
 }
 

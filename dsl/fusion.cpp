@@ -9,6 +9,8 @@
 #include <map>
 #include <mutex>
 
+#include "compiler/verify/reference.hpp"
+#include "compiler/verify/fusion_check.hpp"
 #include "mk/error.hpp"
 #include "mk/fusion.hpp"
 #include "templates/dtype.cuh"
@@ -35,6 +37,16 @@ std::vector<const FusionInfo*>& current() {
 // cannot throw): name -> the error, raised when the name is asked for.
 std::map<std::string, std::string>& rejected() {
   static std::map<std::string, std::string> r;
+  return r;
+}
+// Declared float64 references, by fusion name (MK_FUSION_REFERENCE may come
+// before or after the fusion's registration).
+std::map<std::string, FusionRefFn>& references() {
+  static std::map<std::string, FusionRefFn> r;
+  return r;
+}
+std::map<std::string, PrologueRefFn>& prologue_references() {
+  static std::map<std::string, PrologueRefFn> r;
   return r;
 }
 
@@ -73,6 +85,15 @@ std::string check(const FusionInfo& f) {
   for (DType t : f.dtypes)
     if (t != DType::fp16 && t != DType::bf16 && t != DType::fp32 && t != DType::fp64)
       return fmt::format("dtype {}: epilogues run on floating-point outputs (fp16, bf16, fp32, fp64)", name(t));
+  // The checker (verify/fusion_check.hpp) runs the host build before first
+  // use: code without one could not be checked.
+  auto all = [](auto* const(&fns)[4]) { return fns[0] && fns[1] && fns[2] && fns[3]; };
+  if (!f.source.empty() && !all(f.host))
+    return "its epilogue has no host build (FusionInfo::host; MK_EPILOGUE makes one, a FusionInfo filled by hand "
+           "must set it): the fusion checker runs it before the fusion's first use";
+  if (!f.pre_source.empty() && !all(f.pre_host))
+    return "its prologue has no host build (FusionInfo::pre_host; MK_PROLOGUE makes one, a FusionInfo filled by hand "
+           "must set it): the fusion checker runs it before the fusion's first use";
   return {};
 }
 }  // namespace
@@ -86,6 +107,7 @@ bool register_fusion(const FusionInfo& info) {
   }
   rejected().erase(info.name);
   store().push_back(info);
+  if (auto it = references().find(info.name); it != references().end()) store().back().reference = it->second;
   for (const FusionInfo*& f : current())
     if (f->name == info.name) {
       f = &store().back();  // a later registration (a user plugin) replaces an earlier one
@@ -102,13 +124,64 @@ std::vector<FusionInfo> registered_fusions() {
   return out;
 }
 
-const FusionInfo* find_fusion(const std::string& name) {
+const FusionInfo* find_fusion_unchecked(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu());
   if (auto it = rejected().find(name); it != rejected().end())
     throw Error(ErrId::dsl_E009, fmt::format("fusion {} is malformed: {}", name, it->second));
   for (const FusionInfo* f : current())
     if (f->name == name) return f;
   return nullptr;
+}
+
+const FusionInfo* find_fusion(const std::string& name) {
+  const FusionInfo* f = find_fusion_unchecked(name);
+  if (f) verify::check_fusion_once(*f);  // outside the registry's lock: it runs the fusion's code
+  return f;
+}
+
+size_t fusion_registrations() {
+  std::lock_guard<std::mutex> lock(mu());
+  return store().size();
+}
+
+std::vector<std::string> fusions_registered_since(size_t mark) {
+  std::lock_guard<std::mutex> lock(mu());
+  std::vector<std::string> out;
+  for (size_t i = mark; i < store().size(); ++i) out.push_back(store()[i].name);
+  return out;
+}
+
+bool register_fusion_reference(const std::string& name, FusionRefFn fn) {
+  std::lock_guard<std::mutex> lock(mu());
+  references()[name] = fn;
+  // a fusion registered before its reference: a new entry with it (entries
+  // never change; what find_fusion returned stays as it was)
+  for (const FusionInfo*& f : current())
+    if (f->name == name && f->reference != fn) {
+      store().push_back(*f);
+      store().back().reference = fn;
+      f = &store().back();
+    }
+  return true;
+}
+
+bool register_prologue_reference(const std::string& name, PrologueRefFn fn) {
+  std::lock_guard<std::mutex> lock(mu());
+  prologue_references()[name] = fn;
+  return true;
+}
+
+PrologueRefFn find_prologue_reference(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu());
+  auto it = prologue_references().find(name);
+  return it == prologue_references().end() ? nullptr : it->second;
+}
+
+double FusionRef::unit_roundoff() const { return verify::unit_roundoff(dtype); }
+double FusionRef::unit_roundoff(int k) const {
+  if (!fusion || k < 0 || k >= int(fusion->operands.size())) return unit_roundoff();
+  const OperandInfo& o = fusion->operands[size_t(k)];
+  return verify::unit_roundoff(o.same_dtype ? dtype : o.dtype);
 }
 
 namespace fusion_detail {
@@ -143,8 +216,8 @@ double run_prologue_host(const FusionInfo& f, DType dtype, double x, const doubl
     throw Error(ErrId::cli_E013, fmt::format("fusion {} has no prologue host code for {}", f.name, name(dtype)));
   double in[kMaxScalars] = {};
   for (size_t k = 0; k < f.scalars.size() && k < size_t(kMaxScalars); ++k) in[k] = scalars ? scalars[k] : 0.0;
-  if (exact) return f.pre_host[3](x, in);
-  return fusion_detail::host_round(f.pre_host[slot](x, in), dtype);
+  if (exact) return f.pre_host[3](x, in, nullptr);
+  return fusion_detail::host_round(f.pre_host[slot](x, in, nullptr), dtype);
 }
 
 void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t row, double* out,

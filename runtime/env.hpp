@@ -11,6 +11,7 @@
 //   MK_ZERO_COPY             0 or 1, default 1
 //   MK_ZERO_COPY_MIN_BYTES   0 .. 2^62, default 4 MiB
 //   MK_PDL                   0 or 1, default 1 (programmatic dependent launch)
+//   MK_FUSION_CHECK          0 or 1, default 0 (fused plans with checked epilogue accessors)
 //   MK_TUNE                  key=value,... (tune_keys())
 //   MK_ALGO                  collective=schedule,... (a built-in schedule of that collective)
 #pragma once

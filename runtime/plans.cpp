@@ -157,6 +157,8 @@ compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, in
   o.lower.proto.max_grid = max_grid;
   o.rank = rank;
   o.fusion = fusion;
+  // MK_FUSION_CHECK=1: fused plans with checked epilogue accessors (debugging)
+  o.fusion_check = !fusion.empty() && env::get_bool("MK_FUSION_CHECK", false);
   return o;
 }
 

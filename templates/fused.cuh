@@ -15,6 +15,18 @@
 namespace mk {
 namespace dev {
 
+// Whether a fusion's traits ask for checked accessors (MK_FUSION_CHECK=1, or
+// `mkc compile --fusion-check`): F::kCheck, absent from traits generated
+// before the option existed (plans a group kernel recompiles).
+template <class F, class = void>
+struct FusionChecked {
+  static constexpr bool value = false;
+};
+template <class F>
+struct FusionChecked<F, typename VoidOf<decltype(F::kCheck)>::type> {
+  static constexpr bool value = F::kCheck;
+};
+
 // The row context the user's Epi::row sees (the host has the same interface:
 // include/mk/fusion.hpp HostRow). Cx: the kernel context (Ctx<P>); F: the
 // fusion's traits from the generated source (operand types O0..O5 and
@@ -35,6 +47,49 @@ struct RowCtx {
   C* red;        // shared: NT / 32 partials
   bool aligned;  // the call's buffers allow vectors (epilogue_rows), given n % V == 0
 
+  // Checked accessors (F::kCheck): an access outside the row, an operand or
+  // scalar the fusion does not declare, a store into an input operand or a
+  // vector access on a row that is not vectorised prints what and where, and
+  // traps (the launch fails with an illegal instruction; the communicator's
+  // next call reports it). The same rules the CPU checker enforces
+  // (compiler/verify/fusion_check.hpp) on rows it tried, here on every row.
+  static constexpr bool kCheck = FusionChecked<F>::value;
+  MK_DEV void fault(const char* call, const char* what, long long x, long long hi) const {
+    if constexpr (kCheck) {
+      if (hi >= 0)
+        printf("mKernel: fusion %s (MK_FUSION_CHECK): row %lld of %d element(s), thread %d: %s: %s %lld, outside "
+               "0..%lld\n",
+               F::name(), (long long)row, n, int(threadIdx.x), call, what, x, hi);
+      else
+        printf("mKernel: fusion %s (MK_FUSION_CHECK): row %lld of %d element(s), thread %d: %s: %s %lld\n", F::name(),
+               (long long)row, n, int(threadIdx.x), call, what, x);
+      __trap();
+    }
+  }
+  MK_DEV void check_i(const char* call, int i) const {
+    if constexpr (kCheck)
+      if (i < 0 || i >= n) fault(call, "element i =", i, n - 1);
+  }
+  MK_DEV void check_k(const char* call, int k, bool write) const {
+    if constexpr (kCheck) {
+      if (k < 0 || k >= F::kOps) fault(call, "operand k =", k, F::kOps - 1);
+      if (write && !((F::kOutputs >> k) & 1u)) fault(call, "a store into input operand k =", k, -1);
+    }
+  }
+  MK_DEV void check_ki(const char* call, int k, int i, bool write) const {
+    if constexpr (kCheck) {
+      check_k(call, k, write);
+      const int shape = k == 0 ? F::kS0 : k == 1 ? F::kS1 : k == 2 ? F::kS2 : k == 3 ? F::kS3 : k == 4 ? F::kS4 : F::kS5;
+      if (shape != 2) check_i(call, i);
+    }
+  }
+  MK_DEV void check_v(const char* call, int v) const {
+    if constexpr (kCheck) {
+      if (!vec()) fault(call, "a vector access on a row that is not vectorised (r.vec() is false): vector", v, -1);
+      if (v < 0 || v >= nv()) fault(call, "vector v =", v, nv() - 1);
+    }
+  }
+
   MK_DEV int first() const { return int(threadIdx.x); }
   MK_DEV int step() const { return NT; }
   // Vectors: whether this row may be moved V elements at a time, and how many
@@ -47,8 +102,14 @@ struct RowCtx {
   // made visible by the tail barrier's acquire and __syncthreads (or the
   // kernel boundary): plain loads, which the compiler may batch (volatile
   // loads would wait out one memory latency per element).
-  MK_DEV C out(int i) const { return Compute<T>::load(out_row[i]); }
-  MK_DEV void set_out(int i, C v) { out_row[i] = Compute<T>::store(v); }
+  MK_DEV C out(int i) const {
+    check_i("r.out(i)", i);
+    return Compute<T>::load(out_row[i]);
+  }
+  MK_DEV void set_out(int i, C v) {
+    check_i("r.set_out(i, v)", i);
+    out_row[i] = Compute<T>::store(v);
+  }
 
   template <class U, int S>
   MK_DEV U* at(int k, int i) const {
@@ -70,6 +131,7 @@ struct RowCtx {
   }
   // k is a constant at every call site: the switch folds away.
   MK_DEV C ld(int k, int i) const {
+    check_ki("r.ld(k, i)", k, i, false);
     switch (k) {
       case 0: return ld_as<typename F::O0, F::kS0>(0, i);
       case 1: return ld_as<typename F::O1, F::kS1>(1, i);
@@ -80,6 +142,7 @@ struct RowCtx {
     }
   }
   MK_DEV void st(int k, int i, C v) {
+    check_ki("r.st(k, i, v)", k, i, true);
     switch (k) {
       case 0: st_as<typename F::O0, F::kS0>(0, i, v); break;
       case 1: st_as<typename F::O1, F::kS1>(1, i, v); break;
@@ -155,12 +218,14 @@ struct RowCtx {
     }
   }
   MK_DEV void out_v(int v, C (&x)[V]) const {
+    check_v("r.out_v(v, x)", v);
     Pack<T> p;
     ld_pack(out_row + v * V, p);
 #pragma unroll
     for (int j = 0; j < V; ++j) x[j] = Compute<T>::load(p.e[j]);
   }
   MK_DEV void set_out_v(int v, const C (&x)[V]) {
+    check_v("r.set_out_v(v, x)", v);
     Pack<T> p;
 #pragma unroll
     for (int j = 0; j < V; ++j) p.e[j] = Compute<T>::store(x[j]);
@@ -168,6 +233,8 @@ struct RowCtx {
   }
   // Operand k (per element or per column) at vector v.
   MK_DEV void ld_v(int k, int v, C (&x)[V]) const {
+    check_v("r.ld_v(k, v, x)", v);
+    check_k("r.ld_v(k, v, x)", k, false);
     switch (k) {
       case 0: ld_v_as<typename F::O0, F::kS0>(0, v, x); break;
       case 1: ld_v_as<typename F::O1, F::kS1>(1, v, x); break;
@@ -178,6 +245,8 @@ struct RowCtx {
     }
   }
   MK_DEV void st_v(int k, int v, const C (&x)[V]) {
+    check_v("r.st_v(k, v, x)", v);
+    check_k("r.st_v(k, v, x)", k, true);
     switch (k) {
       case 0: st_v_as<typename F::O0, F::kS0>(0, v, x); break;
       case 1: st_v_as<typename F::O1, F::kS1>(1, v, x); break;
@@ -187,7 +256,11 @@ struct RowCtx {
       default: st_v_as<typename F::O5, F::kS5>(5, v, x); break;
     }
   }
-  MK_DEV C scalar(int k) const { return unsigned(k) < 4u ? C(a.epi_scalars[k]) : C(0); }  // undeclared: 0
+  MK_DEV C scalar(int k) const {
+    if constexpr (kCheck)
+      if (k < 0 || k >= F::kScalars) fault("r.scalar(k)", "undeclared scalar k =", k, F::kScalars - 1);
+    return unsigned(k) < 4u ? C(a.epi_scalars[k]) : C(0);  // undeclared: 0
+  }
   MK_DEV C rsqrt(C x) const {
     if constexpr (sizeof(C) == 8)
       return ::rsqrt(x);

@@ -1089,6 +1089,17 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
       o += fmt::format("  using O{} = {};\n  static constexpr int kS{} = {};\n", k,
                        has ? std::string(dtype_device_name(op_k.first)) : std::string("char"), k, op_k.second);
     }
+    if (lim.epilogue.check) {  // checked accessors (only then: unchecked plans keep their source, so their cubins)
+      uint32_t outputs = 0;
+      for (size_t k = 0; k < lim.epilogue.outputs.size(); ++k) outputs |= lim.epilogue.outputs[k] ? 1u << k : 0u;
+      MK_CHECK(std::all_of(lim.epilogue.name.begin(), lim.epilogue.name.end(),
+                           [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-'; }),
+               "codegen: a fusion name that is not a name (the registry refuses those)");
+      o += fmt::format(
+          "  static constexpr bool kCheck = true;\n  static constexpr int kOps = {}, kScalars = {};\n"
+          "  static constexpr unsigned kOutputs = {}u;\n  __device__ static const char* name() {{ return \"{}\"; }}\n",
+          lim.epilogue.operands.size(), lim.epilogue.scalars, outputs, lim.epilogue.name);
+    }
     o += "};\n}  // namespace\n\n";
     e.set_epilogue(true);
   }

@@ -92,6 +92,11 @@ struct Limits {
     std::string name;
     std::string source;
     std::vector<std::pair<DType, int32_t>> operands;
+    // Checked accessors (templates/fused.cuh RowCtx::kCheck): which operands
+    // are outputs, how many scalars the fusion declares.
+    bool check = false;
+    std::vector<bool> outputs;
+    int32_t scalars = 4;
   } epilogue;
   // A fusion's prologue (MK_PROLOGUE: device code defining struct Pro),
   // applied to every read of this rank's input (templates/prims.cuh

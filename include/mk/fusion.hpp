@@ -26,9 +26,12 @@
 //
 // The code between MK_EPILOGUE's parentheses is compiled twice: by NVRTC
 // into the kernel, and by the host compiler into the schedule file, where
-// `mkc simulate` and the tests run it on the CPU with the same interface
-// (one thread per row). It must be plain C++ of that interface, without
-// preprocessor lines; `R` is the row context:
+// the simulator runs it on the CPU with the same interface (one thread per
+// row) and the fusion checker (`mkc verify --fusion NAME`, also run before a
+// fusion's first use) runs each row on several threads with accessors that
+// record every access (compiler/verify/fusion_check.hpp says what it
+// refuses). It must be plain C++ of that interface, without preprocessor
+// lines; `R` is the row context:
 //
 //   r.n, r.row              the row's length and index (row `row` of the output)
 //   r.first(), r.step()     this thread's first element and stride in the row
@@ -118,8 +121,15 @@ namespace fusion_detail {
 struct HostRowBase;
 using HostFn = void (*)(HostRowBase&);
 // A prologue on the host: x in the compute type's range, the call's scalars.
-using PreFn = double (*)(double x, const double* scalars);
+struct PreCheck;
+using PreFn = double (*)(double x, const double* scalars, PreCheck* check);
 }  // namespace fusion_detail
+
+struct FusionRef;
+// A fusion's float64 reference (MK_FUSION_REFERENCE): written independently
+// of its device code, it says what each output element should hold and how
+// far from that the dtype's rounding may take it.
+using FusionRefFn = void (*)(FusionRef&);
 
 struct FusionInfo {
   std::string name;  // "allreduce.rmsnorm"
@@ -130,14 +140,20 @@ struct FusionInfo {
   int32_t max_row = 16384;  // longest row the epilogue serves (RowMode::given)
   std::vector<DType> dtypes = {DType::fp16, DType::bf16, DType::fp32};
   std::string source;  // the device code (MK_EPILOGUE), defining struct Epi; empty: no epilogue
-  // The same code compiled for the host: [fp16, bf16, fp32, fp64] (simulation).
+  // The same code compiled for the host: [fp16, bf16, fp32, fp64] (simulation
+  // and checking), with the device's vector width for each (8, 8, 4, 2).
   fusion_detail::HostFn host[4] = {nullptr, nullptr, nullptr, nullptr};
   // The prologue (MK_PROLOGUE), defining struct Pro; empty: none. Its host
   // code in the compute type of [fp16, bf16, fp32, fp64].
   std::string pre_source;
   fusion_detail::PreFn pre_host[4] = {nullptr, nullptr, nullptr, nullptr};
   std::string file;
-  int line = 0;
+  int line = 0;            // the registration (MK_FUSION...)
+  int epilogue_line = 0;   // MK_EPILOGUE's line in `file`, when known
+  int prologue_line = 0;   // MK_PROLOGUE's
+  // The float64 reference, where one is declared (MK_FUSION_REFERENCE names
+  // the fusion; find_fusion fills this in).
+  FusionRefFn reference = nullptr;
 };
 constexpr int kMaxOperands = 6;
 constexpr int kMaxScalars = 4;
@@ -146,13 +162,88 @@ constexpr int kMaxScalars = 4;
 // it, as schedules do). find_fusion throws mk.dsl.E009 for a malformed one;
 // the entry it returns is never changed or freed (a replacement is a new
 // entry), so it may be read without a lock while plugins load.
+// find_fusion also checks the fusion's code on the CPU before it is first
+// returned (verify::check_fusion, cached per registration) and throws its
+// mk.verify.E020-E022 error for code that touches memory it may not, races
+// between threads or gives results that depend on the path the kernel takes.
 bool register_fusion(const FusionInfo& info);
 std::vector<FusionInfo> registered_fusions();
 const FusionInfo* find_fusion(const std::string& name);
+// find_fusion without the check (the checker itself, `mkc list`).
+const FusionInfo* find_fusion_unchecked(const std::string& name);
+// How many registrations were made so far, and the names registered after
+// `mark` of them (what loading a plugin added).
+size_t fusion_registrations();
+std::vector<std::string> fusions_registered_since(size_t mark);
 
-// ---- the host row context (simulation) ---------------------------------------
+// Declares `fn` the float64 reference of the fusion named `name` (before or
+// after it is registered; a later declaration replaces an earlier one).
+bool register_fusion_reference(const std::string& name, FusionRefFn fn);
+
+// What a reference sees and fills: one rank's epilogue input and operands as
+// the call gives them (every value as a double of its dtype), and per output
+// element the value it should hold and a tolerance. Elements it says nothing
+// about are not compared.
+struct FusionRef {
+  DType dtype = DType::fp32;  // the collective's
+  int64_t count = 0, row = 0;  // elements, and the row length (the last row may be shorter)
+  int64_t rows() const { return row > 0 ? (count + row - 1) / row : 0; }
+  // The collective's result (the epilogue's input), element i.
+  double out(int64_t i) const { return out_in[i]; }
+  // Operand k at index i of its own shape: elem [0, count), col [0, row), row [0, rows()).
+  double operand(int k, int64_t i) const { return ops_in[k][i]; }
+  double scalar(int k) const { return unsigned(k) < unsigned(kMaxScalars) ? scalars[k] : 0.0; }
+  // The dtype's unit roundoff (2^-8 for bf16), and operand k's.
+  double unit_roundoff() const;
+  double unit_roundoff(int k) const;
+  // What the output (the receive buffer) and output operand k should hold.
+  void want_out(int64_t i, double value, double tol) {
+    want[0][size_t(i)] = value;
+    tol_of[0][size_t(i)] = tol;
+  }
+  void want_operand(int k, int64_t i, double value, double tol) {
+    want[k + 1][size_t(i)] = value;
+    tol_of[k + 1][size_t(i)] = tol;
+  }
+
+  // Filled by the checker.
+  const FusionInfo* fusion = nullptr;
+  const double* out_in = nullptr;
+  const double* ops_in[kMaxOperands] = {};
+  double scalars[kMaxScalars] = {};
+  std::vector<double> want[kMaxOperands + 1], tol_of[kMaxOperands + 1];  // NaN tolerance: not compared
+};
+
+// The same for a prologue: its value for input x (a value of the dtype) with
+// these scalars, and a tolerance.
+struct PrologueRef {
+  double value = 0, tol = 0;
+};
+using PrologueRefFn = PrologueRef (*)(double x, const double* scalars, DType dtype);
+bool register_prologue_reference(const std::string& name, PrologueRefFn fn);
+PrologueRefFn find_prologue_reference(const std::string& name);
+
+
+// ---- the host row context (simulation and checking) ----------------------------
 
 namespace fusion_detail {
+// The checker's side of the host row context (compiler/verify/fusion_check.cpp):
+// with one attached, every access goes through it, bounds-checked and
+// recorded per thread and phase, and block-wide reductions wait for every
+// simulated thread of the row. `what`: kOut for the output, else operand k.
+constexpr int kOut = -1;
+struct RowCheck {
+  virtual double load(const HostRowBase& r, int what, int64_t i, const char* call) = 0;
+  virtual void store(const HostRowBase& r, int what, int64_t i, double v, const char* call) = 0;
+  // Whether vector v may be accessed (the row is vectorised and v < nv()).
+  virtual bool vector(const HostRowBase& r, int v, const char* call) = 0;
+  virtual double scalar(const HostRowBase& r, int k) = 0;
+  virtual double reduce(const HostRowBase& r, double x, bool max) = 0;
+
+ protected:
+  ~RowCheck() = default;
+};
+
 // Type-erased operand access for the host: the simulator gives every operand
 // as float64 storage plus the dtype its stores round to.
 struct HostRowBase {
@@ -165,33 +256,49 @@ struct HostRowBase {
   Shape shape_[kMaxOperands] = {};
   DType dtype_[kMaxOperands] = {};
   double scalars_[kMaxScalars] = {};
+  // Checking: the checker, this simulated thread and the block's thread
+  // count, and the vector path (-1: even rows take it where the length
+  // allows, as the simulator does; 0: never; 1: wherever the length allows).
+  RowCheck* check_ = nullptr;
+  int tid_ = 0, nt_ = 1;
+  int vec_mode_ = -1;
 };
 double host_round(double v, DType t);  // rounds v to t's precision (exactly as a store would)
 
-template <class CT>
+template <class CT, int VW = 4>
 struct HostRow : HostRowBase {
   using C = CT;
-  // Vectors of 4 on the host (the device's are 16 bytes); even rows take the
-  // vector path, odd rows the element path, so that both are checked.
-  static constexpr int V = 4;
-  int first() const { return 0; }
-  int step() const { return 1; }
-  bool vec() const { return (row & 1) == 0 && n % V == 0; }
+  // The device's vector width for the dtype (16 bytes); even rows take the
+  // vector path, odd rows the element path, so that both are simulated.
+  static constexpr int V = VW;
+  int first() const { return tid_; }
+  int step() const { return nt_; }
+  bool vec() const { return n % V == 0 && (vec_mode_ < 0 ? (row & 1) == 0 : vec_mode_ == 1); }
   int nv() const { return n / V; }
   C round(C v) const { return C(host_round(double(v), out_dtype)); }
-  C out(int i) const { return C(out_[i]); }
-  void set_out(int i, C v) { out_[i] = host_round(double(v), out_dtype); }
+  C out(int i) const {
+    if (check_) return C(check_->load(*this, kOut, i, "r.out(i)"));
+    return C(out_[i]);
+  }
+  void set_out(int i, C v) {
+    if (check_) return check_->store(*this, kOut, i, host_round(double(v), out_dtype), "r.set_out(i, v)");
+    out_[i] = host_round(double(v), out_dtype);
+  }
   void out_v(int v, C (&x)[V]) const {
+    if (check_ && !check_->vector(*this, v, "r.out_v(v, x)")) return zero(x);
     for (int j = 0; j < V; ++j) x[j] = out(v * V + j);
   }
   void set_out_v(int v, const C (&x)[V]) {
+    if (check_ && !check_->vector(*this, v, "r.set_out_v(v, x)")) return;
     for (int j = 0; j < V; ++j) set_out(v * V + j, x[j]);
   }
   void ld_v(int k, int v, C (&x)[V]) const {
+    if (check_ && !check_->vector(*this, v, "r.ld_v(k, v, x)")) return zero(x);
     for (int j = 0; j < V; ++j) x[j] = ld(k, v * V + j);  // a per-row operand: its value in every lane
   }
   void st_v(int k, int v, const C (&x)[V]) {
-    if (shape_[k] == Shape::row) {  // one value per row: x[0], as the device stores it
+    if (check_ && !check_->vector(*this, v, "r.st_v(k, v, x)")) return;
+    if (unsigned(k) < unsigned(kMaxOperands) && shape_[k] == Shape::row) {  // one value per row: x[0], as the device stores it
       st(k, 0, x[0]);
       return;
     }
@@ -204,24 +311,52 @@ struct HostRow : HostRowBase {
       default: return ops_[k] + row;
     }
   }
-  C ld(int k, int i) const { return C(*at(k, i)); }
-  void st(int k, int i, C v) { *at(k, i) = host_round(double(v), dtype_[k]); }
-  C scalar(int k) const { return unsigned(k) < unsigned(kMaxScalars) ? C(scalars_[k]) : C(0); }
-  C sum(C x) const { return x; }
-  C max(C x) const { return x; }
+  C ld(int k, int i) const {
+    if (check_) return C(check_->load(*this, k, i, "r.ld(k, i)"));
+    return C(*at(k, i));
+  }
+  void st(int k, int i, C v) {
+    if (check_) {
+      const DType t = unsigned(k) < unsigned(kMaxOperands) ? dtype_[k] : out_dtype;
+      return check_->store(*this, k, i, host_round(double(v), t), "r.st(k, i, v)");
+    }
+    *at(k, i) = host_round(double(v), dtype_[k]);
+  }
+  C scalar(int k) const {
+    if (check_) return C(check_->scalar(*this, k));
+    return unsigned(k) < unsigned(kMaxScalars) ? C(scalars_[k]) : C(0);
+  }
+  C sum(C x) const { return check_ ? C(check_->reduce(*this, double(x), false)) : x; }
+  C max(C x) const { return check_ ? C(check_->reduce(*this, double(x), true)) : x; }
   C rsqrt(C x) const { return C(1) / std::sqrt(x); }
   C abs(C x) const { return x < C(0) ? -x : x; }
+
+ private:
+  static void zero(C (&x)[V]) {
+    for (int j = 0; j < V; ++j) x[j] = C(0);
+  }
 };
 }  // namespace fusion_detail
 
 namespace fusion_detail {
+// The checker's side of a prologue's context: the scalars it asks for.
+struct PreCheck {
+  virtual double scalar(int k) = 0;
+
+ protected:
+  ~PreCheck() = default;
+};
 // The prologue's context on the host (the device's is templates/prims.cuh
 // Prologue): the call's scalars in the compute type.
 template <class CT>
 struct HostPre {
   using C = CT;
   const double* s;
-  C scalar(int k) const { return unsigned(k) < unsigned(kMaxScalars) ? C(s[k]) : C(0); }
+  PreCheck* check = nullptr;
+  C scalar(int k) const {
+    if (check) return C(check->scalar(k));
+    return unsigned(k) < unsigned(kMaxScalars) ? C(s[k]) : C(0);
+  }
   C abs(C x) const { return x < C(0) ? -x : x; }
   C rsqrt(C x) const { return C(1) / std::sqrt(x); }
 };
@@ -262,13 +397,14 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
 #define MK_EPILOGUE(IDENT, ...)                                                                    \
   namespace mk_epilogue_##IDENT {                                                                  \
   __VA_ARGS__                                                                                      \
-  template <class CT>                                                                              \
+  template <class CT, int V>                                                                       \
   void host(::mk::dsl::fusion_detail::HostRowBase& b) {                                            \
-    ::mk::dsl::fusion_detail::HostRow<CT> r;                                                       \
+    ::mk::dsl::fusion_detail::HostRow<CT, V> r;                                                    \
     static_cast<::mk::dsl::fusion_detail::HostRowBase&>(r) = b;                                    \
     Epi::row(r);                                                                                   \
   }                                                                                                \
   static const char* const source = #__VA_ARGS__;                                                  \
+  static const int line = __LINE__;                                                                \
   }
 
 // MK_PROLOGUE(ident, code): `code` defines `struct Pro` with
@@ -277,15 +413,17 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
   namespace mk_prologue_##IDENT {                                                                  \
   __VA_ARGS__                                                                                      \
   template <class CT>                                                                              \
-  double host(double x, const double* s) {                                                         \
-    const ::mk::dsl::fusion_detail::HostPre<CT> q{s};                                              \
+  double host(double x, const double* s, ::mk::dsl::fusion_detail::PreCheck* c) {                  \
+    const ::mk::dsl::fusion_detail::HostPre<CT> q{s, c};                                           \
     return double(Pro::in(q, CT(x)));                                                              \
   }                                                                                                \
   static const char* const source = #__VA_ARGS__;                                                  \
+  static const int line = __LINE__;                                                                \
   }
 
 #define MK_FUSION_SET_PROLOGUE(f, IDENT)                                                           \
   (f).pre_source = mk_prologue_##IDENT::source;                                                    \
+  (f).prologue_line = mk_prologue_##IDENT::line;                                                   \
   (f).pre_host[0] = &mk_prologue_##IDENT::host<float>;                                             \
   (f).pre_host[1] = &mk_prologue_##IDENT::host<float>;                                             \
   (f).pre_host[2] = &mk_prologue_##IDENT::host<float>;                                             \
@@ -307,10 +445,11 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
 
 #define MK_FUSION_SET_EPILOGUE(f, IDENT)                                                           \
   (f).source = mk_epilogue_##IDENT::source;                                                        \
-  (f).host[0] = &mk_epilogue_##IDENT::host<float>;                                                 \
-  (f).host[1] = &mk_epilogue_##IDENT::host<float>;                                                 \
-  (f).host[2] = &mk_epilogue_##IDENT::host<float>;                                                 \
-  (f).host[3] = &mk_epilogue_##IDENT::host<double>
+  (f).epilogue_line = mk_epilogue_##IDENT::line;                                                   \
+  (f).host[0] = &mk_epilogue_##IDENT::host<float, 8>;                                              \
+  (f).host[1] = &mk_epilogue_##IDENT::host<float, 8>;                                              \
+  (f).host[2] = &mk_epilogue_##IDENT::host<float, 4>;                                              \
+  (f).host[3] = &mk_epilogue_##IDENT::host<double, 2>
 
 // MK_FUSION_PRE(pro, epi, "name", "doc", ({operands}), ({"scalar", ...}), RowMode):
 // MK_FUSION with the prologue `pro` (MK_PROLOGUE) as well.
@@ -318,5 +457,16 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
   MK_FUSION_REGISTER_(f.name = NAME; f.doc = DOC; f.operands = std::vector<::mk::dsl::OperandInfo> OPERANDS; \
                       f.scalars = std::vector<std::string> SCALARS; f.rows = ROWS;                        \
                       MK_FUSION_SET_EPILOGUE(f, IDENT); MK_FUSION_SET_PROLOGUE(f, PRO);)
+
+// MK_FUSION_REFERENCE("name", fn): declares fn (void fn(mk::dsl::FusionRef&))
+// the float64 reference of fusion "name"; MK_PROLOGUE_REFERENCE("name", fn)
+// (mk::dsl::PrologueRef fn(double x, const double* scalars, mk::DType)) that
+// of its prologue. The checker compares the fusion's host code with them.
+#define MK_FUSION_REFERENCE(NAME, FN)                                                              \
+  static const bool MK_FUSION_CAT(mk_fusion_reference_, __LINE__) =                                \
+      ::mk::dsl::register_fusion_reference(NAME, FN)
+#define MK_PROLOGUE_REFERENCE(NAME, FN)                                                            \
+  static const bool MK_FUSION_CAT(mk_prologue_reference_, __LINE__) =                              \
+      ::mk::dsl::register_prologue_reference(NAME, FN)
 
 }  // namespace mk::dsl

@@ -9,6 +9,9 @@
 // (dequantise: q * scale).
 #include <mk/fusion.hpp>
 
+#include <algorithm>
+#include <cmath>
+
 MK_EPILOGUE(fp8_rows,
   struct Epi {
     // operands: 0 q (per element, fp8e4m3, written), 1 scales (per row, fp32, written)
@@ -52,3 +55,23 @@ MK_FUSION(fp8_rows, "allreduce.fp8_rows",
           ({{"q", mk::dsl::Shape::elem, true, false, mk::DType::fp8e4m3},
             {"scales", mk::dsl::Shape::row, true, false, mk::DType::fp32}}),
           ({}), mk::dsl::RowMode::given);
+
+// Its float64 reference, from the formula above: `mkc verify --fusion
+// allreduce.fp8_rows` compares the epilogue with it. The scale is computed in
+// float (one rounding); q rounds to e4m3 (3 mantissa bits: half an ulp is
+// 2^-4 relative, 2^-10 among subnormals) after a float multiply by 1/scale.
+static void fp8_rows_reference(mk::dsl::FusionRef& r) {
+  const double f = std::ldexp(1.0, -24), tiny = std::ldexp(1.0, -126);
+  for (int64_t row = 0; row < r.rows(); ++row) {
+    const int64_t base = row * r.row, n = std::min(r.row, r.count - base);
+    double amax = 0;
+    for (int64_t j = 0; j < n; ++j) amax = std::max(amax, std::fabs(r.out(base + j)));
+    const double scale = amax > 0 ? std::max(amax / 448.0, tiny) : 1.0;
+    r.want_operand(1, row, scale, 2 * f * scale);
+    for (int64_t j = 0; j < n; ++j) {
+      const double q = std::min(448.0, std::max(-448.0, r.out(base + j) / scale));
+      r.want_operand(0, base + j, q, std::fabs(q) * (std::ldexp(1.0, -4) + 4 * f) + std::ldexp(1.0, -10));
+    }
+  }
+}
+MK_FUSION_REFERENCE("allreduce.fp8_rows", fp8_rows_reference);

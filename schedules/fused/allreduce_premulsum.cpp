@@ -18,6 +18,8 @@
 // extends.
 #include <mk/fusion.hpp>
 
+#include <cmath>
+
 MK_PROLOGUE(premulsum,
   struct Pro {
     // scalar 0: this rank's factor
@@ -30,3 +32,15 @@ MK_PROLOGUE(premulsum,
 
 MK_PROLOGUE_FUSION(premulsum, "allreduce.premulsum",
                    "each rank's input times its own scalar `scale` (a prologue), then the sum", ({"scale"}));
+
+// Its float64 reference: x * scale, rounded once in the compute type and
+// once to the dtype. `mkc verify --fusion allreduce.premulsum` compares the
+// prologue with it.
+static mk::dsl::PrologueRef premulsum_reference(double x, const double* s, mk::DType t) {
+  const double v = x * s[0];
+  const double compute = t == mk::DType::fp64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  const double dtype = t == mk::DType::bf16 ? std::ldexp(1.0, -8) : t == mk::DType::fp16 ? std::ldexp(1.0, -11) : compute;
+  const double subnormal = t == mk::DType::fp16 ? std::ldexp(1.0, -25) : 1e-300;  // half fp16's smallest step
+  return {v, (compute + dtype) * std::fabs(v) + subnormal};
+}
+MK_PROLOGUE_REFERENCE("allreduce.premulsum", premulsum_reference);

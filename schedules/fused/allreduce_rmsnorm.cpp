@@ -14,6 +14,10 @@
 // the same order, so every rank gets the same bits whichever path it takes.
 #include <mk/fusion.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 MK_EPILOGUE(rmsnorm,
   struct Epi {
     // operands: 0 residual (per element), 1 residual_out (per element, written),
@@ -68,3 +72,30 @@ MK_FUSION(rmsnorm, "allreduce.rmsnorm",
             {"residual_out", mk::dsl::Shape::elem, true},
             {"weight", mk::dsl::Shape::col, false}}),
           ({"eps"}), mk::dsl::RowMode::given);
+
+// Its float64 reference, written from the formula above and not from the
+// code: `mkc verify --fusion allreduce.rmsnorm` (and the check before first
+// use) compares the epilogue's results with it. Tolerances: residual_out is
+// rounded to the dtype once (after a float add); the norm sums `row` squares
+// in float and reads residual_out as stored.
+static void rmsnorm_reference(mk::dsl::FusionRef& r) {
+  const double u = r.unit_roundoff(), f = std::ldexp(1.0, -24), eps = r.scalar(0);
+  for (int64_t row = 0; row < r.rows(); ++row) {
+    const int64_t base = row * r.row, n = std::min(r.row, r.count - base);
+    std::vector<double> ro(static_cast<size_t>(n));
+    double ss = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      ro[size_t(j)] = r.out(base + j) + r.operand(0, base + j);
+      ss += ro[size_t(j)] * ro[size_t(j)];
+    }
+    const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
+    for (int64_t j = 0; j < n; ++j) {
+      const double x = ro[size_t(j)], w = r.operand(2, j), want = x * inv * w;
+      const double err_ro = (u + f) * std::fabs(x) + 1e-30;
+      r.want_operand(1, base + j, x, err_ro);
+      r.want_out(base + j, want,
+                 (4 * u + double(n) * f / 2 + 8 * f) * std::fabs(want) + 2 * err_ro * inv * std::fabs(w) + 1e-30);
+    }
+  }
+}
+MK_FUSION_REFERENCE("allreduce.rmsnorm", rmsnorm_reference);

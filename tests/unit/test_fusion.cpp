@@ -71,10 +71,18 @@ TEST_CASE("fusion registry: the built-ins are registered with their operands, sc
   CHECK(dsl::find_fusion("no.such.fusion") == nullptr);
 }
 
+// A host build that touches nothing (registry tests fill FusionInfo by hand;
+// the checker runs the host build before a fusion is handed out).
+static void host_noop(dsl::fusion_detail::HostRowBase&) {}
+static void set_noop(dsl::FusionInfo& f) {
+  for (auto& h : f.host) h = &host_noop;
+}
+
 TEST_CASE("fusion registry: a malformed fusion is refused with mk.dsl.E009 when it is asked for, a fixed one replaces it") {
   dsl::FusionInfo f;
   f.name = "test.malformed";
   f.source = "struct Epi {};";
+  set_noop(f);
   f.file = "here.cpp";
   f.line = 7;
   for (int k = 0; k < 7; ++k) f.operands.push_back({fmt::format("op{}", k), dsl::Shape::elem, false});
@@ -93,6 +101,7 @@ TEST_CASE("fusion registry: a malformed fusion is refused with mk.dsl.E009 when 
   };
   dsl::FusionInfo ok;
   ok.source = "struct Epi {};";
+  set_noop(ok);
   dsl::FusionInfo g = ok;
   g.dtypes = {DType::int32};
   refused(g, "floating-point");
@@ -115,6 +124,9 @@ TEST_CASE("fusion registry: a malformed fusion is refused with mk.dsl.E009 when 
   g = ok;
   g.operands = {{"w", dsl::Shape::col, true}};
   refused(g, "per-column output");
+  g = ok;
+  g.host[2] = nullptr;  // code the checker could not run
+  refused(g, "no host build");
   // A valid registration of the name clears the refusal.
   f.operands.resize(2);
   CHECK(dsl::register_fusion(f));
@@ -125,6 +137,7 @@ TEST_CASE("fusion registry: a replacement is a new entry, and what find_fusion r
   dsl::FusionInfo f;
   f.name = "test.replaced";
   f.source = "struct Epi {};";
+  set_noop(f);
   f.doc = "first";
   REQUIRE(dsl::register_fusion(f));
   const dsl::FusionInfo* a = dsl::find_fusion("test.replaced");
@@ -273,6 +286,11 @@ TEST_CASE("verify_epilogue refuses what would race with the tail: zero-copy plan
   auto c = catch_error([&] { verify::verify_epilogue(l.variants.front(), "allreduce.rmsnorm"); });
   CHECK(c.id == "mk.verify.E019");
   CHECK(contains(c.what, "zero-copy"));
+  // at the op that touches a peer's buffer, not at the MK_SCHEDULE line
+  CHECK(contains(c.what, "reads rank"));
+  CHECK(contains(c.loc.file, "allreduce_direct.cpp"));
+  CHECK(c.loc.line > 0);
+  CHECK(c.loc.line != uint32_t(mkt::line_of(mkt::test_dir() + "/../schedules/allreduce_direct.cpp", "MK_SCHEDULE(")));
   // A staged plan whose op is edited to write the peer's output directly
   // (what an imported or hand-lowered program could do).
   auto staged = compiler::lower(dsl::build(*dsl::find_schedule("allreduce.ring"), 3), compiler::LowerOptions{});

@@ -142,6 +142,9 @@ TEST_CASE("fusion registry: allreduce.premulsum is a prologue only, and malforme
   g.rows = dsl::RowMode::given;
   refused(g, "without an epilogue has no operands and no rows");
   g.rows = dsl::RowMode::any;
+  refused(g, "no host build");  // code the checker could not run
+  for (int k = 0; k < 4; ++k) g.pre_host[k] = f.pre_host[k];
+  g.scalars = f.scalars;
   g.name = "test.malformed_pro";
   CHECK(dsl::register_fusion(g));  // fixed: the name is served again
   CHECK(dsl::find_fusion("test.malformed_pro") != nullptr);

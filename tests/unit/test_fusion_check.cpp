@@ -1,0 +1,373 @@
+// The fusion checker (compiler/verify/fusion_check.hpp): fusions whose code
+// breaks one rule each are refused with the rule's id, naming the fusion, the
+// accessor, the row and the thread, at the fusion's line; correct fusions,
+// the built-ins included, pass; find_fusion (what the runtime and mkc ask)
+// refuses a bad one before its first use.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "compiler/compile.hpp"
+#include "compiler/pipeline.hpp"
+#include "compiler/verify/fusion_check.hpp"
+#include "compiler/verify/verify.hpp"
+#include "mk/dsl.hpp"
+#include "mk/fusion.hpp"
+#include "support.hpp"
+
+using namespace mk;
+using mkt::catch_error;
+using mkt::contains;
+
+// ---- fusions that break one rule each (as a user's file would write them) ----
+
+// Reads the next element, which the next thread writes: a race (E021).
+MK_EPILOGUE(chk_neighbour,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) {
+        const int j = i + 1 < r.n ? i + 1 : i;
+        r.set_out(i, r.out(i) + r.out(j));
+      }
+    }
+  };
+)
+MK_FUSION(chk_neighbour, "test.chk_neighbour", "out[i] += out[i + 1]", ({}), ({}), mk::dsl::RowMode::given);
+
+// Writes one element past its row: the next row's, past recvbuff on the last (E020).
+MK_EPILOGUE(chk_past_row,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i));
+      if (r.first() == 0) r.set_out(r.n, 0);
+    }
+  };
+)
+MK_FUSION(chk_past_row, "test.chk_past_row", "writes out[n]", ({}), ({}), mk::dsl::RowMode::given);
+
+// Stores into an input operand shared by every row (E020).
+MK_EPILOGUE(chk_store_input,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) {
+        r.set_out(i, r.out(i) + r.ld(0, i));
+        r.st(0, i, r.out(i));
+      }
+    }
+  };
+)
+MK_FUSION(chk_store_input, "test.chk_store_input", "bias += out", ({{"bias", mk::dsl::Shape::col, false}}), ({}),
+          mk::dsl::RowMode::given);
+
+// Depends on the row length the runtime picks for an element-wise fusion (E022).
+MK_EPILOGUE(chk_row_length,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i) * typename R::C(r.n));
+    }
+  };
+)
+MK_FUSION(chk_row_length, "test.chk_row_length", "out *= n", ({}), ({}), mk::dsl::RowMode::any);
+
+// The vector path and the element path compute different things (E022).
+MK_EPILOGUE(chk_paths,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      using C = typename R::C;
+      if (r.vec()) {
+        for (int v = r.first(); v < r.nv(); v += r.step()) {
+          C x[R::V];
+          r.out_v(v, x);
+          for (int j = 0; j < R::V; ++j) x[j] = x[j] + C(1);
+          r.set_out_v(v, x);
+        }
+      } else {
+        for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i) + C(2));
+      }
+    }
+  };
+)
+MK_FUSION(chk_paths, "test.chk_paths", "out + 1 or + 2", ({}), ({}), mk::dsl::RowMode::given);
+
+// A vector access without asking r.vec() (E020).
+MK_EPILOGUE(chk_no_vec_test,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int v = r.first(); v * R::V < r.n; v += r.step()) {
+        typename R::C x[R::V];
+        r.out_v(v, x);
+        r.set_out_v(v, x);
+      }
+    }
+  };
+)
+MK_FUSION(chk_no_vec_test, "test.chk_no_vec_test", "vectors always", ({}), ({}), mk::dsl::RowMode::given);
+
+// Reads a scalar it does not declare (E020).
+MK_EPILOGUE(chk_scalar,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i) * r.scalar(0) + r.scalar(1));
+    }
+  };
+)
+MK_FUSION(chk_scalar, "test.chk_scalar", "out * a + b, declaring only a", ({}), ({"a"}), mk::dsl::RowMode::any);
+
+// Only thread 0 calls the block-wide reduction (E021: the kernel would hang).
+MK_EPILOGUE(chk_uneven,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      typename R::C s = 0;
+      for (int i = r.first(); i < r.n; i += r.step()) s += r.out(i);
+      if (r.first() == 0) s = r.sum(s);
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, s);
+    }
+  };
+)
+MK_FUSION(chk_uneven, "test.chk_uneven", "a sum only thread 0 calls", ({}), ({}), mk::dsl::RowMode::given);
+
+// Every thread stores the row's per-row output (E021: writes race).
+MK_EPILOGUE(chk_row_race,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      typename R::C m = 0;
+      for (int i = r.first(); i < r.n; i += r.step()) m = r.abs(r.out(i)) > m ? r.abs(r.out(i)) : m;
+      r.st(0, 0, m);  // each thread's own partial, unreduced
+    }
+  };
+)
+MK_FUSION(chk_row_race, "test.chk_row_race", "per-row max without a reduction",
+          ({{"amax", mk::dsl::Shape::row, true}}), ({}), mk::dsl::RowMode::given);
+
+// Reads the residual after writing residual_out: wrong when the caller passes
+// one buffer for both, as the runtime allows (E022).
+MK_EPILOGUE(chk_alias,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) {
+        r.st(1, i, r.out(i) + r.ld(0, i));
+        r.set_out(i, r.ld(1, i) + r.ld(0, i));  // reads operand 0 again after writing operand 1
+      }
+    }
+  };
+)
+MK_FUSION(chk_alias, "test.chk_alias", "reads the residual after writing residual_out",
+          ({{"residual", mk::dsl::Shape::elem, false}, {"residual_out", mk::dsl::Shape::elem, true}}), ({}),
+          mk::dsl::RowMode::any);
+
+// Never ends (E020: more accesses than any row needs).
+MK_EPILOGUE(chk_forever,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step() - r.step()) r.set_out(i, r.out(i));
+    }
+  };
+)
+MK_FUSION(chk_forever, "test.chk_forever", "a loop that never moves", ({}), ({}), mk::dsl::RowMode::any);
+
+// Correct code with a reference that disagrees (E022: the reference catches it).
+MK_EPILOGUE(chk_times_two,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i) * typename R::C(2));
+    }
+  };
+)
+MK_FUSION(chk_times_two, "test.chk_times_two", "out * 2 (its reference says * 3)", ({}), ({}), mk::dsl::RowMode::any);
+static void times_three(mk::dsl::FusionRef& r) {
+  for (int64_t i = 0; i < r.count; ++i) r.want_out(i, r.out(i) * 3, 1e-6);
+}
+MK_FUSION_REFERENCE("test.chk_times_two", times_three);
+
+// A prologue that reads a scalar it does not declare, one that keeps state.
+MK_PROLOGUE(chk_pro_scalar,
+  struct Pro {
+    template <class Q>
+    MK_DEV static typename Q::C in(const Q& q, typename Q::C x) {
+      return x * q.scalar(2);
+    }
+  };
+)
+MK_PROLOGUE_FUSION(chk_pro_scalar, "test.chk_pro_scalar", "x * s2 declaring one scalar", ({"s"}));
+MK_PROLOGUE(chk_pro_state,
+  struct Pro {
+    template <class Q>
+    MK_DEV static typename Q::C in(const Q& q, typename Q::C x) {
+      static int calls = 0;
+      return x + typename Q::C(++calls % 2);
+    }
+  };
+)
+MK_PROLOGUE_FUSION(chk_pro_state, "test.chk_pro_state", "a prologue that counts its calls", ({}));
+
+// Correct user fusions: a per-column bias with a block-wide mean, and a
+// per-row scale written by one thread after the reduction.
+MK_EPILOGUE(chk_good,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      using C = typename R::C;
+      C s = 0;
+      for (int i = r.first(); i < r.n; i += r.step()) s += r.out(i);
+      const C mean = r.sum(s) / C(r.n);
+      if (r.first() == 0) r.st(1, 0, mean);
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i) - mean + r.ld(0, i) * r.scalar(0));
+    }
+  };
+)
+MK_FUSION(chk_good, "test.chk_good", "out - mean(out) + bias * s, mean per row",
+          ({{"bias", mk::dsl::Shape::col, false}, {"mean", mk::dsl::Shape::row, true, false, mk::DType::fp32}}),
+          ({"s"}), mk::dsl::RowMode::given);
+
+namespace {
+
+const dsl::FusionInfo& unchecked(const std::string& name) {
+  const dsl::FusionInfo* f = dsl::find_fusion_unchecked(name);
+  REQUIRE_MESSAGE(f != nullptr, name);
+  return *f;
+}
+
+mkt::Caught refused(const std::string& name) {
+  return catch_error([&] { verify::check_fusion(unchecked(name)); });
+}
+
+}  // namespace
+
+TEST_CASE("fusion check: the built-ins and correct user fusions pass, against their float64 references") {
+  for (const char* n : {"allreduce.rmsnorm", "allreduce.fp8_rows", "allreduce.premulsum", "test.chk_good",
+                        "test.clip_sum_times"}) {
+    CAPTURE(n);
+    const auto rep = verify::check_fusion(unchecked(n));
+    CHECK(rep.rows + rep.values > 0);
+    if (std::string(n).rfind("allreduce.", 0) == 0) {
+      CHECK(rep.reference);  // every built-in declares one
+      CHECK(rep.max_err <= rep.max_tol);
+    }
+  }
+  const auto rep = verify::check_fusion(unchecked("allreduce.rmsnorm"));
+  CHECK(contains(rep.summary, "same bits on the vector and element paths"));
+  CHECK(contains(rep.summary, "the same buffer as an input"));
+  CHECK(contains(rep.summary, "within its float64 reference"));
+  CHECK(rep.lengths.front() == 1);
+  CHECK(rep.lengths.back() == 16384);  // the longest row it serves
+  CHECK(dsl::find_fusion("allreduce.rmsnorm") != nullptr);
+}
+
+TEST_CASE("fusion check: mk.verify.E020 accesses outside the row, into an input, of undeclared scalars") {
+  auto c = refused("test.chk_past_row");
+  CHECK(c.id == "mk.verify.E020");
+  CHECK(contains(c.message, "fusion test.chk_past_row (fp16 epilogue)"));
+  CHECK(contains(c.message, "thread 0 of 4: r.set_out(i, v) with i = 1, outside the row's elements 0..0"));
+  CHECK(contains(c.loc.file, "test_fusion_check.cpp"));
+  CHECK(c.loc.line == uint32_t(mkt::line_of(__FILE__, "MK_EPILOGUE(chk_past_row,")));
+
+  c = refused("test.chk_store_input");
+  CHECK(c.id == "mk.verify.E020");
+  CHECK(contains(c.message, "r.st(k, i, v) writes operand 0 (bias, per column, an input)"));
+  CHECK(contains(c.message, "shared by every row's block"));
+
+  c = refused("test.chk_no_vec_test");
+  CHECK(c.id == "mk.verify.E020");
+  CHECK(contains(c.message, "r.out_v(v, x) on a row the kernel moves element by element"));
+
+  c = refused("test.chk_scalar");
+  CHECK(c.id == "mk.verify.E020");
+  CHECK(contains(c.message, "r.scalar(1): the fusion declares 1 scalar(s) (a)"));
+
+  c = refused("test.chk_forever");
+  CHECK(c.id == "mk.verify.E020");
+  CHECK(contains(c.message, "the code does not end"));
+
+  c = refused("test.chk_pro_scalar");
+  CHECK(c.id == "mk.verify.E020");
+  CHECK(contains(c.message, "fusion test.chk_pro_scalar (fp16 prologue)"));
+  CHECK(contains(c.message, "q.scalar(2)"));
+  CHECK(c.loc.line == uint32_t(mkt::line_of(__FILE__, "MK_PROLOGUE(chk_pro_scalar,")));
+}
+
+TEST_CASE("fusion check: mk.verify.E021 threads that race on an element or call reductions unevenly") {
+  auto c = refused("test.chk_neighbour");
+  CHECK(c.id == "mk.verify.E021");
+  CHECK(contains(c.message, "r.set_out(i, v) writes out[1], which thread 0 read (r.out(i))"));
+  CHECK(contains(c.message, "after the same block-wide reduction (the start of the row)"));
+
+  c = refused("test.chk_row_race");
+  CHECK(c.id == "mk.verify.E021");
+  CHECK(contains(c.message, "r.st(k, i, v) writes amax[0], which thread 0 writes"));
+
+  c = refused("test.chk_uneven");
+  CHECK(c.id == "mk.verify.E021");
+  CHECK(contains(c.message, "ends after 0 block-wide reduction(s) while thread 0 calls a 1st"));
+}
+
+TEST_CASE("fusion check: mk.verify.E022 results that depend on the path, the row length, aliasing or miss the "
+          "reference") {
+  auto c = refused("test.chk_paths");
+  CHECK(c.id == "mk.verify.E022");
+  CHECK(contains(c.message, "on the vector path and"));
+  CHECK(contains(c.message, "on the element path"));
+
+  c = refused("test.chk_row_length");
+  CHECK(c.id == "mk.verify.E022");
+  CHECK(contains(c.message, "must not depend on the row length"));
+
+  c = refused("test.chk_alias");
+  CHECK(c.id == "mk.verify.E022");
+  CHECK(contains(c.message, "with residual_out the same buffer as residual"));
+
+  c = refused("test.chk_times_two");
+  CHECK(c.id == "mk.verify.E022");
+  CHECK(contains(c.message, "its float64 reference (MK_FUSION_REFERENCE) says"));
+
+  c = refused("test.chk_pro_state");
+  CHECK(c.id == "mk.verify.E022");
+  CHECK(contains(c.message, "keeps state between calls"));
+}
+
+TEST_CASE("fusion check: find_fusion refuses a bad fusion before its first use, every time, and compile_plan with it") {
+  for (int k = 0; k < 2; ++k)
+    CHECK(catch_error([] { dsl::find_fusion("test.chk_neighbour"); }).id == "mk.verify.E021");
+  CHECK(dsl::find_fusion_unchecked("test.chk_neighbour") != nullptr);  // registered, just never handed out
+  const dsl::ScheduleInfo* ring = dsl::find_schedule("allreduce.ring");
+  REQUIRE(ring != nullptr);
+  compiler::CompileOptions o;
+  o.dtype = DType::bf16;
+  o.fusion = "test.chk_neighbour";
+  CHECK(catch_error([&] { compiler::compile_plan(dsl::build(*ring, 2), o); }).id == "mk.verify.E021");
+}
+
+TEST_CASE("simulate_fusion: a fused all-reduce on the CPU against float64 and across ranks") {
+  const dsl::ScheduleInfo* ring = dsl::find_schedule("allreduce.ring");
+  REQUIRE(ring != nullptr);
+  const compiler::Lowered l = compiler::lower(dsl::build(*ring, 3), {});
+  verify::FusionSimOptions o;
+  o.count = 96;
+  o.row = 32;
+  for (DType t : {DType::bf16, DType::fp32}) {
+    o.dtype = t;
+    const auto r = verify::simulate_fusion(l.variants.front(), unchecked("allreduce.rmsnorm"), o);
+    CHECK_MESSAGE(r.first_bad.empty(), r.first_bad);
+    CHECK(r.reference);
+    CHECK(r.checked == 3 * 96);
+    const auto p = verify::simulate_fusion(l.variants.front(), unchecked("allreduce.premulsum"), o);
+    CHECK_MESSAGE(p.first_bad.empty(), p.first_bad);
+  }
+  // the reference catches an epilogue that disagrees with it
+  o.dtype = DType::fp32;
+  const auto bad = verify::simulate_fusion(l.variants.front(), unchecked("test.chk_times_two"), o);
+  CHECK(contains(bad.first_bad, "its float64 reference says"));
+  CHECK(bad.bad_id == ErrId::verify_E022);
+}
