@@ -141,6 +141,10 @@ struct Schedule {
   std::optional<topology::Topology> topology;
   std::vector<Op> ops;
   SrcLoc loc;  // where the schedule is declared (MK_SCHEDULE, or the Program); not serialised
+  // Scratch slots the author's ops use (after compaction) where stage_remote
+  // added slots of its own (scratch - author_scratch of them); -1: unknown.
+  // For messages; not serialised.
+  int32_t author_scratch = -1;
 
   int32_t next_id() const;  // an id no op has yet
 };

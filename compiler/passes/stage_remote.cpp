@@ -126,6 +126,7 @@ ir::Schedule stage_remote(ir::Schedule s) {
   for (size_t i = 0; i < pending.size(); ++i)
     if (!flushed[i]) out.push_back(std::move(pending[i]));
   s.ops = std::move(out);
+  s.author_scratch = s.scratch;
   for (int32_t n : next_slot) s.scratch = std::max(s.scratch, n);
   s.staged = true;
   return s;

@@ -25,27 +25,36 @@ void verify_epilogue(const ir::Schedule& s, const std::string& fusion) {
     throw Error(ErrId::verify_E019,
                 fmt::format("{}: {} is not an all-reduce; fused epilogues run on all-reduce outputs", who, name(s.coll)),
                 s.loc, "fuse into an all-reduce schedule");
-  if (s.zero_copy)
-    throw Error(ErrId::verify_E019,
-                fmt::format("{}: a zero-copy plan lets peers read this rank's input and write its output from their "
-                            "own kernels, unordered with this rank's epilogue",
-                            who),
-                s.loc, "use the staged plan (zero-copy plans cannot serve a fused epilogue)");
+  // The first op that touches another rank's buffers, named at its DSL line
+  // (a zero-copy plan has them by design; a staged one only when imported or
+  // hand-lowered).
   for (size_t oi = 0; oi < s.ops.size(); ++oi) {
     const ir::Op& op = s.ops[oi];
     if (!op.is_data()) continue;
     auto check = [&](const ir::Ref& r, const char* how) {
       if (r.buf == ir::Buf::scratch || r.rank == op.rank) return;
+      const std::string what = fmt::format("{} {} rank {}'s {} {}", describe_op(s, oi), how, r.rank,
+                                           r.buf == ir::Buf::input ? "input" : "output", ir::to_string(r));
+      if (s.zero_copy)
+        throw Error(ErrId::verify_E019,
+                    fmt::format("{}: a zero-copy plan lets peers read this rank's input and write its output from "
+                                "their own kernels, unordered with this rank's epilogue: {}",
+                                who, what),
+                    op.loc, "use the staged plan (zero-copy plans cannot serve a fused epilogue)");
       throw Error(ErrId::verify_E019,
-                  fmt::format("{}: {} {} rank {}'s {} {}; the epilogue runs in rank {}'s kernel tail and would race "
-                              "with it",
-                              who, describe_op(s, oi), how, r.rank, r.buf == ir::Buf::input ? "input" : "output",
-                              ir::to_string(r), r.rank),
+                  fmt::format("{}: {}; the epilogue runs in rank {}'s kernel tail and would race with it", who, what,
+                              r.rank),
                   op.loc, "stage peers' data through scratch (only a rank's own ops may touch its buffers)");
     };
     for (const ir::Ref& r : op.srcs) check(r, "reads");
     for (const ir::Ref& r : op.dsts) check(r, "writes");
   }
+  if (s.zero_copy)  // touches no peer (the pipeline stages such a schedule): refused all the same
+    throw Error(ErrId::verify_E019,
+                fmt::format("{}: a zero-copy plan lets peers read this rank's input and write its output from their "
+                            "own kernels, unordered with this rank's epilogue",
+                            who),
+                s.loc, "use the staged plan (zero-copy plans cannot serve a fused epilogue)");
 }
 
 }  // namespace mk::verify

@@ -81,11 +81,24 @@ void run(const Schedule& s, bool inplace, const std::string& what) {
             auto it = self.find(&cells.at(src.at(k)));
             if (it == self.end() || it->second == oi) continue;
             const Op& c = s.ops[it->second];
+            // On one thread block, program order orders the two; on two, no
+            // sync was inserted for the self-copy (a sum kernel skips it).
+            const bool one_tb = op.rank == c.rank && op.tb >= 0 && op.tb == c.tb;
+            const std::string relation =
+                !one_tb ? fmt::format("unordered with {}, which also reads {} (a sum kernel skips such a copy, so "
+                                      "nothing orders the two)",
+                                      describe_op(s, oi), ir::to_string(src.at(k)))
+                : oi > it->second
+                    ? fmt::format("and then {} on the same thread block reads {} back, transformed already, and "
+                                  "would transform it again",
+                                  describe_op(s, oi), ir::to_string(src.at(k)))
+                    : fmt::format("while {} on the same thread block reads {} before it (the checker refuses every "
+                                  "other reader of a location a prologue copies onto itself)",
+                                  describe_op(s, oi), ir::to_string(src.at(k)));
             throw Error(ErrId::verify_E018,
                         fmt::format("{}: {} copies input {} onto itself (its in-place output), which a kernel with a "
-                                    "prologue must write (the prologue's value), unordered with {}, which also reads {}",
-                                    who, describe_op(s, it->second), ir::to_string(c.srcs[0]), describe_op(s, oi),
-                                    ir::to_string(src.at(k))),
+                                    "prologue must write (the prologue's value), {}",
+                                    who, describe_op(s, it->second), ir::to_string(c.srcs[0]), relation),
                         c.loc, "copy the input into scratch or another chunk instead of onto itself");
           }
       }

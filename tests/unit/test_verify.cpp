@@ -741,7 +741,7 @@ TEST_CASE("verify: mk.verify.E004 one op writes a chunk twice through overlappin
   q.copy({q.output(0, 0), q.output(0, 0)}, q.input(0, 0));
   auto d = catch_error([&] { lower(std::move(q.ir())); });
   CHECK(d.id == "mk.verify.E004");
-  CHECK(contains(d.message, "writes r0.out[0] twice"));
+  CHECK(contains(d.message, "names r0.out[0] twice as a destination"));
 }
 
 TEST_CASE("verify: rooted collectives are invariant under the runtime's relabelling") {
@@ -864,6 +864,127 @@ TEST_CASE("verify: mk.verify.E015 ranks that reduce in different orders") {
   CHECK(contains(c.message, "last written by %5 (copy on rank 2, step 1)"));
 }
 
+// Every rank reduces its n sources in one reduce (one rounding), except rank
+// 1, which reduces sources 0 and 1 into scratch first (two roundings): the
+// same tree shape, different rounding points (the 2026-12-05 probe).
+ir::Schedule rounds_apart(int n, bool apart = true) {
+  Program p(Collective::allreduce, n, 0, "test.rounds_apart");
+  for (int r = 0; r < n; ++r) {
+    std::vector<dsl::Chunk> srcs;
+    for (int q = 0; q < n; ++q) srcs.push_back(p.input(q, 0));
+    if (r == 1 && apart) {
+      p.reduce(p.scratch(r, 0), {srcs[0], srcs[1]});  // MARK-round-partial
+      std::vector<dsl::Chunk> rest{p.scratch(r, 0)};
+      for (int q = 2; q < n; ++q) rest.push_back(srcs[size_t(q)]);
+      p.reduce(p.scratch(r, 1), rest);
+    } else {
+      p.reduce(p.scratch(r, 1), srcs);
+    }
+  }
+  for (int r = 0; r < n; ++r) p.copy(p.output(r, 0), p.scratch(r, 1));
+  return std::move(p.ir());
+}
+
+TEST_CASE("verify: mk.verify.E015 ranks that round a reduction at different points (fp16, bf16, fp8)") {
+  CHECK_NOTHROW(verify::verify_deterministic(rounds_apart(3, false)));
+  const ir::Schedule s = rounds_apart(3);
+  CHECK_NOTHROW(verify::verify_semantics(s));  // correct, just not bit-identical in narrow dtypes
+  const verify::Orders o = verify::nondeterminism(s);
+  CHECK(o.order.empty());  // the same order: fp32 and fp64 agree
+  CHECK(contains(o.rounding, "ranks 0 and 1 combine the contributions to input chunk 0 in the same order but round "
+                             "at different points"));
+  CHECK(contains(o.rounding, "%1 (reduce on rank 1, step 0) at test_verify.cpp:"));  // the rounding op and its line
+  CHECK(contains(o.rounding, "stores a partial result of 2 of the 3 contributions"));
+  CHECK(contains(o.rounding, "%0 (reduce on rank 0, step 0)"));  // the rank that does not round there
+  CHECK(o.rounding_loc.line == uint32_t(mkt::line_of(__FILE__, "MARK-round-partial")));
+  // which calls it matters for
+  for (DType t : {DType::fp16, DType::bf16, DType::fp8e4m3, DType::fp8e5m2}) {
+    CAPTURE(name(t));
+    auto c = catch_error([&] { verify::verify_deterministic(s, t); });
+    CHECK(c.id == "mk.verify.E015");
+    CHECK(here(c.loc));
+    CHECK(contains(c.what, "reduce in one op"));
+    CHECK_NOTHROW(verify::verify_deterministic(s, t, RedOp::max));  // min and max round nothing
+  }
+  CHECK(catch_error([&] { verify::verify_deterministic(s); }).id == "mk.verify.E015");  // any dtype
+  for (DType t : {DType::fp32, DType::fp64, DType::int32, DType::uint8, DType::int64})
+    CHECK_NOTHROW(verify::verify_deterministic(s, t));
+  // the order case matters for every float dtype but not for integers, min or max
+  Program q(Collective::allreduce, 3, 0, "test.order2");
+  for (int r = 0; r < 3; ++r) {
+    std::vector<dsl::Chunk> srcs{q.input(r, 0)};  // own input first
+    for (int k = 0; k < 3; ++k)
+      if (k != r) srcs.push_back(q.input(k, 0));
+    q.reduce(q.scratch(r, 0), srcs);
+  }
+  for (int r = 0; r < 3; ++r) q.copy(q.output(r, 0), q.scratch(r, 0));
+  const ir::Schedule ord = q.ir();
+  for (DType t : {DType::fp32, DType::fp64, DType::bf16})
+    CHECK(catch_error([&] { verify::verify_deterministic(ord, t, RedOp::prod); }).id == "mk.verify.E015");
+  CHECK_NOTHROW(verify::verify_deterministic(ord, DType::int32, RedOp::sum));
+  CHECK_NOTHROW(verify::verify_deterministic(ord, DType::fp32, RedOp::min));
+}
+
+TEST_CASE("simulate: data whose partial sums round shows ranks that round apart, exact data cannot") {
+  const compiler::Lowered l = lower(rounds_apart(3));
+  for (DType t : {DType::bf16, DType::fp16}) {
+    CAPTURE(name(t));
+    verify::SimOptions so;
+    so.dtype = t;
+    so.count = 777;
+    const verify::SimResult exact = verify::simulate(l.variants.back(), so);
+    CHECK(exact.ok);  // every partial sum exact: the rounding points cannot show
+    so.inexact = true;
+    const verify::SimResult r = verify::simulate(l.variants.back(), so);
+    CHECK(r.mismatches == 0);  // every value within the float64 bound ...
+    CHECK(r.rank_diffs > 0);   // ... but rank 1's bits differ
+    CHECK(contains(r.first_diff, "rank 1 element"));
+    CHECK(contains(r.first_diff, "differs bit-wise from rank 0's"));
+    CHECK(!r.ok);
+  }
+  // the same schedule written with one rounding point everywhere agrees bit for bit
+  verify::SimOptions so;
+  so.dtype = DType::bf16;
+  so.count = 777;
+  so.inexact = true;
+  CHECK(verify::simulate(lower(rounds_apart(3, false)).variants.back(), so).ok);
+  so.dtype = DType::fp32;  // the same order: fp32 agrees
+  CHECK(verify::simulate(l.variants.back(), so).ok);
+}
+
+TEST_CASE("simulate: every built-in all-reduce is bit-identical across ranks on data whose partial sums round") {
+  for (const auto& info : dsl::registered_schedules()) {
+    if (info.coll != Collective::allreduce) continue;
+    for (int n : {2, 3, 4, 5, 8}) {
+      ir::Schedule raw;
+      try {
+        raw = dsl::build(info, n);
+      } catch (const Error&) {
+        continue;  // not for this rank count (hierarchical shapes)
+      }
+      const compiler::Lowered l = lower(raw);
+      for (size_t b = 0; b < l.variants.size(); ++b)
+        for (DType t : {DType::bf16, DType::fp16, DType::fp8e4m3})
+          for (RedOp op : {RedOp::sum, RedOp::avg}) {
+            CAPTURE(info.name);
+            CAPTURE(n);
+            CAPTURE(b);
+            CAPTURE(name(t));
+            CAPTURE(name(op));
+            verify::SimOptions so;
+            so.dtype = t;
+            so.op = op;
+            so.count = 301;
+            so.inexact = true;
+            so.launches = 1;
+            const verify::SimResult r = verify::simulate(l.variants[b], so);
+            CHECK(r.mismatches == 0);
+            CHECK(r.rank_diffs == 0);
+          }
+    }
+  }
+}
+
 TEST_CASE("lower with orders answers verify_deterministic, as written and as lowered, in its own runs") {
   // The schedule of the E015 case above: each rank adds its own input first.
   Program p(Collective::allreduce, 3, 0, "test.order");
@@ -883,11 +1004,11 @@ TEST_CASE("lower with orders answers verify_deterministic, as written and as low
   };
   const compiler::Lowered l = compiler::lower(s, o);
   o.on_pass = nullptr;
-  CHECK(contains(l.nondeterministic_written, "ranks 0 and 2 combine the contributions to input chunk 0"));
-  CHECK(l.nondeterministic_written == verify::nondeterminism(s));
-  CHECK(l.nondeterministic_lowered == verify::nondeterminism(analyzed));
-  CHECK(contains(verify::nondeterminism(l.variants.front()), "ranks 0 and 2 combine"));
-  CHECK(verify::nondeterministic_error(s, l.nondeterministic_written).id() == ErrId::verify_E015);
+  CHECK(contains(l.nondeterministic_written.order, "ranks 0 and 2 combine the contributions to input chunk 0"));
+  CHECK(l.nondeterministic_written.order == verify::nondeterminism(s).order);
+  CHECK(l.nondeterministic_lowered.order == verify::nondeterminism(analyzed).order);
+  CHECK(contains(verify::nondeterminism(l.variants.front()).order, "ranks 0 and 2 combine"));
+  CHECK(verify::nondeterministic_error(l.nondeterministic_written).id() == ErrId::verify_E015);
   // not asked: not answered
   const compiler::Lowered quiet = compiler::lower(s, {});
   CHECK(quiet.nondeterministic_written.empty());
@@ -902,8 +1023,9 @@ TEST_CASE("lower with orders answers verify_deterministic, as written and as low
       if (collective_rooted(info.coll)) forms.push_back(verify::rotate_root(forms[0], 1));
       for (const ir::Schedule& raw : forms) {
         const compiler::Lowered x = compiler::lower(raw, o);
-        CHECK(x.nondeterministic_written == verify::nondeterminism(raw));
-        std::string lowered;
+        CHECK(x.nondeterministic_written.order == verify::nondeterminism(raw).order);
+        CHECK(x.nondeterministic_written.rounding == verify::nondeterminism(raw).rounding);
+        verify::Orders lowered;
         for (const auto& v : x.variants)
           if (lowered.empty()) lowered = verify::nondeterminism(v);
         CHECK(x.nondeterministic_lowered.empty() == lowered.empty());
@@ -1038,4 +1160,68 @@ TEST_CASE("verify: access needs handed to verify_sync are checked to be the sche
     }
   }
   CHECK(races >= 2);
+}
+
+TEST_CASE("verify: error texts say what happened (the 2026-12-05 probe)") {
+  SUBCASE("mk.verify.E004: one destination listed twice carries the same data; it is not order-dependent") {
+    Program p(Collective::allreduce, 1, 0, "test.dup_dst");
+    p.copy({p.output(0, 0), p.output(0, 0)}, p.input(0, 0));
+    auto c = catch_error([&] { verify::verify_bounds(p.ir()); });
+    CHECK(c.id == "mk.verify.E004");
+    CHECK(contains(c.message, "names r0.out[0] twice as a destination (the destination r0.out[0] is listed twice)"));
+    CHECK(contains(c.message, "both writes carry the same data"));
+    CHECK(!contains(c.message, "would depend on execution order"));
+    CHECK(contains(c.what, "list each destination once"));
+    // overlapping runs at different positions still are order-dependent
+    Program q(Collective::allreduce, 1, 0, "test.dst_overlap");
+    q.chunks(3);
+    q.copy({q.scratch(0, 0, 2), q.scratch(0, 1, 2)}, q.input(0, 0, 2));
+    c = catch_error([&] { verify::verify_bounds(q.ir()); });
+    CHECK(c.id == "mk.verify.E004");
+    CHECK(contains(c.message, "would depend on execution order"));
+  }
+  SUBCASE("mk.verify.E001: in place, an input overwritten before anything read it") {
+    // an all-gather: rank 0 fills its output block 0 with rank 1's data first
+    // and fixes it last; out of place that is fine, in place block 0 is
+    // rank 0's input, gone before rank 1 copies it
+    Program p(Collective::allgather, 2, 0, "test.overwritten");
+    p.copy(p.output(0, 0), p.input(1, 0));  // MARK-overwrites-input
+    p.copy(p.output(1, 0), p.input(0, 0));
+    p.copy(p.output(0, 0), p.input(0, 0));
+    p.copy(p.output(0, 1), p.input(1, 0));
+    p.copy(p.output(1, 1), p.input(1, 0));
+    auto c = catch_error([&] { verify::verify_semantics(p.ir()); });
+    CHECK(c.id == "mk.verify.E001");
+    CHECK(contains(c.message, "in-place"));
+    CHECK(contains(c.message, "in place, rank 0 input chunk 0 is rank 0's output chunk 0, which %0 (copy on rank 1, "
+                              "step 0) overwrote before anything read it"));  // a copy runs on its source's rank
+    CHECK(!contains(c.message, "no partial result"));
+    CHECK(contains(c.what, "before anything writes the output chunk it shares memory with"));
+  }
+  SUBCASE("mk.verify.E018: a self-copy and a later read on one thread block are ordered; the text says what goes wrong") {
+    Program p(Collective::allreduce, 1, 0, "test.self_then_read");
+    p.copy(p.output(0, 0), p.input(0, 0), dsl::on(0, 0));
+    p.copy(p.scratch(0, 0), p.input(0, 0), dsl::on(0, 0));
+    p.copy(p.output(0, 0), p.scratch(0, 0), dsl::on(0, 0));
+    CHECK_NOTHROW(verify::verify_semantics(p.ir()));
+    auto c = catch_error([&] { verify::verify_prologue(p.ir()); });
+    CHECK(c.id == "mk.verify.E018");
+    CHECK(contains(c.message, "on the same thread block reads r0.in[0] back, transformed already"));
+    CHECK(!contains(c.message, "unordered"));
+  }
+  SUBCASE("mk.verify.E016: slots that staging added are named as such") {
+    Program p(Collective::allreduce, 2, 0, "test.staged_slots");
+    for (int r = 0; r < 2; ++r)  // reads a peer's input: staging adds a slot
+      p.reduce(p.scratch(r, 0), {p.input(0, 0), p.input(1, 0)}, dsl::on(r));
+    for (int r = 0; r < 2; ++r) p.copy(p.output(r, 0), p.scratch(r, 0));
+    const auto l = lower(p.ir());
+    ir::Schedule v = l.variants.back();
+    REQUIRE(v.author_scratch == 1);
+    REQUIRE(v.scratch > 0);
+    v.instances = int32_t(verify::kDefaultScratchBytes / (v.tile_bytes * v.depth * v.scratch) + 1);
+    auto c = catch_error([&] { verify::verify_resources(v); });
+    CHECK(c.id == "mk.verify.E016");
+    CHECK(contains(c.message, fmt::format("{} slot(s): the schedule's 1 and {} that staging added", v.scratch,
+                                          v.scratch - 1)));
+  }
 }
