@@ -42,13 +42,22 @@ def _schedule_args(schedule, ranks, root, topology):
     return args
 
 
-def verify(schedule, ranks=None, root=None, topology=None, strict=False):
+def verify(schedule=None, ranks=None, root=None, topology=None, strict=False, dtype=None, fusion=None):
     """Proves that `schedule` (a built-in name such as "allreduce.ring", or a
     file: MSCCL XML, MSCCL++ JSON, mKernel IR JSON) computes its collective.
+    strict=True also requires bit-identical results on every rank (for
+    `dtype` only, when given). fusion="NAME" also checks that fusion's code
+    on the CPU (mk.verify.E020-E022); without a schedule, only that.
     Returns mkc's report; raises CompileError with the counterexample if not."""
-    args = ["verify"] + _schedule_args(schedule, ranks, root, topology)
+    if schedule is None and fusion is None:
+        raise ValueError("verify needs a schedule, a fusion, or both")
+    args = ["verify"] + (_schedule_args(schedule, ranks, root, topology) if schedule is not None else [])
     if strict:
         args.append("--strict")
+    if dtype is not None:
+        args += ["--dtype", dtype]
+    if fusion is not None:
+        args += ["--fusion", fusion]
     return mkc(*args)
 
 

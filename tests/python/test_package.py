@@ -141,8 +141,12 @@ class Package(unittest.TestCase):
             except mkernel.CompileError as e:
                 print("REFUSED", e.returncode, str(e).splitlines()[0])
             print(mkernel.compile("allgather.direct", %r, ranks=2, dtype="bf16"))
+            print(mkernel.verify(fusion="allreduce.rmsnorm", dtype="bf16").splitlines()[0])
+            print(mkernel.verify("allreduce.ring", ranks=3, strict=True, dtype="fp32").splitlines()[0])
         """ % out, env={"MK_CACHE_DIR": os.path.join(TMP, "c1")})
         self.assertIn("proved: allreduce.ring", p.stdout)
+        self.assertIn("checked: fusion allreduce.rmsnorm", p.stdout)
+        self.assertIn("bit-identical results, fp32 sum", p.stdout)
         self.assertIn("REFUSED 1 mkc: error: [mk.cli.E001] unknown schedule 'allreduce.nope'", p.stdout)
         self.assertTrue(os.path.isfile(os.path.join(out, "plan.json")))
         # the console script and python -m are mkc, and use the package's own library

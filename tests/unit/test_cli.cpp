@@ -5,6 +5,7 @@
 // 2 is a bad command line, 3 an internal error (a crash: never expected here).
 #include <chrono>
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 #include <set>
@@ -794,7 +795,8 @@ TEST_CASE("mkc verify says what was proved: roots, both aliasings, every count, 
   auto a = mkc({"verify", "-s", "allreduce.ring", "-n", "4"});
   CHECK_OK(a);
   CHECK(contains(a.out, "in-place and out-of-place for every count"));
-  CHECK(contains(a.out, "every rank combines each reduction in the same order (bit-identical results)"));
+  CHECK(contains(a.out, "every rank combines each reduction in the same order and rounds it at the same points "
+                        "(bit-identical results, every dtype and op)"));
   CHECK_FALSE(contains(a.out, "root"));
   auto b = mkc({"verify", "-s", "broadcast.direct", "-n", "4"});
   CHECK_OK(b);
@@ -818,6 +820,71 @@ TEST_CASE("mkc verify warns about ranks that reduce in different orders, --stric
   CHECK_FALSE(contains(s.out, "proved"));
   // two ranks add in the same order either way (a + b == b + a)
   CHECK_OK(mkc({"verify", fixture("unordered_allreduce.cpp"), "--ranks", "2", "--strict"}));
+}
+
+TEST_CASE("mkc verify and simulate: ranks that round at different points (mk.verify.E015), the same verdict in both") {
+  const std::string f = fixture("rounds_apart.cpp");
+  auto w = mkc({"verify", f, "--ranks", "3"});
+  CHECK_OK(w);
+  CHECK(contains(w.err, "mkc: warning: [mk.verify.E015]"));
+  CHECK(contains(w.err, "in the same order but round at different points"));
+  CHECK(contains(w.err, fmt::format("rounds_apart.cpp:{}", mkt::line_of(f, "MARK:"))));
+  CHECK(contains(w.out, "NOT bit-identical across ranks in fp16, bf16 and fp8"));
+  MKT_CHECK_USER_ERROR(mkc({"verify", f, "--ranks", "3", "--strict"}), "mk.verify.E015");
+  MKT_CHECK_USER_ERROR(mkc({"verify", f, "--ranks", "3", "--strict", "--dtype", "bf16"}), "mk.verify.E015");
+  for (const char* t : {"fp32", "fp64", "int32"}) {
+    auto ok = mkc({"verify", f, "--ranks", "3", "--strict", "--dtype", t});
+    CHECK_OK(ok);
+    CHECK(contains(ok.out, "bit-identical results"));
+  }
+  CHECK_OK(mkc({"verify", f, "--ranks", "3", "--strict", "--dtype", "bf16", "--op", "max"}));
+  MKT_CHECK_USER_ERROR(mkc({"verify", f, "--ranks", "3", "--op", "max"}), "mk.cli.E011");  // --op needs --dtype
+  // simulate: the same warning, the differing elements shown on data whose partial sums round
+  auto s = mkc({"simulate", f, "--ranks", "3", "--dtype", "bf16", "--count", "1000"});
+  CHECK_OK(s);
+  CHECK(contains(s.err, "mkc: warning: [mk.verify.E015]"));
+  CHECK(contains(s.out, "data whose partial sums are exact): max error 0 (tolerance 0), 0 mismatch(es)\n"));
+  CHECK(contains(s.out, "element(s) differ bit-wise between ranks"));
+  CHECK(contains(s.out, "ranks are NOT bit-identical"));
+  MKT_CHECK_USER_ERROR(mkc({"simulate", f, "--ranks", "3", "--dtype", "bf16", "--strict"}), "mk.verify.E015");
+  auto only_exact = mkc({"simulate", f, "--ranks", "3", "--dtype", "bf16", "--data", "exact"});
+  CHECK_OK(only_exact);
+  CHECK(contains(only_exact.out, "the data did not show it here"));
+  CHECK_OK(mkc({"simulate", f, "--ranks", "3", "--dtype", "fp32", "--strict"}));  // one order: fp32 agrees
+  MKT_CHECK_USER_ERROR(mkc({"simulate", f, "--ranks", "3", "--data", "some"}), "mk.cli.E011");
+}
+
+TEST_CASE("mkc simulate refuses what the runtime never runs: PreMulSum on copy engines") {
+  auto r = mkc({"simulate", "-s", "allreduce.ce", "-n", "2", "--op", "premulsum"});
+  MKT_CHECK_USER_ERROR(r, "mk.cli.E013");
+  CHECK(contains(r.err, "copy engines"));
+  CHECK_OK(mkc({"simulate", "-s", "allreduce.ring", "-n", "2", "--op", "premulsum", "--count", "300"}));
+}
+
+TEST_CASE("mkc verify --fusion and simulate --fusion: the checker, and a fused all-reduce on the CPU") {
+  auto v = mkc({"verify", "--fusion", "allreduce.rmsnorm", "--dtype", "bf16"});
+  CHECK_OK(v);
+  CHECK(contains(v.out, "checked: fusion allreduce.rmsnorm"));
+  CHECK(contains(v.out, "within its float64 reference"));
+  auto both = mkc({"verify", "-s", "allreduce.ring", "-n", "3", "--fusion", "allreduce.premulsum"});
+  CHECK_OK(both);
+  CHECK(contains(both.out, "with fusion allreduce.premulsum, every bucket's kernel runs the prologue once"));
+  auto zc = mkc({"verify", "-s", "allreduce.direct", "-n", "2", "--zero-copy", "--fusion", "allreduce.rmsnorm"});
+  MKT_CHECK_USER_ERROR(zc, "mk.verify.E019");
+  // a user's fusion file that races: refused as it loads, naming its line
+  const std::string bad = fixture("bad_fusion.cpp");
+  auto b = mkc({"verify", bad, "--fusion", "user.smooth"});
+  MKT_CHECK_USER_ERROR(b, "mk.verify.E021");
+  CHECK(contains(b.err, "fusion user.smooth"));
+  CHECK(contains(b.err, fmt::format("bad_fusion.cpp:{}", mkt::line_of(bad, "MK_EPILOGUE("))));
+  auto s = mkc({"simulate", "-s", "allreduce.ring", "-n", "3", "--dtype", "bf16", "--count", "512", "--fusion",
+                "allreduce.rmsnorm", "--row", "128", "--scalars", "1e-6"});
+  CHECK_OK(s);
+  CHECK(contains(s.out, "with fusion allreduce.rmsnorm (rows of 128)"));
+  CHECK(contains(s.out, "the epilogue against its float64 reference"));
+  CHECK(contains(s.out, "ok"));
+  MKT_CHECK_USER_ERROR(mkc({"simulate", "-s", "allreduce.ring", "-n", "3", "--fusion", "allreduce.rmsnorm"}),
+                       "mk.cli.E011");  // a given-row fusion needs --row
 }
 
 TEST_CASE("mkc verify --strict passes every built-in") {

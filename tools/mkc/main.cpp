@@ -50,6 +50,7 @@
 #include "compiler/topology/topology.hpp"
 #include "compiler/verify/composite.hpp"
 #include "compiler/verify/executor.hpp"
+#include "compiler/verify/fusion_check.hpp"
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "mk/fusion.hpp"
@@ -286,13 +287,40 @@ int cmd_list() {
   return 0;
 }
 
-int verify_one(const Common& o, Loaded in, bool strict) {
+// What `mkc verify` checks determinism for: a call of one dtype and op, or
+// (no --dtype) of any dtype.
+struct CallKind {
+  std::optional<DType> dtype;
+  RedOp op = RedOp::sum;
+};
+
+// The fusion `mkc verify --fusion` and `mkc simulate --fusion` name (its
+// file loaded first): unchecked, for the checker's own report.
+const dsl::FusionInfo& named_fusion(const std::string& fusion) {
+  const dsl::FusionInfo* f = dsl::find_fusion_unchecked(fusion);
+  if (!f) {
+    std::string names;
+    for (const auto& x : dsl::registered_fusions()) names += (names.empty() ? "" : ", ") + x.name;
+    throw Error(ErrId::cli_E011, fmt::format("unknown fusion '{}'", fusion), {},
+                fmt::format("known fusions: {}; load yours with a FILE.cpp argument, --plugin or MK_SCHEDULES",
+                            names.empty() ? "none" : names));
+  }
+  return *f;
+}
+
+int verify_one(const Common& o, Loaded in, bool strict, const CallKind& call = {},
+               const dsl::FusionInfo* fusion = nullptr) {
   auto t0 = std::chrono::steady_clock::now();
   check_root(o, in.coll);
   size_t nops = in.raw.ops.size();
   const bool rooted = collective_rooted(in.coll);
   if (rooted && o.root != 0) verify::verify_root(in.raw, o.root);
-  std::string determinism = "every rank combines each reduction in the same order (bit-identical results)";
+  const std::string scope =
+      call.dtype ? fmt::format("{} {}", name(*call.dtype), name(call.op)) : std::string("every dtype and op");
+  std::string determinism = fmt::format(
+      "every rank combines each reduction in the same order and rounds it at the same points (bit-identical "
+      "results, {})",
+      scope);
   // Deterministic as written and as lowered (what the kernel runs), answered
   // by the lowering's own symbolic runs (LowerOptions::orders).
   compiler::LowerOptions lo = lower_options(o);
@@ -302,23 +330,34 @@ int verify_one(const Common& o, Loaded in, bool strict) {
   // bucket's millions of ops are hundreds of megabytes, and the other bucket
   // is still being synchronised).
   size_t pairs = 0;
+  if (fusion && in.coll != Collective::allreduce)
+    throw Error(ErrId::cli_E013, fmt::format("fusion {} runs on all-reduce outputs; {} is a {}", fusion->name, in.name,
+                                             name(in.coll)));
   lo.on_variant = [&](size_t b, size_t, ir::Schedule& v) {
     verify::verify_resources(v);
+    // what compile_plan asks of a fused plan: the kernel runs the prologue
+    // once on every input and the epilogue after every output is final
+    if (fusion && !fusion->pre_source.empty()) verify::verify_prologue(v, "prologue of fusion " + fusion->name);
+    if (fusion && !fusion->source.empty()) verify::verify_epilogue(v, fusion->name);
     if (b == 0)
       for (const auto& op : v.ops) pairs += op.kind == ir::OpKind::signal;
     std::vector<ir::Op>().swap(v.ops);
   };
   const compiler::Lowered l = compiler::lower(std::move(in.raw), lo);  // proves it first
-  // The first answer that is not "" (as written before as lowered) is
-  // reported; E015 is a warning without --strict. Then the resource checks.
-  for (const std::string* why : {&l.nondeterministic_written, &l.nondeterministic_lowered}) {
-    if (why->empty()) continue;
-    const Error x = verify::nondeterministic_error(l.variants.front(), *why);
-    if (strict) throw x;
-    std::cerr << "mkc: warning: " << x.what() << "\n";
-    determinism = "NOT deterministic across ranks (see the warning; --strict refuses it)";
-    break;
-  }
+  // The first answer that matters for the call (as written before as
+  // lowered) is reported; E015 is a warning without --strict.
+  if (collective_reduces(in.coll))
+    for (const verify::Orders* why : {&l.nondeterministic_written, &l.nondeterministic_lowered}) {
+      if (why->for_call(call.dtype, call.op).empty()) continue;
+      const Error x = verify::nondeterministic_error(*why, call.dtype, call.op);
+      if (strict) throw x;
+      std::cerr << "mkc: warning: " << x.what() << "\n";
+      const bool rounding = &why->for_call(call.dtype, call.op) == &why->rounding;
+      determinism = rounding ? "NOT bit-identical across ranks in fp16, bf16 and fp8 (ranks round at different "
+                               "points; fp32, fp64 and integers agree; see the warning; --strict refuses it)"
+                             : "NOT deterministic across ranks (see the warning; --strict refuses it)";
+      break;
+    }
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const std::string roots =
       !rooted ? ""
@@ -328,9 +367,17 @@ int verify_one(const Common& o, Loaded in, bool strict) {
           : " for root 0 and, by relabelling (rank r runs as (r - root) mod n), every root";
   fmt::print(
       "proved: {} ({}) for {} ranks{}: {} operations compute the collective in-place and out-of-place for every "
-      "count; bounds hold; {} bucket(s) synchronised ({} signal(s) in the first), no race, no deadlock; {} ({:.0f} "
+      "count; bounds hold; {} bucket(s) synchronised ({} signal(s) in the first), no race, no deadlock; {}{} ({:.0f} "
       "ms)\n",
-      in.name, name(in.coll), o.ranks, roots, nops, l.variants.size(), pairs, determinism, ms);
+      in.name, name(in.coll), o.ranks, roots, nops, l.variants.size(), pairs, determinism,
+      !fusion ? std::string()
+              : fmt::format("; with fusion {}, every bucket's kernel runs {}", fusion->name,
+                            !fusion->pre_source.empty() && !fusion->source.empty()
+                                ? "the prologue once on every input element and the epilogue after every output "
+                                  "element is final"
+                            : !fusion->pre_source.empty() ? "the prologue once on every input element, by its owner"
+                                                          : "the epilogue after every output element is final"),
+      ms);
   return 0;
 }
 
@@ -444,9 +491,32 @@ int cmd_composite(Common o, const std::string& target, const CompositeSim& cs) {
   return 0;
 }
 
-int cmd_verify(Common o, bool strict) {
+int cmd_verify(Common o, bool strict, const std::string& dtype, const std::string& op, const std::string& fusion) {
+  CallKind call;
+  if (!dtype.empty()) call.dtype = dtype_arg(dtype);
+  if (!op.empty()) {
+    if (!call.dtype) throw Error(ErrId::cli_E011, "--op needs --dtype (without it, every dtype and op is checked)");
+    call.op = op_arg(op);
+  }
+  const bool schedule = !o.schedule.empty() || (!o.file.empty() && !plugin::is_dsl_source(o.file)) ||
+                        (!o.file.empty() && o.ranks != kRanksUnset);
+  const dsl::FusionInfo* f = nullptr;
+  if (!fusion.empty()) {
+    // a fusion of a DSL file: load it (its schedules too, verified below when --ranks is given)
+    for (const auto& p : o.plugins) plugin::load_library(p);
+    if (!o.file.empty() && plugin::is_dsl_source(o.file)) plugin::load_source(o.file);
+    f = &named_fusion(fusion);
+    verify::FusionCheckOptions fo;
+    if (call.dtype) fo.dtypes = {*call.dtype};
+    const auto t0 = std::chrono::steady_clock::now();
+    const verify::FusionCheckReport rep = verify::check_fusion(*f, fo);
+    fmt::print("checked: fusion {} ({}:{}) on the CPU: {} ({:.0f} ms)\n", f->name, fs::path(f->file).filename().string(),
+               f->line, rep.summary,
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (!schedule) return 0;
+  }
   auto all = load_schedules(o);
-  for (size_t k = 0; k < all.size(); ++k) verify_one(o, std::move(all[k]), strict);
+  for (size_t k = 0; k < all.size(); ++k) verify_one(o, std::move(all[k]), strict, call, f);
   return 0;
 }
 
@@ -548,10 +618,12 @@ int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir, bo
 }
 
 int cmd_compile(Common o, const std::string& dtype, const std::string& op, const std::string& arch,
-                const std::string& out, bool no_cache, int32_t rank, const std::string& fusion) {
+                const std::string& out, bool no_cache, int32_t rank, const std::string& fusion, bool fusion_check) {
   compiler::CompileOptions co;
   co.rank = rank;
   co.fusion = fusion;
+  if (fusion_check && fusion.empty()) throw Error(ErrId::cli_E011, "--fusion-check needs --fusion");
+  co.fusion_check = fusion_check;
   co.dtype = dtype_arg(dtype);
   co.op = op_arg(op);
   co.arch = jit::parse_arch(arch);
@@ -577,42 +649,147 @@ int cmd_compile(Common o, const std::string& dtype, const std::string& op, const
   return 0;
 }
 
-void simulate_one(const Common& o, const verify::SimOptions& so, Loaded in, int bucket) {
+// Which data `mkc simulate` runs: for fp16, bf16 and fp8 sums and averages,
+// data whose every partial sum is exact (sums checked exactly) and data whose
+// partial sums round (checked against a float64 bound; shows ranks that
+// round at different points); other dtypes and ops have one kind of data.
+enum class SimData { exact, inexact, both };
+
+void simulate_one(const Common& o, verify::SimOptions so, Loaded in, int bucket, SimData data, bool strict) {
   const int64_t count = so.count;
   const bool inplace = so.inplace;
   const int launches = so.launches;
   if (!collective_reduces(in.coll) && so.op != RedOp::sum)
     throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(in.coll)));
+  // What the runtime would run: it never gives a PreMulSum call to the copy
+  // engines (they cannot scale an input); it takes the built-in table's
+  // kernel schedule instead (runtime/comm.cpp create_instance).
+  if (so.op == RedOp::premulsum && !in.imported)
+    if (const dsl::ScheduleInfo* info = dsl::find_schedule(in.name); info && info->copy_engine)
+      throw Error(ErrId::cli_E013,
+                  fmt::format("{} runs on copy engines, which cannot scale an input: the runtime never runs a PreMulSum "
+                              "call on it (it takes the built-in table's kernel schedule)",
+                              in.name),
+                  {}, "simulate a kernel schedule with --op premulsum (e.g. -s allreduce.ring), or this one with --op sum");
   const compiler::LowerOptions lo = lower_options(o);
   auto l = compiler::lower(std::move(in.raw), lo);
   ir::Schedule v = pick_variant(l, bucket, count * int64_t(dtype_size(so.dtype)));
   v = passes::mark_lamport(std::move(v), so.dtype, lo.proto.lamport != 0);  // as compile_plan does
-  auto r = verify::simulate(v, so);
-  fmt::print(
-      "{} ({} ranks, {} {}, count {}, {}{}, proto {}{}, tile {} B, {} step(s), {} launch(es)): max error {:.3g} "
-      "(tolerance {:.3g}), {} mismatch(es)\n",
-      in.name, o.ranks, name(so.dtype), name(so.op), count, inplace ? "in-place" : "out-of-place",
-      collective_rooted(in.coll) ? fmt::format(", root {}", o.root) : "",
-      ir::name(v.proto), v.lamport ? " (Lamport packets)" : "", v.tile_bytes, r.steps, launches, r.max_err, r.max_tol,
-      r.mismatches);
-  if (!r.ok)
-    throw Error(ErrId::verify_E013, "simulated result differs from the float64 reference: " + r.first_bad);
+  // What the proof says of bit-identity across ranks for this call (the
+  // variant the simulation runs), so that the two tools agree.
+  const verify::Orders orders = verify::nondeterminism(v);
+  const std::string& why = orders.for_call(so.dtype, so.op);
+  const bool narrow = so.dtype == DType::fp16 || so.dtype == DType::bf16 || so.dtype == DType::fp8e4m3 ||
+                      so.dtype == DType::fp8e5m2;
+  const bool two_kinds = narrow && (so.op == RedOp::sum || so.op == RedOp::avg);
+  std::vector<bool> kinds;  // inexact?
+  if (!two_kinds || data != SimData::inexact) kinds.push_back(false);
+  if (two_kinds && data != SimData::exact) kinds.push_back(true);
+  int64_t diffs = 0;
+  std::string first_diff;
+  for (bool inexact : kinds) {
+    so.inexact = inexact;
+    auto r = verify::simulate(v, so);
+    fmt::print(
+        "{} ({} ranks, {} {}, count {}, {}{}, proto {}{}, tile {} B, {} step(s), {} launch(es){}): max error {:.3g} "
+        "(tolerance {:.3g}), {} mismatch(es){}\n",
+        in.name, o.ranks, name(so.dtype), name(so.op), count, inplace ? "in-place" : "out-of-place",
+        collective_rooted(in.coll) ? fmt::format(", root {}", o.root) : "", ir::name(v.proto),
+        v.lamport ? " (Lamport packets)" : "", v.tile_bytes, r.steps, launches,
+        !two_kinds ? "" : inexact ? ", data whose partial sums round" : ", data whose partial sums are exact",
+        r.max_err, r.max_tol, r.mismatches,
+        r.rank_diffs ? fmt::format(", {} element(s) differ bit-wise between ranks", r.rank_diffs) : "");
+    if (r.mismatches)
+      throw Error(ErrId::verify_E013, "simulated result differs from the float64 reference: " + r.first_bad);
+    if (r.rank_diffs && first_diff.empty()) first_diff = r.first_diff;
+    diffs += r.rank_diffs;
+  }
+  if (diffs && why.empty())
+    throw Error(ErrId::verify_E013,
+                fmt::format("ranks differ bit-wise ({}), although the verifier proves them bit-identical for {} {}",
+                            first_diff, name(so.dtype), name(so.op)),
+                {}, "this is a bug in mKernel's lowering, proof or arithmetic: please report it with the command line");
+  if (!why.empty()) {
+    // the same verdict as `mkc verify`: a warning, refused with --strict
+    const Error x = verify::nondeterministic_error(orders, so.dtype, so.op);
+    if (strict) throw x;
+    std::cerr << "mkc: warning: " << x.what() << "\n";
+    fmt::print("ok: every value within the float64 reference's tolerance; ranks are NOT bit-identical ({}; see the "
+               "warning, mk.verify.E015; --strict refuses it)\n",
+               diffs ? first_diff : "the data did not show it here");
+    return;
+  }
+  std::cout << "ok\n";
+}
+
+// mkc simulate --fusion NAME: the fused all-reduce on the CPU (verify::simulate_fusion).
+void simulate_fused(const Common& o, Loaded in, const dsl::FusionInfo& f, const verify::SimOptions& so, int bucket,
+                    int64_t row, const std::vector<double>& scalars) {
+  if (so.op != RedOp::sum)
+    throw Error(ErrId::cli_E013, fmt::format("a fused all-reduce runs op sum (fusion {}; a prologue scales)", f.name));
+  if (const dsl::ScheduleInfo* info = dsl::find_schedule(in.name); info && info->copy_engine && !in.imported)
+    throw Error(ErrId::cli_E013,
+                fmt::format("{} runs on copy engines, which run no prologue or epilogue: the runtime gives fused calls "
+                            "the built-in table's kernel schedule",
+                            in.name),
+                {}, "simulate a kernel schedule (e.g. -s allreduce.ring)");
+  verify::check_fusion_once(f);  // what the runtime asks before it runs the fusion
+  const compiler::LowerOptions lo = lower_options(o);
+  auto l = compiler::lower(std::move(in.raw), lo);
+  ir::Schedule v = pick_variant(l, bucket, so.count * int64_t(dtype_size(so.dtype)));
+  v = passes::mark_lamport(std::move(v), so.dtype, lo.proto.lamport != 0);
+  if (!f.pre_source.empty()) verify::verify_prologue(v, "prologue of fusion " + f.name);
+  if (!f.source.empty()) verify::verify_epilogue(v, f.name);
+  verify::FusionSimOptions fo;
+  fo.dtype = so.dtype;
+  fo.count = so.count;
+  fo.row = row;
+  fo.inplace = so.inplace;
+  fo.seed = so.seed;
+  if (!scalars.empty()) fo.scalars.assign(size_t(v.nranks), scalars);
+  const verify::FusionSimResult r = verify::simulate_fusion(v, f, fo);
+  fmt::print("{} ({} ranks, {}, count {}, {}) with fusion {}{}: the all-reduce{} against float64: max error {:.3g} "
+             "(tolerance {:.3g}){}; every rank's results bit-identical\n",
+             in.name, v.nranks, name(so.dtype), so.count, so.inplace ? "in-place" : "out-of-place", f.name,
+             f.source.empty() ? "" : fmt::format(" (rows of {})", row > 0 ? row : 4096),
+             f.pre_source.empty() ? "" : " of the prologue's values", r.max_err, r.max_tol,
+             f.source.empty() ? ""
+             : r.reference
+                 ? fmt::format("; the epilogue against its float64 reference: max error {:.3g} (tolerance {:.3g})",
+                               r.ref_max_err, r.ref_max_tol)
+                 : std::string("; the epilogue has no float64 reference (MK_FUSION_REFERENCE): its results are "
+                               "compared between ranks only"));
+  if (!r.first_bad.empty()) throw Error(r.bad_id, "simulated fused all-reduce: " + r.first_bad);
   std::cout << "ok\n";
 }
 
 int cmd_simulate(Common o, const std::string& dtype, const std::string& op, int64_t count, bool inplace,
-                 int launches, uint64_t seed, int bucket) {
+                 int launches, uint64_t seed, int bucket, const std::string& data, bool strict,
+                 const std::string& fusion, int64_t row, const std::vector<double>& scalars) {
   verify::SimOptions so;
   so.dtype = dtype_arg(dtype);
   so.op = op_arg(op);
   if (count < 0) throw Error(ErrId::cli_E011, "--count must be >= 0");
   if (launches < 1 || launches > 1000) throw Error(ErrId::cli_E011, "--launches must be in 1..1000");
+  SimData d = SimData::both;
+  if (data == "exact")
+    d = SimData::exact;
+  else if (data == "inexact")
+    d = SimData::inexact;
+  else if (data != "both")
+    throw Error(ErrId::cli_E011, "--data must be exact, inexact or both, not '" + data + "'");
   so.count = count;
   so.inplace = inplace;
   so.root = o.root;
   so.launches = launches;
   so.seed = seed;
-  for (auto& in : load_schedules(o)) simulate_one(o, so, std::move(in), bucket);
+  if (!fusion.empty()) {
+    auto all = load_schedules(o);  // a DSL file's fusions register as it loads
+    const dsl::FusionInfo& f = named_fusion(fusion);
+    for (auto& in : all) simulate_fused(o, std::move(in), f, so, bucket, row, scalars);
+    return 0;
+  }
+  for (auto& in : load_schedules(o)) simulate_one(o, so, std::move(in), bucket, d, strict);
   return 0;
 }
 
@@ -771,7 +948,18 @@ int main(int argc, char** argv) {
   add_common(verify, verify_o, false);
   bool strict = false;
   verify->add_flag("--strict", strict,
-                   "also refuse schedules whose ranks combine a reduction in different orders (mk.verify.E015)");
+                   "also refuse schedules whose ranks may get different bits: they combine a reduction in different "
+                   "orders or round it at different points (mk.verify.E015)");
+  std::string verify_dtype, verify_op;
+  verify->add_option("--dtype", verify_dtype,
+                     "check bit-identity across ranks for this dtype only (default: every dtype; integers always "
+                     "agree, fp32 and fp64 need one order, fp16, bf16 and fp8 also the same rounding points)");
+  verify->add_option("--op", verify_op, "with --dtype: for this reduction op (default sum; min and max always agree)");
+  std::string verify_fusion;
+  verify->add_option("--fusion", verify_fusion,
+                     "check this fusion's code on the CPU (every access, threads, paths, its float64 reference; "
+                     "with --dtype only that dtype); with a schedule too, also that its kernels run the prologue and "
+                     "epilogue soundly");
 
   auto* show = app.add_subcommand("show", "per rank and thread block, what moves when (text, and an SVG timeline)");
   add_common(show, show_o, false);
@@ -809,6 +997,11 @@ int main(int argc, char** argv) {
                       "fuse this epilogue into every kernel's tail (all-reduce: allreduce.rmsnorm, allreduce.fp8_rows, "
                       "or one a --plugin file registers with MK_FUSION); the runtime's mkAllReduceFused uses such plans "
                       "from MK_PLAN_DIR");
+  bool compile_fusion_check = false;
+  compile->add_flag("--fusion-check", compile_fusion_check,
+                    "with --fusion: checked epilogue accessors that print the fusion, row, thread and index of an "
+                    "access outside its row, operands or scalars and trap (a debugging build; the runtime's "
+                    "MK_FUSION_CHECK=1)");
   compile->add_option("--rank", compile_rank,
                       "generate and compile only the code of this rank's class (plan.json lists the ranks it serves; "
                       "from 128 ranks: of this rank alone, generated from its own program); default: every rank");
@@ -827,6 +1020,22 @@ int main(int argc, char** argv) {
   simulate->add_option("--launches", launches, "back-to-back launches with fresh data");
   simulate->add_option("--seed", seed, "data and interleaving seed");
   simulate->add_option("--bucket", sim_bucket, "force a size bucket (default: chosen by size)");
+  std::string sim_data = "both";
+  bool sim_strict = false;
+  simulate->add_option("--data", sim_data,
+                       "fp16, bf16 and fp8 sums and averages: data whose partial sums are exact (checked exactly), "
+                       "data whose partial sums round (shows ranks that round at different points), or both (default)");
+  std::string sim_fusion;
+  int64_t sim_row = 0;
+  std::vector<double> sim_scalars;
+  simulate->add_option("--fusion", sim_fusion,
+                       "simulate a fused all-reduce: the fusion's prologue in the collective, then its epilogue on "
+                       "every rank's output, against float64 (its MK_FUSION_REFERENCE) and across ranks");
+  simulate->add_option("--row", sim_row, "--fusion: the epilogue's row length (a given-row fusion needs one)");
+  simulate->add_option("--scalars", sim_scalars, "--fusion: the call's scalars, the same on every rank")->delimiter(',');
+  simulate->add_flag("--strict", sim_strict,
+                     "refuse a schedule whose ranks may get different bits for this dtype and op (mk.verify.E015), "
+                     "as `mkc verify --strict` does; without it, a warning");
 
   auto* import = app.add_subcommand("import", "read an MSCCL XML algorithm or MSCCL++ execution plan, prove it, and "
                                                "write it as mKernel IR JSON");
@@ -906,10 +1115,11 @@ int main(int argc, char** argv) {
     if (const char* list = std::getenv("MK_SCHEDULES"); list && *list) sources::load(list);
     if (app.got_subcommand("list")) return cmd_list();
     if (app.got_subcommand("info")) return cmd_info();
-    if (*verify) return cmd_verify(verify_o, strict);
+    if (*verify) return cmd_verify(verify_o, strict, verify_dtype, verify_op, verify_fusion);
     if (*show) return cmd_show(show_o, svg, show_bucket, show_ir, show_pick, show_classes);
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
-    if (*compile) return cmd_compile(compile_o, dtype, op, arch, out, no_cache, compile_rank, compile_fusion);
+    if (*compile)
+      return cmd_compile(compile_o, dtype, op, arch, out, no_cache, compile_rank, compile_fusion, compile_fusion_check);
     if (*prebuild) return cmd_prebuild(pb_archs, pb_ranks, pb_dtypes, pb_copy, pb_ops, pb_out, pb_jobs);
     if (*tune) {
       for (const auto& c : tu_colls) {
@@ -922,7 +1132,9 @@ int main(int argc, char** argv) {
       for (int i = 0; i < argc; ++i) tu.command += (i ? " " : "") + std::string(i ? argv[i] : "mkc");
       return tune::run(tu);
     }
-    if (*simulate) return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket);
+    if (*simulate)
+      return cmd_simulate(sim_o, sdtype, sop, count, inplace, launches, seed, sim_bucket, sim_data, sim_strict,
+                          sim_fusion, sim_row, sim_scalars);
     if (*import) return cmd_import(import_file, import_out, import_no_verify);
     if (*exp) return cmd_export(export_o, export_format, export_out);
     if (*comp) return cmd_composite(comp_o, comp_target, comp_sim);
