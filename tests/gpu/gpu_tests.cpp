@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -39,6 +40,7 @@
 #include "compiler/verify/typed.hpp"
 #include "mk.h"
 #include "mk/dsl.hpp"
+#include "mk/fusion.hpp"
 #include "mk/types.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -1641,6 +1643,173 @@ void edge_values(World& w) {
               "fp32/bf16/fp16 all-reduces alternated\n");
 }
 
+// ---- max and min: bit-identical whatever order ranks combine in ------------------
+
+// The reduction of one element over ranks under max or min as defined in
+// templates/reduce.cuh (written here from the definition, not the code): NaN
+// operands are ignored (all NaN: NaN), +0 is the larger zero.
+template <typename W>
+struct MinMaxRef {
+  bool is_nan(W x) const {
+    if constexpr (sizeof(W) == 4) return (x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu) != 0;
+    else return (x & 0x7f80u) == 0x7f80u && (x & 0x7fu) != 0;  // bf16
+  }
+  double value(W x) const {
+    const uint32_t bits = sizeof(W) == 4 ? uint32_t(x) : uint32_t(x) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return double(f);
+  }
+  bool neg(W x) const { return (x >> (sizeof(W) * 8 - 1)) & 1; }
+  // whether the result's bits are `got`, for values `v` of the ranks
+  bool ok(const std::vector<W>& v, W got, bool max) const {
+    std::vector<W> num;
+    for (W x : v)
+      if (!is_nan(x)) num.push_back(x);
+    if (num.empty()) return is_nan(got);
+    W best = num[0];
+    for (W x : num) {
+      const double a = value(x), b = value(best);
+      if (max ? a > b : a < b) best = x;
+      else if (a == b && a == 0 && (max ? !neg(x) : neg(x))) best = x;  // +0 above -0
+    }
+    return got == best;
+  }
+};
+
+template <typename W>
+void minmax_call(World& w, DType t, RedOp op, int64_t count, const std::vector<W>& pattern) {
+  const int n = w.nranks;
+  auto in_of = [&](int rank, int64_t e) { return pattern[size_t((e * 7 + rank * 3 + e / 5) % int64_t(pattern.size()))]; };
+  std::vector<void*> send(w.local.size()), recv(w.local.size());
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    std::vector<W> in(static_cast<size_t>(count));
+    for (int64_t e = 0; e < count; ++e) in[size_t(e)] = in_of(w.local[i].rank, e);
+    CK_CUDA(cudaMalloc(&send[i], size_t(count) * sizeof(W)));
+    CK_CUDA(cudaMalloc(&recv[i], size_t(count) * sizeof(W)));
+    CK_CUDA(cudaMemcpy(send[i], in.data(), in.size() * sizeof(W), cudaMemcpyHostToDevice));
+  }
+  CK_CUDA(cudaDeviceSynchronize());
+  CK_MK(mkGroupStart(), nullptr);
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    const mkResult_t r = mkAllReduce(send[i], recv[i], size_t(count), to_mk(t), op == RedOp::max ? mkMax : mkMin,
+                                     w.local[i].comm, w.local[i].stream);
+    if (r != mkSuccess) throw Failure(std::string("minmax: ") + mkGetLastError(w.local[i].comm));
+  }
+  CK_MK(mkGroupEnd(), nullptr);
+  sync_all(w);
+  check_async(w);
+  const MinMaxRef<W> ref;
+  std::vector<W> first;
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    CK_CUDA(cudaSetDevice(w.local[i].device));
+    std::vector<W> got(static_cast<size_t>(count));
+    CK_CUDA(cudaMemcpy(got.data(), recv[i], got.size() * sizeof(W), cudaMemcpyDeviceToHost));
+    for (int64_t e = 0; e < count; ++e) {
+      std::vector<W> v;
+      for (int q = 0; q < n; ++q) v.push_back(in_of(q, e));
+      if (!ref.ok(v, got[size_t(e)], op == RedOp::max))
+        throw Failure(fmt::format("minmax: {} {} count {} rank {} element {}: got {:#x}", name(t), name(op), count,
+                                  w.local[i].rank, e, uint64_t(got[size_t(e)])));
+    }
+    if (i == 0) first = got;
+    else if (got != first)  // the same bits on every rank (NaNs included)
+      throw Failure(fmt::format("minmax: {} {} count {}: rank {} differs bit-wise from rank {}", name(t), name(op), count,
+                                w.local[i].rank, w.local[0].rank));
+    g_checked += count;
+    CK_CUDA(cudaFree(send[i]));
+    CK_CUDA(cudaFree(recv[i]));
+  }
+}
+
+void minmax_order(World& w) {
+  // +0, -0, NaNs, and values around them, at every position of a 16-byte unit
+  const std::vector<uint32_t> f32 = {0x00000000u, 0x80000000u, 0x7fc00000u, 0x3f800000u, 0xbf800000u,
+                                     0x80000000u, 0x7fc00001u, 0x00000000u, 0xffc00000u, 0x00000001u};
+  const std::vector<uint16_t> b16 = {0x0000, 0x8000, 0x7fc0, 0x3f80, 0xbf80, 0x8000, 0x7fc1, 0x0000, 0xffc0};
+  for (RedOp op : {RedOp::max, RedOp::min})
+    for (int64_t count : {int64_t(1000), int64_t(g_quick ? 70000 : 1 << 20)}) {  // one-pass and simple buckets
+      minmax_call<uint32_t>(w, DType::fp32, op, count, f32);
+      minmax_call<uint16_t>(w, DType::bf16, op, count, b16);
+    }
+  std::printf("    max and min of zeros of two signs and NaNs: every rank the same bits, NaNs ignored, +0 the larger "
+              "zero\n");
+}
+
+// ---- a fusion's accessors checked on the device (MK_FUSION_CHECK=1) --------------
+
+// Writes one element past its row, on row 5 only: rows the CPU checker runs
+// (0..2) never show it; the device check does.
+MK_EPILOGUE(gpu_row5_past,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i) * typename R::C(2));
+      if (r.row == 5 && r.first() == 0) r.set_out(r.n, typename R::C(-1));
+    }
+  };
+)
+MK_FUSION(gpu_row5_past, "test.gpu_row5_past", "out *= 2; row 5 also writes one element past its end", ({}), ({}),
+          mk::dsl::RowMode::given);
+
+void fusion_check_trap(World& w) {
+  Rank& r = w.local[0];
+  CK_CUDA(cudaSetDevice(r.device));
+  constexpr int64_t row = 64, rows = 8, count = row * rows;
+  float *x, *out;
+  CK_CUDA(cudaMalloc(&x, count * sizeof(float)));
+  CK_CUDA(cudaMalloc(&out, count * sizeof(float)));
+  std::vector<float> h(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) h[size_t(i)] = float(i % 13) + 1.0f;
+  CK_CUDA(cudaMemcpy(x, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  mkFusion_t f{};
+  f.name = "test.gpu_row5_past";
+  f.row = row;
+  // 1. unchecked: the call succeeds and row 6's first element is silently overwritten
+  unsetenv("MK_FUSION_CHECK");
+  CK_MK(mkAllReduceFused(x, out, size_t(count), mkFloat32, mkSum, &f, r.comm, r.stream), r.comm);
+  CK_CUDA(cudaStreamSynchronize(r.stream));
+  std::vector<float> got(h.size());
+  CK_CUDA(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
+  // row 6's block may read, write or skip past the stray store: what it
+  // leaves is told, not asserted (the point is that nothing reports it)
+  std::printf("    unchecked: no error; row 6 element 0 is %g where the fusion computes %g\n", double(got[size_t(6 * row)]),
+              double(h[size_t(6 * row)]) * 2);
+  // 2. checked: the store traps, and says where (device printf, captured).
+  // A communicator takes MK_FUSION_CHECK when it builds a plan and keeps the
+  // plan: a new one sees the setting.
+  setenv("MK_FUSION_CHECK", "1", 1);
+  mkComm_t checked = nullptr;
+  CK_MK(mkCommInitAll(&checked, 1, &r.device), nullptr);
+  std::fflush(stdout);
+  char path[] = "/tmp/mk-fusion-check-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) throw Failure("mkstemp");
+  const int saved = dup(1);
+  dup2(fd, 1);
+  const mkResult_t rc = mkAllReduceFused(x, out, size_t(count), mkFloat32, mkSum, &f, checked, r.stream);
+  const cudaError_t se = cudaStreamSynchronize(r.stream);
+  std::fflush(stdout);
+  dup2(saved, 1);
+  close(saved);
+  close(fd);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  unlink(path);
+  std::printf("    checked: call %s, stream %s; the kernel printed: %s", mkGetErrorString(rc), cudaGetErrorName(se),
+              text.c_str());
+  const std::string want = "mKernel: fusion test.gpu_row5_past (MK_FUSION_CHECK): row 5 of 64 element(s), thread 0: "
+                           "r.set_out(i, v): element i = 64, outside 0..63";
+  if (text.find(want) == std::string::npos) throw Failure("checked: the trap's message is missing: want '" + want + "'");
+  if (se == cudaSuccess) throw Failure("checked: the stream reported no error after the trap");
+  // the context is gone after a trap: leave without tearing down
+  std::printf("    rank 0: the device check trapped at row 5, element 64\n");
+  std::fflush(stdout);
+  _exit(0);
+}
+
 // ---- bad input -------------------------------------------------------------------
 
 void expect_error(mkResult_t got, mkResult_t want, mkComm_t comm, const char* what, const char* needle) {
@@ -1878,6 +2047,10 @@ std::vector<Scenario> scenarios() {
   v.push_back({"composite_share_gpu_3ranks_1proc", 3, false, 1, {}, composites, 1});
   v.push_back({"composite_share_gpu_2ranks_2proc", 2, true, 1, {}, composites});
   v.push_back({"composite_1rank", 1, false, 1, {}, composites});
+  v.push_back({"minmax_order_share_gpu_3ranks_1proc", 3, false, 1, {}, minmax_order, 1});
+  v.push_back({"minmax_order_1rank", 1, false, 1, {}, minmax_order});
+  v.push_back({"fused_checked_share_gpu_2ranks_1proc", 2, false, 1, {{"MK_FUSION_CHECK", "1"}}, fused, 1});
+  v.push_back({"fusion_check_trap_1rank", 1, false, 1, {}, fusion_check_trap});
   v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
   v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});
