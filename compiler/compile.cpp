@@ -263,6 +263,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   p.dtype = o.dtype;
   p.op = o.op;
   p.fusion = fusion_identity(o.fusion);  // name@hash: a plan of an older version of the code is not it
+  p.fusion_check = o.fusion_check && !o.fusion.empty();
   p.arch = o.arch;
   p.nvrtc_version = jit::nvrtc_version();
   p.mkernel_version = MK_VERSION;

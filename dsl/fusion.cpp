@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "compiler/verify/reference.hpp"
 #include "compiler/verify/fusion_check.hpp"
@@ -16,6 +17,7 @@
 #include "templates/dtype.cuh"
 
 namespace mk::dsl {
+inline namespace fusion_abi_v2 {
 namespace {
 std::mutex& mu() {
   static std::mutex m;
@@ -39,14 +41,20 @@ std::map<std::string, std::string>& rejected() {
   static std::map<std::string, std::string> r;
   return r;
 }
-// Declared float64 references, by fusion name (MK_FUSION_REFERENCE may come
-// before or after the fusion's registration).
-std::map<std::string, FusionRefFn>& references() {
-  static std::map<std::string, FusionRefFn> r;
+// Declared float64 references, by fusion name and the file that declared
+// them (MK_FUSION_REFERENCE may come before or after the fusion's
+// registration; only a fusion registered from the same file takes it).
+template <class Fn>
+struct Declared {
+  Fn fn;
+  std::string file;
+};
+std::map<std::string, Declared<FusionRefFn>>& references() {
+  static std::map<std::string, Declared<FusionRefFn>> r;
   return r;
 }
-std::map<std::string, PrologueRefFn>& prologue_references() {
-  static std::map<std::string, PrologueRefFn> r;
+std::map<std::string, Declared<PrologueRefFn>>& prologue_references() {
+  static std::map<std::string, Declared<PrologueRefFn>> r;
   return r;
 }
 
@@ -107,7 +115,14 @@ bool register_fusion(const FusionInfo& info) {
   }
   rejected().erase(info.name);
   store().push_back(info);
-  if (auto it = references().find(info.name); it != references().end()) store().back().reference = it->second;
+  FusionInfo& added = store().back();
+  added.reference = nullptr;  // only what its own file declares
+  added.prologue_reference = nullptr;
+  if (auto it = references().find(info.name); it != references().end() && it->second.file == info.file)
+    added.reference = it->second.fn;
+  if (auto it = prologue_references().find(info.name);
+      it != prologue_references().end() && it->second.file == info.file)
+    added.prologue_reference = it->second.fn;
   for (const FusionInfo*& f : current())
     if (f->name == info.name) {
       f = &store().back();  // a later registration (a user plugin) replaces an earlier one
@@ -151,30 +166,42 @@ std::vector<std::string> fusions_registered_since(size_t mark) {
   return out;
 }
 
-bool register_fusion_reference(const std::string& name, FusionRefFn fn) {
-  std::lock_guard<std::mutex> lock(mu());
-  references()[name] = fn;
-  // a fusion registered before its reference: a new entry with it (entries
-  // never change; what find_fusion returned stays as it was)
+namespace {
+// A reference declared for the live entry of `name` from `file`: a new entry
+// with it (entries never change; what find_fusion returned stays as it was).
+template <class Set>
+void attach(const std::string& name, const std::string& file, Set set) {
   for (const FusionInfo*& f : current())
-    if (f->name == name && f->reference != fn) {
-      store().push_back(*f);
-      store().back().reference = fn;
+    if (f->name == name && f->file == file) {
+      FusionInfo copy = *f;
+      if (!set(copy)) return;  // already has it
+      store().push_back(copy);
       f = &store().back();
     }
+}
+}  // namespace
+
+bool register_fusion_reference(const std::string& name, FusionRefFn fn, const std::string& file) {
+  std::lock_guard<std::mutex> lock(mu());
+  references()[name] = {fn, file};
+  attach(name, file, [&](FusionInfo& f) { return std::exchange(f.reference, fn) != fn; });
   return true;
 }
 
-bool register_prologue_reference(const std::string& name, PrologueRefFn fn) {
+bool register_prologue_reference(const std::string& name, PrologueRefFn fn, const std::string& file) {
   std::lock_guard<std::mutex> lock(mu());
-  prologue_references()[name] = fn;
+  prologue_references()[name] = {fn, file};
+  attach(name, file, [&](FusionInfo& f) { return std::exchange(f.prologue_reference, fn) != fn; });
   return true;
 }
 
-PrologueRefFn find_prologue_reference(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu());
-  auto it = prologue_references().find(name);
-  return it == prologue_references().end() ? nullptr : it->second;
+double FusionRef::smallest() const {
+  switch (dtype) {
+    case DType::fp16: return std::ldexp(1.0, -24);
+    case DType::bf16: return std::ldexp(1.0, -133);
+    case DType::fp32: return std::ldexp(1.0, -149);
+    default: return 4.9e-324;
+  }
 }
 
 double FusionRef::unit_roundoff() const { return verify::unit_roundoff(dtype); }
@@ -253,4 +280,5 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
   }
 }
 
+}  // inline namespace fusion_abi_v2
 }  // namespace mk::dsl

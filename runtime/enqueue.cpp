@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "compiler/verify/fusion_check.hpp"
 #include "mk/fusion.hpp"
 #include "runtime/ce.hpp"
 #include "runtime/comm.hpp"
@@ -203,6 +204,7 @@ void validate_fusion(Pending& p) {
   // (the epilogue rewrites it); an output may overlap another operand only
   // exactly (residual_out == residual: the same elements, read before written).
   const uintptr_t sp = reinterpret_cast<uintptr_t>(p.k.send), rp = reinterpret_cast<uintptr_t>(p.k.recv);
+  std::vector<std::pair<int, int>> aliased;  // (output, input) passed as one buffer
   for (size_t k = 0; k < nops; ++k) {
     const uintptr_t x = reinterpret_cast<uintptr_t>(p.epi_ops[k]);
     const dsl::OperandInfo& o = info->operands[k];
@@ -220,6 +222,25 @@ void validate_fusion(Pending& p) {
         fail(mkInvalidArgument, fmt::format("{}: fusion->operands[{}] ({}, written) overlaps operands[{}] ({}) without "
                                             "being the same buffer",
                                             api, k, o.name, j, q.name));
+      if (exact) aliased.emplace_back(int(k), int(j));
+    }
+  }
+  // The same buffer for an output and an input only where the fusion's code
+  // gives the same results that way: the checker ran it so.
+  if (!aliased.empty()) {
+    std::string why;
+    try {
+      why = verify::alias_refusal(*info, aliased);
+    } catch (const Error& e) {
+      fail(mkInvalidArgument, fmt::format("{}: {}", api, e.what()));
+    }
+    if (!why.empty()) {
+      std::string pairs;
+      for (auto [k, j] : aliased)
+        pairs += fmt::format("{}operands[{}] ({}) is operands[{}] ({})", pairs.empty() ? "" : ", ", k,
+                             info->operands[size_t(k)].name, j, info->operands[size_t(j)].name);
+      fail(mkInvalidArgument, fmt::format("{}: {}, which fusion {}'s code does not allow: {}; pass separate buffers",
+                                          api, pairs, fname, why));
     }
   }
   // The declared scalars; the rest are 0 on the device as in the simulator

@@ -213,7 +213,7 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     std::shared_ptr<const plan::Plan> elsewhere;
     for (const auto& p : candidates) {
       if (p->schedule != schedule || p->dtype != dtype || (collective_reduces(coll) && p->op != op) ||
-          p->fusion != fusion_id)
+          p->fusion != fusion_id || p->fusion_check != o.fusion_check)
         continue;
       if (p->zero_copy && !zero_copy) continue;
       if (p->nranks != nranks || p->arch != arch)

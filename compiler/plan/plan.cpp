@@ -197,6 +197,10 @@ Plan parse(const json& j, const std::string& where) {
   auto op = parse_redop(str(j, "op", where, "$"));
   if (!op) bad(where, "$.op", "unknown op");
   p.op = *op;
+  if (j.contains("fusion_check")) {
+    if (!j["fusion_check"].is_boolean()) bad(where, "$.fusion_check", "expected true or false");
+    p.fusion_check = j["fusion_check"].get<bool>();
+  }
   p.fusion = opt_str(j, "fusion", where, "$", "");
   if (p.fusion.size() > 128) bad(where, "$.fusion", "longer than 128 characters");
   for (char c : p.fusion)
@@ -256,6 +260,7 @@ json header_json(const Plan& p) {
   j["dtype"] = std::string(name(p.dtype));
   j["op"] = std::string(name(p.op));
   if (!p.fusion.empty()) j["fusion"] = p.fusion;
+  if (p.fusion_check) j["fusion_check"] = true;
   j["arch"] = "sm_" + std::to_string(p.arch);
   j["nvrtc_version"] = p.nvrtc_version;
   j["mkernel_version"] = p.mkernel_version;
@@ -453,7 +458,8 @@ std::string summary(const Plan& p) {
   std::string s = fmt::format("plan {} ({}{}) for {} ranks{}, {} {}, {}; {} kernel(s), {} bytes of cubin\n", p.schedule,
                               name(p.coll), p.zero_copy ? ", zero-copy" : "", p.nranks,
                               p.serves.empty() ? "" : " (serves ranks " + served_ranks(p) + ")", name(p.dtype),
-                              std::string(name(p.op)) + (p.fusion.empty() ? std::string() : ", fused " + p.fusion),
+                              std::string(name(p.op)) + (p.fusion.empty() ? std::string() : ", fused " + p.fusion) +
+                                  (p.fusion_check ? " (checked accessors)" : ""),
                               "sm_" + std::to_string(p.arch), p.kernels.size(), bytes);
   for (const auto& k : p.kernels) {
     std::string range = k.max_bytes < 0 ? fmt::format("{}B..", k.min_bytes)

@@ -66,6 +66,10 @@ struct Plan {
   // "name@hash" of the code it was compiled from (compiler::fusion_identity);
   // empty: none.
   std::string fusion;
+  // Its epilogue accessors are checked (MK_FUSION_CHECK=1, `mkc compile
+  // --fusion-check`): a debugging build that traps on a bad access. The
+  // runtime takes a plan only where this matches its own setting.
+  bool fusion_check = false;
   int32_t arch = 90;
   int32_t nvrtc_version = 0;
   std::string mkernel_version;

@@ -11,10 +11,8 @@
 #include <vector>
 
 #include "compiler/ir/ir.hpp"
+#include "mk/fusion.hpp"
 
-namespace mk::dsl {
-struct FusionInfo;
-}
 
 namespace mk::verify {
 

@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compiler/ir/ir.hpp"
@@ -50,8 +51,20 @@ namespace mk::verify {
 struct FusionCheckOptions {
   std::vector<DType> dtypes;    // empty: every dtype the fusion serves
   std::vector<double> scalars;  // the call's scalars; empty: 0.5, 0.75, 1, 1.25
-  int threads = 4;              // simulated threads per row (one block)
+  std::vector<double> scalars2;  // a second set, against the reference; empty: 0.3, 1.7, 1e-3, 2.9
+  int threads = 4;              // simulated threads per row (one block); rows by 256 and 512 are run too
   uint64_t seed = 1;            // data
+  // A row that has not ended by then is refused (E020: a loop that never
+  // ends); its threads are left running, detached.
+  int64_t row_deadline_ms = 20000;
+};
+
+// An output operand stored in an input operand's buffer (the runtime lets a
+// call pass one buffer for both: residual_out == residual): `why` is "" when
+// every result has the same bits as with separate buffers.
+struct AliasVerdict {
+  int output = -1, input = -1;
+  std::string why;
 };
 
 struct FusionCheckReport {
@@ -59,6 +72,9 @@ struct FusionCheckReport {
   int64_t accesses = 0;      // accesses checked
   std::vector<int64_t> lengths;  // row lengths tried (the first dtype's)
   int64_t values = 0;        // prologue: values tried
+  std::vector<int> device_threads;  // the block sizes rows were also run by (256, 512)
+  std::vector<AliasVerdict> aliases;  // every output/input pair the runtime may alias
+  std::string aliases_together;       // "" or why the safe pairs fail when aliased together
   bool reference = false;    // compared with a float64 reference
   double max_err = 0, max_tol = 0;  // against it: the largest |got - want| and its tolerance
   std::string summary;       // one paragraph: what was checked
@@ -72,6 +88,11 @@ FusionCheckReport check_fusion(const dsl::FusionInfo& f, const FusionCheckOption
 // entry's address; entries never change): what find_fusion asks before it
 // returns a fusion. Rethrows the first run's error on later calls.
 void check_fusion_once(const dsl::FusionInfo& f);
+
+// Why a call may not pass these (output operand, input operand) pairs as one
+// buffer each ("" when it may): what the checker saw with them aliased.
+// Checks the fusion first (check_fusion_once).
+std::string alias_refusal(const dsl::FusionInfo& f, const std::vector<std::pair<int, int>>& pairs);
 
 // `mkc simulate --fusion`: a fused all-reduce on the CPU. The lowered
 // schedule runs in the executor with the fusion's prologue (each rank its own
@@ -91,8 +112,13 @@ struct FusionSimOptions {
   // r 0.5 + 0.25 * ((r + k) % 4), a fusion with an epilogue gives every rank
   // 0.5, 0.75, 1, 1.25 so that ranks' epilogue results can be compared).
   std::vector<std::vector<double>> scalars;
+  // The determinism proof says ranks may differ bit-wise for this call
+  // (Orders::for_call, mk.verify.E015): count the differences instead of
+  // reporting them, and do not compare the epilogue's results across ranks.
+  bool ranks_may_differ = false;
 };
 struct FusionSimResult {
+  int64_t rank_diffs = 0;      // all-reduce elements whose bits differ from rank 0's
   int64_t checked = 0;         // elements compared with a reference
   double max_err = 0, max_tol = 0;  // the all-reduce's
   bool reference = false;      // the epilogue compared with MK_FUSION_REFERENCE

@@ -84,6 +84,7 @@
 #pragma once
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,10 @@
 #endif
 
 namespace mk::dsl {
+// The fusion interface's version: plugins built against another one fail to
+// load (an undefined symbol) instead of handing the registry structs of
+// another layout. .cpp plugins are rebuilt when this header changes.
+inline namespace fusion_abi_v2 {
 
 // Where an operand's element i of row `row` lives.
 enum class Shape : int32_t {
@@ -130,6 +135,12 @@ struct FusionRef;
 // of its device code, it says what each output element should hold and how
 // far from that the dtype's rounding may take it.
 using FusionRefFn = void (*)(FusionRef&);
+// The same for a prologue (MK_PROLOGUE_REFERENCE): its value for input x (a
+// value of the dtype) with these scalars, and a tolerance.
+struct PrologueRef {
+  double value = 0, tol = 0;
+};
+using PrologueRefFn = PrologueRef (*)(double x, const double* scalars, DType dtype);
 
 struct FusionInfo {
   std::string name;  // "allreduce.rmsnorm"
@@ -151,9 +162,11 @@ struct FusionInfo {
   int line = 0;            // the registration (MK_FUSION...)
   int epilogue_line = 0;   // MK_EPILOGUE's line in `file`, when known
   int prologue_line = 0;   // MK_PROLOGUE's
-  // The float64 reference, where one is declared (MK_FUSION_REFERENCE names
-  // the fusion; find_fusion fills this in).
+  // The float64 references, where declared: MK_FUSION_REFERENCE and
+  // MK_PROLOGUE_REFERENCE in the fusion's own file (`file`) attach them; a
+  // fusion of the same name from another file (a replacement) gets none.
   FusionRefFn reference = nullptr;
+  PrologueRefFn prologue_reference = nullptr;
 };
 constexpr int kMaxOperands = 6;
 constexpr int kMaxScalars = 4;
@@ -176,9 +189,11 @@ const FusionInfo* find_fusion_unchecked(const std::string& name);
 size_t fusion_registrations();
 std::vector<std::string> fusions_registered_since(size_t mark);
 
-// Declares `fn` the float64 reference of the fusion named `name` (before or
-// after it is registered; a later declaration replaces an earlier one).
-bool register_fusion_reference(const std::string& name, FusionRefFn fn);
+// Declares `fn` the float64 reference of the fusion named `name` registered
+// from `file` (before or after it is registered; a later declaration
+// replaces an earlier one). The macros pass their own __FILE__.
+bool register_fusion_reference(const std::string& name, FusionRefFn fn, const std::string& file);
+bool register_prologue_reference(const std::string& name, PrologueRefFn fn, const std::string& file);
 
 // What a reference sees and fills: one rank's epilogue input and operands as
 // the call gives them (every value as a double of its dtype), and per output
@@ -196,14 +211,16 @@ struct FusionRef {
   // The dtype's unit roundoff (2^-8 for bf16), and operand k's.
   double unit_roundoff() const;
   double unit_roundoff(int k) const;
+  // The dtype's smallest positive (subnormal) value: near zero, rounding
+  // errs by up to half of it whatever the relative bound says.
+  double smallest() const;
   // What the output (the receive buffer) and output operand k should hold.
-  void want_out(int64_t i, double value, double tol) {
-    want[0][size_t(i)] = value;
-    tol_of[0][size_t(i)] = tol;
-  }
+  // An index outside the buffer throws std::out_of_range (the checker reports
+  // it as the reference's mistake).
+  void want_out(int64_t i, double value, double tol) { set(0, i, value, tol); }
   void want_operand(int k, int64_t i, double value, double tol) {
-    want[k + 1][size_t(i)] = value;
-    tol_of[k + 1][size_t(i)] = tol;
+    if (k < 0 || k >= kMaxOperands) throw std::out_of_range("FusionRef::want_operand: no operand " + std::to_string(k));
+    set(k + 1, i, value, tol);
   }
 
   // Filled by the checker.
@@ -212,16 +229,17 @@ struct FusionRef {
   const double* ops_in[kMaxOperands] = {};
   double scalars[kMaxScalars] = {};
   std::vector<double> want[kMaxOperands + 1], tol_of[kMaxOperands + 1];  // NaN tolerance: not compared
-};
 
-// The same for a prologue: its value for input x (a value of the dtype) with
-// these scalars, and a tolerance.
-struct PrologueRef {
-  double value = 0, tol = 0;
+ private:
+  void set(int j, int64_t i, double value, double tol) {
+    if (i < 0 || size_t(i) >= want[j].size())
+      throw std::out_of_range("FusionRef: index " + std::to_string(i) + " outside " +
+                              (j == 0 ? std::string("the output") : "operand " + std::to_string(j - 1)) + " (0.." +
+                              std::to_string(int64_t(want[j].size()) - 1) + ")");
+    want[j][size_t(i)] = value;
+    tol_of[j][size_t(i)] = tol;
+  }
 };
-using PrologueRefFn = PrologueRef (*)(double x, const double* scalars, DType dtype);
-bool register_prologue_reference(const std::string& name, PrologueRefFn fn);
-PrologueRefFn find_prologue_reference(const std::string& name);
 
 
 // ---- the host row context (simulation and checking) ----------------------------
@@ -231,7 +249,7 @@ namespace fusion_detail {
 // with one attached, every access goes through it, bounds-checked and
 // recorded per thread and phase, and block-wide reductions wait for every
 // simulated thread of the row. `what`: kOut for the output, else operand k.
-constexpr int kOut = -1;
+constexpr int kOut = -2147483647 - 1;  // INT_MIN: no operand index (a negative k is refused as such)
 struct RowCheck {
   virtual double load(const HostRowBase& r, int what, int64_t i, const char* call) = 0;
   virtual void store(const HostRowBase& r, int what, int64_t i, double v, const char* call) = 0;
@@ -459,14 +477,17 @@ void run_fusion_host(const FusionInfo& f, DType dtype, int64_t count, int64_t ro
                       MK_FUSION_SET_EPILOGUE(f, IDENT); MK_FUSION_SET_PROLOGUE(f, PRO);)
 
 // MK_FUSION_REFERENCE("name", fn): declares fn (void fn(mk::dsl::FusionRef&))
-// the float64 reference of fusion "name"; MK_PROLOGUE_REFERENCE("name", fn)
+// the float64 reference of fusion "name" registered in the same file (a
+// replacement of "name" from another file does not inherit it);
+// MK_PROLOGUE_REFERENCE("name", fn)
 // (mk::dsl::PrologueRef fn(double x, const double* scalars, mk::DType)) that
 // of its prologue. The checker compares the fusion's host code with them.
 #define MK_FUSION_REFERENCE(NAME, FN)                                                              \
   static const bool MK_FUSION_CAT(mk_fusion_reference_, __LINE__) =                                \
-      ::mk::dsl::register_fusion_reference(NAME, FN)
+      ::mk::dsl::register_fusion_reference(NAME, FN, __FILE__)
 #define MK_PROLOGUE_REFERENCE(NAME, FN)                                                            \
   static const bool MK_FUSION_CAT(mk_prologue_reference_, __LINE__) =                              \
-      ::mk::dsl::register_prologue_reference(NAME, FN)
+      ::mk::dsl::register_prologue_reference(NAME, FN, __FILE__)
 
+}  // inline namespace fusion_abi_v2
 }  // namespace mk::dsl

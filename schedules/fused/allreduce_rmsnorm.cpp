@@ -77,7 +77,8 @@ MK_FUSION(rmsnorm, "allreduce.rmsnorm",
 // code: `mkc verify --fusion allreduce.rmsnorm` (and the check before first
 // use) compares the epilogue's results with it. Tolerances: residual_out is
 // rounded to the dtype once (after a float add); the norm sums `row` squares
-// in float and reads residual_out as stored.
+// in float and reads residual_out as stored; near zero, a store errs by up to
+// the dtype's smallest step.
 static void rmsnorm_reference(mk::dsl::FusionRef& r) {
   const double u = r.unit_roundoff(), f = std::ldexp(1.0, -24), eps = r.scalar(0);
   for (int64_t row = 0; row < r.rows(); ++row) {
@@ -91,10 +92,10 @@ static void rmsnorm_reference(mk::dsl::FusionRef& r) {
     const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
     for (int64_t j = 0; j < n; ++j) {
       const double x = ro[size_t(j)], w = r.operand(2, j), want = x * inv * w;
-      const double err_ro = (u + f) * std::fabs(x) + 1e-30;
+      const double err_ro = (u + f) * std::fabs(x) + r.smallest();
       r.want_operand(1, base + j, x, err_ro);
       r.want_out(base + j, want,
-                 (4 * u + double(n) * f / 2 + 8 * f) * std::fabs(want) + 2 * err_ro * inv * std::fabs(w) + 1e-30);
+                 (4 * u + double(n) * f / 2 + 8 * f) * std::fabs(want) + 2 * err_ro * inv * std::fabs(w) + r.smallest());
     }
   }
 }

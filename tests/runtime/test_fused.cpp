@@ -5,8 +5,40 @@
 #include <cstring>
 #include <string>
 
+#include "mk/fusion.hpp"
 #include "mk/mk.hpp"
 #include "tests/runtime/fake.hpp"
+
+// A user fusion whose threads race (each reads the element the next thread
+// writes): the fusion checker refuses it before its first use.
+MK_EPILOGUE(rt_race,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i + 1 < r.n ? i + 1 : i));
+    }
+  };
+)
+MK_FUSION(rt_race, "test.rt_race", "out[i] = out[i + 1]", ({}), ({}), mk::dsl::RowMode::given);
+
+// y = out + residual; out = y * gate: y may share the residual's buffer (read
+// first), not the gate's (read after y is written).
+MK_EPILOGUE(rt_gated,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) {
+        const typename R::C y = r.out(i) + r.ld(0, i);
+        r.st(2, i, y);
+        r.set_out(i, y * r.ld(1, i));
+      }
+    }
+  };
+)
+MK_FUSION(rt_gated, "test.rt_gated", "y = out + residual; out = y * gate",
+          ({{"residual", mk::dsl::Shape::elem, false}, {"gate", mk::dsl::Shape::elem, false},
+            {"y", mk::dsl::Shape::elem, true}}),
+          ({}), mk::dsl::RowMode::any);
 
 TEST_CASE("mkAllReduceFused: the fusion's operands, scalars and row reach a fused kernel, bad fusions, rows, operands "
           "and overlaps are mkInvalidArgument with a message") {
@@ -227,5 +259,51 @@ TEST_CASE("mkAllReduceFused: a prologue fusion (allreduce.premulsum) passes each
   CHECK(std::string(mkGetLastError(comm)).find("has a prologue") != std::string::npos);
   CHECK(mkt::counts().launches == l1);
   REQUIRE(mkRedOpDestroy(op, comm) == mkSuccess);
+  REQUIRE(mkCommDestroy(comm) == mkSuccess);
+}
+
+TEST_CASE("mkAllReduceFused: a fusion the checker refuses is mkInvalidArgument naming the rule, every call, launching "
+          "nothing") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  const size_t count = 1024;
+  mkt::Buffer in(dev, count * 4), out(dev, count * 4);
+  mkComm_t comm = mkt::one_rank();
+  const int64_t launches = mkt::counts().launches;
+  mkFusion_t f{};
+  f.name = "test.rt_race";
+  f.row = 256;
+  for (int k = 0; k < 2; ++k) {
+    CHECK(mkAllReduceFused(in.ptr(), out.ptr(), count, mkFloat32, mkSum, &f, comm, dev.stream) == mkInvalidArgument);
+    const std::string msg = mkGetLastError(comm);
+    CHECK_MESSAGE(msg.find("[mk.verify.E021] fusion test.rt_race") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("test_fused.cpp") != std::string::npos, msg);  // the fusion's line
+  }
+  CHECK(mkt::counts().launches == launches);
+  REQUIRE(mkCommDestroy(comm) == mkSuccess);
+}
+
+TEST_CASE("mkAllReduceFused: one buffer for an output and an input operand only where the fusion's code allows it") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  const size_t count = 1024;
+  mkt::Buffer in(dev, count * 4), out(dev, count * 4), res(dev, count * 4), gate(dev, count * 4), y(dev, count * 4);
+  mkComm_t comm = mkt::one_rank();
+  mkFusion_t f{};
+  f.name = "test.rt_gated";
+  f.operands[0] = res.ptr();
+  f.operands[1] = gate.ptr();
+  f.operands[2] = res.ptr();  // y == residual: read before written, the same results
+  REQUIRE_MESSAGE(mkAllReduceFused(in.ptr(), out.ptr(), count, mkFloat32, mkSum, &f, comm, dev.stream) == mkSuccess,
+                  mkGetLastError(comm));
+  const int64_t launches = mkt::counts().launches;
+  f.operands[2] = gate.ptr();  // y == gate: the gate is read after y is written there
+  CHECK(mkAllReduceFused(in.ptr(), out.ptr(), count, mkFloat32, mkSum, &f, comm, dev.stream) == mkInvalidArgument);
+  const std::string msg = mkGetLastError(comm);
+  CHECK_MESSAGE(msg.find("operands[2] (y) is operands[1] (gate), which fusion test.rt_gated's code does not allow") !=
+                    std::string::npos,
+                msg);
+  CHECK_MESSAGE(msg.find("pass separate buffers") != std::string::npos, msg);
+  CHECK(mkt::counts().launches == launches);
   REQUIRE(mkCommDestroy(comm) == mkSuccess);
 }

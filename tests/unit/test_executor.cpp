@@ -1143,7 +1143,9 @@ TEST_CASE("executor: ranks that take max and min over their sources in different
   p.reduce(p.scratch(1, 0), {p.input(1, 0), p.input(0, 0)});
   for (int r = 0; r < 2; ++r) p.copy(p.output(r, 0), p.scratch(r, 0));
   const compiler::Lowered l = compiler::lower(p.ir(), {});
-  CHECK_NOTHROW(verify::verify_deterministic(l.variants.back(), DType::fp32, RedOp::max));
+  // the proof's model: a + b and b + a are one tree (every op commutative bit
+  // for bit); the simulation below checks that max and min live up to it
+  CHECK(verify::nondeterminism(l.variants.back()).empty());
   const std::vector<float> x0 = {0.0f, -0.0f, NAN, 1.0f, -0.0f, NAN, 5.0f};
   const std::vector<float> x1 = {-0.0f, 0.0f, 2.0f, NAN, -0.0f, NAN, 5.0f};
   for (RedOp op : {RedOp::max, RedOp::min})

@@ -361,6 +361,38 @@ TEST_CASE("fused plans: NVRTC compiles the epilogue into every bucket's kernel t
   CHECK(contains(c.what, "all-reduce"));
 }
 
+TEST_CASE("fused plans with checked accessors (MK_FUSION_CHECK, --fusion-check): their source, key and plan.json say so") {
+  if (!mkt::have_nvrtc()) {
+    MESSAGE("SKIPPED: NVRTC not found");
+    return;
+  }
+  compiler::CompileOptions o;
+  o.dtype = DType::bf16;
+  o.fusion = "allreduce.rmsnorm";
+  const ir::Schedule built = dsl::build(*dsl::find_schedule("allreduce.ring"), 2);
+  compiler::CompileOptions checked = o;
+  checked.fusion_check = true;
+  CHECK(compiler::plan_key(built, o) != compiler::plan_key(built, checked));
+  const plan::Plan p = compiler::compile_plan(built, checked);
+  CHECK(p.fusion_check);
+  for (const auto& k : p.kernels) {
+    CHECK(contains(k.source, "static constexpr bool kCheck = true;"));
+    CHECK(contains(k.source, "return \"allreduce.rmsnorm\";"));
+    CHECK(!k.cubin.empty());  // NVRTC compiles the checked accessors
+  }
+  CHECK(contains(plan::summary(p), "(checked accessors)"));
+  mkt::TempDir dir("checked_plan");
+  plan::write_dir(p, dir.path.string());
+  CHECK(plan::read_dir(dir.path.string()).fusion_check);  // the runtime matches MK_PLAN_DIR plans on it
+  const plan::Plan plain = compiler::compile_plan(built, o);
+  CHECK(!plain.fusion_check);
+  for (const auto& k : plain.kernels) CHECK(!contains(k.source, "kCheck"));  // unchecked plans keep their source
+  std::string j = plan::to_json(plain);
+  CHECK(!contains(j, "fusion_check"));
+  j.insert(j.find('{') + 1, "\"fusion_check\": 3,");
+  CHECK(catch_error([&] { plan::from_json(j, "test"); }).id == "mk.plan.E001");
+}
+
 TEST_CASE("plan.json: a fusion name that is not a name is refused (mk.plan.E001)") {
   compiler::CompileOptions o;
   o.dtype = DType::fp32;

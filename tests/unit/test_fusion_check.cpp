@@ -213,6 +213,93 @@ MK_PROLOGUE(chk_pro_state,
 )
 MK_PROLOGUE_FUSION(chk_pro_state, "test.chk_pro_state", "a prologue that counts its calls", ({}));
 
+// Steps by 256 elements: fine for 4 threads, a race for a block of 512
+// (threads t and t + 256 both write element t + 256) (E021).
+MK_EPILOGUE(chk_step256,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += 256) r.set_out(i, r.out(i) * typename R::C(3));
+    }
+  };
+)
+MK_FUSION(chk_step256, "test.chk_step256", "a fixed stride of 256", ({}), ({}), mk::dsl::RowMode::given);
+
+// Writes only half of its output operand (E022: the caller keeps stale data).
+MK_EPILOGUE(chk_half,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step())
+        if (i % 2 == 0) r.st(0, i, r.out(i));
+    }
+  };
+)
+MK_FUSION(chk_half, "test.chk_half", "writes every other element of y", ({{"y", mk::dsl::Shape::elem, true}}), ({}),
+          mk::dsl::RowMode::any);
+
+// Operand -1 (E020, not the output).
+MK_EPILOGUE(chk_minus_one,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.ld(-1, i));
+    }
+  };
+)
+MK_FUSION(chk_minus_one, "test.chk_minus_one", "reads operand -1", ({{"x", mk::dsl::Shape::elem, false}}), ({}),
+          mk::dsl::RowMode::any);
+
+// Spins without touching memory until the test lets it go: the row deadline.
+static volatile bool chk_spin_hold = true;
+MK_EPILOGUE(chk_spin,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      while (chk_spin_hold) {
+      }
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i));
+    }
+  };
+)
+MK_FUSION(chk_spin, "test.chk_spin", "a loop that never ends", ({}), ({}), mk::dsl::RowMode::any);
+
+// Correct, with a reference declared in this file; a replacement of it from
+// another file does not inherit the reference.
+MK_EPILOGUE(chk_halve,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) r.set_out(i, r.out(i) * typename R::C(0.5));
+    }
+  };
+)
+MK_FUSION(chk_halve, "test.chk_halve", "out / 2", ({}), ({}), mk::dsl::RowMode::any);
+static void halve_reference(mk::dsl::FusionRef& r) {
+  for (int64_t i = 0; i < r.count; ++i) r.want_out(i, r.out(i) / 2, r.smallest());  // exact but among subnormals
+}
+MK_FUSION_REFERENCE("test.chk_halve", halve_reference);
+
+// y = out + residual, out = y * gate: correct with separate buffers; wrong
+// when a caller passes one buffer as y and gate, which the runtime must
+// then refuse (the checker tells it so), while y == residual is fine.
+MK_EPILOGUE(chk_gated,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) {
+        const typename R::C y = r.out(i) + r.ld(0, i);
+        r.st(2, i, y);
+        r.set_out(i, y * r.ld(1, i));
+      }
+    }
+  };
+)
+MK_FUSION(chk_gated, "test.chk_gated", "y = out + residual; out = y * gate",
+          ({{"residual", mk::dsl::Shape::elem, false}, {"gate", mk::dsl::Shape::elem, false},
+            {"y", mk::dsl::Shape::elem, true}}),
+          ({}), mk::dsl::RowMode::any);
+
 // Correct user fusions: a per-column bias with a block-wide mean, and a
 // per-row scale written by one thread after the reduction.
 MK_EPILOGUE(chk_good,
@@ -311,6 +398,55 @@ TEST_CASE("fusion check: mk.verify.E021 threads that race on an element or call 
   c = refused("test.chk_uneven");
   CHECK(c.id == "mk.verify.E021");
   CHECK(contains(c.message, "ends after 0 block-wide reduction(s) while thread 0 calls a 1st"));
+  CHECK(contains(c.what, "let each thread touch only its own elements"));  // the race hint, not the bounds one
+
+  // the kernels' block sizes: a stride of 256 races only in a block of 512
+  c = refused("test.chk_step256");
+  CHECK(c.id == "mk.verify.E021");
+  CHECK(contains(c.message, "thread 256 of 512"));
+  CHECK(contains(c.message, "out[256], which thread 0 writes (r.set_out(i, v))"));
+}
+
+TEST_CASE("fusion check: operand -1 is not the output, and a row that never ends is refused at its deadline") {
+  auto c = refused("test.chk_minus_one");
+  CHECK(c.id == "mk.verify.E020");
+  CHECK(contains(c.message, "r.ld(k, i) names operand -1"));
+  verify::FusionCheckOptions o;
+  o.row_deadline_ms = 300;
+  o.dtypes = {DType::fp32};
+  c = catch_error([&] { verify::check_fusion(unchecked("test.chk_spin"), o); });
+  chk_spin_hold = false;  // the row's thread, left behind, ends now
+  CHECK(c.id == "mk.verify.E020");
+  CHECK(contains(c.message, "the row did not end within 300 ms"));
+}
+
+TEST_CASE("fusion check: aliasing an output with an input is recorded, and refused only where the results differ") {
+  // chk_alias reads the residual after writing residual_out
+  const auto& a = unchecked("test.chk_alias");
+  const auto rep = verify::check_fusion(a);  // correct with separate buffers
+  REQUIRE(rep.aliases.size() == 1);
+  CHECK(contains(rep.aliases[0].why, "with residual_out the same buffer as residual"));
+  CHECK(contains(rep.summary, "except residual_out as residual"));
+  CHECK(contains(verify::alias_refusal(a, {{1, 0}}), "reads an input at an element after writing the output"));
+  // chk_gated: y may be the residual (read first), not the gate (read after y is written)
+  const auto& g = unchecked("test.chk_gated");
+  CHECK(verify::alias_refusal(g, {{2, 0}}).empty());
+  CHECK(contains(verify::alias_refusal(g, {{2, 1}}), "with y the same buffer as gate"));
+  CHECK(verify::alias_refusal(unchecked("allreduce.rmsnorm"), {{1, 0}}).empty());  // residual_out == residual
+}
+
+TEST_CASE("fusion check: a reference belongs to its file, so a replacement from another file does not inherit it") {
+  const dsl::FusionInfo mine = unchecked("test.chk_halve");
+  CHECK(bool(mine.reference));
+  dsl::FusionInfo other = mine;
+  other.file = "elsewhere.cpp";
+  other.reference = nullptr;
+  REQUIRE(dsl::register_fusion(other));
+  CHECK(!unchecked("test.chk_halve").reference);
+  CHECK(!verify::check_fusion(unchecked("test.chk_halve")).reference);
+  REQUIRE(dsl::register_fusion(mine));  // this file's again: its reference with it
+  CHECK(bool(unchecked("test.chk_halve").reference));
+  CHECK(verify::check_fusion(unchecked("test.chk_halve")).reference);
 }
 
 TEST_CASE("fusion check: mk.verify.E022 results that depend on the path, the row length, aliasing or miss the "
@@ -324,9 +460,10 @@ TEST_CASE("fusion check: mk.verify.E022 results that depend on the path, the row
   CHECK(c.id == "mk.verify.E022");
   CHECK(contains(c.message, "must not depend on the row length"));
 
-  c = refused("test.chk_alias");
+  c = refused("test.chk_half");
   CHECK(c.id == "mk.verify.E022");
-  CHECK(contains(c.message, "with residual_out the same buffer as residual"));
+  CHECK(contains(c.message, "y[1] (row 0) is never written"));
+  CHECK(contains(c.what, "store every element of each output operand"));
 
   c = refused("test.chk_times_two");
   CHECK(c.id == "mk.verify.E022");
