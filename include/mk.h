@@ -57,7 +57,8 @@ typedef struct mkComm* mkComm_t;
  *               symmetric memory (the upper half of what is free at the
  *               split) instead of allocating their own; parent and children
  *               still run concurrently (their regions are disjoint).
- *   commName    copied and kept (at most 128 characters).
+ *   commName    copied and kept; at most 128 characters (a longer one
+ *               fails init with mkInvalidArgument).
  *   schedules   NULL or schedule files, ':'-separated (.cpp DSL files, .so
  *               plugins, MSCCL .xml, MSCCL++ or mKernel IR .json), loaded
  *               next to MK_SCHEDULES's at init and proved for this

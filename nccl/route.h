@@ -25,22 +25,25 @@ inline bool coll_reduces(int c) { return c == kAllReduce || c == kReduce || c ==
 constexpr unsigned kFallbackAll = (1u << kNumMk) - 1;
 
 // MK_NCCL_FALLBACK: a comma-separated list of collectives NCCL runs instead
-// of mKernel ("allreduce,alltoall"), "all", or empty/"none". Returns false
-// for a name it does not know (and names it in `bad`, at most `cap` bytes).
+// of mKernel ("allreduce,alltoall"), "all" or "none" alone, or unset/empty
+// (none). Strict: names are lower case, with no spaces and no empty items.
+// Returns false for anything else and names the item it refused in `bad`
+// (at most `cap` bytes; "" for an empty item).
 inline bool parse_fallback(const char* s, unsigned* mask, char* bad, size_t cap) {
   *mask = 0;
   if (!s || !*s) return true;
-  while (*s) {
+  const bool alone = !strchr(s, ',');
+  for (;;) {
     const char* e = strchr(s, ',');
     const size_t n = e ? size_t(e - s) : strlen(s);
-    bool known = n == 0;
+    bool known = false;
     if (n == 3 && strncmp(s, "all", 3) == 0) {
       *mask = kFallbackAll;
-      known = true;
+      known = alone;
     } else if (n == 4 && strncmp(s, "none", 4) == 0) {
-      known = true;
+      known = alone;
     }
-    for (int c = 0; c < kNumMk && !known; ++c)
+    for (int c = 0; c < kNumMk && !known && n > 0; ++c)
       if (strlen(coll_name(c)) == n && strncmp(s, coll_name(c), n) == 0) {
         *mask |= 1u << c;
         known = true;
@@ -49,12 +52,12 @@ inline bool parse_fallback(const char* s, unsigned* mask, char* bad, size_t cap)
       const size_t k = n < cap ? n : cap - 1;
       memcpy(bad, s, k);
       bad[k] = 0;
+      *mask = 0;
       return false;
     }
-    s += n;
-    if (*s == ',') ++s;
+    if (!e) return true;
+    s = e + 1;
   }
-  return true;
 }
 
 // Whether mKernel runs this call: one of its six collectives, a dtype it

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <vector>
 
+#include "compiler/common/env_parse.hpp"
 #include "mk.h"
 #include "nccl.h"
 #include "nccl/route.h"
@@ -41,11 +42,16 @@ namespace {
 
 thread_local char t_error[1024];  // the calling thread's last error from this library
 
+// A diagnostic switch: 0 or 1; another value is off, with one warning
+// (env_parse.hpp: this runs inside any call, which must not fail for it).
+bool diagnostic(const char* name) {
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "mkernel-nccl[%d]:", int(getpid()));
+  return mk::env_parse::diagnostic_flag(name, prefix);
+}
+
 bool debug_on() {
-  static const bool on = [] {
-    const char* v = getenv("MK_DEBUG");
-    return v && *v && strcmp(v, "0") != 0;
-  }();
+  static const bool on = diagnostic("MK_DEBUG");
   return on;
 }
 
@@ -359,8 +365,7 @@ void print_stats() {
 void count(int coll, bool nccl) {
   static std::once_flag once;
   std::call_once(once, [] {
-    const char* v = getenv("MK_NCCL_STATS");
-    if (v && *v && strcmp(v, "0") != 0) atexit(print_stats);
+    if (diagnostic("MK_NCCL_STATS")) atexit(print_stats);
   });
   g_count[coll][nccl ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
 }
@@ -424,13 +429,27 @@ ncclResult_t check_comm(ncclComm_t c, const char* api) {
   return ncclSuccess;
 }
 
+// The settings a communicator is made with, read strictly at its init: a
+// value that is not accepted fails the init, naming the variable, its value
+// and what it accepts.
 ncclResult_t read_fallback(unsigned* mask) {
   char bad[64];
-  if (!parse_fallback(getenv("MK_NCCL_FALLBACK"), mask, bad, sizeof bad))
+  const char* v = getenv("MK_NCCL_FALLBACK");
+  if (!parse_fallback(v, mask, bad, sizeof bad))
     return fail(ncclInvalidArgument,
-                "MK_NCCL_FALLBACK names '%s'; use a comma-separated list of allreduce, broadcast, reduce, "
-                "allgather, reducescatter, alltoall, or all / none",
-                bad);
+                "MK_NCCL_FALLBACK='%.200s' names '%s'; expected a comma-separated list of allreduce, broadcast, "
+                "reduce, allgather, reducescatter, alltoall (lower case, no spaces or empty items), or all or none "
+                "alone (unset or empty: none)",
+                v, bad);
+  return ncclSuccess;
+}
+
+// MK_NCCL_EAGER: 0 or 1 (unset or empty: 0).
+ncclResult_t read_eager(bool* eager) {
+  *eager = false;
+  const char* v = getenv("MK_NCCL_EAGER");
+  if (v && *v && !mk::env_parse::parse_bool(v, eager))
+    return fail(ncclInvalidArgument, "MK_NCCL_EAGER='%.200s': expected 0 or 1 (unset or empty: 0)", v);
   return ncclSuccess;
 }
 
@@ -668,11 +687,47 @@ ncclResult_t resolve_premul(Call& k, const char* api) {
   return hold_premul(k);
 }
 
+// Bytes of each ncclDataType_t (ncclInt8 .. ncclFloat8e5m2).
+constexpr size_t kTypeSize[ncclNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+static_assert(ncclNumTypes == 12, "a new ncclDataType_t: give its size here and a route in route.h");
+
+// What NCCL checks before a call runs (its ArgsCheck), checked here before
+// the call goes to either library: a datatype, reduction op, root or peer
+// out of range is ncclInvalidArgument with NCCL's reason as the last error,
+// never a value the real NCCL or mKernel is handed to make sense of.
+// PreMulSum handles (>= ncclNumOps) are checked against this communicator's
+// ops by resolve_premul. A root is checked once the rank count is known (a
+// nonblocking init may still run: the library that runs the call checks it).
+ncclResult_t check_args(const Call& k, const char* api) {
+  if (int(k.dtype) < 0 || int(k.dtype) >= int(ncclNumTypes))
+    return fail(ncclInvalidArgument, "%s: invalid type %d (an ncclDataType_t is 0..%d)", api, int(k.dtype),
+                int(ncclNumTypes) - 1);
+  if (coll_reduces(k.coll) && int(k.op) < 0)  // ncclMaxRedOp is INT_MAX
+    return fail(ncclInvalidArgument,
+                "%s: invalid reduction operation %d (ncclSum..ncclAvg, or an op from ncclRedOpCreatePreMulSum)", api,
+                int(k.op));
+  const int n = k.comm->nranks;
+  const bool p2p = k.coll == kOther && (strcmp(k.what, "send") == 0 || strcmp(k.what, "recv") == 0);
+  if (n > 0 && (k.root < 0 || k.root >= n))
+    return fail(ncclInvalidArgument, "%s: invalid %s %d (it should be in the 0..%d range)", api, p2p ? "peer" : "root",
+                k.root, n - 1);
+  // A count whose bytes (all ranks' for a gathered or scattered buffer)
+  // do not fit in size_t describes no buffer.
+  const bool per_rank = k.coll == kAllGather || k.coll == kReduceScatter || k.coll == kAlltoAll ||
+                        (k.coll == kOther && !p2p);
+  const size_t parts = per_rank && n > 0 ? size_t(n) : 1;
+  if (k.count > SIZE_MAX / kTypeSize[int(k.dtype)] / parts)
+    return fail(ncclInvalidArgument, "%s: count %zu of %zu-byte elements%s is more bytes than size_t holds", api,
+                k.count, kTypeSize[int(k.dtype)], parts > 1 ? " per rank" : "");
+  return ncclSuccess;
+}
+
 // One call: at once, or kept for ncclGroupEnd inside a group.
 ncclResult_t submit(const Call& given, const char* api) {
   Call k = given;
   if (ncclResult_t r = check_comm(k.comm, api)) return r;
   if (k.comm->revoked.load()) return fail(ncclInvalidUsage, "%s: the communicator was revoked", api);
+  if (ncclResult_t r = check_args(k, api)) return r;
   k.real_op = k.op;
   if (k.coll < kNumMk && coll_reduces(k.coll) && int(k.op) >= int(ncclNumOps))
     if (ncclResult_t r = resolve_premul(k, api)) return r;
@@ -743,6 +798,8 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   if (ncclResult_t r = check_config(config, api)) return r;
   unsigned fallback = 0;
   if (ncclResult_t r = read_fallback(&fallback)) return r;
+  bool eager = false;
+  if (ncclResult_t r = read_eager(&eager)) return r;
   if (ncclResult_t r = need_mk()) return r;
   mkComm_t m = nullptr;
   mkUniqueId mid;
@@ -772,8 +829,7 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   // MK_NCCL_EAGER=1: NCCL's communicator now, with mKernel's (a program whose
   // first NCCL call is a send between some ranks needs it: made later, at
   // that call, it would wait for ranks that never make it).
-  const char* eager = getenv("MK_NCCL_EAGER");
-  if (r == mkSuccess && eager && strcmp(eager, "1") == 0)
+  if (r == mkSuccess && eager)
     if (ncclResult_t e = ensure_real(*comm, "MK_NCCL_EAGER")) return e;
   return ncclResult_t(r);
 }
@@ -1040,8 +1096,7 @@ MK_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, 
   m.dtype = datatype;
   m.residence = residence;
   if (residence == ncclScalarHostImmediate) {
-    static const size_t kSize[12] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
-    memcpy(m.value, scalar, kSize[int(datatype)]);
+    memcpy(m.value, scalar, kTypeSize[int(datatype)]);
   } else {
     m.ptr = scalar;
   }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "compiler/common/env_parse.hpp"
 #include "compiler/jit/jit.hpp"
 #include "compiler/verify/verify.hpp"
 #include "runtime/plans.hpp"
@@ -62,23 +63,16 @@ std::optional<std::string> raw(const char* name) {
 }
 
 int64_t parse_int(const char* name, const std::string& value, int64_t lo, int64_t hi) {
-  const std::string range = fmt::format("expected an integer in {}..{}", lo, hi);
-  // strtoll alone accepts leading spaces and '+': the value must be digits.
-  const size_t digits = value.size() - (value.rfind('-', 0) == 0 ? 1 : 0);
-  if (digits == 0 || digits > 19 ||
-      !std::all_of(value.end() - std::ptrdiff_t(digits), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    invalid(name, value, range);
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(value.c_str(), &end, 10);
-  if (errno == ERANGE || *end != '\0' || v < lo || v > hi) invalid(name, value, range);
+  int64_t v = 0;
+  if (!env_parse::parse_int(value, lo, hi, &v))
+    invalid(name, value, fmt::format("expected an integer in {}..{}", lo, hi));
   return v;
 }
 
 bool parse_bool(const char* name, const std::string& value) {
-  if (value == "0") return false;
-  if (value == "1") return true;
-  invalid(name, value, "expected 0 or 1");
+  bool v = false;
+  if (!env_parse::parse_bool(value, &v)) invalid(name, value, "expected 0 or 1");
+  return v;
 }
 
 std::vector<std::pair<std::string, std::string>> parse_list(const char* name, const std::string& value) {

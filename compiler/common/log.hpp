@@ -1,5 +1,7 @@
 // MK_DEBUG=1: one line per event on stderr, "[mkernel] ...". Shared by the
-// compiler (shipped plans) and the runtime (rt::debug_log).
+// compiler (shipped plans) and the runtime (rt::debug_log). Unset, empty or
+// 0: off. Any other value is off too, with one warning on stderr naming it
+// (env_parse.hpp): logging runs inside arbitrary code paths and never throws.
 #pragma once
 
 #include <cstdio>
@@ -7,13 +9,12 @@
 #include <cstring>
 #include <string>
 
+#include "compiler/common/env_parse.hpp"
+
 namespace mk {
 
 inline bool debug_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MK_DEBUG");
-    return e && *e && std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env_parse::diagnostic_flag("MK_DEBUG", "[mkernel]");
   return on;
 }
 

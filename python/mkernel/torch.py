@@ -48,8 +48,8 @@ def mk_dtype(dtype):
 
 
 def _debug():
-    v = os.environ.get("MK_DEBUG", "")
-    return v not in ("", "0")
+    # "1" only, as the library reads it (it warns about any other value)
+    return os.environ.get("MK_DEBUG", "") == "1"
 
 
 # ---- communicators --------------------------------------------------------------

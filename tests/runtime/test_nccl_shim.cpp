@@ -6,7 +6,10 @@
 #ifdef MKT_SHIM
 #include <dlfcn.h>
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -61,6 +64,35 @@ std::string fake_log(bool reset = true) {
 }
 
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+size_t occurrences(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+// What `f` writes to stderr (fd 2), kept off the terminal.
+template <class F>
+std::string stderr_of(F&& f) {
+  const fs::path path = fs::temp_directory_path() / ("mkt-shim-err-" + std::to_string(::getpid()));
+  fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(saved >= 0);
+  REQUIRE(fd >= 0);
+  ::dup2(fd, 2);
+  ::close(fd);
+  f();
+  fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::error_code ec;
+  fs::remove(path, ec);
+  return ss.str();
+}
 
 // The functions nccl.h declares (every nccl* name; pnccl* are their twins).
 std::vector<std::string> header_functions() {
@@ -301,7 +333,7 @@ TEST_CASE("nccl shim: MK_NCCL_FALLBACK sends a collective to NCCL on communicato
   ncclComm_t comms[2] = {nullptr, nullptr};
   const int devlist[2] = {0, 1};
   CHECK(SHIM_FN(s, ncclCommInitAll)(comms, 2, devlist) == ncclInvalidArgument);
-  CHECK(has(SHIM_FN(s, ncclGetLastError)(nullptr), "MK_NCCL_FALLBACK names 'bogus'"));
+  CHECK(has(SHIM_FN(s, ncclGetLastError)(nullptr), "MK_NCCL_FALLBACK='allreduce,bogus' names 'bogus'"));
   unsetenv("MK_NCCL_FALLBACK");
 }
 
@@ -433,5 +465,147 @@ TEST_CASE("nccl shim: the real NCCL is never this library itself") {
   CHECK(SHIM_FN(s, ncclSend)(buf.ptr(), 4, ncclFloat32, 0, c, dev.stream) == ncclSystemError);
   CHECK(has(SHIM_FN(s, ncclGetLastError)(c), "mKernel's NCCL library itself"));
   CHECK(SHIM_FN(s, ncclCommDestroy)(c) == ncclSuccess);
+}
+TEST_CASE("nccl shim: a datatype, op, root, peer or count NCCL refuses is refused before either library sees it") {
+  MKT_REQUIRE_FAKE();
+  Shim s;
+  setenv("MK_NCCL_FALLBACK", "all", 1);  // every collective would go to the (fake) real NCCL
+  Pair pair(s);
+  unsetenv("MK_NCCL_FALLBACK");
+  fake_log();
+  void* p = pair.bufs[0]->ptr();
+  ncclComm_t c = pair.comms[0];
+  cudaStream_t st = pair.devs[0]->stream;
+  auto last = [&] { return std::string(SHIM_FN(s, ncclGetLastError)(c)); };
+  CHECK(SHIM_FN(s, ncclAllReduce)(p, p, 64, ncclDataType_t(77), ncclSum, c, st) == ncclInvalidArgument);
+  CHECK(has(last(), "ncclAllReduce: invalid type 77 (an ncclDataType_t is 0..11)"));
+  CHECK(SHIM_FN(s, ncclAllReduce)(p, p, 64, ncclDataType_t(-1), ncclSum, c, st) == ncclInvalidArgument);
+  CHECK(SHIM_FN(s, ncclAllReduce)(p, p, 64, ncclDataType_t(ncclNumTypes), ncclSum, c, st) == ncclInvalidArgument);
+  CHECK(SHIM_FN(s, ncclAllReduce)(p, p, 64, ncclFloat32, ncclRedOp_t(-1), c, st) == ncclInvalidArgument);
+  CHECK(has(last(), "ncclAllReduce: invalid reduction operation -1"));
+  CHECK(SHIM_FN(s, ncclReduceScatter)(p, p, 8, ncclFloat32, ncclRedOp_t(77), c, st) == ncclInvalidArgument);
+  CHECK(has(last(), "reduction op 77 is neither a built-in ncclRedOp_t nor a PreMulSum op"));
+  CHECK(SHIM_FN(s, ncclBroadcast)(p, p, 64, ncclFloat32, 2, c, st) == ncclInvalidArgument);
+  CHECK(has(last(), "ncclBroadcast: invalid root 2 (it should be in the 0..1 range)"));
+  CHECK(SHIM_FN(s, ncclReduce)(p, p, 64, ncclFloat32, ncclSum, -1, c, st) == ncclInvalidArgument);
+  CHECK(SHIM_FN(s, ncclSend)(p, 4, ncclFloat32, 2, c, st) == ncclInvalidArgument);
+  CHECK(has(last(), "ncclSend: invalid peer 2"));
+  CHECK(SHIM_FN(s, ncclRecv)(p, 4, ncclFloat32, -3, c, st) == ncclInvalidArgument);
+  CHECK(SHIM_FN(s, ncclSend)(p, 4, ncclDataType_t(12), 1, c, st) == ncclInvalidArgument);
+  CHECK(SHIM_FN(s, ncclGather)(p, p, 4, ncclFloat32, 5, c, st) == ncclInvalidArgument);
+  CHECK(SHIM_FN(s, ncclAllGather)(p, p, SIZE_MAX / 4, ncclFloat32, c, st) == ncclInvalidArgument);
+  CHECK(has(last(), "ncclAllGather: count"));
+  CHECK(SHIM_FN(s, ncclAllReduce)(p, p, SIZE_MAX / 2, ncclFloat64, ncclSum, c, st) == ncclInvalidArgument);
+  // inside a group too: the call is refused at once, the group has nothing of it
+  REQUIRE(SHIM_FN(s, ncclGroupStart)() == ncclSuccess);
+  CHECK(SHIM_FN(s, ncclAllReduce)(p, p, 64, ncclDataType_t(77), ncclSum, c, st) == ncclInvalidArgument);
+  CHECK(SHIM_FN(s, ncclGroupEnd)() == ncclSuccess);
+  CHECK(fake_log() == "");  // nothing reached NCCL, not even its init
+  // the same calls in range still go where they went
+  CHECK(SHIM_FN(s, ncclSend)(p, 4, ncclFloat32, 1, c, st) == ncclSuccess);
+  CHECK(has(fake_log(), "Send comm=1 count=4 peer=1"));
+}
+
+TEST_CASE("nccl shim: MK_DEBUG and MK_NCCL_STATS are 0 or 1, another value is off with one warning") {
+  MKT_REQUIRE_FAKE();
+  auto null_call = [](Shim& s) {
+    return SHIM_FN(s, ncclAllReduce)(nullptr, nullptr, 4, ncclFloat32, ncclSum, nullptr, nullptr);
+  };
+  {
+    setenv("MK_DEBUG", "abc", 1);
+    Shim s;  // a fresh copy: it reads MK_DEBUG once
+    const std::string err = stderr_of([&] {
+      CHECK(null_call(s) == ncclInvalidArgument);
+      CHECK(null_call(s) == ncclInvalidArgument);
+    });
+    unsetenv("MK_DEBUG");
+    // once, from this library ("mkernel-nccl[pid]: warning: ...")
+    CHECK(occurrences(err, "]: warning: MK_DEBUG='abc' is not accepted (expected 0 or 1; unset or empty: 0); "
+                           "MK_DEBUG is off") == 1);
+    CHECK_FALSE(has(err, "error: ncclAllReduce"));  // off
+  }
+  {
+    setenv("MK_DEBUG", "1", 1);
+    Shim s;
+    const std::string err = stderr_of([&] { CHECK(null_call(s) == ncclInvalidArgument); });
+    unsetenv("MK_DEBUG");
+    CHECK(has(err, "error: ncclAllReduce: comm is NULL"));
+    CHECK_FALSE(has(err, "warning"));
+  }
+  {
+    setenv("MK_NCCL_STATS", "yes", 1);
+    Shim s;
+    Pair pair(s);
+    const std::string err = stderr_of([&] {
+      CHECK(pair.allreduce() == 2);
+      CHECK(pair.allreduce() == 2);
+    });
+    unsetenv("MK_NCCL_STATS");
+    CHECK(occurrences(err, "]: warning: MK_NCCL_STATS='yes' is not accepted (expected 0 or 1") == 1);
+  }
+}
+
+TEST_CASE("nccl shim: MK_NCCL_EAGER and MK_NCCL_FALLBACK are parsed strictly at init") {
+  MKT_REQUIRE_FAKE();
+  Shim s;
+  mkt::Device dev(0);
+  ncclUniqueId id;
+  REQUIRE(SHIM_FN(s, ncclGetUniqueId)(&id) == ncclSuccess);
+  auto init = [&] {
+    ncclComm_t c = nullptr;
+    const ncclResult_t r = SHIM_FN(s, ncclCommInitRank)(&c, 1, id, 0);
+    if (r == ncclSuccess) CHECK(SHIM_FN(s, ncclCommDestroy)(c) == ncclSuccess);
+    else CHECK(c == nullptr);
+    return r;
+  };
+  fake_log();
+  for (const char* bad : {"yes", "true", "2", " 1", "1 ", "01"}) {
+    CAPTURE(bad);
+    setenv("MK_NCCL_EAGER", bad, 1);
+    CHECK(init() == ncclInvalidArgument);
+    CHECK(has(SHIM_FN(s, ncclGetLastError)(nullptr), std::string("MK_NCCL_EAGER='") + bad + "': expected 0 or 1"));
+  }
+  setenv("MK_NCCL_EAGER", "0", 1);
+  CHECK(init() == ncclSuccess);
+  CHECK(fake_log() == "");
+  setenv("MK_NCCL_EAGER", "1", 1);
+  CHECK(init() == ncclSuccess);
+  CHECK(has(fake_log(), "CommInitRank"));  // NCCL's communicator made at init
+  unsetenv("MK_NCCL_EAGER");
+  for (const char* bad : {"allreduce,", ",allreduce", "allreduce,,broadcast", " allreduce", "AllReduce",
+                          "all,allreduce", "none,broadcast", "all,none", ","}) {
+    CAPTURE(bad);
+    setenv("MK_NCCL_FALLBACK", bad, 1);
+    CHECK(init() == ncclInvalidArgument);
+    const std::string why = SHIM_FN(s, ncclGetLastError)(nullptr);
+    CHECK(has(why, std::string("MK_NCCL_FALLBACK='") + bad + "' names '"));
+    CHECK(has(why, "or all or none alone"));
+  }
+  for (const char* good : {"allreduce", "allreduce,alltoall", "all", "none", ""}) {
+    CAPTURE(good);
+    setenv("MK_NCCL_FALLBACK", good, 1);
+    CHECK(init() == ncclSuccess);
+  }
+  unsetenv("MK_NCCL_FALLBACK");
+}
+
+TEST_CASE("nccl shim: a commName longer than 128 characters fails the init with ncclInvalidArgument") {
+  MKT_REQUIRE_FAKE();
+  Shim s;
+  mkt::Device dev(0);
+  ncclUniqueId id;
+  REQUIRE(SHIM_FN(s, ncclGetUniqueId)(&id) == ncclSuccess);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  std::string name(128, 'n');
+  cfg.commName = name.c_str();
+  ncclComm_t c = nullptr;
+  REQUIRE(SHIM_FN(s, ncclCommInitRankConfig)(&c, 1, id, 0, &cfg) == ncclSuccess);
+  CHECK(SHIM_FN(s, ncclCommDestroy)(c) == ncclSuccess);
+  name += 'x';
+  cfg.commName = name.c_str();
+  c = nullptr;
+  CHECK(SHIM_FN(s, ncclCommInitRankConfig)(&c, 1, id, 0, &cfg) == ncclInvalidArgument);
+  CHECK(c == nullptr);
+  CHECK(has(SHIM_FN(s, ncclGetLastError)(nullptr), "commName is longer than 128 characters"));
 }
 #endif

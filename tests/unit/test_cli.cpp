@@ -446,7 +446,60 @@ TEST_CASE("mk.cli.E006: a schedule file whose compile runs past MK_PLUGIN_TIMEOU
   // a malformed limit is an error, not a hang or a default
   mkt::ScopedEnv bad("MK_PLUGIN_TIMEOUT_S", "soon");
   CHECK(contains(catch_error([&] { plugin::load_source(fixture("hand_allreduce.cpp")); }).message,
-                 "MK_PLUGIN_TIMEOUT_S=soon"));
+                 "MK_PLUGIN_TIMEOUT_S='soon'"));
+}
+
+TEST_CASE("mk.cli.E006: MK_PLUGIN_TIMEOUT_S is whole seconds in 1..86400, parsed strictly") {
+  mkt::TempDir d;
+  mkt::ScopedEnv cache("MK_CACHE_DIR", (d / "cache").string());
+  mkt::ScopedEnv cxx("MK_CXX", "false #");  // a "compiler" that fails at once: nothing is cached
+  auto load = [&] { return catch_error([&] { plugin::load_source(fixture("hand_allreduce.cpp")); }); };
+  for (const char* good : {"8", "1", "86400", ""}) {
+    CAPTURE(good);
+    mkt::ScopedEnv limit("MK_PLUGIN_TIMEOUT_S", good);
+    const auto c = load();
+    CHECK(c.id == "mk.cli.E006");
+    CHECK(contains(c.message, "does not compile"));  // the limit was taken; the compile ran
+  }
+  // strtod read " 0x8" and "0x1p3" as 8 s and 0.0001 as 0 ms ("0 s")
+  for (const char* bad : {" 0x8", "0x8", "0x1p3", "0.0001", "0.5", "1.5", "8 ", "+8", "1e3", "inf", "nan", "0", "-1",
+                          "86401", "99999999999999999999"}) {
+    CAPTURE(bad);
+    mkt::ScopedEnv limit("MK_PLUGIN_TIMEOUT_S", bad);
+    const auto c = load();
+    CHECK(c.id == "mk.cli.E006");
+    CHECK(contains(c.message, std::string("MK_PLUGIN_TIMEOUT_S='") + bad +
+                                  "': expected whole seconds, an integer in 1..86400 (unset: 300)"));
+  }
+}
+
+TEST_CASE("mk.jit.E001: MK_NVRTC_PATH is used exactly, or the error says why it did not load") {
+  mkt::TempDir d;
+  // a fresh cache: nothing compiled before can stand in for NVRTC
+  const std::vector<std::string> compile = {"compile", "-s", "allreduce.ring", "-n", "2", "--dtype", "fp32",
+                                            "--op",    "sum", "-o", (d / "plan").string()};
+  auto r = mkc(compile, {{"MK_CACHE_DIR", (d / "cache").string()}, {"MK_NVRTC_PATH", "/nonexistent/libnvrtc.so"}});
+  MKT_CHECK_USER_ERROR(r, "mk.jit.E001");
+  CHECK(contains(r.err, "MK_NVRTC_PATH='/nonexistent/libnvrtc.so' could not be loaded: "));
+  CHECK(contains(r.err, "No such file or directory"));  // dlopen's reason
+  CHECK(contains(r.err, "unset it"));
+  auto info = mkc({"info"}, {{"MK_CACHE_DIR", (d / "cache").string()}, {"MK_NVRTC_PATH", "/nonexistent/libnvrtc.so"}});
+  CHECK_OK(info);
+  CHECK(contains(info.out, "NVRTC: MK_NVRTC_PATH='/nonexistent/libnvrtc.so' could not be loaded"));
+  // a library that loads but is no NVRTC
+  const std::string libc = "libc.so.6";
+  auto other = mkc(compile, {{"MK_CACHE_DIR", (d / "cache").string()}, {"MK_NVRTC_PATH", libc}});
+  MKT_CHECK_USER_ERROR(other, "mk.jit.E001");
+  CHECK(contains(other.err, "MK_NVRTC_PATH='libc.so.6' is not a usable NVRTC"));
+  if (mkt::have_nvrtc()) {  // the library found without it, named: used
+    const std::string status = jit::nvrtc_status();
+    const std::string path = status.substr(0, status.find(' '));
+    if (!path.empty() && path[0] == '/') {
+      auto ok = mkc({"info"}, {{"MK_NVRTC_PATH", path}});
+      CHECK_OK(ok);
+      CHECK(contains(ok.out, "NVRTC: " + path + " (NVRTC "));
+    }
+  }
 }
 
 TEST_CASE("mk.jit.E004: a user schedule needs a writable cache for its plugin") {

@@ -1,7 +1,14 @@
 // Environment settings (runtime/env.hpp): whole-string parsing, ranges, and
 // errors that name the variable, its value and what it accepts.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <cstring>
+#include <string>
+
+#include "compiler/common/env_parse.hpp"
+#include "compiler/common/log.hpp"
 #include "compiler/passes/passes.hpp"
 #include "runtime/bootstrap.hpp"
 #include "runtime/comm.hpp"
@@ -25,7 +32,152 @@ std::string invalid(const std::function<void()>& f) {
   return "";
 }
 
+// What `f` writes to stderr (fd 2), kept off the terminal.
+std::string stderr_of(const std::function<void()>& f) {
+  mkt::TempDir d("mkt-err");
+  const std::string path = (d / "err").string();
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(saved >= 0);
+  REQUIRE(fd >= 0);
+  ::dup2(fd, 2);
+  ::close(fd);
+  try {
+    f();
+  } catch (...) {
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    throw;
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  return mkt::read_text(path);
+}
+
+size_t occurrences(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace
+
+TEST_CASE("env: the shared strict parser (env_parse.hpp) takes whole decimal integers and 0 or 1, nothing else") {
+  int64_t v = -7;
+  CHECK(env_parse::parse_int("8", 1, 86400, &v));
+  CHECK(v == 8);
+  CHECK(env_parse::parse_int("-9223372036854775808", INT64_MIN, 0, &v));
+  CHECK(v == INT64_MIN);
+  CHECK(env_parse::parse_int("0086400", 1, 86400, &v));
+  CHECK(v == 86400);
+  // what strtod/strtoll took (MK_PLUGIN_TIMEOUT_S read " 0x8" and "0x1p3" as 8 s)
+  for (const char* bad : {" 0x8", "0x8", "0x1p3", "0.0001", "8.0", "8 ", "+8", "8s", "1e3", "inf", "nan", "",
+                          "-", "9223372036854775808", "-9223372036854775809", "86401", "0"}) {
+    CAPTURE(bad);
+    v = -7;
+    CHECK_FALSE(env_parse::parse_int(bad, 1, 86400, &v));
+    CHECK(v == -7);  // untouched
+  }
+  // a NUL inside the value is not its end
+  CHECK_FALSE(env_parse::parse_int(std::string_view("8\0" "9", 3), 0, 100, &v));
+  bool b = false;
+  CHECK(env_parse::parse_bool("1", &b));
+  CHECK(b);
+  CHECK(env_parse::parse_bool("0", &b));
+  CHECK_FALSE(b);
+  for (const char* bad : {"abc", "2", "01", "1 ", " 1", "true", "on", "yes", ""}) {
+    CAPTURE(bad);
+    CHECK_FALSE(env_parse::parse_bool(bad, &b));
+  }
+}
+
+TEST_CASE("env: a diagnostic switch (MK_DEBUG, MK_NCCL_STATS) is 0 or 1, another value is off, with one warning") {
+  const char* var = "MK_TEST_DIAGNOSTIC";
+  struct Case {
+    const char* value;  // nullptr: unset
+    bool on;
+    bool warns;
+  };
+  for (const Case& c : {Case{nullptr, false, false}, Case{"", false, false}, Case{"0", false, false},
+                        Case{"1", true, false}, Case{"abc", false, true}, Case{"2", false, true},
+                        Case{"true", false, true}, Case{" 1", false, true}}) {
+    CAPTURE(c.value ? c.value : "(unset)");
+    std::optional<mkt::ScopedEnv> e;
+    if (c.value)
+      e.emplace(var, c.value);
+    else
+      ::unsetenv(var);
+    bool on = !c.on;
+    const std::string err = stderr_of([&] { on = env_parse::diagnostic_flag(var, "[test]"); });
+    CHECK(on == c.on);
+    if (c.warns) {
+      CHECK(err == std::string("[test] warning: MK_TEST_DIAGNOSTIC='") + c.value +
+                       "' is not accepted (expected 0 or 1; unset or empty: 0); MK_TEST_DIAGNOSTIC is off\n");
+    } else {
+      CHECK(err.empty());
+    }
+  }
+  // a long value is cut in the warning
+  mkt::ScopedEnv e(var, std::string(5000, 'x'));
+  const std::string err = stderr_of([&] { CHECK_FALSE(env_parse::diagnostic_flag(var, "[test]")); });
+  CHECK(err.size() < 300);
+  CHECK(contains(err, std::string(64, 'x') + "...'"));
+}
+
+// The library's own MK_DEBUG (compiler/common/log.hpp), read once per
+// process: this test runs itself again as a child with MK_DEBUG set.
+TEST_CASE("env: MK_DEBUG accepts 0 or 1 only and logging never throws") {
+  if (std::getenv("MKT_DEBUG_PROBE")) {  // the child
+    debug_log("probe one");
+    debug_log("probe two");
+    return;
+  }
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  REQUIRE(n > 0);
+  auto child = [&](const char* value) {
+    return mkt::run_process({self, "-tc=env: MK_DEBUG accepts 0 or 1 only and logging never throws"},
+                            {{"MKT_DEBUG_PROBE", "1"}, {"MK_DEBUG", value}}, 60);
+  };
+  const mkt::RunResult on = child("1");
+  INFO(on);
+  CHECK(on.exit_code == 0);
+  CHECK(contains(on.err, "[mkernel] probe one\n[mkernel] probe two\n"));
+  for (const char* off : {"0", ""}) {
+    const mkt::RunResult r = child(off);
+    CHECK(r.exit_code == 0);
+    CHECK_FALSE(contains(r.err, "probe"));
+    CHECK_FALSE(contains(r.err, "warning"));
+  }
+  for (const char* bad : {"abc", "yes", "2", "on"}) {
+    CAPTURE(bad);
+    const mkt::RunResult r = child(bad);
+    INFO(r);
+    CHECK(r.exit_code == 0);
+    CHECK_FALSE(contains(r.err, "probe"));  // off, as documented
+    CHECK(occurrences(r.err, "MK_DEBUG='" + std::string(bad) + "' is not accepted (expected 0 or 1") == 1);
+  }
+}
+
+TEST_CASE("env: config commName is at most 128 characters, and longer is refused, not cut") {
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  rt::CommConfig c;
+  std::string name(128, 'n');
+  cfg.commName = name.c_str();
+  rt::apply_user_config(&c, &cfg);
+  CHECK(c.comm_name == name);
+  name += 'x';
+  cfg.commName = name.c_str();
+  CHECK(contains(invalid([&] { rt::apply_user_config(&c, &cfg); }), "commName is longer than 128 characters"));
+  // read no further than that: an unterminated name is refused, not overread
+  char unterminated[129];
+  std::memset(unterminated, 'u', sizeof unterminated);
+  cfg.commName = unterminated;
+  CHECK(contains(invalid([&] { rt::apply_user_config(&c, &cfg); }), "commName is longer than 128 characters"));
+}
 
 TEST_CASE("env: integers parse whole, inside their range") {
   CHECK(rt::env::parse_int("X", "12", 0, 100) == 12);
