@@ -1,4 +1,6 @@
 #include "compiler/compile.hpp"
+
+#include "compiler/common/trusted_fs.hpp"
 #include "compiler/plan/prebuilt.hpp"
 
 #include <fmt/format.h>
@@ -15,6 +17,7 @@
 #include <optional>
 
 #include "compiler/codegen/codegen.hpp"
+#include "compiler/common/log.hpp"
 #include "mk/fusion.hpp"
 #include "compiler/verify/verify.hpp"
 #include "compiler/jit/jit.hpp"
@@ -156,15 +159,20 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   const std::string key = plan_key(built, o);
   const std::string cache = o.use_cache ? jit::private_cache_dir() : "";
   const fs::path cached = cache.empty() ? fs::path() : fs::path(cache) / "plans" / key;
-  if (!cache.empty() && fs::exists(cached / "plan.json")) {
+  if (std::error_code ec; !cache.empty() && fs::exists(fs::symlink_status(cached, ec))) {
     try {
+      // An entry that is a link, or not ours, or that others can write, is
+      // not read (tfs::entry_problem, then read_dir's checks of every file).
+      if (std::string why = tfs::entry_problem(cached); !why.empty())
+        throw Error(ErrId::plan_E007, cached.string() + " is " + why);
       plan::Plan p = plan::read_dir(cached.string());
+      plan::check_version(p, cached.string());
       st.from_cache = true;
       return p;
-    } catch (const Error&) {
-      // a damaged cache entry (plan.json or a cubin fails read_dir's checks):
-      // drop it, compile again, store the new one
-      std::error_code ec;
+    } catch (const Error& e) {
+      // a damaged or untrusted cache entry: drop it, compile again, store
+      // the new one
+      debug_log("plan cache: dropping " + cached.string() + ": " + e.what());
       fs::remove_all(cached, ec);
     }
   }
@@ -300,16 +308,20 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     p.kernels.push_back(std::move(k));
   }
   if (!cache.empty()) {
-    // Write beside, then rename: concurrent compilers never see half a plan.
+    // Write beside (a fresh 0700 directory), then rename: concurrent
+    // compilers never see half a plan, and nobody else can reach it.
     std::error_code ec;
-    fs::path tmp = cached;
-    tmp += fmt::format(".tmp.{}", ::getpid());
+    std::string why = tfs::make_private_dir(cached.parent_path());
+    const fs::path tmp = why.empty() ? tfs::make_temp_dir(cached, &why) : fs::path();
     try {
-      plan::write_dir(p, tmp.string());
+      if (!why.empty()) throw Error(ErrId::jit_E004, why);
+      plan::write_dir(p, tmp.string(), /*private_files=*/true);
       fs::rename(tmp, cached, ec);
       if (ec) fs::remove_all(tmp, ec);  // another process won the race
-    } catch (const Error&) {
-      fs::remove_all(tmp, ec);  // the cache is an optimisation; a read-only cache is not an error
+    } catch (const Error& e) {
+      // the cache is an optimisation; a read-only cache is not an error
+      debug_log("plan cache: not stored: " + std::string(e.what()));
+      if (!tmp.empty()) fs::remove_all(tmp, ec);
     }
   }
   return p;

@@ -16,11 +16,15 @@
 #include <mutex>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <sys/stat.h>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "compiler/common/env_parse.hpp"
 #include "compiler/common/log.hpp"
+#include "compiler/common/trusted_fs.hpp"
 #include "compiler/jit/jit.hpp"
 #include "mk/composite.hpp"
 #include "mk/fusion.hpp"
@@ -42,16 +46,19 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-// How long a schedule file may take to compile (MK_PLUGIN_TIMEOUT_S,
-// default 300 s): it runs inside communicator init, which must not hang.
+// How long a schedule file may take to compile (MK_PLUGIN_TIMEOUT_S: whole
+// seconds, 1..86400, default 300): it runs inside communicator init, which
+// must not hang. Strict (env_parse.hpp): " 0x8", "0x1p3" or "0.0001" (which
+// strtod read as hex 8 s, or as 0 ms) are errors, not some other limit.
 int64_t compile_timeout_ms() {
   const char* e = std::getenv("MK_PLUGIN_TIMEOUT_S");
   if (!e || !*e) return 300'000;
-  char* end = nullptr;
-  const double v = std::strtod(e, &end);
-  if (end == e || *end || !(v > 0) || v > 86400)
-    throw Error(ErrId::cli_E006, fmt::format("MK_PLUGIN_TIMEOUT_S={} is not a number of seconds in (0, 86400]", e));
-  return int64_t(v * 1000);
+  int64_t s = 0;
+  if (!env_parse::parse_int(e, 1, 86400, &s))
+    throw Error(ErrId::cli_E006,
+                fmt::format("MK_PLUGIN_TIMEOUT_S='{}': expected whole seconds, an integer in 1..86400 (unset: 300)", e),
+                {}, "set MK_PLUGIN_TIMEOUT_S to a plain number of seconds such as 600, or unset it");
+  return s * 1000;
 }
 
 constexpr int kTimedOut = -2;
@@ -157,19 +164,22 @@ std::string deps_hash(const std::vector<std::string>& files) {
   return jit::hash_hex(all);
 }
 
-// `text` into `path`, atomically (write beside, then rename).
-bool write_atomic(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += fmt::format(".{}.tmp", ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << text;
-    if (!f) return false;
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) fs::remove(tmp, ec);
-  return !ec;
+// `text` from a file of the cache, "" (and *ok false) unless the trust
+// policy passes it (compiler/common/trusted_fs.hpp).
+std::string read_cached(const fs::path& p, bool* ok) {
+  std::vector<char> bytes;
+  std::string why;
+  *ok = tfs::read_file(p, 64u << 20, &bytes, &why) == tfs::Read::ok;
+  if (!*ok && fs::exists(fs::symlink_status(p))) debug_log("plugin cache: " + p.string() + " is not used: " + why);
+  return *ok ? std::string(bytes.begin(), bytes.end()) : std::string();
+}
+
+// The content hash of the regular file `so` as the checked descriptor reads
+// it, "" (with *why) if the policy refuses it.
+std::string checked_hash(const fs::path& so, std::string* why) {
+  std::vector<char> bytes;
+  if (tfs::read_file(so, size_t(1) << 31, &bytes, why) != tfs::Read::ok) return {};
+  return jit::hash_hex(std::string(bytes.begin(), bytes.end()));
 }
 
 }  // namespace
@@ -214,6 +224,23 @@ std::string include_dir() {
 
 std::vector<dsl::ScheduleInfo> load_library(const std::string& so_file) {
   if (!fs::exists(so_file)) throw Error(ErrId::cli_E009, "no such plugin: " + so_file);
+  // A library runs its constructors when loaded: only one nobody else could
+  // have written (trusted_fs.hpp: the file and every directory above it).
+  {
+    std::string why;
+    bool untrusted = false;
+    std::error_code ec;
+    const fs::path real = fs::canonical(so_file, ec);
+    const int fd = ec ? -1 : tfs::open_checked(real, &why, &untrusted);
+    if (ec) why = ec.message();
+    if (fd >= 0) ::close(fd);
+    if (fd >= 0 && !(why = tfs::tree_problem(real.parent_path())).empty()) untrusted = true;
+    if (fd < 0 || untrusted)
+      throw Error(ErrId::cli_E006, fmt::format("plugin {} is not loaded: {}", so_file, why), {},
+                  untrusted ? "a plugin is code that runs in this process: keep it in a file and directory only you "
+                              "(or root) can write"
+                            : "");
+  }
   // dlopen of an already loaded library runs no initialisers again: remember.
   static std::mutex mu;
   static std::map<std::string, std::vector<dsl::ScheduleInfo>> loaded;
@@ -266,10 +293,9 @@ std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
                 "set MK_CACHE_DIR to a writable directory only you can write");
   fs::path dir = fs::path(cache) / "plugins";
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec)
-    throw Error(ErrId::jit_E004, "cannot create " + dir.string() + " for compiled schedules: " + ec.message(), {},
-                "set MK_CACHE_DIR to a writable directory");
+  if (std::string why = tfs::make_private_dir(dir); !why.empty())
+    throw Error(ErrId::jit_E004, "cannot keep compiled schedules in " + dir.string() + ": " + why, {},
+                "set MK_CACHE_DIR to a writable directory only you can write");
   // The key covers the .cpp; every other file the compiler read (local
   // headers, the DSL headers, the standard library) is listed in key.deps as
   // the compiler reported it, and the plugin is stored under a hash of all
@@ -278,14 +304,28 @@ std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
   fs::path so;
   {
     bool ok = false;
-    std::string listed = read_all(deps_file, &ok);
+    std::string listed = read_cached(deps_file, &ok);
     if (ok) {
       std::vector<std::string> files;
       std::istringstream in(listed);
       for (std::string line; std::getline(in, line);)
         if (!line.empty()) files.push_back(line);
       const std::string h = deps_hash(files);
-      if (!h.empty() && fs::exists(dir / (key + "-" + h + ".so"))) so = dir / (key + "-" + h + ".so");
+      const fs::path cand = dir / (key + "-" + h + ".so");
+      // Loaded only if it is the library this cache stored: ours, private,
+      // and its bytes hash to what was recorded beside it when it was built.
+      bool sum_ok = false;
+      const std::string recorded = h.empty() ? "" : read_cached(fs::path(cand.string() + ".sum"), &sum_ok);
+      std::string why;
+      if (sum_ok && fs::exists(fs::symlink_status(cand, ec))) {
+        if (checked_hash(cand, &why) == recorded) {
+          so = cand;
+        } else {
+          debug_log(fmt::format("plugin cache: dropping {}: {}", cand.string(),
+                                why.empty() ? "its bytes do not match the recorded hash" : why));
+          fs::remove(cand, ec);
+        }
+      }
     }
   }
   if (so.empty()) {
@@ -318,11 +358,21 @@ std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
     std::string h = dep_ok && !files.empty() ? deps_hash(files) : "";
     if (h.empty()) h = "nodeps-" + std::to_string(::getpid());  // never found again: compiled every time
     so = dir / (key + "-" + h + ".so");
+    // The compiler created it with the umask's mode: make it ours alone
+    // before it gets its name, and record what it holds.
+    if (::chmod(tmp.c_str(), 0700) != 0) {
+      fs::remove(tmp, ec);
+      throw Error(ErrId::jit_E004, "cannot chmod " + tmp.string() + ": " + std::strerror(errno));
+    }
+    std::string why;
+    const std::string sum = checked_hash(tmp, &why);
     fs::rename(tmp, so, ec);
     if (ec) throw Error(ErrId::jit_E004, "cannot store plugin in " + dir.string() + ": " + ec.message());
     std::string listed;
     for (const auto& f : files) listed += f + "\n";
-    if (dep_ok && !files.empty()) write_atomic(deps_file, listed);  // a cache: failing to write it only costs time
+    // A cache: failing to write these only costs a compile next time.
+    if (dep_ok && !files.empty() && !sum.empty() && tfs::write_private(fs::path(so.string() + ".sum"), sum).empty())
+      (void)tfs::write_private(deps_file, listed);
   }
   try {
     return load_library(so.string());

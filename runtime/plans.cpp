@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 
+#include "compiler/common/trusted_fs.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/jit/jit.hpp"
 #include "mk/dsl.hpp"
@@ -51,6 +52,13 @@ struct PlanDir {
   std::optional<RtError> error;
 };
 
+[[noreturn]] void untrusted(const std::string& what) {
+  fail(mkInvalidArgument, Error(ErrId::plan_E007, what, {},
+                                "plans are code: keep them in a directory tree only you (or root) can write, "
+                                "without symbolic links")
+                              .what());
+}
+
 PlanDir load_plan_dir(const std::string& dir) {
   PlanDir d;
   d.dir = dir;
@@ -58,17 +66,35 @@ PlanDir load_plan_dir(const std::string& dir) {
   try {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) fail(mkInvalidArgument, "MK_PLAN_DIR='" + dir + "' is not a directory");
+    // Plans are code: the directory, every directory above it and every
+    // directory and file read below it pass one policy (trusted_fs.hpp).
+    if (std::string why = tfs::tree_problem(dir); !why.empty())
+      untrusted("MK_PLAN_DIR='" + dir + "' is not used: " + why);
     std::vector<fs::path> files;
     for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-         it.increment(ec))
+         it.increment(ec)) {
+      const fs::file_status ls = it->symlink_status(ec);
+      if (ec) break;
+      if (fs::is_symlink(ls)) {  // not followed: a tree never leaves itself
+        debug_log("MK_PLAN_DIR: " + it->path().string() + " is a symbolic link, not followed (plans behind it are "
+                  "not used; copy them into the directory)");
+        continue;
+      }
+      if (fs::is_directory(ls)) {
+        if (std::string why = tfs::entry_problem(it->path()); !why.empty())
+          untrusted("MK_PLAN_DIR: " + it->path().string() + " is not used: it is " + why);
+      }
       if (it->path().filename() == "plan.json") files.push_back(it->path());
+    }
     if (ec) fail(mkInvalidArgument, "MK_PLAN_DIR='" + dir + "' cannot be listed: " + ec.message());
     std::sort(files.begin(), files.end());
     std::string all;
     for (const auto& f : files) {
       std::shared_ptr<const plan::Plan> p;
       try {
-        p = std::make_shared<const plan::Plan>(plan::read_dir(f.parent_path().string()));
+        auto read = std::make_shared<const plan::Plan>(plan::read_dir(f.parent_path().string()));
+        plan::check_version(*read, f.string());
+        p = std::move(read);
       } catch (const Error& e) {
         fail(mkInvalidArgument, std::string("MK_PLAN_DIR: ") + e.what());
       }

@@ -24,6 +24,8 @@
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/common/cubin.hpp"
 #include "compiler/common/hash.hpp"
+#include "compiler/common/log.hpp"
+#include "compiler/common/trusted_fs.hpp"
 #include "mk/error.hpp"
 
 namespace mk::jit {
@@ -34,6 +36,7 @@ namespace {
 struct Nvrtc {
   void* handle = nullptr;
   std::string where;
+  bool forced = false;  // MK_NVRTC_PATH named it
   decltype(&::nvrtcVersion) version = nullptr;
   decltype(&::nvrtcGetNumSupportedArchs) num_archs = nullptr;
   decltype(&::nvrtcGetSupportedArchs) archs = nullptr;
@@ -47,11 +50,19 @@ struct Nvrtc {
   decltype(&::nvrtcGetErrorString) error_string = nullptr;
 };
 
-// Absolute paths first (so nvrtc_identity() can name the library without
-// loading it), then bare names for the dynamic loader.
+// MK_NVRTC_PATH, or nullptr when it is unset or empty.
+const char* forced_nvrtc() {
+  const char* p = std::getenv("MK_NVRTC_PATH");
+  return p && *p ? p : nullptr;
+}
+
+// MK_NVRTC_PATH alone when it is set: a library the user named that does not
+// load is an error (lib() says why), never a silent fall back to another
+// NVRTC. Otherwise absolute paths first (so nvrtc_identity() can name the
+// library without loading it), then bare names for the dynamic loader.
 std::vector<std::string> nvrtc_candidates() {
+  if (const char* p = forced_nvrtc()) return {p};
   std::vector<std::string> c;
-  if (const char* p = std::getenv("MK_NVRTC_PATH"); p && *p) c.push_back(p);
   std::vector<std::string> dirs;
   if (const char* l = std::getenv("LD_LIBRARY_PATH")) {
     std::stringstream ss(l);
@@ -73,10 +84,17 @@ Nvrtc& lib() {
   static std::once_flag once;
   std::call_once(once, [] {
     std::vector<std::string> candidates = nvrtc_candidates();
+    const char* forced = forced_nvrtc();
+    n.forced = forced != nullptr;
     std::string tried;
     for (const auto& c : candidates) {
       void* h = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (!h) {
+        const char* why = dlerror();
+        if (forced) {
+          n.where = fmt::format("MK_NVRTC_PATH='{}' could not be loaded: {}", c, why ? why : "dlopen failed");
+          return;
+        }
         tried += "\n    " + c;
         continue;
       }
@@ -103,7 +121,10 @@ Nvrtc& lib() {
     if (!n.version || !n.create || !n.compile || !n.cubin || !n.cubin_size || !n.destroy) {
       dlclose(n.handle);
       n.handle = nullptr;
-      n.where += " (missing symbols: too old?)";
+      n.where = forced ? fmt::format("MK_NVRTC_PATH='{}' is not a usable NVRTC: it lacks nvrtcCompileProgram, "
+                                     "nvrtcGetCUBIN or another function mKernel needs (not libnvrtc, or too old?)",
+                                     n.where)
+                       : n.where + " (missing symbols: too old?)";
     }
   });
   return n;
@@ -113,7 +134,9 @@ Nvrtc& need_lib() {
   Nvrtc& n = lib();
   if (!n.handle)
     throw Error(ErrId::jit_E001, "NVRTC (libnvrtc.so) " + n.where, {},
-                "install the CUDA toolkit, or point MK_NVRTC_PATH at libnvrtc.so");
+                n.forced ? "point MK_NVRTC_PATH at a libnvrtc.so.12 or .13 that loads, or unset it to search "
+                           "LD_LIBRARY_PATH, /usr/local/cuda and the system's libraries"
+                         : "install the CUDA toolkit, or point MK_NVRTC_PATH at libnvrtc.so");
   return n;
 }
 
@@ -215,29 +238,21 @@ std::string cache_dir() {
 
 namespace {
 
-// mkdir -p with mode 0700 for every directory it creates.
-bool make_private_dirs(const fs::path& dir) {
-  fs::path cur;
-  for (const auto& part : dir) {
-    cur /= part;
-    if (::mkdir(cur.c_str(), 0700) != 0 && errno != EEXIST) return false;
-  }
-  return true;
-}
+constexpr size_t kMaxCachedCubin = 256u << 20;  // as plan.cpp's limit for one cubin
 
 std::string why_not_private(const std::string& dir, ErrId* id) {
   *id = ErrId::jit_E004;
   if (dir.empty()) return "no cache directory: set MK_CACHE_DIR, XDG_CACHE_HOME or HOME";
-  if (!make_private_dirs(dir)) return fmt::format("cannot create cache directory {}: {}", dir, std::strerror(errno));
+  if (std::string why = tfs::make_private_dir(dir); !why.empty()) {
+    // created (or there) but not ours or not private: E006; not creatable: E004
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) == 0) *id = ErrId::jit_E006;
+    return why;
+  }
+  // What is inside is only as safe as the path to it: every parent must be
+  // ours or root's, and writable by others only with the sticky bit (/tmp).
   *id = ErrId::jit_E006;
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return fmt::format("cannot stat {}: {}", dir, std::strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
-  if (st.st_uid != ::geteuid())
-    return fmt::format("{} is owned by uid {}, not by this user (uid {})", dir, st.st_uid, ::geteuid());
-  if (st.st_mode & (S_IWGRP | S_IWOTH))
-    return fmt::format("{} can be written by {} (mode {:04o})", dir, st.st_mode & S_IWOTH ? "everyone" : "its group",
-                       st.st_mode & 07777);
+  if (std::string why = tfs::tree_problem(dir); !why.empty()) return fmt::format("cache directory {}: {}", dir, why);
   return "";
 }
 
@@ -268,18 +283,14 @@ namespace {
 // else a fresh file under the temp directory (never a predictable name there).
 std::string save_failed_source(const std::string& source, const std::string& key) {
   std::string p;
-  if (const std::string dir = private_cache_dir(); !dir.empty() && make_private_dirs(fs::path(dir) / "failed"))
-    p = (fs::path(dir) / "failed" / (key + ".cu")).string();
-  int fd = -1;
-  if (!p.empty()) {
-    fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (const std::string dir = private_cache_dir(); !dir.empty()) {
+    const fs::path f = fs::path(dir) / "failed" / (key + ".cu");
+    if (tfs::make_private_dir(f.parent_path()).empty() && tfs::write_private(f, source).empty()) return f.string();
   }
-  if (fd < 0) {
-    std::string tmpl = (fs::temp_directory_path() / ("mk-failed-" + key + "-XXXXXX.cu")).string();
-    fd = ::mkstemps(tmpl.data(), 3);
-    p = tmpl;
-  }
+  std::string tmpl = (fs::temp_directory_path() / ("mk-failed-" + key + "-XXXXXX.cu")).string();
+  const int fd = ::mkstemps(tmpl.data(), 3);  // 0600, a fresh name
   if (fd < 0) return "(not saved: " + std::string(std::strerror(errno)) + ")";
+  p = tmpl;
   for (size_t off = 0; off < source.size();) {
     ssize_t w = ::write(fd, source.data() + off, source.size() - off);
     if (w <= 0) break;
@@ -287,32 +298,6 @@ std::string save_failed_source(const std::string& source, const std::string& key
   }
   ::close(fd);
   return p;
-}
-
-bool read_file(const fs::path& p, std::vector<char>* out) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) return false;
-  out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  return !out->empty();
-}
-
-void write_atomic(const fs::path& p, const std::vector<char>& data) {
-  std::error_code ec;
-  fs::create_directories(p.parent_path(), ec);
-  if (ec)
-    throw Error(ErrId::jit_E004, "cannot create cache directory " + p.parent_path().string() + ": " + ec.message(),
-                {}, "set MK_CACHE_DIR to a writable directory");
-  static std::atomic<uint64_t> seq{0};
-  fs::path tmp = p;
-  tmp += fmt::format(".tmp.{}.{}", ::getpid(), seq++);  // threads of one process write beside each other
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f.write(data.data(), std::streamsize(data.size()));
-    if (!f)
-      throw Error(ErrId::jit_E004, "cannot write " + tmp.string(), {}, "set MK_CACHE_DIR to a writable directory");
-  }
-  fs::rename(tmp, p, ec);
-  if (ec) throw Error(ErrId::jit_E004, "cannot rename into " + p.string() + ": " + ec.message());
 }
 
 }  // namespace
@@ -329,17 +314,20 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
   const std::string dir = use_cache ? private_cache_dir() : "";
   if (!dir.empty()) {
     file = fs::path(dir) / (base_key + "." + arch_name(arch) + ".cubin");
-    if (read_file(file, &res.cubin)) {
-      if (cubin_problem(res.cubin.data(), res.cubin.size(), arch).empty()) {
-        res.from_cache = true;
-        res.cache_file = file.string();
-        return res;
-      }
-      // damaged (truncated, overwritten): drop it and compile again
-      std::error_code ec;
-      fs::remove(file, ec);
-      res.cubin.clear();
+    std::string why;
+    const tfs::Read r = tfs::read_file(file, kMaxCachedCubin, &res.cubin, &why);
+    if (r == tfs::Read::ok && (why = cubin_problem(res.cubin.data(), res.cubin.size(), arch)).empty()) {
+      res.from_cache = true;
+      res.cache_file = file.string();
+      return res;
     }
+    if (std::error_code ec; r != tfs::Read::failed || fs::exists(fs::symlink_status(file, ec))) {
+      // damaged (truncated, overwritten) or not ours (a link, another
+      // owner, writable by others): drop it and compile again
+      debug_log(fmt::format("kernel cache: dropping {}: {}", file.string(), why));
+      fs::remove(file, ec);
+    }
+    res.cubin.clear();
   }
   Nvrtc& n = need_lib();
   auto archs = supported_archs();
@@ -400,11 +388,10 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
   if (!dir.empty()) {
     // The cache is an optimisation: a read-only cache costs a recompile later,
     // not this compilation.
-    try {
-      write_atomic(file, res.cubin);
+    if (std::string why = tfs::write_private(file, res.cubin.data(), res.cubin.size()); why.empty())
       res.cache_file = file.string();
-    } catch (const Error&) {
-    }
+    else
+      debug_log("kernel cache: not stored: " + why);
   }
   return res;
 }

@@ -13,6 +13,7 @@
 #include "compiler/common/cubin.hpp"
 #include "compiler/common/hash.hpp"
 #include "compiler/common/json_int.hpp"
+#include "compiler/common/trusted_fs.hpp"
 #include "compiler/passes/passes.hpp"
 #include "mk/error.hpp"
 #include "templates/abi.cuh"
@@ -345,74 +346,79 @@ Plan from_json(const std::string& text, const std::string& where) {
   return parse(j, where);
 }
 
-void write_dir(const Plan& p, const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
+void write_dir(const Plan& p, const std::string& dir, bool private_files) {
+  if (std::string why = tfs::make_dir(dir, private_files ? 0700 : 0755); !why.empty())
+    throw Error(ErrId::cli_E012, why, {}, "pick a writable output directory");
   auto write = [&](const std::string& name, const char* data, size_t size) {
-    fs::path f = fs::path(dir) / name;
-    std::ofstream o(f, std::ios::binary);
-    o.write(data, std::streamsize(size));
-    if (!o) throw Error(ErrId::cli_E012, "cannot write " + f.string(), {}, "pick a writable output directory");
+    const fs::path f = fs::path(dir) / name;
+    if (std::string why = tfs::write_file(f, data, size, private_files ? 0600 : 0644); !why.empty())
+      throw Error(ErrId::cli_E012, why, {}, "pick a writable output directory");
   };
-  if (ec) throw Error(ErrId::cli_E012, "cannot create " + dir + ": " + ec.message());
   for (const auto& k : p.kernels) {
     write(k.cubin_file, k.cubin.data(), k.cubin.size());
     if (!k.source_file.empty()) write(k.source_file, k.source.data(), k.source.size());
   }
   std::string j = to_json(p);
-  write("plan.json", j.data(), j.size());
+  write("plan.json", j.data(), j.size());  // last: a reader that sees it sees the cubins
 }
 
 namespace {
 
-// The whole of a regular file of at most `limit` bytes.
-bool read_bounded(const fs::path& f, size_t limit, std::vector<char>* out, std::string* why) {
-  std::error_code ec;
-  if (!fs::is_regular_file(f, ec)) {
-    *why = "not a regular file";
-    return false;
-  }
-  const auto size = fs::file_size(f, ec);
-  if (ec || size > limit) {
-    *why = ec ? ec.message() : fmt::format("{} bytes, more than the limit of {}", size, limit);
-    return false;
-  }
-  std::ifstream in(f, std::ios::binary);
-  out->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (!in.eof() && in.fail()) {
-    *why = "read error";
-    return false;
-  }
-  if (out->size() > limit) {  // grew while being read
-    *why = "changed while being read";
-    return false;
-  }
-  return true;
+// The whole of a regular file of at most `limit` bytes, under the trust
+// policy; a refusal by the policy is mk.plan.E007, anything else E003.
+// `what` names the file in the message ("plan X", "plan X names Y").
+void read_checked(const fs::path& f, size_t limit, std::vector<char>* out, const std::string& what) {
+  std::string why;
+  const tfs::Read r = tfs::read_file(f, limit, out, &why);
+  if (r == tfs::Read::untrusted)
+    throw Error(ErrId::plan_E007, fmt::format("{}, which is not used: it is {}", what, why), {},
+                "plans are code: keep them in files only you (or root) can write, without symbolic links; "
+                "copy them into such a directory, or compile them again with `mkc compile`");
+  if (r != tfs::Read::ok)
+    throw Error(ErrId::plan_E003, fmt::format("{}, which cannot be read: {}", what, why), {},
+                "run `mkc compile ... -o DIR` first");
 }
 
 }  // namespace
 
 Plan read_dir(const std::string& dir) {
   fs::path pj = fs::path(dir) / "plan.json";
-  if (fs::is_regular_file(dir)) pj = dir;
+  std::error_code ec;
+  if (fs::is_regular_file(fs::symlink_status(dir, ec))) pj = dir;
+  // The directory itself (as named: the links in its path are the user's
+  // choice): nobody else may add or swap files in it.
+  const fs::path d = fs::canonical(pj.parent_path().empty() ? fs::path(".") : pj.parent_path(), ec);
+  if (ec) throw Error(ErrId::plan_E003, "cannot read " + pj.string() + ": " + ec.message(), {},
+                      "run `mkc compile ... -o DIR` first");
+  if (std::string why = tfs::entry_problem(d); !why.empty())
+    throw Error(ErrId::plan_E007, fmt::format("plan directory {} is not used: it is {}", d.string(), why), {},
+                "plans are code: keep them in a directory only you (or root) can write");
+  pj = d / pj.filename();
   std::vector<char> bytes;
-  std::string why;
-  if (!read_bounded(pj, kMaxPlanJson, &bytes, &why))
-    throw Error(ErrId::plan_E003, "cannot read " + pj.string() + ": " + why, {}, "run `mkc compile ... -o DIR` first");
+  read_checked(pj, kMaxPlanJson, &bytes, "plan " + pj.string());
   Plan p = from_json(std::string(bytes.begin(), bytes.end()), pj.string());
   for (auto& k : p.kernels) {
-    fs::path cub = pj.parent_path() / k.cubin_file;
-    if (!read_bounded(cub, kMaxCubin, &k.cubin, &why))
-      throw Error(ErrId::plan_E003,
-                  "plan " + pj.string() + " names " + k.cubin_file + ", which cannot be read: " + why);
+    const fs::path cub = pj.parent_path() / k.cubin_file;
+    read_checked(cub, kMaxCubin, &k.cubin, "plan " + pj.string() + " names " + k.cubin_file);
     check_cubin(k.cubin, p.arch, cub.string());
     if (!k.source_file.empty()) {
       std::vector<char> src;
-      if (read_bounded(pj.parent_path() / k.source_file, kMaxCubin, &src, &why))
+      std::string why;
+      if (tfs::read_file(pj.parent_path() / k.source_file, kMaxCubin, &src, &why) == tfs::Read::ok)
         k.source.assign(src.begin(), src.end());
     }
   }
   return p;
+}
+
+const char* library_version() { return MK_VERSION; }
+
+void check_version(const Plan& p, const std::string& where) {
+  if (p.mkernel_version == MK_VERSION) return;
+  throw Error(ErrId::plan_E008,
+              fmt::format("{}: plan {} was compiled by mKernel {}, this library is {}", where, p.schedule,
+                          p.mkernel_version.empty() ? "(no version recorded)" : p.mkernel_version, MK_VERSION),
+              {}, "compile it again with this version's mkc (`mkc compile ... -o DIR`)");
 }
 
 bool serves(const Plan& p, int32_t rank) {

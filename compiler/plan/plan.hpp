@@ -94,11 +94,24 @@ std::string to_json(const Plan& p);
 // of range (limits in docs/plan.md), E002 for another version.
 Plan from_json(const std::string& text, const std::string& where);
 
-void write_dir(const Plan& p, const std::string& dir);  // throws mk.cli.E012
+// Writes plan.json, the cubins and sources into `dir` (created), each file
+// through a temporary name and a rename, with modes that do not depend on the
+// umask: 0700 / 0600 when `private_files` (the cache), else 0755 / 0644 (an
+// output directory, shipped plans). Throws mk.cli.E012.
+void write_dir(const Plan& p, const std::string& dir, bool private_files = false);
 // Reads plan.json and its cubins, each checked as a complete CUDA ELF for
-// the plan's arch (compiler/common/cubin.hpp) before anyone loads it.
-// Throws mk.plan.E001..E003, E005 (a bad cubin).
+// the plan's arch (compiler/common/cubin.hpp) before anyone loads it. The
+// directory and every file read must pass compiler/common/trusted_fs.hpp's
+// policy (no symbolic link; owned by this user or root; not writable by
+// others). Throws mk.plan.E001..E003, E005 (a bad cubin), E007 (not trusted).
 Plan read_dir(const std::string& dir);
+
+// Throws mk.plan.E008 naming `where` unless `p` was compiled by this mKernel
+// version (plan.json's mkernel_version): a plan of another version may rely
+// on device templates or an ABI this library does not have.
+void check_version(const Plan& p, const std::string& where);
+// This library's version, as compile() records it in mkernel_version.
+const char* library_version();
 
 // Throws mk.plan.E005 naming `file` unless `cubin` is a complete CUDA ELF
 // file for sm_`arch`.

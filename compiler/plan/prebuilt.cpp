@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compiler/common/log.hpp"
+#include "compiler/common/trusted_fs.hpp"
 #include "compiler/ir/ir.hpp"
 #include "compiler/jit/jit.hpp"
 
@@ -62,18 +63,18 @@ std::vector<Index> read_indexes() {
     if (!fs::is_regular_file(f, ec)) continue;
     Index ix;
     ix.dir = d;
-    // Plans are code: a directory or index that anyone may write is not used.
-    // (Group-writable is allowed: pip installs with the user's umask, 002 on
-    // many systems, and the library beside it is no better protected.)
-    struct stat sd {}, sf {};
-    if (::stat(d.c_str(), &sd) != 0 || ::stat(f.c_str(), &sf) != 0 || ((sd.st_mode | sf.st_mode) & S_IWOTH)) {
-      note(d + " is not used: anyone can write it (or its index.json)");
+    // Plans are code: the directory, every directory above it and every
+    // file read pass one policy (compiler/common/trusted_fs.hpp); plan
+    // directories are checked again when read (plan::read_dir).
+    if (std::string why = tfs::tree_problem(d); !why.empty()) {
+      note(d + " is not used: " + why);
       continue;
     }
     try {
-      if (fs::file_size(f) > kMaxIndex) throw std::runtime_error("larger than 64 MiB");
-      std::ifstream in(f);
-      const json j = json::parse(in);
+      std::vector<char> bytes;
+      std::string why;
+      if (tfs::read_file(f, kMaxIndex, &bytes, &why) != tfs::Read::ok) throw std::runtime_error(why);
+      const json j = json::parse(bytes.begin(), bytes.end());
       if (j.value("format", 0) != 1) throw std::runtime_error("unknown format");
       for (const auto& [k, rel] : j.at("plans").items()) {
         const std::string r = rel.get<std::string>();
@@ -131,7 +132,12 @@ std::shared_ptr<const plan::Plan> find(const std::string& k, const ir::Schedule&
     auto& p = loaded[dir];
     if (!p) {
       try {
-        p = std::make_shared<const plan::Plan>(plan::read_dir(dir));
+        // A link in place of a plan directory would leave the tree.
+        if (std::string why = tfs::entry_problem(dir); !why.empty())
+          throw Error(ErrId::plan_E007, dir + " is " + why);
+        auto read = std::make_shared<const plan::Plan>(plan::read_dir(dir));
+        plan::check_version(*read, dir);
+        p = std::move(read);
       } catch (const Error& e) {
         note(dir + " is not used: " + e.what());
         loaded.erase(dir);
@@ -193,15 +199,9 @@ std::pair<size_t, size_t> Writer::finish() {
   for (const auto& [k, rel] : keys_) j["plans"][k] = rel;
   std::map<std::string, int> distinct;
   for (const auto& [k, rel] : j["plans"].items()) distinct[rel.get<std::string>()]++;
-  fs::create_directories(dir_, ec);
-  const fs::path tmp = f.string() + ".tmp";
-  {
-    std::ofstream o(tmp);
-    o << j.dump(1) << "\n";
-    if (!o) throw Error(ErrId::cli_E012, "cannot write " + tmp.string(), {}, "pick a writable output directory");
-  }
-  fs::rename(tmp, f, ec);
-  if (ec) throw Error(ErrId::cli_E012, "cannot write " + f.string() + ": " + ec.message());
+  std::string why = tfs::make_dir(dir_, 0755);
+  if (why.empty()) why = tfs::write_file(f, j.dump(1) + "\n", 0644);
+  if (!why.empty()) throw Error(ErrId::cli_E012, why, {}, "pick a writable output directory");
   return {j["plans"].size(), distinct.size()};
 }
 

@@ -278,8 +278,14 @@ class Package(unittest.TestCase):
         self.assertEqual((len(one_shot), len(other)), (1, 1))
         # 1: the one-shot plan's cubin truncated; 2: its keys pointed at the
         # allgather plan; 3: index.json not JSON; 4: the directory writable by
-        # everyone. Each time the call compiles its own plan and succeeds.
-        for case in ("truncated", "mismatched", "garbage", "writable by others"):
+        # everyone; 5: only the plan's own directory writable by everyone; 6:
+        # the directory owned by another user (root only: chown); 7: a plan of
+        # another mKernel version. Each time the call compiles its own plan
+        # and succeeds.
+        cases = ["truncated", "mismatched", "garbage", "writable by others", "plan dir writable", "version"]
+        if os.geteuid() == 0:
+            cases.append("other owner")
+        for case in cases:
             d = os.path.join(TMP, "prebuilt-" + case)
             shutil.copytree(self.prebuilt, d)
             if case == "truncated":
@@ -293,8 +299,19 @@ class Package(unittest.TestCase):
             elif case == "garbage":
                 with open(os.path.join(d, "index.json"), "w") as f:
                     f.write("{not json")
-            else:
+            elif case == "writable by others":
                 os.chmod(d, 0o777)
+            elif case == "plan dir writable":
+                os.chmod(os.path.join(d, one_shot[0]), 0o777)
+            elif case == "version":
+                pj = os.path.join(d, one_shot[0], "plan.json")
+                with open(pj) as f:
+                    plan = json.load(f)
+                plan["mkernel_version"] = "0.0.1"
+                with open(pj, "w") as f:
+                    json.dump(plan, f)
+            else:
+                os.chown(d, 65534, 65534)
             cache = os.path.join(TMP, "c-" + case.replace(" ", "-"))
             p = py(one_call, env=fake_env(cache, MK_PREBUILT_DIR=d, MK_DEBUG="1"))
             self.assertIn("CALLS OK", p.stdout)
@@ -328,7 +345,7 @@ class Package(unittest.TestCase):
             except mkernel.MkError as e:
                 print("ERR3", e)
             comms[0].prewarm(dtypes=["fp64"], ops=["sum", "premulsum"], threads=2)  # a temporary op, then freed
-            print("AFTER PREWARM", comms[0].premul_sum(1.0, "fp64"))  # handle 5 is free again
+            print("AFTER PREWARM", comms[0].premul_sum(1.0, "fp64"))  # a fresh handle: freed ones are never reused
             print("BYTES", _api._scalar_bytes(1.25, 9).hex(), _api._scalar_bytes(1.75, 10).hex(),
                   _api._scalar_bytes(1000, 10).hex(), _api._scalar_bytes(-3, 2).hex())
             print("FP8", _api._scalar_bytes(0.0, 10).hex(), _api._scalar_bytes(1e30, 11).hex(),
@@ -340,13 +357,14 @@ class Package(unittest.TestCase):
             for c in comms:
                 c.destroy()
         """, env=fake_env(cache))
-        self.assertIn("OPS [5, 5]", p.stdout)  # handles are per communicator
+        # handles are never reused and unique in the process: one op per communicator, 5 and 6
+        self.assertIn("OPS [5, 6]", p.stdout)
         self.assertIn("created for bf16", p.stdout)
         self.assertIn("ERR2", p.stdout)
         self.assertIn("not a live PreMulSum op", p.stdout)
         # bf16 1.25 = 0x3fa0, e4m3 1.75 = 0x3e, 1000 saturates to 448 = 0x7e
         self.assertIn("BYTES a03f 3e 7e fdffffff", p.stdout)
-        self.assertIn("AFTER PREWARM 5", p.stdout)
+        self.assertIn("AFTER PREWARM 8", p.stdout)  # 7 was prewarm's temporary op
         # zeros keep their sign; far out saturates to the largest finite value (e5m2 57344, e4m3 -448)
         self.assertIn("FP8 00 7b fe 80", p.stdout)
         self.assertIn("must be finite", p.stdout)

@@ -51,6 +51,7 @@ inline mk::plan::Plan fake_plan() {
   p.dtype = mk::DType::fp16;
   p.op = mk::RedOp::avg;
   p.arch = 90;
+  p.mkernel_version = mk::plan::library_version();
   for (int b = 0; b < 2; ++b) {
     mk::plan::Kernel k;
     k.name = "mk_test_b" + std::to_string(b);
