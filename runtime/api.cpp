@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -349,7 +350,6 @@ mkResult_t mkRedOpCreatePreMulSum(mkRedOp_t* op, void* scalar, mkDataType_t data
                                           "mkScalarHostImmediate (1)",
                                           int(residence)));
     Comm::PreMul m;
-    m.live = true;
     m.dtype = DType(datatype);
     const size_t es = dtype_size(m.dtype);
     if (residence == mkScalarHostImmediate) {
@@ -358,16 +358,19 @@ mkResult_t mkRedOpCreatePreMulSum(mkRedOp_t* op, void* scalar, mkDataType_t data
       check_scalar_pointer(*c, scalar, es, "mkRedOpCreatePreMulSum");
       m.ptr = scalar;
     }
-    std::lock_guard<std::mutex> lock(c->mu);
-    size_t i = 0;
-    while (i < c->premuls.size() && c->premuls[i].live) ++i;
-    if (i == c->premuls.size()) {
-      if (i >= size_t(mkMaxRedOp - mkNumOps)) fail(mkInvalidUsage, "mkRedOpCreatePreMulSum: too many live ops");
-      c->premuls.push_back(m);
-    } else {
-      c->premuls[i] = m;
+    // Never reused (runtime/comm.hpp): a stale handle fails forever.
+    static std::atomic<int64_t> next{int64_t(mkNumOps)};
+    const int64_t h = next.fetch_add(1);
+    if (h >= int64_t(mkMaxRedOp)) {
+      next.store(int64_t(mkMaxRedOp));
+      fail(mkInvalidUsage, "mkRedOpCreatePreMulSum: this process has created 2^31 PreMulSum ops; handles are never "
+                           "reused, so no more can be created");
     }
-    *op = mkRedOp_t(int(mkNumOps) + int(i));
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->premuls.size() >= size_t(1) << 20)
+      fail(mkInvalidUsage, "mkRedOpCreatePreMulSum: 2^20 ops of this communicator are live; destroy some first");
+    c->premuls.emplace(int(h), m);
+    *op = mkRedOp_t(h);
   });
 }
 
@@ -384,7 +387,7 @@ mkResult_t mkRedOpDestroy(mkRedOp_t op, mkComm_t comm) {
       fail(mkInvalidArgument, fmt::format("mkRedOpDestroy: op {} is not a live PreMulSum op of this communicator "
                                           "(destroyed twice, or created on another communicator?)",
                                           int(op)));
-    *m = Comm::PreMul{};
+    c->premuls.erase(int(op));
   });
 }
 

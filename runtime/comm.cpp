@@ -235,7 +235,11 @@ void apply_user_config(CommConfig* c, const mkConfig_t* user) {
   // Fields NCCL defines that only need to be valid here.
   if (u.size >= offsetof(mkConfig_t, commName) + sizeof(const char*)) {
     field(u.trafficClass, "trafficClass", 0, 255, 0);
-    if (u.commName) c->comm_name = std::string(u.commName).substr(0, 128);
+    if (u.commName) {  // read no further than the limit: the caller's string may be longer, or unterminated
+      const size_t n = strnlen(u.commName, 129);
+      if (n > 128) fail(mkInvalidArgument, "config: commName is longer than 128 characters; give at most 128");
+      c->comm_name = std::string(u.commName, n);
+    }
   }
   if (u.netName) c->net_name = std::string(u.netName).substr(0, 64);
   if (u.size >= offsetof(mkConfig_t, schedules) + sizeof(const char*) && u.schedules) {
@@ -615,6 +619,8 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   const dsl::ScheduleInfo* info = dsl::find_schedule(choice.schedule);
   const int32_t max_grid = grid_cap();
   std::shared_ptr<const plan::Plan> plan;
+  // A compile takes seconds; an abort meanwhile does not wait for it.
+  const CompileScope compiling_now(*this);
   if (op == RedOp::premulsum || !fusion.empty()) {
     // Only a kernel that reads its own rank's input can scale it, and only
     // one whose rank's buffers nothing else touches can run a fused
@@ -656,6 +662,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
     if (info && info->copy_engine) return create_ce_instance(coll, dtype, op, choice, lo, hi);
     plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
   }
+  if (closing.load()) fail(mkInvalidUsage, "the communicator was destroyed or aborted while its plan was compiled");
   const plan::Kernel* k = plan::select(*plan, bytes);
   if (!k) fail(mkInternalError, fmt::format("plan {} has no kernel for {} bytes", plan->schedule, bytes));
   if (max_grid > 0 && k->grid > max_grid) {

@@ -213,6 +213,10 @@ struct ParentMemory {
 // Zero-copy registrations. Guarded by Comm::mu.
 struct Registrations {
   std::map<uintptr_t, Registration> by_base;
+  // mkCommRegister's handles: never-reused tokens (not the buffer's address:
+  // a handle deregistered once fails forever, even when the same buffer is
+  // registered again), to the buffer's base.
+  std::map<uintptr_t, uintptr_t> by_handle;
   // Window table [max_windows][nranks] of dev::ZcPeerWindow: row w, column p
   // is rank p's buffer of window w as mapped on this GPU.
   CUdeviceptr windows = 0;
@@ -274,19 +278,20 @@ class Comm {
   bool ce_issuing = false;
   Registrations regs;
   std::map<uintptr_t, std::pair<size_t, int>> pointer_cache;  // allocation base -> (size, device ordinal)
-  // PreMulSum ops (mkRedOpCreatePreMulSum; under mu): handle mkNumOps + index.
+  // PreMulSum ops (mkRedOpCreatePreMulSum; under mu), by handle. Handles
+  // come from one process-wide counter from mkNumOps up and are never reused:
+  // a destroyed op, or one of another communicator, is never live here.
   struct PreMul {
-    bool live = false;
     DType dtype = DType::fp32;
     uint64_t value = 0;          // mkScalarHostImmediate: the scalar's bytes (low bytes)
     const void* ptr = nullptr;   // mkScalarDevice: where kernels read it
   };
-  std::vector<PreMul> premuls;
+  std::map<int, PreMul> premuls;
   // The live PreMulSum op with handle `op`, or null (a built-in op, a freed
   // or foreign handle). Caller holds mu.
   PreMul* premul(int op) {
-    const int64_t i = int64_t(op) - int64_t(mkNumOps);
-    return i >= 0 && i < int64_t(premuls.size()) && premuls[size_t(i)].live ? &premuls[size_t(i)] : nullptr;
+    auto it = premuls.find(op);
+    return it == premuls.end() ? nullptr : &it->second;
   }
   std::shared_ptr<Clique> clique;  // mkCommInitAll; null otherwise
 
@@ -296,6 +301,10 @@ class Comm {
   std::atomic<bool> aborted{false};
   std::atomic<bool> closing{false};  // destroy or abort started
   std::atomic<int> splits_running{0};  // nonblocking mkCommSplit of this communicator still running
+  // Calls of other threads inside get_plan (compiling, or waiting for a
+  // compile): mkCommAbort does not wait for them; they see `closing` when the
+  // compile ends, fail, and drop their reference (the last frees).
+  std::atomic<int> compiling{0};
 
   Comm() = default;
   ~Comm();  // waits (bounded) for this communicator's kernels, then frees
@@ -440,6 +449,16 @@ struct Choice {
 // `zero_copy`: every buffer of the call is registered (peers' buffers are
 // read and written in place).
 Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_copy = false);
+
+// Marks the calling thread as inside a compile for `c` (a fusion check, a
+// plan): mkCommAbort does not wait for it (Comm::compiling).
+struct CompileScope {
+  std::atomic<int>& n;
+  explicit CompileScope(Comm& c) : n(c.compiling) { n.fetch_add(1); }
+  ~CompileScope() { n.fetch_sub(1); }
+  CompileScope(const CompileScope&) = delete;
+  CompileScope& operator=(const CompileScope&) = delete;
+};
 
 // Plans shared by all communicators of the process (runtime/plans.cpp).
 // `max_grid`: thread blocks per kernel at most (mkConfig_t.maxCTAs; 0: no cap).

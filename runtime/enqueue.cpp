@@ -139,10 +139,12 @@ void validate_fusion(Pending& p) {
   const std::string fname(f.name, name_len);
   const dsl::FusionInfo* info = nullptr;
   try {
+    const CompileScope checking(*p.c);  // the first use checks the fusion's code: an abort does not wait
     info = dsl::find_fusion(fname);
   } catch (const Error& e) {
     fail(mkInvalidArgument, fmt::format("{}: {}", api, e.what()));
   }
+  p.c->check_usable(api);  // aborted meanwhile
   if (!info) {
     std::string names;
     for (const auto& x : dsl::registered_fusions()) names += (names.empty() ? "" : ", ") + x.name;

@@ -15,24 +15,30 @@ std::mutex& table_mutex() {
   static std::mutex m;
   return m;
 }
-std::unordered_map<const void*, std::shared_ptr<Comm>>& table() {
-  static auto* t = new std::unordered_map<const void*, std::shared_ptr<Comm>>;  // outlives static destructors
+std::unordered_map<uintptr_t, std::shared_ptr<Comm>>& table() {
+  static auto* t = new std::unordered_map<uintptr_t, std::shared_ptr<Comm>>;  // outlives static destructors
   return *t;
 }
+
+// Handles are kTag | (n << 4) for n = 1, 2, ...: never 0, never reused (2^44
+// communicators per process), above the 47-bit user address space of x86-64
+// and aarch64 (a dereference faults), and recognisable in a debugger.
+constexpr uintptr_t kTag = uintptr_t(0x6d6b) << 48;  // "mk"
+std::atomic<uint64_t> next_id{1};
 
 }  // namespace
 
 mkComm_t publish(std::shared_ptr<Comm> c) {
-  auto h = reinterpret_cast<mkComm_t>(c.get());
+  const uintptr_t h = kTag | (uintptr_t(next_id.fetch_add(1)) << 4);
   std::lock_guard<std::mutex> lock(table_mutex());
-  table()[c.get()] = std::move(c);
-  return h;
+  table()[h] = std::move(c);
+  return reinterpret_cast<mkComm_t>(h);
 }
 
 std::shared_ptr<Comm> acquire(mkComm_t h) {
   if (!h) fail(mkInvalidArgument, "the communicator is NULL");
   std::lock_guard<std::mutex> lock(table_mutex());
-  auto it = table().find(h);
+  auto it = table().find(reinterpret_cast<uintptr_t>(h));
   if (it == table().end())
     fail(mkInvalidArgument, "invalid communicator: destroyed, aborted, or not created by mkCommInit*");
   return it->second;
@@ -40,7 +46,7 @@ std::shared_ptr<Comm> acquire(mkComm_t h) {
 
 std::shared_ptr<Comm> retire(mkComm_t h) {
   std::lock_guard<std::mutex> lock(table_mutex());
-  auto it = table().find(h);
+  auto it = table().find(reinterpret_cast<uintptr_t>(h));
   if (it == table().end()) return nullptr;
   auto c = std::move(it->second);
   table().erase(it);
@@ -57,6 +63,16 @@ bool wait_sole_owner(const std::shared_ptr<Comm>& c, int64_t bound_ms) {
   }
   // What the other threads wrote before dropping their references happens
   // before the caller frees.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return true;
+}
+
+bool wait_callers_except_compiles(const std::shared_ptr<Comm>& c, int64_t bound_ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (c.use_count() > 1 + c->compiling.load()) {
+    if (bound_ms >= 0 && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(bound_ms)) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   std::atomic_thread_fence(std::memory_order_acquire);
   return true;
 }

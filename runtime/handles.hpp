@@ -1,4 +1,8 @@
-// Communicator handles: mkComm_t values are addresses of Comm objects owned
+// Communicator handles: mkComm_t values are never-reused 64-bit ids (not
+// addresses: a new communicator that reuses a destroyed one's memory gets
+// another handle, and every call on the old handle fails, forever). They lie
+// outside the user address space, so code that dereferences one faults at
+// once instead of reading someone else's memory. Comm objects are owned
 // here. Every API call takes a reference (acquire) for its duration; retire
 // removes a handle so that no new call can reach it, and the memory goes with
 // the last reference. This is what makes mkCommAbort / mkCommDestroy safe
@@ -24,5 +28,9 @@ std::shared_ptr<Comm> retire(mkComm_t h);
 // Waits until `c` is referenced only by `c` itself (every call in progress
 // has returned), at most `bound_ms`. False if the bound passed.
 bool wait_sole_owner(const std::shared_ptr<Comm>& c, int64_t bound_ms);
+// The same, except that references of calls counted in `c->compiling` (inside
+// a plan compile) are not waited for: true once every other reference is one
+// of those.
+bool wait_callers_except_compiles(const std::shared_ptr<Comm>& c, int64_t bound_ms);
 
 }  // namespace mk::rt

@@ -82,13 +82,21 @@ void lifecycle_close(mkComm_t h, bool abort) {
   std::shared_ptr<Comm> c = retire(h);
   if (!c) fail(mkInvalidArgument, "invalid communicator: destroyed or aborted by another thread");
   c->closing.store(true);
-  if (abort) {
+  // Destroying a communicator whose nonblocking init still runs cancels the
+  // init (its bootstrap waits return now), as an abort does: nothing waits
+  // for peers that may never come.
+  if (abort || c->state.load() == int(CommState::initializing)) {
     c->aborted.store(true);
     c->raise_abort();
   }
   // Calls still inside on other threads fail at their next check; let them
   // leave. If one takes longer, it frees the communicator when it returns.
-  wait_sole_owner(c, kCallDrainMs);
+  // An abort does not wait for calls inside a plan compile (seconds): they
+  // fail when it ends, and the last reference frees.
+  if (abort)
+    wait_callers_except_compiles(c, kCallDrainMs);
+  else
+    wait_sole_owner(c, kCallDrainMs);
   // ~Comm waits (bounded) for this communicator's kernels, then frees.
 }
 

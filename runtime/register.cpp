@@ -15,6 +15,7 @@
 //                             buffers are shared by address: peer access is
 //                             enabled and the rank writes its column into
 //                             every member's table; no other rank takes part.
+#include <atomic>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -277,12 +278,21 @@ void comm_register(Comm& c, void* buff, size_t size, void** handle) {
     register_across_processes(c, buff, size, handle);
   else
     register_in_process(c, buff, size, handle);
-  *handle = buff;
+  // "rg" | n << 4: never 0, never reused, never a user address.
+  static std::atomic<uint64_t> next{1};
+  const uintptr_t h = (uintptr_t(0x7267) << 48) | (uintptr_t(next.fetch_add(1)) << 4);
+  c.regs.by_handle[h] = reinterpret_cast<uintptr_t>(buff);
+  *handle = reinterpret_cast<void*>(h);
 }
 
 void comm_deregister(Comm& c, void* handle) {
   std::unique_lock<std::mutex> lock(c.mu);
-  auto it = c.regs.by_base.find(reinterpret_cast<uintptr_t>(handle));
+  const uintptr_t h = reinterpret_cast<uintptr_t>(handle);
+  auto find = [&] {
+    auto b = c.regs.by_handle.find(h);
+    return b == c.regs.by_handle.end() ? c.regs.by_base.end() : c.regs.by_base.find(b->second);
+  };
+  auto it = find();
   const bool known = it != c.regs.by_base.end();
   const int w = known ? it->second.window : -1;
   // The calls that use the buffer must have completed: this communicator's
@@ -292,7 +302,7 @@ void comm_deregister(Comm& c, void* handle) {
     const bool idle = c.wait_idle(c.config.timeout_ns == 0 ? -1 : int64_t(c.config.timeout_ns / 1000000) + 5000);
     lock.lock();
     if (!idle) fail(mkRemoteError, "mkCommDeregister: kernels that may use the buffer did not finish");
-    it = c.regs.by_base.find(reinterpret_cast<uintptr_t>(handle));  // another thread may have changed the table
+    it = find();  // another thread may have changed the table
     if (it == c.regs.by_base.end()) fail(mkInvalidUsage, "mkCommDeregister: the handle was deregistered meanwhile");
   };
   if (c.boot && c.nranks > 1) {
@@ -322,6 +332,7 @@ void comm_deregister(Comm& c, void* handle) {
     publish_in_process(c, w, 0, 0);
   }
   c.regs.by_base.erase(it);
+  c.regs.by_handle.erase(h);
 }
 
 void release_registrations(Comm& c) {
@@ -329,6 +340,7 @@ void release_registrations(Comm& c) {
     for (CUdeviceptr im : reg.imports)
       if (im) close_import(im, c.ctx);
   c.regs.by_base.clear();
+  c.regs.by_handle.clear();
   if (c.clique) {
     std::lock_guard<std::mutex> lock(c.clique->mu);
     for (Comm*& m : c.clique->members)

@@ -43,6 +43,7 @@
 #include "mk/fusion.hpp"
 #include "mk/types.hpp"
 #include "runtime/comm.hpp"
+#include "runtime/handles.hpp"
 #include "runtime/cuda_driver.hpp"
 
 using namespace mk;
@@ -1368,7 +1369,7 @@ void deregister_arenas(World& w, std::vector<RegArena>& v) {
 
 // Whether the instance serving this call on `r` is a zero-copy plan.
 bool served_zero_copy(const Rank& r, const CallSpec& s) {
-  auto* c = reinterpret_cast<rt::Comm*>(r.comm);
+  auto* c = rt::acquire(r.comm).get();
   std::lock_guard<std::mutex> lock(c->mu);
   rt::PlanInstance* inst = c->find(s.coll, s.dtype, collective_reduces(s.coll) ? s.op : RedOp::sum,
                                    s.count * int64_t(dtype_size(s.dtype)), true);
@@ -1533,7 +1534,7 @@ void host_time(World& w) {
   };
   const double mk_us = median_us([&] { CK_MK(mkAllReduce(buf, buf, 4096, mkFloat32, mkSum, r.comm, r.stream), r.comm); });
   // The same launch, straight to the driver.
-  auto* c = reinterpret_cast<rt::Comm*>(r.comm);
+  auto* c = rt::acquire(r.comm).get();
   rt::PlanInstance& inst = [&]() -> rt::PlanInstance& {
     std::lock_guard<std::mutex> lock(c->mu);
     return c->instance(Collective::allreduce, DType::fp32, RedOp::sum, 4096 * 4, false);

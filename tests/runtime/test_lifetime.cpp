@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "mk/mk.hpp"
+#include "compiler/jit/jit.hpp"
 #include "tests/runtime/fake.hpp"
 
 using mkt::cu;
@@ -755,4 +757,76 @@ TEST_CASE("config maxCTAs caps every kernel's grid, below one instance's blocks 
     CHECK(tiny[r] == mkInvalidUsage);
     CHECK_MESSAGE(tiny_msg[r].find("maxCTAs") != std::string::npos, tiny_msg[r]);
   }
+}
+
+TEST_CASE("destroy during a nonblocking init whose peer never comes cancels the init and returns promptly") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  mkComm_t comm = nullptr;
+  REQUIRE(mkCommInitRankConfig(&comm, 2, id, 0, &cfg) == mkInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t0 = Clock::now();
+  CHECK(mkCommDestroy(comm) == mkSuccess);
+  // it waited 10 s for the init thread, which waited for the peer
+  CHECK(ms_since(t0) < bound_ms(2000));
+  int n = 0;
+  CHECK(mkCommCount(comm, &n) == mkInvalidArgument);
+}
+
+TEST_CASE("a first call compiling its plan does not hold up mkCommAbort from another thread, and fails when its compile ends") {
+  MKT_REQUIRE_FAKE();
+  if (mk::jit::nvrtc_version() <= 0) {
+    MESSAGE("SKIPPED: no NVRTC on this machine (the call must compile a plan)");
+    return;
+  }
+  // A private cache: the plan is compiled now, not read (seconds on a small
+  // machine). fp64 max: a plan no other case of this process has made.
+  char tmpl[] = "/tmp/mkt-abort-compile.XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string cache = tmpl;
+  const char* old_cache = std::getenv("MK_CACHE_DIR");
+  const std::string saved = old_cache ? old_cache : "";
+  ::setenv("MK_CACHE_DIR", cache.c_str(), 1);
+  mkt::Device dev(0);
+  const size_t hidden = 1024, count = 4 * hidden;
+  mkt::Buffer in(dev, count * 2), out(dev, count * 2), res(dev, count * 2), res_out(dev, count * 2),
+      weight(dev, hidden * 2);
+  mkComm_t comm = one_rank();
+  // A fused all-reduce + RMSNorm: its first call checks the fusion's code and
+  // compiles a plan with the epilogue (a second or more here).
+  mkFusion_t f{};
+  f.name = "allreduce.rmsnorm";
+  f.operands[0] = res.ptr();
+  f.operands[1] = res_out.ptr();
+  f.operands[2] = weight.ptr();
+  f.scalars[0] = 1e-5;
+  f.row = int64_t(hidden);
+  std::atomic<mkResult_t> got{mkSuccess};
+  std::atomic<bool> returned{false};
+  const auto started = Clock::now();
+  std::thread caller([&] {
+    got = mkAllReduceFused(in.ptr(), out.ptr(), count, mkBfloat16, mkSum, &f, comm, dev.stream);
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const bool compiling = !returned.load();
+  const auto t0 = Clock::now();
+  CHECK(mkCommAbort(comm) == mkSuccess);
+  const int64_t abort_ms = ms_since(t0);
+  caller.join();
+  const int64_t call_ms = ms_since(started);
+  MESSAGE("abort took " << abort_ms << " ms; the call (compiling its plan) took " << call_ms << " ms");
+  if (compiling) {
+    CHECK(abort_ms < bound_ms(300));  // it waited for the compile (about a second or more)
+    CHECK(got.load() != mkSuccess);   // the call saw the abort when its compile ended
+  }
+  std::filesystem::remove_all(cache);
+  if (old_cache)
+    ::setenv("MK_CACHE_DIR", saved.c_str(), 1);
+  else
+    ::unsetenv("MK_CACHE_DIR");
 }
