@@ -7,7 +7,8 @@
 // handshake and the threat model), says who it is, and then uses the
 // connection for all-gathers of small host blobs (device info, memory
 // handles) during communicator setup. Address: 127.0.0.1 on an ephemeral port
-// unless MK_BOOTSTRAP_ADDR=host:port (multi-node needs a routable address).
+// unless MK_BOOTSTRAP_ADDR=host[:port] (multi-node needs a routable address;
+// the port, if given, is decimal digits only, 1..65535).
 // Every wait is bounded (MK_BOOTSTRAP_TIMEOUT_MS, default 120000).
 //
 // Trust: the unique id is the capability. Whoever holds it can join the job,
@@ -15,13 +16,27 @@
 // store). Connections that cannot prove the secret are dropped before any of
 // their bytes beyond the handshake are read, never take a rank slot, and
 // cannot stall the real ranks: the root serves all connections from one poll
-// loop, gives each a few seconds to authenticate and keeps at most a bounded
-// number of unauthenticated ones. Every length read from a socket is bounded
-// before anything is allocated.
+// loop, gives each a few seconds to authenticate and keeps at most
+// kMaxPendingConnections unauthenticated ones. It never stops accepting
+// before the rendezvous: when the table is full it evicts the oldest
+// connection that has not sent its challenge (then the oldest that owes its
+// proof), and a rank whose connection was closed during the handshake
+// connects again, so a flood of idle, slow or garbage connections delays a
+// rank by far less than one handshake deadline. Every length read from a
+// socket is bounded before anything is allocated.
 //
 // Lifetime of the rendezvous server: it ends when every rank has disconnected
 // after the rendezvous, or when the rendezvous does not complete within the
 // timeout (counted from mkGetUniqueId, restarted by each rank that joins).
+//
+// A rank that leaves after the rendezvous (mkCommAbort sends an explicit
+// abort mark first; a destroy or the end of its process just closes the
+// connection) breaks the job: no all-gather can complete any more. The root
+// then tells every rank still connected which rank left and why, so that an
+// all-gather in progress or started later (mkCommSplit, registration, ...)
+// fails within about a round trip with mkRemoteError instead of waiting
+// MK_BOOTSTRAP_TIMEOUT_MS. Calls that need no all-gather (a destroy) are
+// unaffected.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +55,8 @@ constexpr uint64_t kMaxRoundBytes = uint64_t(1) << 30;        // all contributio
 constexpr int kMaxPendingConnections = 128;                   // not yet authenticated, at the root
 
 // The id's bytes: 0-3 "MKID", 4-7 IPv4 address, 8-9 port (both network byte
-// order), 16-31 nonce (names the job's local IPC sockets; not secret), 32-63
+// order), 16-31 nonce (tags the job's hellos and, with the secret, its local
+// IPC socket names; not secret), 32-63
 // secret (proves membership; never sent over a socket), the rest zero.
 struct IdContents {
   uint32_t ipv4 = 0;  // network byte order
@@ -68,11 +84,17 @@ class BootstrapCancel {
   // For Bootstrap: the socket to shut down from now on (-1: none); false if
   // cancel() came first.
   bool watch(int fd);
+  // For Bootstrap: whether the watched socket has joined the rendezvous and
+  // is between two of this rank's messages. Then cancel() first tells the
+  // rendezvous that this rank aborted, so that the other ranks' waits fail at
+  // once naming it (otherwise they learn only that the connection closed).
+  void at_boundary(bool yes);
 
  private:
   std::mutex mu_;
   int fd_ = -1;
   bool cancelled_ = false;
+  bool boundary_ = false;
 };
 
 class Bootstrap {
@@ -87,7 +109,10 @@ class Bootstrap {
   Bootstrap& operator=(const Bootstrap&) = delete;
 
   // Every rank contributes `mine` (at most kMaxBlobBytes); returns all
-  // contributions in rank order.
+  // contributions in rank order. Throws RtError (mkRemoteError) within about
+  // a round trip, naming the rank and why, once any rank has left the job
+  // after the rendezvous (aborted, destroyed its communicator, its process
+  // ended): every later call fails the same way.
   std::vector<std::string> allgather(const std::string& mine);
   void barrier() { allgather(std::string()); }
   int rank() const { return rank_; }
@@ -99,7 +124,9 @@ class Bootstrap {
   int nranks_, rank_;
   int fd_ = -1;
   BootstrapCancel* cancel_ = nullptr;
+  std::string gone_;  // set once the rendezvous said that a rank left
   void close_fd();
+  [[noreturn]] void on_gone(Clock::time_point deadline);
 };
 
 int bootstrap_timeout_ms();

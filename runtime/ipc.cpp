@@ -1,5 +1,6 @@
 #include "runtime/ipc.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <memory>
 
+#include "runtime/crypto.hpp"
 #include "runtime/status.hpp"
 
 namespace mk::rt {
@@ -60,8 +62,8 @@ bool send_fd(int s, int fd) {
 // The serving loop: all connections at once, each with a handshake deadline.
 class Server {
  public:
-  Server(int lfd, int fd, int count, int timeout_ms, std::vector<pid_t> pids, const Secret& secret)
-      : lfd_(lfd), fd_(fd), count_(count), pids_(std::move(pids)), secret_(secret),
+  Server(int lfd, int stop_fd, int fd, int count, int timeout_ms, std::vector<pid_t> pids, const Secret& secret)
+      : lfd_(lfd), stop_fd_(stop_fd), fd_(fd), count_(count), pids_(std::move(pids)), secret_(secret),
         handshake_ms_(handshake_timeout_ms(timeout_ms)),
         deadline_(Clock::now() + std::chrono::milliseconds(timeout_ms)) {
     if (!set_nonblocking(lfd_)) throw std::runtime_error(std::string("fcntl(O_NONBLOCK): ") + std::strerror(errno));
@@ -73,7 +75,7 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   int run() {
-    while (served_ < count_ && Clock::now() < deadline_) {
+    while (served_ < count_ && Clock::now() < deadline_ && !stopped_) {
       poll_once();
       reap();
     }
@@ -91,6 +93,7 @@ class Server {
 
   void poll_once() {
     std::vector<pollfd> fds;
+    fds.push_back({stop_fd_, POLLIN, 0});
     const bool listening = int(clients_.size()) < kMaxPendingClients;
     if (listening) fds.push_back({lfd_, POLLIN, 0});
     Clock::time_point wake = deadline_;
@@ -99,8 +102,12 @@ class Server {
       wake = std::min(wake, c->deadline);
     }
     int r = ::poll(fds.data(), nfds_t(fds.size()), std::max(1, ms_left(wake)));
-    const size_t first = listening ? 1 : 0, polled = fds.size() - first;
-    if (listening && r > 0 && (fds[0].revents & POLLIN)) accept_new();
+    if (r > 0 && fds[0].revents) {
+      stopped_ = true;
+      return;
+    }
+    const size_t first = listening ? 2 : 1, polled = fds.size() - first;
+    if (listening && r > 0 && (fds[1].revents & POLLIN)) accept_new();
     for (size_t k = 0; k < polled && r > 0; ++k) {
       const short rev = fds[first + k].revents;
       if (rev & POLLOUT) flush(*clients_[k]);
@@ -175,7 +182,8 @@ class Server {
     }
   }
 
-  int lfd_, fd_, count_;
+  int lfd_, stop_fd_, fd_, count_;
+  bool stopped_ = false;
   std::vector<pid_t> pids_;
   Secret secret_;
   int handshake_ms_;
@@ -186,6 +194,23 @@ class Server {
 
 }  // namespace
 
+std::string ipc_socket_name(const Secret& secret, const uint8_t (&nonce)[16], int rank) {
+  static const char* hex = "0123456789abcdef";
+  std::string msg = "mkernel ipc socket name ";
+  for (uint8_t b : nonce) {
+    msg += hex[b >> 4];
+    msg += hex[b & 15];
+  }
+  msg += "/" + std::to_string(rank);
+  const Digest d = hmac_sha256(secret.data(), secret.size(), {msg});
+  std::string name = "mkernel-";
+  for (size_t i = 0; i < 16; ++i) {  // 128 bits: not guessable, short enough for sun_path
+    name += hex[d[i] >> 4];
+    name += hex[d[i] & 15];
+  }
+  return name;
+}
+
 FdServer::FdServer(const std::string& name, int fd, int count, int timeout_ms, std::vector<pid_t> pids,
                    const Secret& secret) {
   listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -193,33 +218,57 @@ FdServer::FdServer(const std::string& name, int fd, int count, int timeout_ms, s
   socklen_t len;
   sockaddr_un a = abstract_addr(name, &len);
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listen_fd_, 256) != 0) {
-    std::string e = std::strerror(errno);
+    const int err = errno;
     ::close(listen_fd_);
     listen_fd_ = -1;
-    fail(mkSystemError, "cannot open the local IPC socket '" + name + "': " + e +
-                            (e.find("in use") != std::string::npos ? " (another process holds that name)" : ""));
+    if (err == EADDRINUSE)
+      fail(mkSystemError,
+           "the local IPC socket name '" + name +
+               "' is taken: another process holds it (squatting on it), so the fd server cannot listen. The name "
+               "derives from the unique id's secret, so that process has this job's id (another job or a leftover "
+               "process started with the same id?); stop it and give every job a fresh id from mkGetUniqueId");
+    fail(mkSystemError, "cannot open the local IPC socket '" + name + "': " + std::strerror(err));
   }
-  int lfd = listen_fd_;
-  thread_ = std::thread([this, lfd, fd, count, timeout_ms, pids = std::move(pids), secret] {
+  if (::pipe2(stop_, O_CLOEXEC) != 0) {
+    const int err = errno;
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    fail(mkSystemError, std::string("pipe2: ") + std::strerror(err));
+  }
+  int lfd = listen_fd_, stop_fd = stop_[0];
+  struct CloseOnThrow {  // the destructor does not run when the constructor throws
+    FdServer* s;
+    ~CloseOnThrow() {
+      if (s) s->join();
+    }
+  } guard{this};
+  thread_ = std::thread([this, lfd, stop_fd, fd, count, timeout_ms, pids = std::move(pids), secret] {
     try {
-      served_ = Server(lfd, fd, count, timeout_ms, pids, secret).run();
+      served_ = Server(lfd, stop_fd, fd, count, timeout_ms, pids, secret).run();
     } catch (const std::exception& e) {
       debug_log(std::string("ipc: fd server stopped: ") + e.what());
     } catch (...) {
       debug_log("ipc: fd server stopped by an unknown exception");
     }
   });
+  guard.s = nullptr;
 }
 
-void FdServer::wait() {
+void FdServer::join() {
   if (thread_.joinable()) thread_.join();
-  if (listen_fd_ >= 0) {
-    ::close(listen_fd_);
-    listen_fd_ = -1;
-  }
+  for (int* f : {&listen_fd_, &stop_[0], &stop_[1]})
+    if (*f >= 0) {
+      ::close(*f);
+      *f = -1;
+    }
 }
 
-FdServer::~FdServer() { wait(); }
+void FdServer::wait() { join(); }
+
+FdServer::~FdServer() {
+  if (thread_.joinable() && stop_[1] >= 0) (void)!::write(stop_[1], "s", 1);
+  join();
+}
 
 namespace {
 

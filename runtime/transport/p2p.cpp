@@ -102,7 +102,7 @@ class P2pTransport final : public Transport {
     }
     if (remote_ == 0) return;
     if (!s.boot) fail(mkInternalError, "p2p: peers in other processes but no bootstrap");
-    const std::string prefix = "mkernel-" + nonce_hex(s.boot->id()) + "-";
+    const IdContents& id = s.boot->id();
     const int fd = s.arena->export_fd();
     struct CloseFd {
       int fd;
@@ -110,18 +110,32 @@ class P2pTransport final : public Transport {
     } close_fd{fd};
     std::vector<pid_t> pids;  // only the job's ranks may fetch our arena
     for (const RankInfo& p : all) pids.push_back(pid_t(p.pid));
-    FdServer server(prefix + std::to_string(s.rank), fd, remote_, s.timeout_ms, pids, s.boot->id().secret);
+    // Every rank learns that every fd server is up before anyone waits for
+    // one: a rank that cannot bind its name (squatted) fails the job on every
+    // rank now, with its reason, instead of leaving its peers to time out.
+    std::unique_ptr<FdServer> server;
+    std::string failed;
+    try {
+      server = std::make_unique<FdServer>(ipc_socket_name(id.secret, id.nonce, s.rank), fd, remote_, s.timeout_ms,
+                                          pids, id.secret);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    const std::vector<std::string> up = s.boot->allgather(failed);
+    for (int r = 0; r < s.nranks; ++r)
+      if (!up[size_t(r)].empty())
+        fail(r == s.rank ? mkSystemError : mkRemoteError, fmt::format("rank {}: {}", r, up[size_t(r)]));
     CtxGuard g(s.ctx);
     for (int r = 0; r < s.nranks; ++r) {
       if (all[size_t(r)].token == me.token) continue;
       const int peer_fd =
-          fetch_fd(prefix + std::to_string(r), s.timeout_ms, pid_t(all[size_t(r)].pid), s.boot->id().secret);
+          fetch_fd(ipc_socket_name(id.secret, id.nonce, r), s.timeout_ms, pid_t(all[size_t(r)].pid), id.secret);
       auto m = std::make_unique<PeerMapping>();
       m->map(peer_fd, all[size_t(r)].arena_size, s.cudev);
       base_[size_t(r)] = m->base();
       mappings_.push_back(std::move(m));
     }
-    server.wait();
+    server->wait();
   }
 
  private:

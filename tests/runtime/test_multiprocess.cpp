@@ -4,6 +4,8 @@
 // launcher), so nothing of the parent's runtime state leaks into them.
 #include <dlfcn.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/bootstrap.hpp"
 #include "runtime/comm.hpp"
+#include "runtime/handles.hpp"
+#include "runtime/ipc.hpp"
 #include "tests/runtime/fake.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/jit/jit.hpp"
@@ -87,7 +92,7 @@ int run_rank(int rank, int nranks, const mkUniqueId& id) {
   CUstream stream = nullptr;
   mkComm_t comm = nullptr;
   if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
-  auto* c = reinterpret_cast<mk::rt::Comm*>(comm);
+  auto* c = mk::rt::acquire(comm).get();
   const int peer = 1 - rank;
   CHILD_CHECK(c->device == rank);
 
@@ -382,7 +387,7 @@ int copy_engine(int rank, int nranks, const mkUniqueId& id) {
   const mkDataType_t pdt[] = {mkUint8, mkInt32};
   const mkRedOp_t pop[] = {mkSum, mkMax};
   CHILD_CHECK(mkCommPrewarm(comm, pdt, 2, pop, 2, 0) == mkSuccess);
-  reinterpret_cast<mk::rt::Comm*>(comm)->boot->barrier();
+  mk::rt::acquire(comm).get()->boot->barrier();
   const char* cache = std::getenv("MK_CACHE_DIR");
   CHILD_CHECK(cache != nullptr);
   const size_t cached = files_under(cache);
@@ -526,7 +531,7 @@ int copy_engine(int rank, int nranks, const mkUniqueId& id) {
   CUdeviceptr rin = 0, rout = 0;
   CHILD_CHECK(cu().cuMemAlloc(&rin, rcount * 4) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuMemAlloc(&rout, rcount * 4) == CUDA_SUCCESS);
-  auto* c = reinterpret_cast<mk::rt::Comm*>(comm);
+  auto* c = mk::rt::acquire(comm).get();
   const size_t streams_before = c->ce_streams.size();
   CUgraph g = nullptr;
   CUgraphExec x = nullptr;
@@ -725,7 +730,7 @@ int copy_engine_stall(int rank, int nranks, const mkUniqueId& id) {
   CUstream stream = nullptr;
   mkComm_t comm = nullptr;
   if (open_rank(rank, nranks, id, &stream, &comm)) return 1;
-  auto* c = reinterpret_cast<mk::rt::Comm*>(comm);
+  auto* c = mk::rt::acquire(comm).get();
   CUdeviceptr in = 0, out = 0;
   CHILD_CHECK(cu().cuMemAlloc(&in, 1 << 16) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuMemAlloc(&out, 1 << 17) == CUDA_SUCCESS);
@@ -773,6 +778,40 @@ int bootstrap_broadcast(int rank, int nranks, const mkUniqueId& id) {
   static unsigned char big[5000];
   CHILD_CHECK(mkCommBootstrapBroadcast(comm, big, sizeof big, 0) == mkInvalidArgument);
   CHILD_CHECK(mkCommBootstrapBroadcast(comm, nullptr, 8, 0) == mkInvalidArgument);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  return 0;
+}
+
+// Rank 0's process ends while it is part of a split's first round (it sent
+// its part from a nonblocking split); rank 1 waits in that round and rank 2
+// comes later. Both fail within about a second, naming rank 0, instead of
+// waiting MK_BOOTSTRAP_TIMEOUT_MS (20 s here), and still destroy cleanly.
+int split_peer_exit(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  if (use_gpu(rank)) return 1;
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  mk::rt::acquire(comm)->boot->barrier();
+  if (rank == 0) {
+    mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    mkComm_t child = nullptr;
+    CHILD_CHECK(mkCommSplit(comm, 0, 0, &child, &cfg) == mkInProgress);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    _exit(0);  // no destroy: the process just ends
+  }
+  if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto t0 = std::chrono::steady_clock::now();
+  mkComm_t child = nullptr;
+  const mkResult_t r = mkCommSplit(comm, 0, 0, &child, nullptr);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  const std::string msg = mkGetLastError(comm);
+  if (r != mkRemoteError || ms >= mkt::bound_ms(3000))
+    std::fprintf(stderr, "rank %d: the split returned %d after %lld ms: %s\n", rank, int(r), (long long)ms, msg.c_str());
+  CHILD_CHECK(r == mkRemoteError);
+  CHILD_CHECK(child == nullptr);
+  CHILD_CHECK(ms < mkt::bound_ms(3000));
+  CHILD_CHECK(msg.find("rank 0's connection closed (process ended or communicator destroyed)") != std::string::npos);
   CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
   return 0;
 }
@@ -861,10 +900,15 @@ int shim_eager(int rank, int nranks, const mkUniqueId& id) {
 #endif
 
 // Ranks started again as fresh processes, each with its own extra
-// environment; every one must exit 0 within 120 s.
-void run_ranks(int nranks, const std::string& scenario, const std::vector<std::vector<std::string>>& env) {
+// environment; every one must exit 0 within 120 s. `given`: their id (by
+// default a fresh one).
+void run_ranks(int nranks, const std::string& scenario, const std::vector<std::vector<std::string>>& env,
+               const mkUniqueId* given = nullptr) {
   mkUniqueId id;
-  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  if (given)
+    id = *given;
+  else
+    REQUIRE(mkGetUniqueId(&id) == mkSuccess);
   const std::string hex = to_hex(&id, sizeof id);
   const std::string n = std::to_string(nranks);
   std::vector<pid_t> pids;
@@ -932,6 +976,7 @@ int mkt_child_main(int argc, char** argv) {
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "MK_TUNE"});
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
+  if (scenario == "split_peer_exit") return split_peer_exit(rank, nranks, id);
   if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
   if (scenario == "copy_engine_scratch") return copy_engine_scratch(rank, nranks, id);
   if (scenario == "copy_engine_group") return copy_engine_group(rank, nranks, id);
@@ -960,6 +1005,9 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "user_schedule_wrong_ranks")
     return expect_init_failure(rank, nranks, id, rank == 0 ? mkInvalidArgument : mkInvalidUsage,
                                {"MK_ALGO selects schedule 'my.good' for 3 ranks", "mk.dsl.E008", "for 2 ranks"});
+  if (scenario == "ipc_squat")
+    return expect_init_failure(rank, nranks, id, rank == 1 ? mkSystemError : mkRemoteError,
+                               {"rank 1:", "local IPC socket name", "squatting"});
   if (scenario == "config_schedules_differ")
     return expect_init_failure(rank, nranks, id, mkInvalidUsage,
                                {"ranks disagree on the communicator's schedules (config)"});
@@ -984,6 +1032,33 @@ TEST_CASE("two processes: registered buffers go zero-copy with allreduce.direct"
 TEST_CASE("two processes: MK_PDL=0 launches without programmatic dependent launch") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "share", {{"MK_PDL=0"}, {"MK_PDL=0"}});
+}
+
+TEST_CASE("two processes: a process squatting on a rank's local IPC socket name fails init on both ranks at once, "
+          "naming it") {
+  MKT_REQUIRE_FAKE();
+  // A squatter that only binds (peers that connect are refused: before, rank
+  // 0 retried until its timeout) and one that also listens.
+  for (const bool listening : {false, true}) {
+    CAPTURE(listening);
+    mkUniqueId id;
+    REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+    // This process holds the id (only a holder of its secret can compute the
+    // name) and binds rank 1's name before the ranks start.
+    const mk::rt::IdContents c = mk::rt::bootstrap_decode(id);
+    const std::string name = mk::rt::ipc_socket_name(c.secret, c.nonce, 1);
+    int squat = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path + 1, name.data(), name.size());
+    const socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    REQUIRE(::bind(squat, reinterpret_cast<sockaddr*>(&a), len) == 0);
+    if (listening) REQUIRE(::listen(squat, 4) == 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    run_ranks(2, "ipc_squat", {}, &id);  // their bootstrap timeout is 30 s
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15));
+    ::close(squat);
+  }
 }
 
 TEST_CASE("two processes: a setting that shapes plans differs between ranks: init fails on both, naming it") {
@@ -1140,6 +1215,14 @@ TEST_CASE("two processes: a peer that never calls stops a copy-engine transfer a
 TEST_CASE("two processes: mkCommBootstrapBroadcast carries rank 0's bytes and refuses bad arguments") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "bcast", {});
+}
+
+TEST_CASE("three processes: rank 0's process ends during a split, the others' splits fail within a second naming it") {
+  MKT_REQUIRE_FAKE();
+  const std::vector<std::string> env = {"MK_BOOTSTRAP_TIMEOUT_MS=20000"};
+  const auto t0 = std::chrono::steady_clock::now();
+  run_ranks(3, "split_peer_exit", {env, env, env});
+  CHECK(mkt::ms_since(t0) < mkt::bound_ms(10000));
 }
 
 #ifdef MKT_SHIM

@@ -295,6 +295,107 @@ TEST_CASE("aborting the parent ends a split that waits for ranks that never come
   unsetenv("MK_BOOTSTRAP_TIMEOUT_MS");
 }
 
+// A rank that splits after its peer aborted (or destroyed its communicator,
+// or whose process ended) learns it from the rendezvous within about a
+// second, naming the rank, instead of waiting MK_BOOTSTRAP_TIMEOUT_MS.
+namespace {
+struct BootRanks {  // n ranks over the bootstrap, in threads of this process
+  std::vector<mkComm_t> c;
+  explicit BootRanks(int n) : c(size_t(n), nullptr) {
+    mkUniqueId id;
+    REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        mkt::Device d(r);
+        CHECK(mkCommInitRank(&c[size_t(r)], n, id, r) == mkSuccess);
+      });
+    for (auto& t : ts) t.join();
+    for (auto x : c) REQUIRE(x);
+  }
+  // Rank r splits (blocking): the result, mkGetLastError and how long it took.
+  struct Split {
+    mkResult_t r = mkSuccess;
+    std::string msg;
+    double ms = 0;
+  };
+  Split split(int r) {
+    mkt::Device d(r);
+    mkComm_t child = nullptr;
+    Split s;
+    const auto t0 = Clock::now();
+    s.r = mkCommSplit(c[size_t(r)], 0, 0, &child, nullptr);
+    s.ms = ms_since(t0);
+    s.msg = mkGetLastError(c[size_t(r)]);
+    if (child) mkCommDestroy(child);
+    return s;
+  }
+  ~BootRanks() {
+    for (auto x : c)
+      if (x) CHECK(mkCommDestroy(x) == mkSuccess);  // the ranks left behind destroy cleanly
+  }
+};
+bool has(const std::string& msg, const char* what) { return msg.find(what) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("a split after the peer aborted or destroyed its communicator fails within a second, naming the rank") {
+  MKT_REQUIRE_FAKE();
+  setenv("MK_BOOTSTRAP_TIMEOUT_MS", "20000", 1);
+  for (const bool abort : {true, false}) {
+    CAPTURE(abort);
+    BootRanks p(2);
+    CHECK((abort ? mkCommAbort(p.c[0]) : mkCommDestroy(p.c[0])) == mkSuccess);
+    p.c[0] = nullptr;
+    const auto s = p.split(1);
+    MESSAGE("rank 1's split failed after " << s.ms << " ms: " << s.msg);
+    CHECK(s.r == mkRemoteError);
+    CHECK(s.ms < bound_ms(2000));
+    CHECK_MESSAGE(has(s.msg, abort ? "rank 0 aborted its communicator"
+                                   : "rank 0's connection closed (process ended or communicator destroyed)"),
+                  s.msg);
+    const auto again = p.split(1);  // and every later exchange, at once
+    CHECK(again.r == mkRemoteError);
+    CHECK(again.msg == s.msg);
+  }
+  unsetenv("MK_BOOTSTRAP_TIMEOUT_MS");
+}
+
+TEST_CASE("an abort reaches ranks waiting in a split and ranks that split later, also when it came mid-round") {
+  MKT_REQUIRE_FAKE();
+  setenv("MK_BOOTSTRAP_TIMEOUT_MS", "20000", 1);
+  {
+    // Rank 0 has already sent its part of the split's first round (a
+    // nonblocking split) when it aborts; rank 1 waits in that round, and
+    // rank 2 has not come yet: the round could never complete.
+    BootRanks p(3);
+    mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    mkComm_t child0 = nullptr;
+    {
+      mkt::Device d(0);
+      CHECK(mkCommSplit(p.c[0], 0, 0, &child0, &cfg) == mkInProgress);
+    }
+    BootRanks::Split s1;
+    std::thread t([&] { s1 = p.split(1); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 1 waits in the split's all-gather
+    const auto t0 = Clock::now();
+    CHECK(mkCommAbort(p.c[0]) == mkSuccess);
+    p.c[0] = nullptr;
+    t.join();
+    MESSAGE("rank 1's split failed " << ms_since(t0) << " ms after the abort: " << s1.msg);
+    CHECK(ms_since(t0) < bound_ms(2000));
+    CHECK(s1.r == mkRemoteError);
+    CHECK_MESSAGE(has(s1.msg, "rank 0 aborted its communicator"), s1.msg);
+    const auto s2 = p.split(2);
+    CHECK(s2.ms < bound_ms(2000));
+    CHECK(s2.r == mkRemoteError);
+    CHECK_MESSAGE(has(s2.msg, "rank 0 aborted its communicator"), s2.msg);
+    CHECK(settle(child0, 5000) != mkSuccess);
+    CHECK(mkCommDestroy(child0) == mkSuccess);
+  }
+  unsetenv("MK_BOOTSTRAP_TIMEOUT_MS");
+}
+
 TEST_CASE("mkCommSplit inside a group: one thread splits every rank of its process, and mkGroupEnd reports failures") {
   MKT_REQUIRE_FAKE();
   Ranks p(4);
