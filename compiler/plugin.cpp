@@ -250,7 +250,11 @@ std::vector<dsl::ScheduleInfo> load_library(const std::string& so_file) {
   int64_t before = current_seq();
   const int64_t composites_before = dsl::composite_registrations();
   const size_t fusions_before = dsl::fusion_registrations();
-  void* h = dlopen(fs::absolute(so_file).c_str(), RTLD_NOW | RTLD_GLOBAL);
+  // The file checked above, not the name again (a link in it could move).
+  std::error_code canon_ec;
+  const fs::path checked = fs::canonical(so_file, canon_ec);
+  if (canon_ec) throw Error(ErrId::cli_E006, fmt::format("cannot load plugin {}: {}", so_file, canon_ec.message()));
+  void* h = dlopen(checked.c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (!h) throw Error(ErrId::cli_E006, fmt::format("cannot load plugin {}: {}", so_file, dlerror()));
   auto found = registered_after(before);
   const std::vector<std::string> fusions = dsl::fusions_registered_since(fusions_before);
@@ -272,9 +276,25 @@ std::vector<dsl::ScheduleInfo> load_library(const std::string& so_file) {
 }
 
 std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
-  std::ifstream f(cpp_file);
-  if (!f) throw Error(ErrId::cli_E009, "cannot read " + cpp_file);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // A schedule file becomes code in this process: the same policy as a
+  // plugin library (trusted_fs.hpp), for the file and the directories above.
+  std::string text;
+  {
+    std::error_code ec;
+    const fs::path real = fs::canonical(cpp_file, ec);
+    if (ec) throw Error(ErrId::cli_E009, "cannot read " + cpp_file + ": " + ec.message());
+    std::vector<char> bytes;
+    std::string why;
+    const tfs::Read r = tfs::read_file(real, size_t(64) << 20, &bytes, &why);
+    bool untrusted = r == tfs::Read::untrusted;
+    if (r == tfs::Read::ok && !(why = tfs::tree_problem(real.parent_path())).empty()) untrusted = true;
+    if (untrusted)
+      throw Error(ErrId::cli_E006, fmt::format("schedule file {} is not compiled: {}", cpp_file, why), {},
+                  "a schedule file becomes code that runs in this process: keep it in a file and directory only "
+                  "you (or root) can write");
+    if (r != tfs::Read::ok) throw Error(ErrId::cli_E009, "cannot read " + cpp_file + ": " + why);
+    text.assign(bytes.begin(), bytes.end());
+  }
   const std::string inc = include_dir();
   if (inc.empty())
     throw Error(ErrId::cli_E006, "cannot find the mKernel DSL headers (mk/dsl.hpp)", {},

@@ -69,7 +69,11 @@ bool wait_sole_owner(const std::shared_ptr<Comm>& c, int64_t bound_ms) {
 
 bool wait_callers_except_compiles(const std::shared_ptr<Comm>& c, int64_t bound_ms) {
   const auto t0 = std::chrono::steady_clock::now();
-  while (c.use_count() > 1 + c->compiling.load()) {
+  // A caller may hold several references (its call and its pending work),
+  // so they cannot be told apart by count: while any call is compiling, stop
+  // waiting; that call frees the communicator when it returns.
+  while (c.use_count() > 1) {
+    if (c->compiling.load() > 0) return false;
     if (bound_ms >= 0 && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(bound_ms)) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }

@@ -32,7 +32,9 @@ void init_body(const std::shared_ptr<Comm>& c, int nranks, const mkUniqueId& id,
     // An abort that came after init's last check of `closing` but before
     // `ready` skipped raising the abort words (raise_abort leaves an
     // initialising communicator alone): raise them now.
-    if (c->closing.load()) c->raise_abort();
+    // Only an abort (a destroy of an initialising communicator sets `aborted`
+    // too): a plain destroy of a ready one must not stop the peers.
+    if (c->aborted.load()) c->raise_abort();
   } catch (const RtError& e) {
     c->set_error(e.code(), e.what());
     c->state.store(int(CommState::failed));

@@ -259,7 +259,13 @@ std::string why_not_private(const std::string& dir, ErrId* id) {
 }  // namespace
 
 std::string private_cache_dir(std::string* why, ErrId* id) {
-  const std::string dir = cache_dir();
+  // Links in the name the user gave are resolved (a cache on scratch space);
+  // below it nothing is followed.
+  std::string dir = cache_dir();
+  if (std::error_code ec; !dir.empty()) {
+    const fs::path real = fs::weakly_canonical(dir, ec);
+    if (!ec) dir = real.string();
+  }
   ErrId err{};
   const std::string problem = why_not_private(dir, &err);
   if (why) *why = problem;

@@ -816,11 +816,13 @@ TEST_CASE("a first call compiling its plan does not hold up mkCommAbort from ano
   const bool compiling = !returned.load();
   const auto t0 = Clock::now();
   CHECK(mkCommAbort(comm) == mkSuccess);
+  const bool call_done_at_abort = returned.load();  // it waited for the call's compile
   const int64_t abort_ms = ms_since(t0);
   caller.join();
   const int64_t call_ms = ms_since(started);
   MESSAGE("abort took " << abort_ms << " ms; the call (compiling its plan) took " << call_ms << " ms");
   if (compiling) {
+    CHECK_FALSE(call_done_at_abort);
     CHECK(abort_ms < bound_ms(300));  // it waited for the compile (about a second or more)
     CHECK(got.load() != mkSuccess);   // the call saw the abort when its compile ended
   }

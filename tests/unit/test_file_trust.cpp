@@ -335,3 +335,41 @@ MK_SCHEDULE("test.trust_bcast", broadcast, build, "a broadcast");
   CHECK(contains(r.err, "writable by every user"));
   CHECK_FALSE(fs::exists(mark));
 }
+
+TEST_CASE("schedule files: a DSL file others could change is not compiled into the job") {
+  mkt::TempDir d, cache;
+  const std::string text = R"(#include <mk/dsl.hpp>
+using namespace mk::dsl;
+static void build(Program& p) {
+  for (int r = 0; r < p.ranks(); ++r) p.copy(p.output(r, 0), p.input(0, 0));
+}
+MK_SCHEDULE("test.trust_src", broadcast, build, "a broadcast");
+)";
+  fs::create_directory(d / "open");
+  const fs::path in_open = d / "open" / "s.cpp", writable = d / "w.cpp";
+  mkt::write_text(in_open, text);
+  mkt::write_text(writable, text);
+  ::chmod((d / "open").c_str(), 0777);  // anyone could swap the file
+  ::chmod(writable.c_str(), 0666);
+  for (const fs::path& f : {in_open, writable}) {
+    CAPTURE(f);
+    const auto r = mkt::mkc({"verify", f.string(), "--ranks", "2"}, {{"MK_CACHE_DIR", cache.str()}});
+    CHECK(r.exit_code != 0);
+    CHECK(contains(r.err, "[mk.cli.E006] schedule file " + f.string() + " is not compiled: "));
+    CHECK(contains(r.err, "writable by every user"));
+  }
+  CHECK_FALSE(fs::exists(cache / "plugins"));  // nothing was compiled
+  ::chmod(writable.c_str(), 0644);
+  CHECK(mkt::mkc({"verify", writable.string(), "--ranks", "2"}, {{"MK_CACHE_DIR", cache.str()}}).exit_code == 0);
+}
+
+TEST_CASE("cache directory: a cache named through a link is used (the link resolved)") {
+  mkt::TempDir d;
+  fs::create_directory(d / "scratch");
+  ::chmod((d / "scratch").c_str(), 0700);
+  fs::create_directory_symlink(d / "scratch", d / "cache");
+  mkt::ScopedEnv env("MK_CACHE_DIR", (d / "cache").string());
+  std::string why;
+  CHECK(jit::private_cache_dir(&why) == fs::canonical(d / "scratch").string());
+  CHECK(why == "");
+}
