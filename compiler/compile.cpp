@@ -250,14 +250,19 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   };
   Lowered l = lower(std::move(built), lo);
   MK_CHECK(units.size() == l.variants.size(), "compile_plan: a bucket was not generated");
-  // The split of the wall time (CompileStats): until the last bucket was
-  // proved, then that bucket's codegen and NVRTC; the others' ran meanwhile.
-  size_t last = 0;
-  for (size_t b = 1; b < units.size(); ++b)
-    if (started_ms[b] > started_ms[last]) last = b;
-  st.lower_ms = started_ms[last];
-  st.codegen_ms = codegen_ms[last];
-  st.nvrtc_ms = nvrtc_ms[last];
+  // Every bucket's times, and the split of the wall time (CompileStats): the
+  // bucket that finished last, until it was proved, its codegen, its NVRTC;
+  // the others ran meanwhile.
+  st.buckets.clear();
+  for (size_t b = 0; b < units.size(); ++b) st.buckets.push_back({started_ms[b], codegen_ms[b], nvrtc_ms[b]});
+  st.critical = 0;
+  for (size_t b = 1; b < st.buckets.size(); ++b)
+    if (st.buckets[b].done_ms() > st.buckets[st.critical].done_ms()) st.critical = b;
+  if (!st.buckets.empty()) {
+    st.lower_ms = st.buckets[st.critical].proved_ms;
+    st.codegen_ms = st.buckets[st.critical].codegen_ms;
+    st.nvrtc_ms = st.buckets[st.critical].nvrtc_ms;
+  }
   const ir::Schedule& s0 = l.variants.front();
   st.cubins_cached = std::all_of(results.begin(), results.end(), [](const auto& r) { return r.from_cache; });
 

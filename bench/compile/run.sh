@@ -5,9 +5,13 @@
 # peak memory (max RSS, MiB) of each. Not a test: it takes minutes. Prints a
 # markdown table.
 #
-#   bench/compile/run.sh [BUILD_DIR] [RANKS...]     (default: build, 8 64 256 1024)
+#   bench/compile/run.sh [BUILD_DIR] [RANKS...]     (default: build, 2 4 8 16 64 256 1024)
 #
-# Schedules: every built-in at up to 64 ranks; the hierarchical ones
+# Every plan is bf16 sum (MK_BENCH_DTYPE sets another dtype). Schedules: every
+# built-in that compiles to a kernel (copy-engine ones have none) at up to 64
+# ranks; every built-in fusion (`mkc list`'s fusions) on every all-reduce
+# schedule at up to 64 ranks (`--fusion NAME`, its plan as the runtime's first
+# fused call compiles it); the hierarchical ones
 # (allreduce.hier, allgather.hier, reducescatter.hier, compiled with
 # --topology (N/8)x8:direct: 8 GPUs a node, every pair linked, so that it
 # measures the compiler and not the transport) and allreduce.halving_doubling
@@ -20,7 +24,8 @@ set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$here/build}
 [ $# -gt 0 ] && shift
-ranks=${*:-8 64 256 1024}
+ranks=${*:-2 4 8 16 64 256 1024}
+dtype=${MK_BENCH_DTYPE:-bf16}
 mkc=$build/mkc
 limit=${MK_BENCH_TIMEOUT:-600}
 if [ ! -x "$mkc" ]; then echo "run.sh: $mkc not found; build mkc first" >&2; exit 2; fi
@@ -58,6 +63,7 @@ row() {
   rm -rf "$MK_CACHE_DIR"
   mkdir -m 700 "$MK_CACHE_DIR"
   if [ "$topo" = - ]; then set -- "$@" -n "$n"; else set -- "$@" --topology "$topo"; fi
+  set -- "$@" --dtype "$dtype"
   plan=all
   [ "$n" -gt 64 ] && plan="rank 0"
   run "$mkc" verify "$@"
@@ -78,7 +84,11 @@ row() {
 
 echo "| schedule | ranks | topology | plan | verify s | verify MB | compile s | lower ms | codegen ms | NVRTC ms | compile MB | classes | note |"
 echo "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
-for s in $("$mkc" list | awk 'NR > 1 { print $1 }'); do
+# `mkc list`: schedules, then a blank line and the composites, then the fusions.
+schedules=$("$mkc" list | awk 'NR > 1 && NF == 0 { exit } NR > 1 { print $1 }')
+fusions=$("$mkc" list | awk '/^fusion / { f = 1; next } f && NF > 0 { print $1 }')
+for s in $schedules; do
+  case $s in *.ce) continue ;; esac  # copy engines: no kernel to compile
   for n in $ranks; do
     case $s in
       *.hier)
@@ -87,5 +97,14 @@ for s in $("$mkc" list | awk 'NR > 1 { print $1 }'); do
       allreduce.halving_doubling) row "$s" "$n" - -s "$s" ;;
       *) [ "$n" -le 64 ] && row "$s" "$n" - -s "$s" ;;
     esac
+  done
+done
+for f in $fusions; do
+  for s in $schedules; do
+    case $s in allreduce.*) ;; *) continue ;; esac
+    case $s in *.ce | *.hier) continue ;; esac
+    for n in $ranks; do
+      [ "$n" -le 64 ] && row "$s --fusion $f" "$n" - -s "$s" --fusion "$f"
+    done
   done
 done

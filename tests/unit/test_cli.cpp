@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -1019,4 +1020,38 @@ TEST_CASE("mkc tune: runs every candidate and writes a selection table the runti
     CHECK(contains(none.err, "no NVIDIA driver"));
     CHECK_FALSE(fs::exists(out + ".2"));
   }
+}
+
+// The summary used to give one bucket's NVRTC time as "the" NVRTC time (2 s
+// of a 15 s compile whose other bucket took 13 s): every bucket's own times
+// now, and the header's split is the bucket that finished last.
+TEST_CASE("mkc compile: the summary gives every bucket's times and names the critical path" *
+          doctest::skip(!mkt::have_nvrtc())) {
+  mkt::TempDir d, cache;
+  const auto r = mkc({"compile", "-s", "allreduce.one_shot", "-n", "2", "--dtype", "fp32", "-o", (d / "p").string()},
+                     {{"MK_CACHE_DIR", cache.str()}});
+  REQUIRE(r.exit_code == 0);
+  std::smatch m;
+  const std::regex head(R"(; (\d+) ms \(lower (\d+), codegen (\d+), NVRTC (\d+); bucket (\d) is the critical path\))");
+  REQUIRE(std::regex_search(r.out, m, head));
+  const int wall = std::stoi(m[1]), nvrtc = std::stoi(m[4]), critical = std::stoi(m[5]);
+  const std::regex line(R"(bucket (\d): proved at (\d+) ms, codegen (\d+), NVRTC (\d+)( \(the critical path\))?)");
+  std::vector<int> done(2, -1), own(2, -1);
+  int marked = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line); it != std::sregex_iterator(); ++it) {
+    const int b = std::stoi((*it)[1]);
+    REQUIRE(b < 2);
+    done[size_t(b)] = std::stoi((*it)[2]) + std::stoi((*it)[3]) + std::stoi((*it)[4]);
+    own[size_t(b)] = std::stoi((*it)[4]);
+    if ((*it)[5].matched) {
+      ++marked;
+      CHECK(b == critical);
+    }
+  }
+  CHECK(marked == 1);
+  REQUIRE(done[0] >= 0);
+  REQUIRE(done[1] >= 0);
+  CHECK(done[size_t(critical)] + 2 >= done[size_t(1 - critical)]);  // it finished last (rounding: 1 ms each)
+  CHECK(own[size_t(critical)] == nvrtc);
+  CHECK(wall + 2 >= done[size_t(critical)]);
 }
