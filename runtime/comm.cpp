@@ -241,7 +241,11 @@ void apply_user_config(CommConfig* c, const mkConfig_t* user) {
       c->comm_name = std::string(u.commName, n);
     }
   }
-  if (u.netName) c->net_name = std::string(u.netName).substr(0, 64);
+  if (u.netName) {  // as commName: bounded read, refused (not cut) past the limit
+    const size_t n = strnlen(u.netName, 65);
+    if (n > 64) fail(mkInvalidArgument, "config: netName is longer than 64 characters (the transports are \"p2p\")");
+    c->net_name = std::string(u.netName, n);
+  }
   if (u.size >= offsetof(mkConfig_t, schedules) + sizeof(const char*) && u.schedules) {
     const size_t n = strnlen(u.schedules, 65537);
     if (n > 65536) fail(mkInvalidArgument, "config: schedules is longer than 65536 characters");

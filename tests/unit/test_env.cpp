@@ -179,6 +179,18 @@ TEST_CASE("env: config commName is at most 128 characters, and longer is refused
   CHECK(contains(invalid([&] { rt::apply_user_config(&c, &cfg); }), "commName is longer than 128 characters"));
 }
 
+TEST_CASE("env: config netName is read no further than 64 characters, and longer is refused") {
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  rt::CommConfig c;
+  cfg.netName = "p2p";
+  rt::apply_user_config(&c, &cfg);
+  CHECK(c.net_name == "p2p");
+  char unterminated[65];  // no terminator: was read with strlen, past the array
+  std::memset(unterminated, 'n', sizeof unterminated);
+  cfg.netName = unterminated;
+  CHECK(contains(invalid([&] { rt::apply_user_config(&c, &cfg); }), "netName is longer than 64 characters"));
+}
+
 TEST_CASE("env: integers parse whole, inside their range") {
   CHECK(rt::env::parse_int("X", "12", 0, 100) == 12);
   CHECK(rt::env::parse_int("X", "-3", -5, 5) == -3);
