@@ -205,7 +205,14 @@ bool is_dsl_source(const std::string& path) {
 
 std::string include_dir() {
   std::vector<std::string> cands;
-  if (const char* e = std::getenv("MK_INCLUDE_DIR")) cands.push_back(e);
+  // Set, it is the only place looked at (as MK_NVRTC_PATH): a wrong value is
+  // an error, never a silent fall back to other headers.
+  if (const char* e = std::getenv("MK_INCLUDE_DIR"); e && *e) {
+    if (!fs::exists(fs::path(e) / "mk" / "dsl.hpp"))
+      throw Error(ErrId::cli_E006, fmt::format("MK_INCLUDE_DIR='{}' does not hold mk/dsl.hpp", e), {},
+                  "point MK_INCLUDE_DIR at the directory that holds mk/dsl.hpp (an install's include/), or unset it");
+    return fs::weakly_canonical(e).string();
+  }
   std::string lib = library_path();
   if (!lib.empty()) {
     fs::path d = fs::path(lib).parent_path();

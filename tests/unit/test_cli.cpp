@@ -1055,3 +1055,16 @@ TEST_CASE("mkc compile: the summary gives every bucket's times and names the cri
   CHECK(own[size_t(critical)] == nvrtc);
   CHECK(wall + 2 >= done[size_t(critical)]);
 }
+
+TEST_CASE("MK_INCLUDE_DIR: set, it is the only place for the DSL headers; a wrong one is mk.cli.E006") {
+  mkt::TempDir d, cache;
+  const fs::path src = d / "s.cpp";
+  mkt::write_text(src, "#include <mk/dsl.hpp>\n");
+  const auto r = mkc({"verify", src.string(), "--ranks", "2"},
+                     {{"MK_CACHE_DIR", cache.str()}, {"MK_INCLUDE_DIR", (d / "nowhere").string()}});
+  CHECK(r.exit_code != 0);
+  CHECK(contains(r.err, "[mk.cli.E006] MK_INCLUDE_DIR='" + (d / "nowhere").string() + "' does not hold mk/dsl.hpp"));
+  const auto info = mkc({"info"}, {{"MK_INCLUDE_DIR", (d / "nowhere").string()}});
+  CHECK(info.exit_code == 0);
+  CHECK(contains(info.out, "DSL headers: (MK_INCLUDE_DIR="));
+}

@@ -964,7 +964,13 @@ int cmd_info() {
   fmt::print("architectures:{}\n", archs.empty() ? " (none: NVRTC unavailable)" : archs);
   fmt::print("cache: {}\n", jit::cache_dir());
   fmt::print("prebuilt plans: {}\n", prebuilt::search_path().empty() ? "(none)" : prebuilt::search_path());
-  fmt::print("DSL headers: {}\n", plugin::include_dir());
+  std::string headers;
+  try {
+    headers = plugin::include_dir();
+  } catch (const Error& e) {
+    headers = "(" + e.message() + ")";
+  }
+  fmt::print("DSL headers: {}\n", headers.empty() ? std::string("(not found)") : headers);
   return 0;
 }
 
