@@ -232,36 +232,27 @@ std::string include_dir() {
 std::vector<dsl::ScheduleInfo> load_library(const std::string& so_file) {
   if (!fs::exists(so_file)) throw Error(ErrId::cli_E009, "no such plugin: " + so_file);
   // A library runs its constructors when loaded: only one nobody else could
-  // have written (trusted_fs.hpp: the file and every directory above it).
-  {
-    std::string why;
-    bool untrusted = false;
-    std::error_code ec;
-    const fs::path real = fs::canonical(so_file, ec);
-    const int fd = ec ? -1 : tfs::open_checked(real, &why, &untrusted);
-    if (ec) why = ec.message();
-    if (fd >= 0) ::close(fd);
-    if (fd >= 0 && !(why = tfs::tree_problem(real.parent_path())).empty()) untrusted = true;
-    if (fd < 0 || untrusted)
-      throw Error(ErrId::cli_E006, fmt::format("plugin {} is not loaded: {}", so_file, why), {},
-                  untrusted ? "a plugin is code that runs in this process: keep it in a file and directory only you "
-                              "(or root) can write"
-                            : "");
-  }
+  // have written (trusted_fs.hpp: the file and every directory above it),
+  // loaded by the path checked (a link in the name could move meanwhile).
+  std::error_code ec;
+  const fs::path real = fs::canonical(so_file, ec);
+  std::string why = ec ? ec.message() : "";
+  const tfs::Read r = ec ? tfs::Read::failed : tfs::check_file_in_tree(real, 0, nullptr, &why);
+  if (r != tfs::Read::ok)
+    throw Error(ErrId::cli_E006, fmt::format("plugin {} is not loaded: {}", so_file, why), {},
+                r == tfs::Read::untrusted ? "a plugin is code that runs in this process: keep it in a file and "
+                                            "directory only you (or root) can write"
+                                          : "");
   // dlopen of an already loaded library runs no initialisers again: remember.
   static std::mutex mu;
   static std::map<std::string, std::vector<dsl::ScheduleInfo>> loaded;
   std::lock_guard<std::mutex> lock(mu);
-  const std::string key = fs::weakly_canonical(so_file).string();
+  const std::string key = real.string();
   if (auto it = loaded.find(key); it != loaded.end()) return it->second;
   int64_t before = current_seq();
   const int64_t composites_before = dsl::composite_registrations();
   const size_t fusions_before = dsl::fusion_registrations();
-  // The file checked above, not the name again (a link in it could move).
-  std::error_code canon_ec;
-  const fs::path checked = fs::canonical(so_file, canon_ec);
-  if (canon_ec) throw Error(ErrId::cli_E006, fmt::format("cannot load plugin {}: {}", so_file, canon_ec.message()));
-  void* h = dlopen(checked.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  void* h = dlopen(real.c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (!h) throw Error(ErrId::cli_E006, fmt::format("cannot load plugin {}: {}", so_file, dlerror()));
   auto found = registered_after(before);
   const std::vector<std::string> fusions = dsl::fusions_registered_since(fusions_before);
@@ -292,10 +283,8 @@ std::vector<dsl::ScheduleInfo> load_source(const std::string& cpp_file) {
     if (ec) throw Error(ErrId::cli_E009, "cannot read " + cpp_file + ": " + ec.message());
     std::vector<char> bytes;
     std::string why;
-    const tfs::Read r = tfs::read_file(real, size_t(64) << 20, &bytes, &why);
-    bool untrusted = r == tfs::Read::untrusted;
-    if (r == tfs::Read::ok && !(why = tfs::tree_problem(real.parent_path())).empty()) untrusted = true;
-    if (untrusted)
+    const tfs::Read r = tfs::check_file_in_tree(real, size_t(64) << 20, &bytes, &why);
+    if (r == tfs::Read::untrusted)
       throw Error(ErrId::cli_E006, fmt::format("schedule file {} is not compiled: {}", cpp_file, why), {},
                   "a schedule file becomes code that runs in this process: keep it in a file and directory only "
                   "you (or root) can write");

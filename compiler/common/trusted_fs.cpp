@@ -154,20 +154,6 @@ Read read_file(const fs::path& p, size_t limit, std::vector<char>* out, std::str
   return Read::ok;
 }
 
-std::string make_private_dir(const fs::path& dir) {
-  fs::path cur;
-  for (const auto& part : dir) {
-    cur /= part;
-    if (::mkdir(cur.c_str(), 0700) != 0 && errno != EEXIST)
-      return fmt::format("cannot create {}: {}", cur.string(), std::strerror(errno));
-  }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) return fmt::format("cannot stat {}: {}", dir.string(), std::strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return dir.string() + " is not a directory";
-  if (std::string e = mode_problem(st.st_uid, st.st_gid, st.st_mode); !e.empty()) return dir.string() + " is " + e;
-  return "";
-}
-
 std::string make_dir(const fs::path& dir, mode_t mode) {
   fs::path cur;
   for (const auto& part : dir) {
@@ -180,6 +166,29 @@ std::string make_dir(const fs::path& dir, mode_t mode) {
     }
   }
   return "";
+}
+
+std::string make_private_dir(const fs::path& dir) {
+  if (std::string why = make_dir(dir, 0700); !why.empty()) return why;
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return fmt::format("cannot stat {}: {}", dir.string(), std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return dir.string() + " is not a directory";
+  if (std::string e = mode_problem(st.st_uid, st.st_gid, st.st_mode); !e.empty()) return dir.string() + " is " + e;
+  return "";
+}
+
+Read check_file_in_tree(const fs::path& real, size_t limit, std::vector<char>* out, std::string* why) {
+  Read r = Read::ok;
+  if (out) {
+    r = read_file(real, limit, out, why);
+  } else {
+    bool untrusted = false;
+    const int fd = open_checked(real, why, &untrusted);
+    if (fd >= 0) ::close(fd);
+    else r = untrusted ? Read::untrusted : Read::failed;
+  }
+  if (r == Read::ok && !(*why = tree_problem(real.parent_path())).empty()) r = Read::untrusted;
+  return r;
 }
 
 std::string write_file(const fs::path& p, const void* data, size_t n, mode_t mode) {

@@ -57,6 +57,12 @@ Read read_file(const fs::path& p, size_t limit, std::vector<char>* out, std::str
 // the library loaded is the file checked.
 int open_checked(const fs::path& p, std::string* why, bool* untrusted = nullptr);
 
+// A file of code the user named (a plugin library, a schedule file), by its
+// resolved path `real`: read_file's checks (with `out`, the whole file of at
+// most `limit` bytes into it; without, only opened and checked), then
+// tree_problem of its directory (a refusal there is `untrusted`).
+Read check_file_in_tree(const fs::path& real, size_t limit, std::vector<char>* out, std::string* why);
+
 // Creates `dir` and its missing parents (0700); an existing `dir` must pass
 // entry_problem. "" on success, else why.
 std::string make_private_dir(const fs::path& dir);
