@@ -53,30 +53,20 @@ std::shared_ptr<Comm> retire(mkComm_t h) {
   return c;
 }
 
-bool wait_sole_owner(const std::shared_ptr<Comm>& c, int64_t bound_ms) {
+bool wait_sole_owner(const std::shared_ptr<Comm>& c, int64_t bound_ms, bool unless_compiling) {
   // No new reference can appear once the handle is retired: references are
   // only taken from the table (and by calls already inside).
   const auto t0 = std::chrono::steady_clock::now();
   while (c.use_count() > 1) {
+    // A caller may hold several references (its call and its pending work),
+    // so compiling callers cannot be told apart by count: stop waiting; such
+    // a call frees the communicator when it returns.
+    if (unless_compiling && c->compiling.load() > 0) return false;
     if (bound_ms >= 0 && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(bound_ms)) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   // What the other threads wrote before dropping their references happens
   // before the caller frees.
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return true;
-}
-
-bool wait_callers_except_compiles(const std::shared_ptr<Comm>& c, int64_t bound_ms) {
-  const auto t0 = std::chrono::steady_clock::now();
-  // A caller may hold several references (its call and its pending work),
-  // so they cannot be told apart by count: while any call is compiling, stop
-  // waiting; that call frees the communicator when it returns.
-  while (c.use_count() > 1) {
-    if (c->compiling.load() > 0) return false;
-    if (bound_ms >= 0 && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(bound_ms)) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
   std::atomic_thread_fence(std::memory_order_acquire);
   return true;
 }

@@ -26,11 +26,10 @@ std::shared_ptr<Comm> acquire(mkComm_t h);
 // `h` was not live).
 std::shared_ptr<Comm> retire(mkComm_t h);
 // Waits until `c` is referenced only by `c` itself (every call in progress
-// has returned), at most `bound_ms`. False if the bound passed.
-bool wait_sole_owner(const std::shared_ptr<Comm>& c, int64_t bound_ms);
-// The same, except that it stops waiting (false) as soon as a call is inside
-// a plan compile or fusion check (`c->compiling`): that call fails when the
-// compile ends and frees the communicator if it holds the last reference.
-bool wait_callers_except_compiles(const std::shared_ptr<Comm>& c, int64_t bound_ms);
+// has returned), at most `bound_ms`. False if the bound passed, or, with
+// `unless_compiling`, as soon as a call is inside a plan compile or fusion
+// check (`c->compiling`): that call fails when the compile ends and frees
+// the communicator if it holds the last reference.
+bool wait_sole_owner(const std::shared_ptr<Comm>& c, int64_t bound_ms, bool unless_compiling = false);
 
 }  // namespace mk::rt

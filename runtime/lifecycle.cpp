@@ -95,10 +95,7 @@ void lifecycle_close(mkComm_t h, bool abort) {
   // leave. If one takes longer, it frees the communicator when it returns.
   // An abort does not wait for calls inside a plan compile (seconds): they
   // fail when it ends, and the last reference frees.
-  if (abort)
-    wait_callers_except_compiles(c, kCallDrainMs);
-  else
-    wait_sole_owner(c, kCallDrainMs);
+  wait_sole_owner(c, kCallDrainMs, /*unless_compiling=*/abort);
   // ~Comm waits (bounded) for this communicator's kernels, then frees.
 }
 
