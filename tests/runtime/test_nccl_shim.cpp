@@ -23,8 +23,12 @@
 
 #include "nccl.h"
 #include "tests/runtime/fake.hpp"
+#include "tests/capture.hpp"
 
 namespace fs = std::filesystem;
+
+using mkt::occurrences;
+using mkt::stderr_of;
 
 namespace {
 
@@ -64,35 +68,6 @@ std::string fake_log(bool reset = true) {
 }
 
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
-
-size_t occurrences(const std::string& s, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
-  return n;
-}
-
-// What `f` writes to stderr (fd 2), kept off the terminal.
-template <class F>
-std::string stderr_of(F&& f) {
-  const fs::path path = fs::temp_directory_path() / ("mkt-shim-err-" + std::to_string(::getpid()));
-  fflush(stderr);
-  const int saved = ::dup(2);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  REQUIRE(saved >= 0);
-  REQUIRE(fd >= 0);
-  ::dup2(fd, 2);
-  ::close(fd);
-  f();
-  fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::error_code ec;
-  fs::remove(path, ec);
-  return ss.str();
-}
 
 // The functions nccl.h declares (every nccl* name; pnccl* are their twins).
 std::vector<std::string> header_functions() {

@@ -15,9 +15,13 @@
 #include "runtime/env.hpp"
 #include "runtime/status.hpp"
 #include "support.hpp"
+#include "tests/capture.hpp"
 
 using namespace mk;
 using mkt::contains;
+
+using mkt::occurrences;
+using mkt::stderr_of;
 
 namespace {
 
@@ -30,37 +34,6 @@ std::string invalid(const std::function<void()>& f) {
     return e.what();
   }
   return "";
-}
-
-// What `f` writes to stderr (fd 2), kept off the terminal.
-std::string stderr_of(const std::function<void()>& f) {
-  mkt::TempDir d("mkt-err");
-  const std::string path = (d / "err").string();
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  REQUIRE(saved >= 0);
-  REQUIRE(fd >= 0);
-  ::dup2(fd, 2);
-  ::close(fd);
-  try {
-    f();
-  } catch (...) {
-    std::fflush(stderr);
-    ::dup2(saved, 2);
-    ::close(saved);
-    throw;
-  }
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  return mkt::read_text(path);
-}
-
-size_t occurrences(const std::string& s, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
-  return n;
 }
 
 }  // namespace
