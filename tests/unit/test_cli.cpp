@@ -1056,7 +1056,7 @@ TEST_CASE("mkc compile: the summary gives every bucket's times and names the cri
   CHECK(wall + 2 >= done[size_t(critical)]);
 }
 
-TEST_CASE("MK_INCLUDE_DIR: set, it is the only place for the DSL headers; a wrong one is mk.cli.E006") {
+TEST_CASE("MK_INCLUDE_DIR: set, it is the only place for the DSL headers, and a wrong one is mk.cli.E006") {
   mkt::TempDir d, cache;
   const fs::path src = d / "s.cpp";
   mkt::write_text(src, "#include <mk/dsl.hpp>\n");
