@@ -49,6 +49,7 @@ const std::vector<TuneKey>& tune_table() {
       {"one_pass", 0, 1, 1, nullptr, &P::one_pass},
       {"lamport", 0, 1, 1, nullptr, &P::lamport},
       {"lamport_units", 1, 4, 1, nullptr, &P::lamport_units},
+      {"one_pass_generic", 0, 1, 1, nullptr, &P::one_pass_generic},
       {"ce_tile", 0, int64_t(1) << 30, 65536, &P::ce_tile_bytes, nullptr},
   };
   return t;

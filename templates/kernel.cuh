@@ -9,6 +9,8 @@
 //                                               barrier before the block's next op
 //   c.copy_pass / c.reduce_pass / ...           the same in a one-pass kernel: no barrier
 //   c.op_wide<RED, FINAL>(refs, ns, nd, pos, op) an op of many operands, in a loop
+//   c.op_gpass<RED, FINAL>({srcs}, {dsts}, ...)  a one-pass op whose operands come
+//                                               from the rank's table row
 //
 // The data primitives live in one header per protocol: prims_simple.cuh,
 // prims_ll.cuh and prims_lamport.cuh (one-pass LL kernels of floats of at
@@ -52,14 +54,13 @@ struct Shared {
 
 // Writes block `bid`'s error record (the code last, so that the host never
 // reads half a record), tells the host, and raises every rank's abort word
-// (`abort_of(q)`): every waiting block of every rank then stops. Ctx::fail and
-// chain_barrier report through it.
+// (`abort_of(q)`): every waiting block of every rank then stops. Ctx::fail
+// (through fail_record) and chain_barrier report through it.
 template <class AbortOf>
-MK_DEV void record_failure(const Args& a, int32_t bid, int32_t nranks, AbortOf abort_of, int32_t code,
-                           int32_t instance, int32_t tb, int32_t slot, int32_t peer, int32_t op, uint64_t step,
-                           uint64_t have, uint64_t want, uint64_t waited) {
-  ErrorRecord& e = a.errors[bid];
-  e.rank = a.rank;
+MK_DEV void record_failure(ErrorRecord& e, int32_t rank, volatile int32_t* host_abort, int32_t nranks,
+                           AbortOf abort_of, int32_t code, int32_t instance, int32_t tb, int32_t slot, int32_t peer,
+                           int32_t op, uint64_t step, uint64_t have, uint64_t want, uint64_t waited) {
+  e.rank = rank;
   e.instance = instance;
   e.tb = tb;
   e.slot = slot;
@@ -72,9 +73,50 @@ MK_DEV void record_failure(const Args& a, int32_t bid, int32_t nranks, AbortOf a
   __threadfence_system();
   *reinterpret_cast<volatile int32_t*>(&e.code) = code;
   __threadfence_system();
-  if (a.host_abort) a.host_abort[1] = 1;  // the host sees it at its next call
+  if (host_abort) host_abort[1] = 1;  // the host sees it at its next call
   for (int32_t q = 0; q < nranks; ++q) st_release_sys(abort_of(q), 1);
 }
+
+// Ctx::fail's work: the first failing thread of the block writes the record
+// (the root cause's code, kErrStopped where this rank or the host had
+// already stopped), any later one only raises the abort words. Out of line,
+// and given values rather than the context's address: inlined, this path
+// was copied into every wait and poll of a kernel (a 64-rank all-gather:
+// 1.2 MB of machine code, 12 s of NVRTC; 0.2 MB and 1.8 s out of line),
+// while a pointer to the context would keep an inlined kernel's context in
+// local memory instead of registers. `fl`: every rank's flag region (the
+// block's shared copy).
+template <int N>
+__device__ __noinline__ void fail_record(ErrorRecord* errors, volatile int32_t* host_abort, uint64_t* const* fl,
+                                        int64_t flag_offset, int* claim, int32_t rank, int32_t bid, int32_t code,
+                                        int32_t instance, int32_t tb, int32_t slot, int32_t peer, int32_t op,
+                                        uint64_t step, uint64_t have, uint64_t want, uint64_t waited) {
+  auto abort_of = [&](int32_t q) {
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(fl[q]) - flag_offset);
+  };
+  const bool root_cause =
+      *reinterpret_cast<const volatile uint64_t*>(abort_of(rank)) == 0 && !(host_abort && *host_abort != 0);
+  if (atomicCAS(claim, 0, 1) == 0)
+    record_failure(errors[bid], rank, host_abort, N, abort_of, root_cause ? code : int32_t(kErrStopped), instance, tb,
+                   slot, peer, op, step, have, want, waited);
+  else  // tell every rank (and every block here) to stop waiting
+    for (int q = 0; q < N; ++q) st_release_sys(abort_of(q), 1);
+}
+
+// A rank's row of its class's table, in registers: what a one-pass
+// kernel's thread-block function reads first (codegen), so that the row's
+// loads overlap the ops before the first that needs it instead of sitting
+// in that op's dependency chain (two dependent constant-memory misses there
+// cost the generic one-shot 1-2 us on the one-GPU proxy, s22).
+template <int W>
+struct Row {
+  int v[W];
+  MK_DEV explicit Row(const int* p) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = p[k];
+  }
+  MK_DEV int operator[](int k) const { return v[k]; }
+};
 
 // P: plan traits from the generated source.
 template <class P>
@@ -228,14 +270,8 @@ struct Ctx {
   MK_DEV void fail(int32_t code, int32_t slot, int32_t peer_rank, int32_t op, uint64_t have, uint64_t want,
                    uint64_t waited) {
     aborted = 1;
-    const bool root_cause = *reinterpret_cast<const volatile uint64_t*>(abort_word(rank)) == 0 &&
-                            !(a.host_abort && *a.host_abort != 0);
-    auto abort_of = [this](int32_t q) { return abort_word(q); };
-    if (atomicCAS(&sh.claim, 0, 1) == 0)
-      record_failure(a, bid, N, abort_of, root_cause ? code : int32_t(kErrStopped), inst, tb, slot, peer_rank, op,
-                     step, have, want, waited);
-    else  // tell every rank (and every block here) to stop waiting
-      for (int q = 0; q < N; ++q) st_release_sys(abort_word(q), 1);
+    fail_record<N>(a.errors, a.host_abort, sh.fl, a.flag_offset, &sh.claim, rank, bid, code, inst, tb, slot, peer_rank,
+                   op, uint64_t(step), have, want, waited);
   }
 
   // ---- synchronisation -------------------------------------------------------
@@ -269,17 +305,20 @@ struct Ctx {
 
   // ---- data --------------------------------------------------------------
   // One tile: dst[d][0..n) := combine(src[0][0..n), ..., src[NS-1][0..n)).
-  // SLL/DLL: bit masks of sources/destinations in LL (or Lamport) format.
+  // sll/dll: bit masks of sources/destinations in LL (or Lamport) format:
+  // the generated code's constants (its SLL/DLL template arguments), or, in
+  // a generic op, computed from the operands (the same for every thread).
   // `pro`: which sources the PreMulSum prologue scales (prims.cuh).
-  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
-  MK_DEV void prim(T* const (&src)[NS], T* const (&dst)[ND], int64_t n, int32_t op, const typename Comb::Pro& pro) {
+  template <int NS, int ND, bool RED, bool FINAL, bool GEN = false>
+  MK_DEV void prim(T* const (&src)[NS], T* const (&dst)[ND], int64_t n, int32_t op, const typename Comb::Pro& pro,
+                   unsigned sll, unsigned dll) {
     static_assert(NS >= 1 && ND >= 1, "an op reads and writes something");
     static_assert(RED || NS == 1, "a copy has one source");
     if (n <= 0) return;
     if constexpr (P::kLamport)
-      lamport_tile<Ctx, NS, ND, RED, FINAL, SLL, DLL>(*this, src, dst, n, op, pro);
+      lamport_tile<Ctx, NS, ND, RED, FINAL, GEN>(*this, src, dst, n, op, pro, sll, dll);
     else if constexpr (P::kLL)
-      ll_tile<Ctx, NS, ND, RED, FINAL, SLL, DLL>(*this, src, dst, n, op, pro);
+      ll_tile<Ctx, NS, ND, RED, FINAL, GEN>(*this, src, dst, n, op, pro, sll, dll);
     else
       simple_tile<Ctx, NS, ND, RED, FINAL>(src, dst, n, pro);
   }
@@ -299,8 +338,9 @@ struct Ctx {
   // sources that are this rank's input: only owners touch user buffers in
   // the plans a PreMulSum kernel is built from (the compiler proves it,
   // verify_prologue), so an input operand is this rank's own.
-  template <int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
-  MK_DEV void run_op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
+  template <int NS, int ND, bool RED, bool FINAL, bool GEN = false>
+  MK_DEV void run_op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op, unsigned sll,
+                     unsigned dll) {
     static_assert(!(Comb::kPre && P::kZeroCopy), "kernels with a prologue read only their own input");
     T* src[NS];
     T* dst[ND];
@@ -312,7 +352,7 @@ struct Ctx {
     }
 #pragma unroll
     for (int i = 0; i < ND; ++i) dst[i] = decode(d[i]);
-    prim<NS, ND, RED, FINAL, SLL, DLL>(src, dst, len(decode_pos(pcode)), op, pro);
+    prim<NS, ND, RED, FINAL, GEN>(src, dst, len(decode_pos(pcode)), op, pro, sll, dll);
   }
 
   // One op of the schedule, then the barrier that orders it before the
@@ -322,7 +362,7 @@ struct Ctx {
   template <bool RED, bool FINAL, unsigned SLL, unsigned DLL, int NS, int ND>
   MK_DEV bool op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
     if constexpr (P::kInlineOps) {
-      run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode, op);
+      run_op<NS, ND, RED, FINAL>(s, d, pcode, op, SLL, DLL);
       return barrier();
     } else {
       return op_called<RED, FINAL, SLL, DLL>(s, d, pcode, op);
@@ -330,14 +370,36 @@ struct Ctx {
   }
   template <bool RED, bool FINAL, unsigned SLL, unsigned DLL, int NS, int ND>
   __device__ __noinline__ bool op_called(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
-    run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode, op);
+    run_op<NS, ND, RED, FINAL>(s, d, pcode, op, SLL, DLL);
     return barrier();
   }
   // An op of a one-pass kernel (passes/one_pass.cpp): inlined, and no
   // barrier after it (each thread's units are its own in every op).
   template <bool RED, bool FINAL, unsigned SLL, unsigned DLL, int NS, int ND>
   MK_DEV bool op_pass(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
-    run_op<NS, ND, RED, FINAL, SLL, DLL>(s, d, pcode, op);
+    run_op<NS, ND, RED, FINAL>(s, d, pcode, op, SLL, DLL);
+    return !aborted;
+  }
+  // A generic op of a one-pass kernel (codegen: a reduce whose sources'
+  // kinds differ between the ranks of one class, one_shot's own input at its
+  // own place in the fixed rank order): its operands are numbers of the
+  // rank's table row, so its LL (Lamport) masks come from them, as in
+  // op_wide: an operand is in LL format exactly when it is scratch. NS and
+  // ND stay constants, so the tile is the unrolled primitive, with one
+  // warp-uniform branch per operand instead of one code path per rank.
+  template <bool RED, bool FINAL, int NS, int ND>
+  MK_DEV bool op_gpass(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op) {
+    static_assert(P::kOnePass, "generic unrolled ops are for one-pass kernels (others use op_wide)");
+    unsigned sll = 0, dll = 0;
+    if constexpr (P::kLL) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i)
+        if (int(s[i] & 3u) == kRefScratch) sll |= 1u << i;
+#pragma unroll
+      for (int i = 0; i < ND; ++i)
+        if (int(d[i] & 3u) == kRefScratch) dll |= 1u << i;
+    }
+    run_op<NS, ND, RED, FINAL, true>(s, d, pcode, op, sll, dll);
     return !aborted;
   }
 
@@ -453,7 +515,8 @@ MK_DEV bool chain_barrier(const Args& a, int32_t bid, int32_t nbid) {
       // has no record of its own: it stops the ranks without one.
       if (!ok && !stopping()) {
         if (bid < P::kTbs * P::kInstances)
-          record_failure(a, bid, P::kRanks, abort_of, int32_t(kErrWaitTimeout), bid / P::kTbs, bid % P::kTbs,
+          record_failure(a.errors[bid], a.rank, a.host_abort, P::kRanks, abort_of, int32_t(kErrWaitTimeout),
+                         bid / P::kTbs, bid % P::kTbs,
                          kChainBarrierSlot, a.rank, -1, 0, have & 0xffffffffull, uint64_t(nbid),
                          globaltimer() - t0);
         else

@@ -88,11 +88,17 @@ MK_DEV V16 lamport_read(X& c, const void* p, int32_t source, int32_t op) {
   return z;
 }
 
-// One tile of one op: SLL/DLL are the masks of sources/destinations that are
-// scratch (Lamport packets).
-template <class X, int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
+// One tile of one op: sll/dll are the masks of sources/destinations that are
+// scratch (Lamport packets): constants where the generated code names them
+// (kernel.cuh prim), warp-uniform values of a generic op's operands (GEN)
+// otherwise. A generic op reads its plain sources like packets, with the
+// same 16-byte load, wherever they are aligned and the unit is whole: a
+// load per source chosen at run time put a branch between each two loads,
+// so they were no longer in flight together (20-25% slower on the one-GPU
+// proxy, s22); then only the polls and resets look at the mask.
+template <class X, int NS, int ND, bool RED, bool FINAL, bool GEN = false>
 MK_DEV void lamport_tile(X& c, typename X::T* const (&src)[NS], typename X::T* const (&dst)[ND], int64_t n,
-                         int32_t op, const typename X::Comb::Pro& pro) {
+                         int32_t op, const typename X::Comb::Pro& pro, unsigned sll, unsigned dll) {
   using T = typename X::T;
   constexpr int NT = X::NT;
   // units in flight per thread: P::kLamportUnits, fewer with more sources (registers)
@@ -100,9 +106,14 @@ MK_DEV void lamport_tile(X& c, typename X::T* const (&src)[NS], typename X::T* c
                     : NS <= 4 ? (X::Plan::kLamportUnits < 2 ? X::Plan::kLamportUnits : 2)
                               : 1;
   // (a copy of a source the prologue scales writes even onto itself)
-  const unsigned skip = X::Comb::pre(pro, 0) ? 0u : same_as_source<NS, ND, RED, SLL, DLL>(src, dst);
+  const unsigned skip = X::Comb::pre(pro, 0) ? 0u : same_as_source<NS, ND, RED>(src, dst, sll, dll);
   const int64_t nbytes = n * int64_t(sizeof(T));
   const int64_t units = (nbytes + 15) / 16;
+  bool aligned = GEN;  // GEN: every plain source 16-byte aligned
+  if constexpr (GEN)
+#pragma unroll
+    for (int s = 0; s < NS; ++s)
+      if (!(sll >> s & 1u) && (uintptr_t(src[s]) & 15) != 0) aligned = false;
   for (int64_t u0 = threadIdx.x; u0 < units; u0 += int64_t(U) * NT) {
     V16 v[U][NS];
 #pragma unroll
@@ -110,10 +121,24 @@ MK_DEV void lamport_tile(X& c, typename X::T* const (&src)[NS], typename X::T* c
       const int64_t u = u0 + int64_t(k) * NT;
       if (u >= units) break;
       const int bytes = int(min64(16, nbytes - u * 16));
+      if (GEN && aligned && bytes == 16) {
 #pragma unroll
-      for (int s = 0; s < NS; ++s)
-        v[k][s] = (SLL >> s & 1u) ? ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16)
-                                  : unit16_load(src[s], u, bytes);
+        for (int s = 0; s < NS; ++s) v[k][s] = ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16);
+        continue;
+      }
+      if constexpr (GEN) {  // packets first (one load each, in flight together), then plain sources
+#pragma unroll
+        for (int s = 0; s < NS; ++s)
+          if (sll >> s & 1u) v[k][s] = ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16);
+#pragma unroll
+        for (int s = 0; s < NS; ++s)
+          if (!(sll >> s & 1u)) v[k][s] = unit16_load(src[s], u, bytes);
+      } else {
+#pragma unroll
+        for (int s = 0; s < NS; ++s)
+          v[k][s] = (sll >> s & 1u) ? ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16)
+                                    : unit16_load(src[s], u, bytes);
+      }
     }
 #pragma unroll
     for (int k = 0; k < U; ++k) {
@@ -121,7 +146,7 @@ MK_DEV void lamport_tile(X& c, typename X::T* const (&src)[NS], typename X::T* c
       if (u >= units) break;
 #pragma unroll
       for (int s = 0; s < NS; ++s)
-        if ((SLL >> s & 1u) && !lamport_ready(v[k][s]))
+        if ((sll >> s & 1u) && !lamport_ready(v[k][s]))
           v[k][s] = lamport_read(c, reinterpret_cast<const char*>(src[s]) + u * 16, s, op);
     }
     if (c.aborted) return;
@@ -132,13 +157,13 @@ MK_DEV void lamport_tile(X& c, typename X::T* const (&src)[NS], typename X::T* c
       const int bytes = int(min64(16, nbytes - u * 16));
 #pragma unroll
       for (int s = 0; s < NS; ++s)
-        if (SLL >> s & 1u) lamport_reset(reinterpret_cast<char*>(src[s]) + u * 16);
+        if (sll >> s & 1u) lamport_reset(reinterpret_cast<char*>(src[s]) + u * 16);
       V16 r;
       X::Comb::template combine<NS, RED, FINAL, V16, 16 / int(sizeof(T))>(v[k], r, pro);
 #pragma unroll
       for (int d = 0; d < ND; ++d) {
         if (skip >> d & 1u) continue;
-        if (DLL >> d & 1u)
+        if (dll >> d & 1u)
           lamport_store(reinterpret_cast<char*>(dst[d]) + u * 16, r);
         else
           unit16_store(dst[d], u, bytes, r);

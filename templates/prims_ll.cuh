@@ -63,14 +63,14 @@ MK_DEV void unit_store(T* p, int64_t unit, int bytes, V8 v) {
 }
 
 // The destinations of a copy that are its (plain) source: an in-place copy
-// stores nothing there. A bit per destination.
-template <int NS, int ND, bool RED, unsigned SLL, unsigned DLL, typename T>
-MK_DEV unsigned same_as_source(T* const (&src)[NS], T* const (&dst)[ND]) {
+// stores nothing there. A bit per destination. sll/dll: the op's LL masks.
+template <int NS, int ND, bool RED, typename T>
+MK_DEV unsigned same_as_source(T* const (&src)[NS], T* const (&dst)[ND], unsigned sll, unsigned dll) {
   unsigned skip = 0;
   if constexpr (!RED) {
 #pragma unroll
     for (int d = 0; d < ND; ++d)
-      if (!(DLL >> d & 1u) && !(SLL & 1u) && dst[d] == src[0]) skip |= 1u << d;
+      if (!(dll >> d & 1u) && !(sll & 1u) && dst[d] == src[0]) skip |= 1u << d;
   }
   return skip;
 }
@@ -92,39 +92,67 @@ MK_DEV V8 ll_read(X& c, const void* packets, int64_t unit, int32_t source, int32
   return z;
 }
 
-// One tile of one op: SLL/DLL are the masks of sources/destinations in LL
-// format. Every source's load is issued back to back, then the packets not
-// there yet are polled one by one.
-template <class X, int NS, int ND, bool RED, bool FINAL, unsigned SLL, unsigned DLL>
+// One tile of one op: sll/dll are the masks of sources/destinations in LL
+// format (constants where the generated code names them, kernel.cuh prim;
+// warp-uniform values of a generic op's operands otherwise). Every source's
+// load is issued back to back, then the packets not there yet are polled one
+// by one.
+//
+// GEN (a generic op, masks known at run time only): where every plain source
+// is 8-byte aligned and the unit whole, each source's load is one
+// instruction either way (a packet or 8 plain bytes), so that the loads
+// stay in flight together (lamport_tile says why).
+template <class X, int NS, int ND, bool RED, bool FINAL, bool GEN = false>
 MK_DEV void ll_tile(X& c, typename X::T* const (&src)[NS], typename X::T* const (&dst)[ND], int64_t n, int32_t op,
-                    const typename X::Comb::Pro& pro) {
+                    const typename X::Comb::Pro& pro, unsigned sll, unsigned dll) {
   using T = typename X::T;
   constexpr int NT = X::NT;
   // (a copy of a source the prologue scales writes even onto itself)
-  const unsigned skip = X::Comb::pre(pro, 0) ? 0u : same_as_source<NS, ND, RED, SLL, DLL>(src, dst);
+  const unsigned skip = X::Comb::pre(pro, 0) ? 0u : same_as_source<NS, ND, RED>(src, dst, sll, dll);
   const int64_t nbytes = n * int64_t(sizeof(T));
   const int64_t units = (nbytes + 7) / 8;
   const uint32_t flag = uint32_t(c.value());
+  bool aligned = GEN;  // GEN: every plain source 8-byte aligned
+  if constexpr (GEN)
+#pragma unroll
+    for (int s = 0; s < NS; ++s)
+      if (!(sll >> s & 1u) && (uintptr_t(src[s]) & 7) != 0) aligned = false;
   for (int64_t u = threadIdx.x; u < units; u += NT) {
     const int bytes = int(min64(8, nbytes - u * 8));
     V8 v[NS];
     V16 pk[NS];
+    if (GEN && aligned && bytes == 8) {
+#pragma unroll
+      for (int s = 0; s < NS; ++s)
+        if (sll >> s & 1u)
+          pk[s] = ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16);
+        else
+          v[s] = ld_cg8(reinterpret_cast<const char*>(src[s]) + u * 8);
+    } else if constexpr (GEN) {  // packets first (one load each, in flight together), then plain sources
+#pragma unroll
+      for (int s = 0; s < NS; ++s)
+        if (sll >> s & 1u) pk[s] = ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16);
+#pragma unroll
+      for (int s = 0; s < NS; ++s)
+        if (!(sll >> s & 1u)) v[s] = unit_load(src[s], u, bytes);
+    } else {
+#pragma unroll
+      for (int s = 0; s < NS; ++s)
+        if (sll >> s & 1u)
+          pk[s] = ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16);
+        else
+          v[s] = unit_load(src[s], u, bytes);
+    }
 #pragma unroll
     for (int s = 0; s < NS; ++s)
-      if (SLL >> s & 1u)
-        pk[s] = ld_volatile16(reinterpret_cast<const char*>(src[s]) + u * 16);
-      else
-        v[s] = unit_load(src[s], u, bytes);
-#pragma unroll
-    for (int s = 0; s < NS; ++s)
-      if (SLL >> s & 1u) v[s] = ll_ready(pk[s], flag) ? ll_data(pk[s]) : ll_read(c, src[s], u, s, op);
+      if (sll >> s & 1u) v[s] = ll_ready(pk[s], flag) ? ll_data(pk[s]) : ll_read(c, src[s], u, s, op);
     if (c.aborted) return;
     V8 r;
     X::Comb::template combine<NS, RED, FINAL, V8, 8 / int(sizeof(T))>(v, r, pro);
 #pragma unroll
     for (int d = 0; d < ND; ++d) {
       if (skip >> d & 1u) continue;
-      if (DLL >> d & 1u)
+      if (dll >> d & 1u)
         ll_store(reinterpret_cast<char*>(dst[d]) + u * 16, r, flag);
       else
         unit_store(dst[d], u, bytes, r);

@@ -20,6 +20,9 @@
 # runtime JIT compiles it. MK_BENCH_TIMEOUT (seconds, default 600) bounds each
 # command; a command over it shows "timeout". MK_BENCH_REPEAT (default 1): runs
 # of each command, the fastest kept (a shared machine's speed drifts by 2x).
+# MK_BENCH_RANK_PLAN=1: rank 0's plan at every rank count (what a rank's first
+# call compiles: its own class's code path only), not the plan of every rank.
+# MK_BENCH_TUNE: MK_TUNE-style knobs for every compile (e.g. one_pass_generic=1).
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$here/build}
@@ -64,8 +67,9 @@ row() {
   mkdir -m 700 "$MK_CACHE_DIR"
   if [ "$topo" = - ]; then set -- "$@" -n "$n"; else set -- "$@" --topology "$topo"; fi
   set -- "$@" --dtype "$dtype"
+  [ -n "${MK_BENCH_TUNE:-}" ] && set -- "$@" --tune "$MK_BENCH_TUNE"
   plan=all
-  [ "$n" -gt 64 ] && plan="rank 0"
+  [ "$n" -gt 64 ] || [ "${MK_BENCH_RANK_PLAN:-0}" = 1 ] && plan="rank 0"
   run "$mkc" verify "$@"
   vs=$secs vmb=$mb vrc=$rc
   vnote=""

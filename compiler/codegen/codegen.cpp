@@ -70,6 +70,11 @@ struct Item {
   int ns = 0, nd = 0;
   bool red = false, fin = false;
   bool wide = false;  // operands encoded (two numbers each), none in refs
+  // A generic reduce of a one-pass kernel: operands encoded like a wide op's,
+  // but a fixed number of them, run by the unrolled primitive (kernel.cuh
+  // op_gpass); one-pass kernels have no wide ops.
+  bool gen = false;
+  bool encoded() const { return wide || gen; }
   unsigned sll = 0, dll = 0;
   std::vector<RefShape> refs;  // per chunk k: srcs then dsts (none if wide)
   bool pos_rot = false;
@@ -91,8 +96,8 @@ struct Item {
   std::string shape() const { return fmt::format("{}|{}|", nwait, nsig) + data_shape(); }
   // The shape without the waits and signals.
   std::string data_shape() const {
-    std::string t = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", data, ns, nd, red, fin, wide, sll, dll, pos_rot,
-                                counted, refs.size());
+    std::string t = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", data, ns, nd, red, fin, wide, gen, sll, dll,
+                                pos_rot, counted, refs.size());
     for (auto& r : refs) t += fmt::format("/{}{}{}", r.kind, r.rot_b, r.rot_p);
     return t;
   }
@@ -139,7 +144,7 @@ class Shapes {
   static void data_key(const Item& it, std::string& k) {
     k.clear();
     for (int64_t x : {int64_t(it.ns), int64_t(it.nd), int64_t(it.sll), int64_t(it.dll), int64_t(it.refs.size())}) k += pack(x);
-    for (bool b : {it.data, it.red, it.fin, it.wide, it.pos_rot, it.counted}) k += char(b);
+    for (bool b : {it.data, it.red, it.fin, it.wide, it.gen, it.pos_rot, it.counted}) k += char(b);
     for (const RefShape& r : it.refs) k += {char(r.kind), char(r.rot_b), char(r.rot_p)};
   }
 
@@ -236,7 +241,7 @@ class Splitter {
             for (const Ref& r : *list) {
               int64_t n[3];
               const RefShape sh = ref_numbers(*op, r, k, v0, n);
-              if (!shape.wide) {
+              if (!shape.encoded()) {
                 out.nums.insert(out.nums.end(), n, n + nums_of(sh));
                 continue;
               }
@@ -262,20 +267,23 @@ class Splitter {
     it.nd = int(op.dsts.size());
     it.red = op.kind == OpKind::reduce;
     it.fin = op.final;
-    it.wide = it.ns > kWideFrom || it.nd > kWideFrom || (generic_ && it.red && it.ns >= 2);
+    const bool generic = generic_ && it.red && it.ns >= 2;
+    it.wide = it.ns > kWideFrom || it.nd > kWideFrom || (generic && !s_.one_pass);
+    // (one_pass.cpp admits no op of more than 8 operands)
+    it.gen = generic && !it.wide;
     if (it.ns + it.nd > kWideMax)
       throw Error(ErrId::jit_E005,
                   fmt::format("schedule '{}': op %{} has {} sources and {} destinations; a kernel's op has at "
                               "most {} in all",
                               s_.name, op.id, it.ns, it.nd, kWideMax),
                   op.loc, "split the op into several with fewer operands");
-    if (s_.proto == ir::Proto::ll && !it.wide) {  // a wide op's kernel tells from the operand
+    if (s_.proto == ir::Proto::ll && !it.encoded()) {  // an encoded op's kernel tells from the operand
       for (int i = 0; i < it.ns; ++i)
         if (op.srcs[size_t(i)].buf == Buf::scratch) it.sll |= 1u << i;
       for (int i = 0; i < it.nd; ++i)
         if (op.dsts[size_t(i)].buf == Buf::scratch) it.dll |= 1u << i;
     }
-    if (!it.wide)
+    if (!it.encoded())
       for (const auto* list : {&op.srcs, &op.dsts})
         for (const Ref& r : *list) it.refs.push_back(ref_shape(r));
     it.pos_rot = M_ != 0;
@@ -544,7 +552,7 @@ class Emitter {
   // The kernel holds one rank's table rows and serves that rank alone.
   bool row_only() const { return row_only_; }
   // Its ops are inlined (kernel.cuh P::kInlineOps): few statements.
-  bool inline_ops() const { return total_items() <= kInlineItems; }
+  bool inline_ops() const { return inlined(); }
 
   std::string P() const { return fmt::format("P{}", b_); }
   // The kernel ends in a fused epilogue (namespace mk_fused_b<bucket>).
@@ -590,8 +598,12 @@ class Emitter {
   std::string op_call(const Item& it, const std::vector<std::string>& d, const std::string& ind) const {
     size_t k = 0;
     std::string refs[2], wide;
-    for (int w = 0; it.wide && w < it.ns + it.nd; ++w, k += 2)
-      wide += fmt::format("{}mk::dev::ref_halves({}, {})", w ? ", " : "", d[k], d[k + 1]);
+    for (int w = 0; it.encoded() && w < it.ns + it.nd; ++w, k += 2) {
+      const std::string x = fmt::format("mk::dev::ref_halves({}, {})", d[k], d[k + 1]);
+      wide += (w ? ", " : "") + x;
+      std::string& list = refs[w < it.ns ? 0 : 1];
+      list += (list.empty() ? "" : ", ") + x;
+    }
     for (size_t r = 0; r < it.refs.size(); ++r) {
       const RefShape& sh = it.refs[r];
       std::string x;
@@ -616,6 +628,10 @@ class Emitter {
                                "mk::dev::pos_code({7}, {8}), {9})) return;\n{0}}}\n",
                                ind, it.ns + it.nd, wide, it.red ? "true" : "false", it.fin ? "true" : "false", it.ns,
                                it.nd, d[k], it.pos_rot ? "true" : "false", it.op_id);
+    if (it.gen)
+      return ind + fmt::format("if (!c.template op_gpass<{}, {}>({{{}}}, {{{}}}, mk::dev::pos_code({}, {}), {})) return;\n",
+                               it.red ? "true" : "false", it.fin ? "true" : "false", refs[0], refs[1], d[k],
+                               it.pos_rot ? "true" : "false", it.op_id);
     // Named forms (kernel.cuh): copy, reduce, reduce_final, and their _pass
     // forms in one-pass kernels; LL masks as template arguments where set.
     const std::string name =
@@ -635,9 +651,22 @@ class Emitter {
     size_ += operands;
     if (!it.data) return;
     const int64_t unrolled = it.wide ? 2 : operands;
-    const std::string inst = it.wide ? fmt::format("wide|{}|{}", it.red, it.fin)
-                                     : fmt::format("{}|{}|{}|{}|{}|{}", it.ns, it.nd, it.red, it.fin, it.sll, it.dll);
+    const std::string inst = it.wide  ? fmt::format("wide|{}|{}", it.red, it.fin)
+                             : it.gen ? fmt::format("gen|{}|{}|{}|{}", it.ns, it.nd, it.red, it.fin)
+                                      : fmt::format("{}|{}|{}|{}|{}|{}", it.ns, it.nd, it.red, it.fin, it.sll, it.dll);
     if (instances_.insert(inst).second) size_ += 32 * unrolled;
+  }
+
+  static constexpr size_t kRowInRegs = 64;
+  // Every table entry the code reads is t[<constant>] (no loop counter).
+  static bool constant_indices(const std::string& body) {
+    for (size_t at = body.find("t["); at != std::string::npos; at = body.find("t[", at + 2)) {
+      if (at > 0 && (std::isalnum(static_cast<unsigned char>(body[at - 1])) || body[at - 1] == '_')) continue;
+      size_t e = at + 2;
+      while (e < body.size() && std::isdigit(static_cast<unsigned char>(body[e]))) ++e;
+      if (e == at + 2 || e >= body.size() || body[e] != ']') return false;
+    }
+    return true;
   }
 
   // `base` plus `step` per chunk k.
@@ -755,8 +784,14 @@ class Emitter {
   void emit_tb(int32_t cls, int32_t tb, bool inline_fn, Table& t) {
     const std::string body = emit_items(count_chunks(cp_, size_t(cls), size_t(tb), reroll_), t);
     const bool tabled = t.width() > 0;  // the class's table so far; rows are per member, so any column needs it
+    // A one-pass kernel's short row, read at constant indices only, is loaded
+    // into registers first (kernel.cuh Row): its latency then overlaps the
+    // ops before the first that needs it.
+    const bool in_regs = tabled && s_.one_pass && t.width() <= kRowInRegs && constant_indices(body);
     fns_ += fmt::format("static __device__ {} void b{}_c{}_tb{}(mk::dev::Ctx<{}>& c{}) {{\n",
-                        inline_fn ? "__forceinline__" : "__noinline__", b_, cls, tb, P(), tabled ? ", const int* t" : "");
+                        inline_fn ? "__forceinline__" : "__noinline__", b_, cls, tb, P(),
+                        !tabled ? "" : in_regs ? ", const int* row" : ", const int* t");
+    if (in_regs) fns_ += fmt::format("  const mk::dev::Row<{}> t(row);\n", t.width());
     fns_ += "  do {\n" + body + "  } while (c.next());\n}\n\n";
     tabled_[{cls, tb}] = tabled;
   }
@@ -814,19 +849,32 @@ class Emitter {
     o_ += "\n";
   }
 
-  // Statements of the kernel (before merging and rerolling): small kernels
-  // inline their thread blocks' functions and their ops.
-  size_t total_items() const {
-    size_t n = 0;
+  // Statements of the kernel (before merging and rerolling), and how many of
+  // them are data ops: small kernels inline their thread blocks' functions
+  // and their ops. Each inlined data op is a copy of its tile loop, the bulk
+  // of NVRTC's work: a 64-rank one-shot's 32 thread blocks inlined 64 of
+  // them (16 s of NVRTC); called, the ops share one body per kind.
+  std::pair<size_t, size_t> total_items() const {
+    size_t n = 0, data = 0;
     for (size_t c = 0; c < cp_.members.size(); ++c)
-      for (size_t tb = 0; served_[c] && tb < size_t(cp_.tbs); ++tb) n += cp_.path(c, tb).size();
-    return n;
+      for (size_t tb = 0; served_[c] && tb < size_t(cp_.tbs); ++tb) {
+        const Stream& st = cp_.path(c, tb);
+        n += st.size();
+        for (int32_t sh : st.shape) data += cp_.shapes[sh].data ? 1 : 0;
+      }
+    return {n, data};
   }
-  static constexpr size_t kInlineItems = 64;
+  bool inlined() const {
+    const auto [n, data] = total_items();
+    // (a one-pass kernel's ops are inlined whatever P::kInlineOps says, and
+    // its thread blocks' functions must be too, or its context leaves registers)
+    return n <= kInlineItems && (data <= kInlineData || s_.one_pass);
+  }
+  static constexpr size_t kInlineItems = 64, kInlineData = 32;
 
   KernelInfo emit(const std::string& kernel_name, const Limits& lim) {
     const int32_t nclasses = int32_t(cp_.rc.representative.size());
-    const bool inline_fns = total_items() <= kInlineItems;
+    const bool inline_fns = inlined();
     std::vector<Table> tables;
     for (int32_t c = 0; c < nclasses; ++c) {
       tables.emplace_back(cp_.members[size_t(c)].size());
@@ -951,7 +999,7 @@ class Emitter {
 // only where that merges classes: the unrolled primitive is faster for few
 // sources. The choice never depends on which ranks a plan serves, so every
 // rank of a class generates the same source.
-ClassPlan best_plan(const Schedule& s) {
+ClassPlan best_plan(const Schedule& s, bool one_pass_generic) {
   auto cost = [&](const ClassPlan& p) {
     std::string scratch;
     Emitter e(s, 0, p, scratch);
@@ -967,7 +1015,7 @@ ClassPlan best_plan(const Schedule& s) {
   auto best_cost = cost(best);
   const bool several = best.rc.representative.size() > 1;
   for (bool generic : {false, true}) {
-    if (generic && s.one_pass) break;  // one-pass kernels unroll every op (no wide ops)
+    if (generic && s.one_pass && !one_pass_generic) break;  // a code path per rank (Limits::one_pass_generic)
     // Generic plans are for ranks that cannot share a path otherwise; once
     // one class serves every rank, they are not tried (each try is a
     // plan_classes and a measuring emit: seconds at 1024 ranks).
@@ -987,7 +1035,7 @@ ClassPlan best_plan(const Schedule& s) {
 
 }  // namespace
 
-RankClasses rank_classes(const Schedule& s) { return best_plan(s).rc; }
+RankClasses rank_classes(const Schedule& s, bool one_pass_generic) { return best_plan(s, one_pass_generic).rc; }
 
 std::string print_classes(const RankClasses& rc) {
   std::string out = fmt::format("{} rank class(es) (one code path each){}\n", rc.representative.size(),
@@ -1022,12 +1070,14 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
   MK_CHECK(rank < s.nranks, "codegen: rank out of range");
   const bool rooted = collective_rooted(s.coll);
   const bool own = rank >= 0 && !rooted && s.nranks >= lim.own_rank_from;
-  const ClassPlan cp = own ? own_plan(s, rank) : best_plan(s);
+  const ClassPlan cp = own ? own_plan(s, rank) : best_plan(s, lim.one_pass_generic);
   const RankClasses& rc = cp.rc;
   std::vector<char> served;
-  // One-pass kernels (at most 8 ranks) keep every class in one kernel, so
-  // that one plan serves every rank (they have a class per distinct program).
-  if (rank >= 0 && !rooted && (own || !s.one_pass)) {
+  // A plan for one rank holds its class's code alone, one-pass kernels' too
+  // (a class per distinct program, at most 8 ranks): a rank's first call
+  // compiles one rank's code path, not every rank's (one-shot at 8 ranks:
+  // an eighth of the work), and other ranks compile theirs.
+  if (rank >= 0 && !rooted) {
     const int32_t mine = rc.class_of[size_t(rank)];
     served.assign(rc.representative.size(), 0);
     served[size_t(mine)] = 1;

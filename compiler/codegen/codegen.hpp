@@ -43,7 +43,7 @@ struct RankClasses {
   std::vector<int32_t> representative;  // per class: its lowest rank
   std::vector<std::string> why;         // per class: how it differs from class 0 ("" for class 0)
 };
-RankClasses rank_classes(const ir::Schedule& s);
+RankClasses rank_classes(const ir::Schedule& s, bool one_pass_generic = false);
 // "class 0: ranks 0-3,5 (1 code path)\n" per class, with how it differs from class 0.
 std::string print_classes(const RankClasses& rc);
 
@@ -85,6 +85,9 @@ struct Limits {
   bool pipeline = false;
   // Lamport kernels' 16-byte units in flight per thread (P::kLamportUnits).
   int32_t lamport_units = 1;
+  // One-pass kernels: one code path for ranks whose reduces differ only in
+  // their sources' kinds (passes::ProtocolOptions::one_pass_generic).
+  bool one_pass_generic = false;
   // A fused epilogue (include/mk/fusion.hpp) in the kernel's tail: its name,
   // device code (defining struct Epi) and each operand's dtype and shape
   // (0 per element, 1 per column, 2 per row). Empty source: none.

@@ -65,6 +65,16 @@ struct ProtocolOptions {
   // up to 256 KiB on one H200 (session 12: 2 and 4 add 0.2-0.7 us a call up
   // to 64 KiB); two with 32 instances from 256 KiB to 1 MiB.
   int32_t lamport_units = 1;
+  // One-pass kernels whose ranks differ only in where their own input sits
+  // among a reduce's sources (one-shot, the hierarchical reduce-scatter):
+  // one code path for every rank, the reduce's operands from the rank's
+  // table row (1, kernel.cuh op_gpass), or a code path per rank (0). One
+  // path compiles about 10x faster (one-shot at 8 ranks: 1.4 s instead of
+  // 14 s on 2 cores) but costs 1-2 us a call up to 8 KiB on the one-GPU
+  // proxy (s22: 8 ranks 11.2 -> 13.0 us at 512 B; equal from 32 KiB), so
+  // the default keeps the per-rank paths; the runtime compiles only its own
+  // rank's path either way.
+  int32_t one_pass_generic = 0;
   // Copy-engine schedules (runtime/ce.hpp): bytes per peer and tile, a
   // multiple of 64 KiB (bounds the ops a call issues); 0: by rank count
   // (ce::default_tile). Shapes no kernel (not part of plan cache

@@ -2072,6 +2072,15 @@ std::vector<Scenario> scenarios() {
   // More ranks than the 8 operands generated code unrolls: reduces over every
   // rank and copies to every rank become wide ops (a loop over an operand list).
   v.push_back({"share_gpu_10ranks_1proc_wide", 10, false, 1, {}, one_each, 1});
+  // Eight and six ranks: the one-pass kernels (one-shot all-reduce, Lamport
+  // packets for floats, LL for the rest) with one code path for every rank,
+  // each rank's own input at its place in the fixed order coming from its
+  // table row (kernel.cuh op_gpass); with a prologue, whose scaled sources
+  // are then told at run time too.
+  v.push_back({"share_gpu_8ranks_1proc", 8, false, 1, {}, matrix, 1});
+  v.push_back({"share_gpu_6ranks_1proc", 6, false, 1, {}, one_each, 1});
+  v.push_back({"premulsum_share_gpu_8ranks_1proc", 8, false, 1, {}, premulsum, 1});
+  v.push_back({"prologue_share_gpu_8ranks_1proc", 8, false, 1, {}, prologue, 1});
   // Copy engines move all-gather, all-to-all and broadcast (runtime/ce.hpp):
   // 64 KiB tiles, so that the suite's sizes cross many tiles and reuse slots.
   const std::map<std::string, std::string> ce_env = {

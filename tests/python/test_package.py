@@ -264,8 +264,10 @@ class Package(unittest.TestCase):
     def test_without_shipped_plans_the_same_calls_compile(self):
         cache = os.path.join(TMP, "c-noship")
         self.assertIn("CALLS OK", py(ONE_ALLREDUCE, env=fake_env(cache, MK_PREBUILT_DIR="")).stdout)
-        # allreduce.one_shot: one plan, and it serves both ranks
-        self.assertEqual(len(plans_in(cache)), 1)
+        # allreduce.one_shot: one plan per rank, each holding its own rank's
+        # code path (a one-pass kernel's ranks differ: a rank's first call
+        # compiles only its own)
+        self.assertEqual(len(plans_in(cache)), 2)
 
     def test_damaged_or_mismatched_shipped_plans_are_not_used(self):
         import json
@@ -315,7 +317,8 @@ class Package(unittest.TestCase):
             cache = os.path.join(TMP, "c-" + case.replace(" ", "-"))
             p = py(one_call, env=fake_env(cache, MK_PREBUILT_DIR=d, MK_DEBUG="1"))
             self.assertIn("CALLS OK", p.stdout)
-            self.assertEqual(len(plans_in(cache)), 1, case)
+            # compiled instead: one-shot's two ranks, a plan each (its own code path)
+            self.assertEqual(len(plans_in(cache)), 2, case)
             self.assertIn("not used", p.stdout, case)
 
     def test_premul_sum(self):
@@ -448,9 +451,10 @@ class Package(unittest.TestCase):
 
     def test_ranks_compiling_at_once_compile_each_plan_once(self):
         # Two threads prewarm the two ranks of one process at the same time:
-        # the ranks share their plans, so each is compiled once (7 plans for
-        # fp32 sum at 2 ranks: allreduce one_shot and ring, and one for each
-        # other collective), not once per rank.
+        # the ranks share their plans, so each is compiled once (8 plans for
+        # fp32 sum at 2 ranks: allreduce one_shot, one per rank (each holds
+        # its rank's code path), and ring, and one for each other
+        # collective), not once per rank.
         cache = os.path.join(TMP, "c-concurrent")
         p = py(ALLOC + """
             import threading
@@ -463,7 +467,7 @@ class Package(unittest.TestCase):
             print("PREWARMED")
         """, env=fake_env(cache, MK_PREBUILT_DIR=""))
         self.assertIn("PREWARMED", p.stdout)
-        self.assertEqual(len(plans_in(cache)), 7, plans_in(cache))
+        self.assertEqual(len(plans_in(cache)), 8, plans_in(cache))
 
 
 if __name__ == "__main__":

@@ -223,11 +223,22 @@ TEST_CASE("codegen: symmetric schedules have one rank class, asymmetric ones one
       for (const auto& v : compiler::lower(dsl::build(*dsl::find_schedule(s), topo), compiler::LowerOptions{}).variants)
         CHECK(codegen::rank_classes(v).representative.size() <= (v.one_pass ? size_t(v.nranks) : 1));
     }
-  for (int n : {2, 4, 8, 16})
+  // One-shot's one-pass reduce reads each rank's own input at its own place
+  // in the fixed rank order: a code path per rank by default; with
+  // one_pass_generic one generic op (operands from the rank's table row,
+  // kernel.cuh op_gpass) serves every rank, as the wide ops do above 8.
+  for (int n : {2, 3, 4, 6, 8, 16})
     for (const auto& v : lower_builtin("allreduce.one_shot", n).variants) {
       CAPTURE(n);
       CHECK(codegen::rank_classes(v).representative.size() == (v.one_pass ? size_t(n) : 1));
+      CHECK(codegen::rank_classes(v, true).representative.size() == 1);
     }
+  for (const auto& v : compiler::lower(dsl::build(*dsl::find_schedule("reducescatter.hier"), topology::parse("1x8:direct", 0)),
+                                       compiler::LowerOptions{})
+                           .variants) {
+    CHECK(codegen::rank_classes(v).representative.size() == (v.one_pass ? size_t(8) : 1));
+    CHECK(codegen::rank_classes(v, true).representative.size() == 1);
+  }
   for (std::string s : {"broadcast.direct", "reduce.direct"})
     for (const auto& v : lower_builtin(s, 4).variants) {
       CAPTURE(s);
@@ -342,7 +353,7 @@ TEST_CASE("codegen: a kernel over the size limit is refused with E005 and says w
 // One rank's plan: only the code (and tables) of that rank's class, so its
 // size does not grow with the number of classes; the other ranks' class is
 // -1 (they run nothing), and the plan says whom it serves (regression: every
-// plan held every class).
+// plan held every class; until s22 one-pass kernels still did).
 TEST_CASE("codegen: --rank generates only that rank's class, plans say which ranks they serve") {
   auto l = compiler::lower(uneven_allgather(8), compiler::LowerOptions{});
   const auto all = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t");
@@ -351,11 +362,7 @@ TEST_CASE("codegen: --rank generates only that rank's class, plans say which ran
     const auto one = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t", {}, r);
     REQUIRE(one.size() == all.size());
     for (size_t b = 0; b < one.size(); ++b) {
-      if (l.variants[b].one_pass) {  // one-pass kernels keep every class: one plan serves every rank
-        CHECK(one[b].serves.empty());
-        CHECK(one[b].source == all[b].source);
-        continue;
-      }
+      // (one-pass kernels too: a rank's first call compiles its own code path only)
       const auto rc = codegen::rank_classes(l.variants[b]);
       const int32_t mine = rc.class_of[size_t(r)];
       std::vector<int32_t> members;
@@ -413,7 +420,7 @@ TEST_CASE("codegen: a one-rank plan with big rank tables holds only that rank's 
     CHECK(contains(one[b].source, "kClassOf[16] = {-1,-1,-1,-1,-1,0,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1}"));
     // The code is the same.
     const auto code = [](const std::string& src) {
-      const size_t from = src.find("static __device__ __forceinline__ void b");
+      const size_t from = src.rfind("static __device__ ", src.find(" void b0_c0_tb0("));
       const size_t to = src.find("static constexpr short kClassOf");
       REQUIRE(from != std::string::npos);
       REQUIRE(to != std::string::npos);
@@ -855,7 +862,8 @@ std::vector<std::string> trace(const std::string& src, const std::string& fn, co
   std::getline(in, line);  // the signature
   while (std::getline(in, line) && line != "}") {
     line.erase(0, line.find_first_not_of(' '));
-    if (line.rfind("//", 0) == 0 || line.rfind("#pragma", 0) == 0 || line == "do {" || line == "} while (c.next());")
+    if (line.rfind("//", 0) == 0 || line.rfind("#pragma", 0) == 0 || line == "do {" || line == "} while (c.next());" ||
+        line.rfind("const mk::dev::Row<", 0) == 0)  // the table row in registers: t[k] reads the same numbers
       continue;
     lines.push_back(line);
   }
@@ -960,6 +968,8 @@ std::string canonical(const std::string& line, long long v, long long M, long lo
       R"(mk::dev::(data_ref|peer_data_ref|scratch_ref|ref_halves)\(([^()]*)\))"),
       op(R"(c\.(?:template )?(copy|reduce|reduce_final)(?:_pass)?(?:<\d+u, \d+u>)?\(\{(.*)\}, \{(.*)\}, mk::dev::pos_code\((-?\d+), (true|false)\), -?\d+\)\) return;)"),
       op_wide(R"(c\.template op_wide<(true|false), (true|false)>\(r, (\d+), (\d+), mk::dev::pos_code\((-?\d+), (true|false)\), -?\d+\)\) return;)"),
+      // a one-pass kernel's generic op: operands from the rank's table row
+      op_gpass(R"(c\.template op_gpass<(true|false), (true|false)>\(\{(.*)\}, \{(.*)\}, mk::dev::pos_code\((-?\d+), (true|false)\), -?\d+\)\) return;)"),
       // a wait's last number is the op it precedes (for error reports), not part of what runs
       wait_op(R"(\{(-?\d+), (-?\d+), (-?\d+), -?\d+\})");
   auto refs = [&](const std::string& list) {
@@ -1002,6 +1012,12 @@ std::string canonical(const std::string& line, long long v, long long M, long lo
     const std::string kind = m[1];
     return fmt::format("op red={} fin={} src={} dst={} pos={}", kind != "copy", kind == "reduce_final",
                        join(r, 0, ns), join(r, ns, r.size()), absolute(std::stoll(m[4]), m[5] == "true"));
+  }
+  if (std::regex_search(line, m, op_gpass)) {
+    const auto r = refs(m[3].str() + " " + m[4].str());
+    const size_t ns = refs(m[3].str()).size();
+    return fmt::format("op red={} fin={} src={} dst={} pos={}", m[1].str(), m[2].str(), join(r, 0, ns),
+                       join(r, ns, r.size()), absolute(std::stoll(m[5]), m[6] == "true"));
   }
   if (std::regex_search(line, m, op_wide)) {
     REQUIRE_FALSE(wide.empty());
@@ -1108,6 +1124,16 @@ TEST_CASE("codegen: a one-rank plan from the rank's own program runs that rank's
   for (std::string s : {"allreduce.halving_doubling", "allreduce.ring", "allreduce.one_shot", "allgather.ring",
                         "reducescatter.ring", "alltoall.direct", "allreduce.two_shot"})
     for (int n : {4, 8}) check(lower_builtin(s, n).variants, fmt::format("{}, {} ranks", s, n));
+  // One-shot's generic one-pass reduce (one code path, each rank's operands
+  // from its table row) runs each rank's own operations in the same order.
+  straight.one_pass_generic = true;
+  for (int n : {3, 8}) {
+    const auto l = lower_builtin("allreduce.one_shot", n);
+    check(l.variants, fmt::format("one-shot generic, {} ranks", n));
+    const auto units = codegen::generate(l.variants, DType::fp32, RedOp::sum, "t", straight);
+    CHECK(contains(units[0].source, "1 rank class(es)"));
+    CHECK(contains(units[0].source, "c.template op_gpass<true, true>("));
+  }
   check(compiler::lower(scrambled_allgather(6), compiler::LowerOptions{}).variants, "scrambled allgather, 6 ranks");
   for (std::string s : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
     const auto topo = topology::parse("2x4:direct", 0);

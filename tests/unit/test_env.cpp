@@ -322,7 +322,7 @@ TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
   CHECK(v[0].second == "allreduce=allreduce.ring,allgather=allgather.ring");  // collective order, not the user's
   CHECK(v[1].second ==
         "simple_instances=32,ll_instances=16,max_tile=262144,ll_max=4096,scratch_budget=33554432,simple_loads=16,"
-        "simple_pipeline=0,one_pass=1,lamport=1,lamport_units=1,ce_tile=0");
+        "simple_pipeline=0,one_pass=1,lamport=1,lamport_units=1,one_pass_generic=0,ce_tile=0");
   CHECK(v[2].second == "1");
   // unset and set to the built-in 4 MiB choose zero-copy differently (the
   // table's sizes, the larger buffer's): ranks must not agree on them as one

@@ -612,7 +612,8 @@ int cmd_show(Common o, const std::string& svg_path, int bucket, bool show_ir, bo
   const topology::Topology topo = ir::topology_of(v);
   auto tl = cost::step_timeline(v, topo, v.tile_bytes);
   if (show_ir) std::cout << ir::print(v) << "\n";
-  if (show_classes) std::cout << codegen::print_classes(codegen::rank_classes(v));
+  if (show_classes)
+    std::cout << codegen::print_classes(codegen::rank_classes(v, lower_options(o).proto.one_pass_generic != 0));
   std::cout << cost::text(v, tl);
   const auto us = estimates(l);
   const auto best = pick && !in.imported ? estimate_picks(in.coll, o) : std::vector<std::string>{};
@@ -920,7 +921,11 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
             for (const auto& o : ops) {
               const RedOp op = op_arg(o);
               if (!collective_reduces(coll) && o != ops.front()) continue;
-              for (int r = 0; r < n; ++r)
+              // Up to 64 ranks one plan serves every rank (-1: filed under
+              // each rank's key below), as before a rank's first call
+              // compiled only its own class's code (codegen): one shipped
+              // plan per configuration, not one per rank.
+              for (int r = n <= 64 ? -1 : 0; r < (n <= 64 ? 0 : n); ++r)
                 all.push_back({s.schedule, s.tune, coll, n, jit::parse_arch(a), r, dtype_arg(d),
                                collective_reduces(coll) ? op : RedOp::sum});
             }
@@ -939,8 +944,11 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
       if (!info) throw Error(ErrId::cli_E001, "no schedule named " + j.schedule);
       const compiler::CompileOptions o = rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, j.rank, j.tune);
       ir::Schedule built = dsl::build(*info, j.nranks, 0);
-      const std::string key = prebuilt::key(built, o);
-      w.add(key, compiler::compile_plan(std::move(built), o));
+      std::vector<std::string> keys;  // what each rank's runtime looks the plan up by
+      for (int r = j.rank < 0 ? 0 : j.rank; r < (j.rank < 0 ? j.nranks : j.rank + 1); ++r)
+        keys.push_back(prebuilt::key(built, rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, r, j.tune)));
+      auto plan = compiler::compile_plan(std::move(built), o);
+      for (const auto& key : keys) w.add(key, plan);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> g(mu);
       if (first_error.empty())
