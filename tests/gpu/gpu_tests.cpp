@@ -2072,15 +2072,21 @@ std::vector<Scenario> scenarios() {
   // More ranks than the 8 operands generated code unrolls: reduces over every
   // rank and copies to every rank become wide ops (a loop over an operand list).
   v.push_back({"share_gpu_10ranks_1proc_wide", 10, false, 1, {}, one_each, 1});
-  // Eight and six ranks: the one-pass kernels (one-shot all-reduce, Lamport
-  // packets for floats, LL for the rest) with one code path for every rank,
-  // each rank's own input at its place in the fixed order coming from its
-  // table row (kernel.cuh op_gpass); with a prologue, whose scaled sources
-  // are then told at run time too.
+  // Eight and six ranks in one process: the one-pass kernels (one-shot
+  // all-reduce, Lamport packets for floats, LL for the rest), each rank
+  // with a plan of its own code path; then the same with one code path for
+  // every rank (MK_TUNE one_pass_generic=1: each rank's own input at its
+  // place in the fixed order comes from its table row, kernel.cuh op_gpass),
+  // with a prologue too, whose scaled sources are then told at run time.
   v.push_back({"share_gpu_8ranks_1proc", 8, false, 1, {}, matrix, 1});
   v.push_back({"share_gpu_6ranks_1proc", 6, false, 1, {}, one_each, 1});
   v.push_back({"premulsum_share_gpu_8ranks_1proc", 8, false, 1, {}, premulsum, 1});
   v.push_back({"prologue_share_gpu_8ranks_1proc", 8, false, 1, {}, prologue, 1});
+  const std::map<std::string, std::string> generic = {{"MK_TUNE", "one_pass_generic=1"}};
+  v.push_back({"generic_share_gpu_8ranks_1proc", 8, false, 1, generic, matrix, 1});
+  v.push_back({"generic_share_gpu_6ranks_1proc", 6, false, 1, generic, one_each, 1});
+  v.push_back({"generic_premulsum_share_gpu_8ranks_1proc", 8, false, 1, generic, premulsum, 1});
+  v.push_back({"generic_prologue_share_gpu_8ranks_1proc", 8, false, 1, generic, prologue, 1});
   // Copy engines move all-gather, all-to-all and broadcast (runtime/ce.hpp):
   // 64 KiB tiles, so that the suite's sizes cross many tiles and reuse slots.
   const std::map<std::string, std::string> ce_env = {

@@ -33,6 +33,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -943,12 +944,26 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
       const dsl::ScheduleInfo* info = dsl::find_schedule(j.schedule);
       if (!info) throw Error(ErrId::cli_E001, "no schedule named " + j.schedule);
       const compiler::CompileOptions o = rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, j.rank, j.tune);
-      ir::Schedule built = dsl::build(*info, j.nranks, 0);
-      std::vector<std::string> keys;  // what each rank's runtime looks the plan up by
-      for (int r = j.rank < 0 ? 0 : j.rank; r < (j.rank < 0 ? j.nranks : j.rank + 1); ++r)
-        keys.push_back(prebuilt::key(built, rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, r, j.tune)));
-      auto plan = compiler::compile_plan(std::move(built), o);
-      for (const auto& key : keys) w.add(key, plan);
+      const ir::Schedule built = dsl::build(*info, j.nranks, 0);
+      auto key_of = [&](int r) {  // what rank r's runtime looks its plan up by
+        return prebuilt::key(built, rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, r, j.tune));
+      };
+      if (j.rank >= 0) {
+        w.add(key_of(j.rank), compiler::compile_plan(built, o));
+        return;
+      }
+      std::optional<plan::Plan> all;
+      try {
+        all = compiler::compile_plan(built, o);
+      } catch (const Error& e) {
+        // every rank's code paths in one kernel are over the code generator's
+        // limits (a schedule of many rank classes): a plan per rank instead
+        if (e.id() != ErrId::jit_E005) throw;
+      }
+      for (int r = 0; r < j.nranks; ++r)
+        w.add(key_of(r), all ? *all
+                             : compiler::compile_plan(built, rt::plan_options(j.coll, j.dtype, j.op, j.arch, false,
+                                                                              0, r, j.tune)));
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> g(mu);
       if (first_error.empty())
