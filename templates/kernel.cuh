@@ -82,7 +82,7 @@ MK_DEV void record_failure(ErrorRecord& e, int32_t rank, volatile int32_t* host_
 // already stopped), any later one only raises the abort words. Out of line,
 // and given values rather than the context's address: inlined, this path
 // was copied into every wait and poll of a kernel (a 64-rank all-gather:
-// 1.2 MB of machine code, 12 s of NVRTC; 0.2 MB and 1.8 s out of line),
+// 1.2 MB of machine code, 11.8 s of nvcc; 0.2 MB and 1.8 s out of line),
 // while a pointer to the context would keep an inlined kernel's context in
 // local memory instead of registers. `fl`: every rank's flag region (the
 // block's shared copy).
@@ -106,8 +106,9 @@ __device__ __noinline__ void fail_record(ErrorRecord* errors, volatile int32_t* 
 // A rank's row of its class's table, in registers: what a one-pass
 // kernel's thread-block function reads first (codegen), so that the row's
 // loads overlap the ops before the first that needs it instead of sitting
-// in that op's dependency chain (two dependent constant-memory misses there
-// cost the generic one-shot 1-2 us on the one-GPU proxy, s22).
+// in that op's dependency chain. (Meant to remove the generic one-shot's
+// 1-3 us over the per-rank paths on the one-GPU proxy; it changed nothing
+// measurable there, s22 run 3: that cost lies elsewhere.)
 template <int W>
 struct Row {
   int v[W];
