@@ -551,8 +551,14 @@ class Emitter {
   }
   // The kernel holds one rank's table rows and serves that rank alone.
   bool row_only() const { return row_only_; }
-  // Its ops are inlined (kernel.cuh P::kInlineOps): few statements.
-  bool inline_ops() const { return inlined(); }
+  // Its ops are inlined (kernel.cuh P::kInlineOps), and its thread blocks'
+  // functions: few statements (total_items).
+  bool inline_ops() const {
+    const auto [n, data] = total_items();
+    // (a one-pass kernel's ops are inlined whatever P::kInlineOps says, and
+    // its thread blocks' functions must be too, or its context leaves registers)
+    return n <= kInlineItems && (data <= kInlineData || s_.one_pass);
+  }
 
   std::string P() const { return fmt::format("P{}", b_); }
   // The kernel ends in a fused epilogue (namespace mk_fused_b<bucket>).
@@ -864,17 +870,11 @@ class Emitter {
       }
     return {n, data};
   }
-  bool inlined() const {
-    const auto [n, data] = total_items();
-    // (a one-pass kernel's ops are inlined whatever P::kInlineOps says, and
-    // its thread blocks' functions must be too, or its context leaves registers)
-    return n <= kInlineItems && (data <= kInlineData || s_.one_pass);
-  }
   static constexpr size_t kInlineItems = 64, kInlineData = 32;
 
   KernelInfo emit(const std::string& kernel_name, const Limits& lim) {
     const int32_t nclasses = int32_t(cp_.rc.representative.size());
-    const bool inline_fns = inlined();
+    const bool inline_fns = inline_ops();
     std::vector<Table> tables;
     for (int32_t c = 0; c < nclasses; ++c) {
       tables.emplace_back(cp_.members[size_t(c)].size());
