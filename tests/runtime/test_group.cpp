@@ -12,28 +12,11 @@
 
 #include "mk.h"
 #include "tests/runtime/fake.hpp"
+#include "tests/scoped.hpp"
 
 namespace {
 
-// Sets an environment variable for a scope.
-struct ScopedEnv {
-  std::string name;
-  std::string old;
-  bool had;
-  ScopedEnv(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
-    if (had) old = std::getenv(n);
-    if (v)
-      setenv(n, v, 1);
-    else
-      unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
+using mkt::ScopedEnv;
 
 // The launches a group of `calls` on `comm` makes.
 template <class F>

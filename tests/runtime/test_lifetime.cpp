@@ -16,6 +16,7 @@
 #include "mk/mk.hpp"
 #include "compiler/jit/jit.hpp"
 #include "tests/runtime/fake.hpp"
+#include "tests/scoped.hpp"
 
 using mkt::cu;
 using Clock = std::chrono::steady_clock;
@@ -785,12 +786,8 @@ TEST_CASE("a first call compiling its plan does not hold up mkCommAbort from ano
   }
   // A private cache: the plan is compiled now, not read (seconds on a small
   // machine). fp64 max: a plan no other case of this process has made.
-  char tmpl[] = "/tmp/mkt-abort-compile.XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  const std::string cache = tmpl;
-  const char* old_cache = std::getenv("MK_CACHE_DIR");
-  const std::string saved = old_cache ? old_cache : "";
-  ::setenv("MK_CACHE_DIR", cache.c_str(), 1);
+  mkt::TempDir cache("mkt-abort-compile");
+  mkt::ScopedEnv env("MK_CACHE_DIR", cache.str());
   mkt::Device dev(0);
   const size_t hidden = 1024, count = 4 * hidden;
   mkt::Buffer in(dev, count * 2), out(dev, count * 2), res(dev, count * 2), res_out(dev, count * 2),
@@ -826,9 +823,4 @@ TEST_CASE("a first call compiling its plan does not hold up mkCommAbort from ano
     CHECK(abort_ms < bound_ms(300));  // it waited for the compile (about a second or more)
     CHECK(got.load() != mkSuccess);   // the call saw the abort when its compile ended
   }
-  std::filesystem::remove_all(cache);
-  if (old_cache)
-    ::setenv("MK_CACHE_DIR", saved.c_str(), 1);
-  else
-    ::unsetenv("MK_CACHE_DIR");
 }

@@ -8,6 +8,7 @@
 
 #include "mk/mk.hpp"
 #include "tests/runtime/fake.hpp"
+#include "tests/scoped.hpp"
 
 using mkt::cu;
 
@@ -367,12 +368,9 @@ TEST_CASE("C++ API: PreMulSum ops by value and on the device serve typed calls, 
 TEST_CASE("mkCommPrewarm with a PreMulSum op compiles premulsum plans, and refuses a handle the communicator never made") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
-  char tmpl[] = "/tmp/mkt_prewarm_pm.XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl;
-  const char* old = std::getenv("MK_CACHE_DIR");
-  const std::string keep = old ? old : "";
-  setenv("MK_CACHE_DIR", dir.c_str(), 1);  // read at every compile: this test's plans land here
+  mkt::TempDir tmp("mkt_prewarm_pm");
+  const std::string dir = tmp.str();
+  mkt::ScopedEnv env("MK_CACHE_DIR", dir);  // read at every compile: this test's plans land here
   mkComm_t comm = mkt::one_rank();
   double two = 2.0;
   mkRedOp_t pm = mkSum;
@@ -396,7 +394,4 @@ TEST_CASE("mkCommPrewarm with a PreMulSum op compiles premulsum plans, and refus
   CHECK(sum_plans >= 1);     // the collectives that do not reduce: one plan for every op
   CHECK(mkRedOpDestroy(pm, comm) == mkSuccess);
   CHECK(mkCommDestroy(comm) == mkSuccess);
-  if (old) setenv("MK_CACHE_DIR", keep.c_str(), 1);
-  else unsetenv("MK_CACHE_DIR");
-  std::filesystem::remove_all(dir);
 }

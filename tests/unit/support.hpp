@@ -26,6 +26,7 @@
 
 #include "compiler/jit/jit.hpp"
 #include "mk/error.hpp"
+#include "tests/scoped.hpp"
 
 namespace mkt {
 
@@ -63,43 +64,6 @@ inline int line_of(const fs::path& file, const std::string& marker) {
     if (contains(line, marker)) return n;
   return 0;
 }
-
-// A fresh directory, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag = "mkt") {
-    std::string tmpl = (fs::temp_directory_path() / (tag + ".XXXXXX")).string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    char* d = ::mkdtemp(buf.data());
-    REQUIRE(d != nullptr);
-    path = d;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string str() const { return path.string(); }
-  fs::path operator/(const std::string& s) const { return path / s; }
-};
-
-// Sets an environment variable for the scope; restores the old value after.
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> old;
-  ScopedEnv(std::string n, const std::string& value) : name(std::move(n)) {
-    if (const char* v = std::getenv(name.c_str())) old = v;
-    ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old)
-      ::setenv(name.c_str(), old->c_str(), 1);
-    else
-      ::unsetenv(name.c_str());
-  }
-};
 
 // One MK_CACHE_DIR per test process, for the tests that compile (NVRTC
 // cubins, user plugins): shared so that a fixture compiled by one test is

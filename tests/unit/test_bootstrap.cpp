@@ -24,6 +24,7 @@
 #include "runtime/crypto.hpp"
 #include "runtime/ipc.hpp"
 #include "runtime/status.hpp"
+#include "tests/scoped.hpp"
 
 using namespace mk;
 using Clock = std::chrono::steady_clock;
@@ -46,12 +47,7 @@ std::string hmac_hex(const std::string& key, const std::string& msg) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Sets an environment variable for one scope.
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~ScopedEnv() { unsetenv(name.c_str()); }
-};
+using mkt::ScopedEnv;
 
 int connect_tcp(uint16_t port_be) {
   int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
