@@ -674,9 +674,10 @@ TEST_CASE("abort from another thread while a thread waits inside mkCommFinalize:
   CHECK(result.load() != -1);
 }
 
-TEST_CASE("abort during a nonblocking init whose peer never comes returns promptly") {
-  MKT_REQUIRE_FAKE();
-  mkt::Device dev(0);
+namespace {
+// Rank 0 of 2 initialising without blocking; rank 1 never comes, so the
+// init stays in progress (its thread waits at the rendezvous).
+mkComm_t init_without_peer() {
   mkUniqueId id;
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
   mkConfig_t cfg = MK_CONFIG_INITIALIZER;
@@ -684,6 +685,14 @@ TEST_CASE("abort during a nonblocking init whose peer never comes returns prompt
   mkComm_t comm = nullptr;
   REQUIRE(mkCommInitRankConfig(&comm, 2, id, 0, &cfg) == mkInProgress);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return comm;
+}
+}  // namespace
+
+TEST_CASE("abort during a nonblocking init whose peer never comes returns promptly") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  mkComm_t comm = init_without_peer();
   mkResult_t e = mkSuccess;
   REQUIRE(mkCommGetAsyncError(comm, &e) == mkSuccess);
   CHECK(e == mkInProgress);
@@ -763,13 +772,7 @@ TEST_CASE("config maxCTAs caps every kernel's grid, below one instance's blocks 
 TEST_CASE("destroy during a nonblocking init whose peer never comes cancels the init and returns promptly") {
   MKT_REQUIRE_FAKE();
   mkt::Device dev(0);
-  mkUniqueId id;
-  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
-  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
-  mkComm_t comm = nullptr;
-  REQUIRE(mkCommInitRankConfig(&comm, 2, id, 0, &cfg) == mkInProgress);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  mkComm_t comm = init_without_peer();
   const auto t0 = Clock::now();
   CHECK(mkCommDestroy(comm) == mkSuccess);
   // it waited 10 s for the init thread, which waited for the peer
