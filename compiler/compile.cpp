@@ -96,7 +96,7 @@ std::string options_json(const CompileOptions& o) {
                on_pass] = lower;
   const auto& [scratch_budget, ll_max_bytes, max_tile_bytes, forced_proto, forced_tile, forced_instances,
                simple_instances, ll_instances, max_grid, simple_loads, simple_pipeline, one_pass, lamport,
-               lamport_units, one_pass_generic, ce_tile_bytes] = proto;
+               lamport_units, one_pass_generic, block_groups, ce_tile_bytes] = proto;
   (void)ce_tile_bytes;  // copy-engine transfers: no kernel
   (void)use_cache;     // where the plan is kept, not what it is
   (void)use_prebuilt;  // where the plan may come from, not what it is
@@ -134,6 +134,7 @@ std::string options_json(const CompileOptions& o) {
           {"lamport_units", lamport_units}}}}}};
   // only where set: every other plan keeps its key
   if (one_pass_generic != 0) j["lower"]["proto"]["one_pass_generic"] = one_pass_generic;
+  if (block_groups != 1) j["lower"]["proto"]["block_groups"] = block_groups;
   if (fusion_check && !fusion.empty()) j["fusion_check"] = true;
   return j.dump();
 }
@@ -229,6 +230,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     lim.pipeline = o.lower.proto.simple_pipeline != 0;
     lim.lamport_units = o.lower.proto.lamport_units;
     lim.one_pass_generic = o.lower.proto.one_pass_generic != 0;
+    lim.block_groups = o.lower.proto.block_groups != 0;
     if (fusion && !fusion->pre_source.empty()) {
       lim.prologue.name = fusion->name;
       lim.prologue.source = fusion->pre_source;

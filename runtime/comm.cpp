@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "compiler/codegen/codegen.hpp"
 #include "compiler/jit/jit.hpp"
 #include "mk/dsl.hpp"
 #include "mk/fusion.hpp"
@@ -468,14 +469,9 @@ mkResult_t Comm::poll_async_error() {
     what = fmt::format("{} stopped at step {} because another rank or the host aborted", who, e.step);
   // The op the block was at, as the generated source's comment names it
   // (with the DSL line), for the plan's representative rank.
-  if (e.op >= 0 && where && !where->kernel->source.empty()) {
-    const std::string tag = fmt::format("// %{} ", e.op);
-    const std::string& src = where->kernel->source;
-    if (const size_t at = src.find(tag); at != std::string::npos) {
-      const size_t end = src.find('\n', at);
-      what += fmt::format(", at op `{}` (as written for this rank's class)",
-                          src.substr(at + 3, (end == std::string::npos ? src.size() : end) - at - 3));
-    }
+  if (e.op >= 0 && where) {
+    if (const std::string op = codegen::op_comment(where->kernel->source, e.op); !op.empty())
+      what += fmt::format(", at op `{}` (as written for this rank's class)", op);
   }
   const std::string msg = fmt::format(
       "rank {}: collective {} ({}) did not complete: {}. A peer process may have died, stalled or aborted "

@@ -50,6 +50,7 @@ const std::vector<TuneKey>& tune_table() {
       {"lamport", 0, 1, 1, nullptr, &P::lamport},
       {"lamport_units", 1, 4, 1, nullptr, &P::lamport_units},
       {"one_pass_generic", 0, 1, 1, nullptr, &P::one_pass_generic},
+      {"block_groups", 0, 1, 1, nullptr, &P::block_groups},
       {"ce_tile", 0, int64_t(1) << 30, 65536, &P::ce_tile_bytes, nullptr},
   };
   return t;
@@ -194,6 +195,13 @@ std::vector<std::pair<std::string, std::string>> plan_shaping_settings() {
   s.emplace_back("MK_PLAN_DIR", plan_dir_digest());
   s.emplace_back("MK_SELECT_FILE", select_file_digest());
   s.emplace_back("mkernel version", MK_VERSION);
+  std::string fast;  // kernels of other levels differ in speed, and may round a fusion's arithmetic otherwise
+  try {
+    fast = jit::fast_compile();
+  } catch (const Error& e) {
+    fail(mkInvalidArgument, e.what());
+  }
+  s.emplace_back("MK_FAST_COMPILE", fast);
   s.emplace_back("compiler", jit::nvrtc_identity() + " templates " + jit::templates_hash());
   return s;
 }

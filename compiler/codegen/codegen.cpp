@@ -563,17 +563,23 @@ class Emitter {
   std::string P() const { return fmt::format("P{}", b_); }
   // The kernel ends in a fused epilogue (namespace mk_fused_b<bucket>).
   void set_epilogue(bool on) { epi_ = on; }
+  // Adjacent thread blocks of the same item shapes share one function (emit_group).
+  void set_block_groups(bool on) { groups_ = on; }
 
   // `e`: an expression per number of the item (Item::nums' order). A counted
   // item of more than one chunk loops over its chunks (k).
-  std::string render(const Item& it, const std::vector<std::string>& e, const std::string& ind) {
+  // `op`: the op id as an expression (thread-block groups: it differs per
+  // block), else it.op_id.
+  std::string render(const Item& it, const std::vector<std::string>& e, const std::string& ind,
+                     const std::string& op = "") {
+    const std::string id = op.empty() ? std::to_string(it.op_id) : op;
     std::string o;
     count_size(it);
     size_t k = 0;
     if (it.nwait) {
       std::string list;
       for (int w = 0; w < it.nwait; ++w, k += 3)
-        list += fmt::format("{}{{{}, {}, {}, {}}}", w ? ", " : "", e[k], e[k + 1], e[k + 2], it.op_id);
+        list += fmt::format("{}{{{}, {}, {}, {}}}", w ? ", " : "", e[k], e[k + 1], e[k + 2], id);
       o += ind + "if (!c.wait_all({" + list + "})) return;\n";
     }
     if (it.data) {
@@ -586,7 +592,7 @@ class Emitter {
         o += ind + fmt::format("#pragma unroll 1\n{}for (int k = 0; k < {}; ++k) {{\n", ind, count);
         in += "  ";
       }
-      o += op_call(it, d, in);
+      o += op_call(it, d, in, id);
       if (count != "1") o += ind + "}\n";
       k += size_t(it.ndata);
     }
@@ -601,7 +607,8 @@ class Emitter {
   }
 
   // The data op of an item, from its data numbers `d`.
-  std::string op_call(const Item& it, const std::vector<std::string>& d, const std::string& ind) const {
+  std::string op_call(const Item& it, const std::vector<std::string>& d, const std::string& ind,
+                      const std::string& id) const {
     size_t k = 0;
     std::string refs[2], wide;
     for (int w = 0; it.encoded() && w < it.ns + it.nd; ++w, k += 2) {
@@ -633,18 +640,18 @@ class Emitter {
       return ind + fmt::format("{{\n{0}  const uint64_t r[{1}] = {{{2}}};\n{0}  if (!c.template op_wide<{3}, {4}>(r, {5}, {6}, "
                                "mk::dev::pos_code({7}, {8}), {9})) return;\n{0}}}\n",
                                ind, it.ns + it.nd, wide, it.red ? "true" : "false", it.fin ? "true" : "false", it.ns,
-                               it.nd, d[k], it.pos_rot ? "true" : "false", it.op_id);
+                               it.nd, d[k], it.pos_rot ? "true" : "false", id);
     if (it.gen)
       return ind + fmt::format("if (!c.template op_gpass<{}, {}>({{{}}}, {{{}}}, mk::dev::pos_code({}, {}), {})) return;\n",
                                it.red ? "true" : "false", it.fin ? "true" : "false", refs[0], refs[1], d[k],
-                               it.pos_rot ? "true" : "false", it.op_id);
+                               it.pos_rot ? "true" : "false", id);
     // Named forms (kernel.cuh): copy, reduce, reduce_final, and their _pass
     // forms in one-pass kernels; LL masks as template arguments where set.
     const std::string name =
         std::string(!it.red ? "copy" : it.fin ? "reduce_final" : "reduce") + (s_.one_pass ? "_pass" : "");
     const std::string masks = it.sll || it.dll ? fmt::format("template {}<{}u, {}u>", name, it.sll, it.dll) : name;
     return ind + fmt::format("if (!c.{}({{{}}}, {{{}}}, mk::dev::pos_code({}, {}), {})) return;\n", masks, refs[0],
-                             refs[1], d[k], it.pos_rot ? "true" : "false", it.op_id);
+                             refs[1], d[k], it.pos_rot ? "true" : "false", id);
   }
 
   // NVRTC's cost, roughly: every operand of every statement, and much more
@@ -690,7 +697,7 @@ class Emitter {
   // rank-table entry); else an entry of a block of table columns indexed by
   // i (of the rank table where members differ, of the loop table kU where
   // they agree).
-  std::string expr(const std::vector<int64_t>& v, size_t R, Table& t) {
+  std::string expr(const std::vector<int64_t>& v, size_t R, Table& t, const std::string& i = "i") {
     const size_t M = t.members();
     auto show = [&](const std::vector<int64_t>& w) {
       for (int64_t x : w)
@@ -714,18 +721,18 @@ class Emitter {
     if (even) {
       const std::string base = show(iteration(0)), ds = show(d);
       if (ds == "0") return base;
-      if (ds == "1") return base + " + i";
-      if (ds == "-1") return base + " - i";
-      return fmt::format("{} + ({}) * i", base, ds);
+      if (ds == "1") return base + " + " + i;
+      if (ds == "-1") return base + " - " + i;
+      return fmt::format("{} + ({}) * {}", base, ds, i);
     }
     if (agree) {
       std::vector<std::vector<int64_t>> cols;
       for (size_t r = 0; r < R; ++r) cols.push_back({v[r]});
-      return fmt::format("kU{}[{} + i]", b_, loop_.block(cols));
+      return fmt::format("kU{}[{} + {}]", b_, loop_.block(cols), i);
     }
     std::vector<std::vector<int64_t>> cols;
     for (size_t r = 0; r < R; ++r) cols.push_back(iteration(r));
-    return fmt::format("t[{} + i]", t.block(cols));
+    return fmt::format("t[{} + {}]", t.block(cols), i);
   }
 
   // The expressions of items[at]'s numbers; R > 1: in a loop whose
@@ -743,27 +750,46 @@ class Emitter {
     return e;
   }
 
+  // The longest run of at least 3 groups of P items (P = 1..kMaxGroup) of
+  // the same shapes starting at items[i] (sid: the items' shapes, interned):
+  // {P, runs}, {0, 0} if none.
+  std::pair<size_t, size_t> best_loop(const std::vector<int>& sid, size_t i) const {
+    auto same = [&](size_t a, size_t b, size_t P) { return std::equal(sid.begin() + int64_t(a), sid.begin() + int64_t(a + P), sid.begin() + int64_t(b)); };
+    size_t best_p = 0, best_r = 0;
+    for (size_t P = 1; reroll_ && P <= kMaxGroup && i + 3 * P <= sid.size(); ++P) {
+      size_t R = 1;
+      while (i + (R + 1) * P <= sid.size() && same(i, i + R * P, P)) ++R;
+      if (R >= 3 && R * P > best_r * best_p) {
+        best_p = P;
+        best_r = R;
+      }
+    }
+    return {best_p, best_r};
+  }
+  static std::vector<int> shape_ids(const std::vector<Item>& items) {
+    std::vector<int> sid;
+    std::map<std::string, int> ids;
+    for (const Item& it : items) sid.push_back(ids.emplace(it.shape(), int(ids.size())).first->second);
+    return sid;
+  }
+  // Whether emit_items would reroll some of `items` into a loop.
+  bool rolls(const std::vector<Item>& items) const {
+    const std::vector<int> sid = shape_ids(items);
+    for (size_t i = 0; i < items.size(); ++i)
+      if (best_loop(sid, i).second) return true;
+    return false;
+  }
+
   // Emits items: chunks merged (count_chunks), then runs of at least 3
   // groups of P items (P = 1..kMaxGroup) of the same shapes as one loop,
   // whose numbers step evenly or come from tables.
   std::string emit_items(const std::vector<Item>& items, Table& t) {
-    std::vector<int> sid;  // shapes, interned
-    std::map<std::string, int> ids;
-    for (const Item& it : items) sid.push_back(ids.emplace(it.shape(), int(ids.size())).first->second);
-    auto same = [&](size_t a, size_t b, size_t P) { return std::equal(sid.begin() + int64_t(a), sid.begin() + int64_t(a + P), sid.begin() + int64_t(b)); };
+    const std::vector<int> sid = shape_ids(items);
     const std::string ind = "    ";
     std::string o;
     size_t i = 0;
     while (i < items.size()) {
-      size_t best_p = 0, best_r = 0;
-      for (size_t P = 1; reroll_ && P <= kMaxGroup && i + 3 * P <= items.size(); ++P) {
-        size_t R = 1;
-        while (i + (R + 1) * P <= items.size() && same(i, i + R * P, P)) ++R;
-        if (R >= 3 && R * P > best_r * best_p) {
-          best_p = P;
-          best_r = R;
-        }
-      }
+      const auto [best_p, best_r] = best_loop(sid, i);
       if (best_r == 0) {
         o += render(items[i], numbers(items, i, 0, 1, t), ind);
         ++i;
@@ -787,8 +813,83 @@ class Emitter {
     return o;
   }
 
-  void emit_tb(int32_t cls, int32_t tb, bool inline_fn, Table& t) {
-    const std::string body = emit_items(count_chunks(cp_, size_t(cls), size_t(tb), reroll_), t);
+  // Thread blocks first..first+J-1 of a class whose items have the same
+  // shapes (and that no loop rerolls): one function, the block's index j
+  // among them a parameter; numbers that differ per block step with j or
+  // come from table columns indexed by j (as a loop's by i). A kernel whose
+  // ranks talk to each peer on a block of its own (direct all-to-all,
+  // all-gather, two-shot's scatter) had a copy of the same op per peer.
+  void emit_group(int32_t cls, int32_t first, const std::vector<std::vector<Item>>& per, bool inline_fn, Table& t) {
+    const size_t J = per.size(), M = t.members();
+    const std::string ind = "    ";
+    std::string body;
+    for (size_t p = 0; p < per[0].size(); ++p) {
+      const Item& it = per[0][p];
+      std::vector<std::string> e;
+      std::vector<int64_t> v(M * J);
+      for (size_t k = 0; k < it.len; ++k) {
+        for (size_t m = 0; m < M; ++m)
+          for (size_t j = 0; j < J; ++j) {
+            MK_CHECK(per[j][p].len == it.len, "codegen: grouped thread blocks' items differ in length");
+            v[m * J + j] = per[j][p].nums[m * it.len + k];
+          }
+        e.push_back(expr(v, J, t, "j"));
+      }
+      for (size_t m = 0; m < M; ++m)
+        for (size_t j = 0; j < J; ++j) v[m * J + j] = per[j][p].op_id;
+      const std::string id = expr(v, J, t, "j");
+      Item shown = it;
+      shown.comment = it.data ? fmt::format("block {} of {}-{}: {}", first, first, first + int32_t(J) - 1, it.comment) : "";
+      body += render(shown, e, ind, id);
+    }
+    const bool tabled = t.width() > 0;
+    fns_ += fmt::format("static __device__ {} void b{}_c{}_tbs{}_{}(mk::dev::Ctx<{}>& c{}, const int j) {{\n",
+                        inline_fn ? "__forceinline__" : "__noinline__", b_, cls, first, first + int32_t(J) - 1, P(),
+                        tabled ? ", const int* t" : "");
+    fns_ += "  do {\n" + body + "  } while (c.next());\n}\n\n";
+    for (size_t j = 0; j < J; ++j) {
+      tabled_[{cls, first + int32_t(j)}] = tabled;
+      group_[{cls, first + int32_t(j)}] = {first, first + int32_t(J) - 1};
+    }
+  }
+
+  // Class cls's thread blocks: runs of adjacent blocks of the same item
+  // shapes as one function each (emit_group; not in one-pass kernels, whose
+  // block functions read their numbers from registers, nor in straight-line
+  // code), the others one function each.
+  void emit_class(int32_t cls, bool inline_fns, Table& t) {
+    std::vector<std::vector<Item>> items(size_t(cp_.tbs));
+    std::vector<std::vector<int>> sids(size_t(cp_.tbs));
+    const bool group = groups_ && reroll_ && !s_.one_pass;
+    for (int32_t tb = 0; tb < cp_.tbs; ++tb) {
+      if (cp_.path(size_t(cls), size_t(tb)).empty()) continue;
+      items[size_t(tb)] = count_chunks(cp_, size_t(cls), size_t(tb), reroll_);
+      if (group && !rolls(items[size_t(tb)])) {
+        std::vector<int>& sid = sids[size_t(tb)];
+        for (const Item& it : items[size_t(tb)]) sid.push_back(shape_id(it.shape()));
+      }
+    }
+    for (int32_t tb = 0; tb < cp_.tbs;) {
+      if (items[size_t(tb)].empty()) {
+        ++tb;
+        continue;
+      }
+      int32_t e = tb + 1;
+      if (!sids[size_t(tb)].empty())
+        while (e < cp_.tbs && sids[size_t(e)] == sids[size_t(tb)]) ++e;
+      if (e - tb >= 2) {
+        std::vector<std::vector<Item>> per(items.begin() + tb, items.begin() + e);
+        emit_group(cls, tb, per, inline_fns, t);
+      } else {
+        emit_tb(cls, tb, inline_fns, std::move(items[size_t(tb)]), t);
+      }
+      tb = e;
+    }
+  }
+  int shape_id(const std::string& shape) { return all_shapes_.emplace(shape, int(all_shapes_.size())).first->second; }
+
+  void emit_tb(int32_t cls, int32_t tb, bool inline_fn, const std::vector<Item>& items, Table& t) {
+    const std::string body = emit_items(items, t);
     const bool tabled = t.width() > 0;  // the class's table so far; rows are per member, so any column needs it
     // A one-pass kernel's short row, read at constant indices only, is loaded
     // into registers first (kernel.cuh Row): its latency then overlaps the
@@ -879,8 +980,7 @@ class Emitter {
     for (int32_t c = 0; c < nclasses; ++c) {
       tables.emplace_back(cp_.members[size_t(c)].size());
       if (!served_[size_t(c)]) continue;
-      for (int32_t tb = 0; tb < cp_.tbs; ++tb)
-        if (!cp_.path(size_t(c), size_t(tb)).empty()) emit_tb(c, tb, inline_fns, tables.back());
+      emit_class(c, inline_fns, tables.back());
     }
     emit_tables(tables);
     o_ += fns_;
@@ -911,6 +1011,14 @@ class Emitter {
       for (int32_t tb = 0; tb < cp_.tbs; ++tb) {
         if (cp_.path(size_t(c), size_t(tb)).empty()) continue;
         const std::string row = tabled_[{c, tb}] ? fmt::format(", kT{}_c{}[kMember{}[c.vrank]]", b_, c, b_) : "";
+        if (auto g = group_.find({c, tb}); g != group_.end()) {  // one call for the group's blocks
+          const auto [first, last] = g->second;
+          o_ += "       ";
+          for (int32_t x = first; x <= last; ++x) o_ += fmt::format(" case {}:", x);
+          o_ += fmt::format(" b{}_c{}_tbs{}_{}(c{}, c.tb - {}); break;\n", b_, c, first, last, row, first);
+          tb = last;
+          continue;
+        }
         o_ += fmt::format("        case {}: b{}_c{}_tb{}(c{}); break;\n", tb, b_, c, tb, row);
       }
       o_ += "        default: break;\n      }\n      break;\n";
@@ -984,10 +1092,13 @@ class Emitter {
   int64_t row_only_bytes_ = 0;
   bool row_only_ = false;
   bool epi_ = false;
+  bool groups_ = true;
   Table loop_{1};
   std::string fns_;  // the thread blocks' functions, emitted after the tables
   std::set<std::string> instances_;
   std::map<std::pair<int32_t, int32_t>, bool> tabled_;
+  std::map<std::pair<int32_t, int32_t>, std::pair<int32_t, int32_t>> group_;  // (class, block) -> its group's blocks
+  std::map<std::string, int> all_shapes_;
 };
 
 // Fewest classes, then the smallest kernel (rerolled loops need numbers that
@@ -1101,6 +1212,7 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
                  : std::string());
   Emitter e(s, int32_t(b), cp, o, served, lim.reroll && !s.one_pass, rooted || (s.one_pass && !own) ? -1 : rank,
             lim.row_only_bytes);
+  e.set_block_groups(lim.block_groups);
   // A fusion's prologue: its code in a namespace of its own, named by the
   // plan traits (P::Pre; templates/prims.cuh UserPre).
   const bool user_pre = !lim.prologue.source.empty();
@@ -1244,6 +1356,20 @@ std::string group_source(const std::vector<GroupMember>& members, int32_t thread
   }
   o += "}\n";
   return o;
+}
+
+std::string op_comment(const std::string& source, int32_t op) {
+  if (op < 0) return "";
+  const std::string tag = fmt::format("%{} ", op);
+  for (size_t at = source.find(tag); at != std::string::npos; at = source.find(tag, at + 1)) {
+    if (at == 0 || (source[at - 1] != ' ')) continue;  // %17 is not %7
+    const size_t begin = source.rfind('\n', at) + 1;  // npos + 1 == 0
+    const size_t text = source.find_first_not_of(' ', begin);
+    if (source.compare(text, 3, "// ") != 0) continue;  // a comment line: "// %7 ...", "// first of 3: %7 ..."
+    const size_t end = source.find('\n', at);
+    return source.substr(at, (end == std::string::npos ? source.size() : end) - at);
+  }
+  return "";
 }
 
 }  // namespace mk::codegen

@@ -88,6 +88,9 @@ struct Limits {
   // One-pass kernels: one code path for ranks whose reduces differ only in
   // their sources' kinds (passes::ProtocolOptions::one_pass_generic).
   bool one_pass_generic = false;
+  // Adjacent thread blocks of a class with the same item shapes share one
+  // function (Emitter::emit_group; passes::ProtocolOptions::block_groups).
+  bool block_groups = true;
   // A fused epilogue (include/mk/fusion.hpp) in the kernel's tail: its name,
   // device code (defining struct Epi) and each operand's dtype and shape
   // (0 per element, 1 per column, 2 per row). Empty source: none.
@@ -159,5 +162,11 @@ const std::vector<std::pair<std::string_view, std::string_view>>& embedded_templ
 
 // "allreduce.ring" -> "allreduce_ring"
 std::string identifier(std::string_view s);
+
+// The comment the generated `source` gives op `op` (its IR id, as an error
+// record names it): "%7 copy r0.in[1] -> r1.sc[0]  (file.cpp:22)", or "" if
+// none. A rerolled loop's or a thread-block group's ops are commented once,
+// as their first: only that one is found.
+std::string op_comment(const std::string& source, int32_t op);
 
 }  // namespace mk::codegen

@@ -308,9 +308,56 @@ std::string save_failed_source(const std::string& source, const std::string& key
 
 }  // namespace
 
+namespace {
+
+std::mutex& fast_compile_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::string& chosen_fast_compile() {
+  static std::string level = kDefaultFastCompile;
+  return level;
+}
+
+std::string checked_fast_compile(const std::string& level, const char* from) {
+  for (const char* ok : {"0", "min", "mid", "max"})
+    if (level == ok) return level;
+  throw Error(ErrId::jit_E007, fmt::format("{}='{}' is not a fast-compile level", from, level), {},
+              "use 0 (full optimisation), min, mid or max (NVRTC's --Ofast-compile: faster compilation, slower "
+              "kernels; see docs/plan.md)");
+}
+
+}  // namespace
+
+std::string fast_compile() {
+  std::string level;
+  if (const char* e = std::getenv("MK_FAST_COMPILE"); e && *e) {
+    level = checked_fast_compile(e, "MK_FAST_COMPILE");
+  } else {
+    std::lock_guard<std::mutex> lock(fast_compile_mutex());
+    level = chosen_fast_compile();
+  }
+  if (level != "0" && nvrtc_version() != 0 && nvrtc_version() < 12080) {
+    static std::once_flag said;
+    std::call_once(said, [] {
+      debug_log("NVRTC older than 12.8 has no --Ofast-compile: kernels are compiled with full optimisation");
+    });
+    return "0";
+  }
+  return level;
+}
+
+void set_fast_compile(const std::string& level) {
+  std::string l = checked_fast_compile(level, "--fast-compile");
+  std::lock_guard<std::mutex> lock(fast_compile_mutex());
+  chosen_fast_compile() = std::move(l);
+}
+
 CompileResult compile(const std::string& source, const std::string& name, int arch, bool use_cache) {
-  const std::vector<std::string> opts = {"--gpu-architecture=" + arch_name(arch), "-std=c++17", "-DNDEBUG",
-                                         "--extra-device-vectorization", "-lineinfo"};
+  std::vector<std::string> opts = {"--gpu-architecture=" + arch_name(arch), "-std=c++17", "-DNDEBUG",
+                                   "--extra-device-vectorization", "-lineinfo"};
+  // Not an option at "0", so that cubins cached before the knob keep their keys.
+  if (const std::string fc = fast_compile(); fc != "0") opts.push_back("--Ofast-compile=" + fc);
   std::string keydata = source + "\n//templates " + templates_hash();
   for (const auto& o : opts) keydata += "\n//#" + o;
   keydata += "\n//nvrtc " + nvrtc_identity();

@@ -24,21 +24,12 @@ static __constant__ const int kT1_c0[3][6] = {
   {2,0,2,1,0,0},
 };
 
-static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {
+static __device__ __forceinline__ void b1_c0_tbs0_1(mk::dev::Ctx<P1>& c, const int j) {
   do {
-    if (!c.wait_all({{0, -2, 1, 0}})) return;
-    // %0 copy r0.in[0] -> r1.sc[1]  (allreduce_one_shot.cpp:22)
-    if (!c.copy({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(1, 1)}, mk::dev::pos_code(0, false), 0)) return;
-    c.signal_all({{0, 2}, {1, 5}});
-  } while (c.next());
-}
-
-static __device__ __forceinline__ void b1_c0_tb1(mk::dev::Ctx<P1>& c) {
-  do {
-    if (!c.wait_all({{1, -2, 2, 3}})) return;
-    // %3 copy r0.in[0] -> r2.sc[0]  (allreduce_one_shot.cpp:22)
-    if (!c.copy({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(2, 0)}, mk::dev::pos_code(0, false), 3)) return;
-    c.signal_all({{0, 3}, {2, 4}});
+    if (!c.wait_all({{0 + j, -2, 1 + j, 0 + (3) * j}})) return;
+    // block 0 of 0-1: %0 copy r0.in[0] -> r1.sc[1]  (allreduce_one_shot.cpp:22)
+    if (!c.copy({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(1 + j, 1 - j)}, mk::dev::pos_code(0, false), 0 + (3) * j)) return;
+    c.signal_all({{0, 2 + j}, {1 + j, 5 - j}});
   } while (c.next());
 }
 
@@ -62,8 +53,7 @@ static __device__ __forceinline__ void mk_allreduce_one_shot_n3_fp16_max_lamport
   switch (kClassOf[c.vrank]) {
     case 0:
       switch (c.tb) {
-        case 0: b1_c0_tb0(c); break;
-        case 1: b1_c0_tb1(c); break;
+        case 0: case 1: b1_c0_tbs0_1(c, c.tb - 0); break;
         case 2: b1_c0_tb2(c, kT1_c0[kMember1[c.vrank]]); break;
         default: break;
       }

@@ -30,19 +30,11 @@ static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {
   } while (c.next());
 }
 
-static __device__ __forceinline__ void b0_c0_tb1(mk::dev::Ctx<P0>& c) {
+static __device__ __forceinline__ void b0_c0_tbs1_2(mk::dev::Ctx<P0>& c, const int j) {
   do {
-    if (!c.wait_all({{0, -2, 1, 1}})) return;
-    // %1 copy r0.in[0] -> r1.sc[0]  (broadcast_direct.cpp:11)
-    if (!c.template copy<0u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(1, 0)}, mk::dev::pos_code(0, false), 1)) return;
-  } while (c.next());
-}
-
-static __device__ __forceinline__ void b0_c0_tb2(mk::dev::Ctx<P0>& c) {
-  do {
-    if (!c.wait_all({{1, -2, 2, 2}})) return;
-    // %2 copy r0.in[0] -> r2.sc[0]  (broadcast_direct.cpp:11)
-    if (!c.template copy<0u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(2, 0)}, mk::dev::pos_code(0, false), 2)) return;
+    if (!c.wait_all({{0 + j, -2, 1 + j, 1 + j}})) return;
+    // block 1 of 1-2: %1 copy r0.in[0] -> r1.sc[0]  (broadcast_direct.cpp:11)
+    if (!c.template copy<0u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(1 + j, 0)}, mk::dev::pos_code(0, false), 1 + j)) return;
   } while (c.next());
 }
 
@@ -63,8 +55,7 @@ static __device__ __forceinline__ void mk_broadcast_direct_n3_bf16_sum_b0_body(c
     case 0:
       switch (c.tb) {
         case 0: b0_c0_tb0(c); break;
-        case 1: b0_c0_tb1(c); break;
-        case 2: b0_c0_tb2(c); break;
+        case 1: case 2: b0_c0_tbs1_2(c, c.tb - 1); break;
         default: break;
       }
       break;

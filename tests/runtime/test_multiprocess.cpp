@@ -975,6 +975,12 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "bad_env")
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "MK_TUNE"});
+  if (scenario == "fast_compile_differs")  // kernels of other levels differ in speed (and may round a fusion otherwise)
+    return expect_init_failure(rank, nranks, id, mkInvalidUsage,
+                               {"ranks disagree on MK_FAST_COMPILE", "rank 0 has '0'", "rank 1 has 'max'"});
+  if (scenario == "fast_compile_bad")
+    return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
+                               {"rank 1:", "mk.jit.E007", "MK_FAST_COMPILE='fastest'"});
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
   if (scenario == "split_peer_exit") return split_peer_exit(rank, nranks, id);
   if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
@@ -1069,6 +1075,16 @@ TEST_CASE("two processes: a setting that shapes plans differs between ranks: ini
 TEST_CASE("two processes: a malformed setting on one rank fails init on both, with that rank's message") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "bad_env", {{}, {"MK_TUNE=simple_instances=2abc"}});
+}
+
+TEST_CASE("two processes: ranks of different fast-compile levels (MK_FAST_COMPILE) fail init, naming it") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "fast_compile_differs", {{}, {"MK_FAST_COMPILE=max"}});
+}
+
+TEST_CASE("two processes: an unknown MK_FAST_COMPILE on one rank fails init on both (mk.jit.E007)") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "fast_compile_bad", {{}, {"MK_FAST_COMPILE=fastest"}});
 }
 
 namespace {

@@ -513,6 +513,54 @@ TEST_CASE("jit: compile, the cubin cache, and its key" * doctest::skip(!mkt::hav
   CHECK(entries(d.path) == 3);
 }
 
+// NVRTC's --Ofast-compile level (MK_FAST_COMPILE, mkc --fast-compile): part
+// of the cubin's key, so that a cubin of one level never serves another;
+// "0" adds no option (cubins cached before the knob keep their keys).
+TEST_CASE("jit: the fast-compile level is part of the cubin's key" * doctest::skip(!mkt::have_nvrtc())) {
+  mkt::TempDir d;
+  mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
+  mkt::ScopedEnv level("MK_FAST_COMPILE", nullptr);
+  CHECK(jit::fast_compile() == "0");
+  const auto a = jit::compile(kTinyKernel, "tiny", 90);
+  {
+    mkt::ScopedEnv max("MK_FAST_COMPILE", "max");
+    CHECK(jit::fast_compile() == "max");
+    const auto b = jit::compile(kTinyKernel, "tiny", 90);
+    CHECK_FALSE(b.from_cache);
+    CHECK(b.cache_file != a.cache_file);
+    CHECK(is_elf(b.cubin));
+    CHECK(jit::compile(kTinyKernel, "tiny", 90).from_cache);
+  }
+  {
+    mkt::ScopedEnv zero("MK_FAST_COMPILE", "0");  // the default, spelled out: the same key
+    const auto c = jit::compile(kTinyKernel, "tiny", 90);
+    CHECK(c.from_cache);
+    CHECK(c.cache_file == a.cache_file);
+  }
+  // the setter (mkc --fast-compile) when MK_FAST_COMPILE is unset
+  jit::set_fast_compile("mid");
+  CHECK(jit::fast_compile() == "mid");
+  const auto m = jit::compile(kTinyKernel, "tiny", 90);
+  CHECK_FALSE(m.from_cache);
+  jit::set_fast_compile("0");
+  CHECK(entries(d.path) == 3);
+}
+
+TEST_CASE("jit: mk.jit.E007 an unknown fast-compile level") {
+  {
+    mkt::ScopedEnv bad("MK_FAST_COMPILE", "fast");
+    const auto e = catch_error([] { jit::fast_compile(); });
+    CHECK(e.id == "mk.jit.E007");
+    CHECK(contains(e.message, "MK_FAST_COMPILE='fast'"));
+  }
+  for (const char* bad : {"", "1", "MAX", "max "}) {
+    CAPTURE(bad);
+    CHECK(catch_error([&] { jit::set_fast_compile(bad); }).id == "mk.jit.E007");
+  }
+  mkt::ScopedEnv unset("MK_FAST_COMPILE", nullptr);
+  CHECK(jit::fast_compile() == "0");  // a refused level changed nothing
+}
+
 TEST_CASE("jit: mk.jit.E002 a source NVRTC rejects, with the log and the saved source" *
           doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d;
@@ -853,7 +901,7 @@ std::string evaluate(std::string s, const std::map<std::string, long long>& vars
 // The body of function `fn` in `src`, run for one rank (its row of the
 // class's table, if any): the statements in order, comments left out.
 std::vector<std::string> trace(const std::string& src, const std::string& fn, const std::vector<long long>* row,
-                               const Tables& tabs) {
+                               const Tables& tabs, const std::map<std::string, long long>& given = {}) {
   const size_t at = src.find("void " + fn + "(");
   REQUIRE(at != std::string::npos);
   std::vector<std::string> lines;
@@ -868,7 +916,7 @@ std::vector<std::string> trace(const std::string& src, const std::string& fn, co
     lines.push_back(line);
   }
   std::vector<std::string> out;
-  std::map<std::string, long long> vars;
+  std::map<std::string, long long> vars = given;
   static const std::regex loop(R"(for \(int (\w+) = 0; \1 < (.+); \+\+\1\) \{.*)");
   // Runs lines[from..) up to the '}' that closes the block; returns the index after it.
   std::function<size_t(size_t)> run = [&](size_t from) {
@@ -914,14 +962,28 @@ std::vector<std::string> traces(const std::vector<codegen::Unit>& units, int n, 
     const auto class_of = ints(src.substr(from, src.find('}', from) - from));
     for (int v = 0; v < n; ++v)
       for (int tb = 0; tb < tbs; ++tb) {
-        const std::string fn = fmt::format("b{}_c{}_tb{}", b, class_of.at(size_t(v)), tb);
-        if (src.find("void " + fn + "(") == std::string::npos) continue;
+        std::string fn = fmt::format("b{}_c{}_tb{}", b, class_of.at(size_t(v)), tb);
+        std::map<std::string, long long> given;
+        if (src.find("void " + fn + "(") == std::string::npos) {
+          // a group of blocks first..last: one function, the block's index j among them
+          const std::regex group(fmt::format(R"(void (b{}_c{}_tbs(\d+)_(\d+))\()", b, class_of.at(size_t(v))));
+          for (std::sregex_iterator it(src.begin(), src.end(), group), end; it != end; ++it)
+            if (std::stoi((*it)[2]) <= tb && tb <= std::stoi((*it)[3])) {
+              fn = (*it)[1];
+              given["j"] = tb - std::stoi((*it)[2]);
+              // the switch calls it for exactly these blocks, with j = c.tb - first
+              CHECK(contains(src, fmt::format(" case {}:", tb)));
+              CHECK(contains(src, fmt::format("{}(c", fn)));
+              CHECK(contains(src, fmt::format(", c.tb - {}); break;", (*it)[2].str())));
+            }
+          if (given.empty()) continue;
+        }
         const auto kT = tabs.rows.find(fmt::format("kT{}_c{}", b, class_of.at(size_t(v))));
         const std::vector<long long>* row = nullptr;
         if (kT != tabs.rows.end())
           row = &kT->second.at(size_t(tabs.rows.at(fmt::format("kMember{}", b)).at(0).at(size_t(v))));
         all.push_back(fmt::format("bucket {} rank {} tb {}:", b, v, tb));
-        for (auto& s : trace(src, fn, row, tabs)) all.push_back(std::move(s));
+        for (auto& s : trace(src, fn, row, tabs, given)) all.push_back(std::move(s));
       }
   }
   return all;
@@ -1199,7 +1261,8 @@ TEST_CASE("codegen: rerolled code runs the statements of straight-line code in t
     check_reroll_keeps_statements(compiler::lower(scrambled_allgather(n), compiler::LowerOptions{}).variants,
                                   fmt::format("scrambled allgather, {} ranks", n));
   for (std::string s : {"allreduce.halving_doubling", "allreduce.ring", "allreduce.one_shot", "broadcast.direct",
-                        "reducescatter.ring", "alltoall.direct"})
+                        "reducescatter.ring", "alltoall.direct", "allreduce.two_shot", "allgather.direct",
+                        "reducescatter.direct"})
     for (int n : {4, 16}) check_reroll_keeps_statements(lower_builtin(s, n).variants, fmt::format("{}, {} ranks", s, n));
   for (std::string s : {"allreduce.hier", "allgather.hier", "reducescatter.hier"})
     for (const char* t : {"2x4:direct", "8x8:direct"}) {
@@ -1289,3 +1352,84 @@ TEST_CASE("codegen: a lane of members with different grids has its largest membe
   const auto r = jit::compile(src, "mk_group_chain", 90, /*use_cache=*/false);
   CHECK(!r.cubin.empty());
 }
+
+// Adjacent thread blocks that run the same steps with other peers, slots and
+// chunks share one function (codegen's block groups, Limits::block_groups):
+// every rank's every block runs exactly the statements of a function per
+// block, op ids included (each block's own: an error names its op), and the
+// kernel holds one copy of the op where it held one per block.
+TEST_CASE("codegen: thread blocks of the same steps share one function and run their own statements") {
+  codegen::Limits per_block;
+  per_block.block_groups = false;
+  auto functions = [](const std::vector<codegen::Unit>& units) {
+    size_t n = 0;
+    for (const auto& u : units)
+      for (size_t at = u.source.find("static __device__ "); at != std::string::npos;
+           at = u.source.find("static __device__ ", at + 1))
+        n += u.source.compare(at, 40, "static __device__ __forceinline__ void b") == 0 ||
+             u.source.compare(at, 37, "static __device__ __noinline__ void b") == 0;
+    return n;
+  };
+  auto check = [&](const std::vector<ir::Schedule>& variants, const std::string& what, bool grouped) {
+    CAPTURE(what);
+    const int n = variants[0].nranks, tbs = variants[0].tbs;
+    const auto on = codegen::generate(variants, DType::fp32, RedOp::sum, "t");
+    const auto off = codegen::generate(variants, DType::fp32, RedOp::sum, "t", per_block);
+    bool any = false;
+    for (const auto& u : on) any = any || contains(u.source, "_tbs");
+    for (const auto& u : off) CHECK_FALSE(contains(u.source, "_tbs"));
+    CHECK(any == grouped);
+    if (grouped) CHECK(functions(on) < functions(off));
+    const auto a = traces(on, n, tbs), b = traces(off, n, tbs);
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(a[i] == b[i]);
+    }
+  };
+  for (std::string s : {"allreduce.two_shot", "alltoall.direct", "allgather.direct", "reducescatter.direct",
+                        "broadcast.direct"})
+    for (int n : {3, 6, 16}) check(lower_builtin(s, n).variants, fmt::format("{}, {} ranks", s, n), true);
+  check(compiler::lower(scrambled_allgather(9), compiler::LowerOptions{}).variants, "scrambled allgather, 9 ranks", true);
+  // a ring's two blocks run different steps, as do the direct all-reduce's;
+  // one-pass kernels keep a function per block
+  check(lower_builtin("allreduce.ring", 8).variants, "allreduce.ring, 8 ranks", false);
+  check(lower_builtin("allreduce.direct", 6).variants, "allreduce.direct, 6 ranks", false);
+  compiler::LowerOptions small;
+  small.max_bytes = 4096;
+  const auto one_pass = compiler::lower(dsl::build(*dsl::find_schedule("allreduce.one_shot"), 4), small);
+  REQUIRE(one_pass.variants[0].one_pass);
+  check(one_pass.variants, "allreduce.one_shot, 4 ranks, one pass", false);
+
+  // two-shot at 16 ranks: blocks 0-14 scatter a chunk each, one function and one call
+  const auto two = codegen::generate(lower_builtin("allreduce.two_shot", 16).variants, DType::bf16, RedOp::sum, "t");
+  for (const auto& u : two) {
+    CHECK(contains(u.source, "_c0_tbs0_14(mk::dev::Ctx<"));
+    CHECK(contains(u.source, " case 13: case 14: b"));
+    CHECK(contains(u.source, "(c, c.tb - 0); break;"));
+  }
+}
+
+// The comment of an op an error record names, found in the generated source
+// as the host looks it up (runtime/comm.cpp): on a comment line only, as a
+// whole number, also as the first of a loop or of a block group.
+TEST_CASE("codegen: op_comment finds an op's comment line") {
+  const std::string src =
+      "    // %7 copy r0.in[1] -> r1.sc[0]  (a.cpp:3)\n"
+      "    if (!c.copy({x}, {y}, mk::dev::pos_code(1, true), 7)) return;\n"
+      "      // first of 3: %17 reduce r0.sc[1] -> r0.out[1]  (a.cpp:9)\n"
+      "    // block 2 of 2-5: %40 copy r0.in[2] -> r2.sc[1]  (a.cpp:12)\n"
+      "    x = %41 ;\n";
+  CHECK(codegen::op_comment(src, 7) == "%7 copy r0.in[1] -> r1.sc[0]  (a.cpp:3)");
+  CHECK(codegen::op_comment(src, 17) == "%17 reduce r0.sc[1] -> r0.out[1]  (a.cpp:9)");
+  CHECK(codegen::op_comment(src, 40) == "%40 copy r0.in[2] -> r2.sc[1]  (a.cpp:12)");
+  CHECK(codegen::op_comment(src, 1) == "");   // not the 1 of %17
+  CHECK(codegen::op_comment(src, 41) == "");  // not a comment
+  CHECK(codegen::op_comment(src, -1) == "");
+  // generated code: a two-shot kernel's reduce, and the first scatter of its block group
+  const auto units = codegen::generate(lower_builtin("allreduce.two_shot", 4).variants, DType::fp32, RedOp::sum, "t");
+  bool scatter = false;
+  for (const auto& u : units) scatter = scatter || !codegen::op_comment(u.source, 0).empty();
+  CHECK(scatter);
+}
+

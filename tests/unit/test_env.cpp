@@ -309,20 +309,21 @@ TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
   mkt::ScopedEnv s("MK_SCRATCH_BYTES", "00000002097152");
   mkt::ScopedEnv p("MK_PLAN_DIR", "");
   mkt::ScopedEnv sel("MK_SELECT_FILE", "");
+  mkt::ScopedEnv fcu("MK_FAST_COMPILE", nullptr);
   const auto all = rt::env::plan_shaping_settings();
   std::vector<std::string> names;
   for (const auto& [n, x] : all) names.push_back(n);
   CHECK(names == std::vector<std::string>{"MK_SCHEDULES", "MK_ALGO", "MK_TUNE", "MK_ZERO_COPY",
                                           "MK_ZERO_COPY_MIN_BYTES", "MK_SCRATCH_BYTES", "MK_FLAG_BYTES",
                                           "MK_MAX_REGISTRATIONS", "MK_PLAN_DIR", "MK_SELECT_FILE", "mkernel version",
-                                          "compiler"});
+                                          "MK_FAST_COMPILE", "compiler"});
   // first, so that MK_ALGO and MK_SELECT_FILE can name what it loads; unset here
   CHECK(all[0].second == "");
   const std::vector<std::pair<std::string, std::string>> v(all.begin() + 1, all.end());
   CHECK(v[0].second == "allreduce=allreduce.ring,allgather=allgather.ring");  // collective order, not the user's
   CHECK(v[1].second ==
         "simple_instances=32,ll_instances=16,max_tile=262144,ll_max=4096,scratch_budget=33554432,simple_loads=16,"
-        "simple_pipeline=0,one_pass=1,lamport=1,lamport_units=1,one_pass_generic=0,ce_tile=0");
+        "simple_pipeline=0,one_pass=1,lamport=1,lamport_units=1,one_pass_generic=0,block_groups=1,ce_tile=0");
   CHECK(v[2].second == "1");
   // unset and set to the built-in 4 MiB choose zero-copy differently (the
   // table's sizes, the larger buffer's): ranks must not agree on them as one
@@ -334,7 +335,14 @@ TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
   CHECK(v[4].second == "2097152");
   CHECK(v[7].second == "none");
   CHECK(v[8].second == "none");
-  CHECK(!v[10].second.empty());
+  CHECK(v[10].second == "0");  // MK_FAST_COMPILE: full optimisation unless set
+  CHECK(!v[11].second.empty());
+  {
+    mkt::ScopedEnv fc("MK_FAST_COMPILE", "mid");
+    CHECK(rt::env::plan_shaping_settings()[11].second == "mid");
+    mkt::ScopedEnv bad_fc("MK_FAST_COMPILE", "fastest");
+    CHECK(contains(invalid([] { rt::env::plan_shaping_settings(); }), "mk.jit.E007"));
+  }
   mkt::ScopedEnv bad("MK_FLAG_BYTES", "1M");
   CHECK(contains(invalid([] { rt::env::plan_shaping_settings(); }), "MK_FLAG_BYTES='1M'"));
 }

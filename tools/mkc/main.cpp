@@ -985,6 +985,7 @@ int cmd_info() {
   std::string archs;
   for (int a : jit::supported_archs()) archs += " " + jit::arch_name(a);
   fmt::print("architectures:{}\n", archs.empty() ? " (none: NVRTC unavailable)" : archs);
+  fmt::print("fast-compile: {} (NVRTC --Ofast-compile; MK_FAST_COMPILE)\n", jit::fast_compile());
   fmt::print("cache: {}\n", jit::cache_dir());
   fmt::print("prebuilt plans: {}\n", prebuilt::search_path().empty() ? "(none)" : prebuilt::search_path());
   std::string headers;
@@ -1056,6 +1057,11 @@ int main(int argc, char** argv) {
   compile->add_option("--arch", arch, "GPU architecture, e.g. sm_90 (default), sm_80, sm_100");
   compile->add_option("-o,--out", out, "output directory")->required();
   compile->add_flag("--no-cache", no_cache, "ignore and do not fill the kernel cache");
+  std::string fast_compile;
+  const char* fast_compile_help =
+      "NVRTC's --Ofast-compile level: 0 (full optimisation), min, mid or max (faster compilation, slower kernels; "
+      "default: MK_FAST_COMPILE, else 0)";
+  compile->add_option("--fast-compile", fast_compile, fast_compile_help);
   int32_t compile_rank = -1;
   std::string compile_fusion;
   compile->add_option("--fusion", compile_fusion,
@@ -1149,6 +1155,7 @@ int main(int argc, char** argv) {
   prebuild->add_option("--op", pb_ops, "reduction ops (default sum)")->delimiter(',');
   prebuild->add_option("-o,--out", pb_out, "output directory (index.json is merged)")->required();
   prebuild->add_option("-j,--jobs", pb_jobs, "plans compiled at once (default: one per core)");
+  prebuild->add_option("--fast-compile", fast_compile, fast_compile_help);
 
   auto* tune = app.add_subcommand("tune", "measure every schedule (and knob variant) of each collective per size on "
                                           "the GPUs present and write the selection table (MK_SELECT_FILE)");
@@ -1178,6 +1185,10 @@ int main(int argc, char** argv) {
     // Schedules from files (compiler/sources.hpp), as the runtime loads them:
     // `mkc list` shows them, --schedule NAME and `mkc tune` use them.
     if (const char* list = std::getenv("MK_SCHEDULES"); list && *list) sources::load(list);
+    if (!fast_compile.empty()) {
+      jit::set_fast_compile(fast_compile);
+      ::unsetenv("MK_FAST_COMPILE");  // the command line wins
+    }
     if (app.got_subcommand("list")) return cmd_list();
     if (app.got_subcommand("info")) return cmd_info();
     if (*verify) return cmd_verify(verify_o, strict, verify_dtype, verify_op, verify_fusion);
