@@ -277,8 +277,9 @@ class Package(unittest.TestCase):
             index = json.load(f)
         one_shot = sorted({d for d in index["plans"].values() if d.startswith("allreduce.one_shot_n2_fp32")})
         other = sorted({d for d in index["plans"].values() if d.startswith("allgather.direct_n2_fp32")})
-        self.assertEqual((len(one_shot), len(other)), (1, 1))
-        # 1: the one-shot plan's cubin truncated; 2: its keys pointed at the
+        # one-shot's one-pass kernel has a code path per rank: a plan per rank
+        self.assertEqual((len(one_shot), len(other)), (2, 1))
+        # 1: the one-shot plans' cubins truncated; 2: their keys pointed at the
         # allgather plan; 3: index.json not JSON; 4: the directory writable by
         # everyone; 5: only the plan's own directory writable by everyone; 6:
         # the directory owned by another user (root only: chown); 7: a plan of
@@ -291,11 +292,12 @@ class Package(unittest.TestCase):
             d = os.path.join(TMP, "prebuilt-" + case)
             shutil.copytree(self.prebuilt, d)
             if case == "truncated":
-                cubin = glob.glob(os.path.join(d, one_shot[0], "*.cubin"))[0]
-                with open(cubin, "r+b") as f:
-                    f.truncate(100)
+                for plan_dir in one_shot:
+                    cubin = glob.glob(os.path.join(d, plan_dir, "*.cubin"))[0]
+                    with open(cubin, "r+b") as f:
+                        f.truncate(100)
             elif case == "mismatched":
-                bad = {k: (other[0] if v == one_shot[0] else v) for k, v in index["plans"].items()}
+                bad = {k: (other[0] if v in one_shot else v) for k, v in index["plans"].items()}
                 with open(os.path.join(d, "index.json"), "w") as f:
                     json.dump({"format": 1, "plans": bad}, f)
             elif case == "garbage":
@@ -304,14 +306,16 @@ class Package(unittest.TestCase):
             elif case == "writable by others":
                 os.chmod(d, 0o777)
             elif case == "plan dir writable":
-                os.chmod(os.path.join(d, one_shot[0]), 0o777)
+                for plan_dir in one_shot:
+                    os.chmod(os.path.join(d, plan_dir), 0o777)
             elif case == "version":
-                pj = os.path.join(d, one_shot[0], "plan.json")
-                with open(pj) as f:
-                    plan = json.load(f)
-                plan["mkernel_version"] = "0.0.1"
-                with open(pj, "w") as f:
-                    json.dump(plan, f)
+                for plan_dir in one_shot:
+                    pj = os.path.join(d, plan_dir, "plan.json")
+                    with open(pj) as f:
+                        plan = json.load(f)
+                    plan["mkernel_version"] = "0.0.1"
+                    with open(pj, "w") as f:
+                        json.dump(plan, f)
             else:
                 os.chown(d, 65534, 65534)
             cache = os.path.join(TMP, "c-" + case.replace(" ", "-"))

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
@@ -922,10 +923,8 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
             for (const auto& o : ops) {
               const RedOp op = op_arg(o);
               if (!collective_reduces(coll) && o != ops.front()) continue;
-              // Up to 64 ranks one plan serves every rank (-1: filed under
-              // each rank's key below), as before a rank's first call
-              // compiled only its own class's code (codegen): one shipped
-              // plan per configuration, not one per rank.
+              // Up to 64 ranks (-1): a plan per rank class, each filed under
+              // the keys of the ranks it serves (below); above, a plan per rank.
               for (int r = n <= 64 ? -1 : 0; r < (n <= 64 ? 0 : n); ++r)
                 all.push_back({s.schedule, s.tune, coll, n, jit::parse_arch(a), r, dtype_arg(d),
                                collective_reduces(coll) ? op : RedOp::sum});
@@ -936,6 +935,7 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
   prebuilt::Writer w(out);
   std::mutex mu;
   std::string first_error;
+  std::atomic<size_t> compiled{0};
   const auto t0 = std::chrono::steady_clock::now();
   if (jobs < 1) throw Error(ErrId::cli_E004, fmt::format("--jobs {}: must be at least 1", jobs));
   work_queue(all.size(), size_t(jobs), [&](size_t i) {
@@ -950,20 +950,28 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
       };
       if (j.rank >= 0) {
         w.add(key_of(j.rank), compiler::compile_plan(built, o));
+        ++compiled;
         return;
       }
-      std::optional<plan::Plan> all;
-      try {
-        all = compiler::compile_plan(built, o);
-      } catch (const Error& e) {
-        // every rank's code paths in one kernel are over the code generator's
-        // limits (a schedule of many rank classes): a plan per rank instead
-        if (e.id() != ErrId::jit_E005) throw;
+      // What each rank's first call would compile: its class's code path
+      // alone. Rank 0's plan serves every rank where each kernel has one code
+      // path (one compile, as for a plan of every rank); in one-pass kernels
+      // (a path per rank) each class gets its own plan: faster to compile
+      // and to run than one kernel holding every rank's path (the other
+      // buckets, the same for every class, come from the kernel cache).
+      std::vector<char> filed(size_t(j.nranks), 0);
+      for (int r = 0; r < j.nranks; ++r) {
+        if (filed[size_t(r)]) continue;
+        const plan::Plan p =
+            compiler::compile_plan(built, rt::plan_options(j.coll, j.dtype, j.op, j.arch, false, 0, r, j.tune));
+        ++compiled;
+        for (int q = r; q < j.nranks; ++q)
+          if (!filed[size_t(q)] && plan::serves(p, q)) {
+            w.add(key_of(q), p);
+            filed[size_t(q)] = 1;
+          }
+        MK_CHECK(filed[size_t(r)], fmt::format("prebuild: rank {}'s plan serves ranks {} only", r, plan::served_ranks(p)));
       }
-      for (int r = 0; r < j.nranks; ++r)
-        w.add(key_of(r), all ? *all
-                             : compiler::compile_plan(built, rt::plan_options(j.coll, j.dtype, j.op, j.arch, false,
-                                                                              0, r, j.tune)));
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> g(mu);
       if (first_error.empty())
@@ -973,8 +981,9 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
   });
   if (!first_error.empty()) throw Error(ErrId::cli_E012, "mkc prebuild: " + first_error);
   const auto [keys, plans] = w.finish();
-  fmt::print("wrote {}: {} keys, {} distinct plans ({} plans compiled or taken from the kernel cache) in {:.1f} s\n",
-             out, keys, plans, all.size(),
+  fmt::print("wrote {}: {} keys, {} distinct plans ({} configurations, {} plans compiled or taken from the kernel "
+             "cache) in {:.1f} s\n",
+             out, keys, plans, all.size(), compiled.load(),
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return 0;
 }
