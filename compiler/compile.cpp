@@ -135,6 +135,8 @@ std::string options_json(const CompileOptions& o) {
   // only where set: every other plan keeps its key
   if (one_pass_generic != 0) j["lower"]["proto"]["one_pass_generic"] = one_pass_generic;
   if (block_groups != 1) j["lower"]["proto"]["block_groups"] = block_groups;
+  // NVRTC's --Ofast-compile (MK_FAST_COMPILE): slower kernels, never served for full optimisation
+  if (const std::string fc = jit::fast_compile(); fc != "0") j["fast_compile"] = fc;
   if (fusion_check && !fusion.empty()) j["fusion_check"] = true;
   return j.dump();
 }

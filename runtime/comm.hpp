@@ -471,6 +471,14 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
                                            int32_t rank = -1, const std::string& tune = "",
                                            const std::string& fusion = "");
 
+// The element type a plan of `coll` is compiled for: the call's for
+// collectives that reduce; for those that only move data (all-gather,
+// broadcast, all-to-all) one type per element size (uint8, fp16, uint32,
+// uint64), so that one plan serves every type of that size (bf16 and fp16,
+// fp32 and int32, ...). Not bytes for every type: a byte plan ran all-gather
+// and all-to-all 1.6-1.9x slower at 512 KiB on the one-GPU proxy (s23).
+// enqueue's call_args counts in the plan's elements.
+DType kernel_dtype(Collective coll, DType dtype);
 // The options get_plan compiles with (MK_TUNE, then `tune`), for `mkc
 // prebuild` and mkCommPrewarm to compile exactly what a communicator would
 // ask for.

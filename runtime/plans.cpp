@@ -170,12 +170,22 @@ std::optional<Collective> schedule_collective(const std::string& schedule) {
   return std::nullopt;
 }
 
+DType kernel_dtype(Collective coll, DType dtype) {
+  if (collective_reduces(coll)) return dtype;
+  switch (dtype_size(dtype)) {
+    case 1: return DType::uint8;
+    case 2: return DType::fp16;  // (no 16-bit integer type: a copy moves the bits either way)
+    case 4: return DType::uint32;
+    default: return DType::uint64;
+  }
+}
+
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
                                       int32_t max_grid, int32_t rank, const std::string& tune,
                                       const std::string& fusion) {
   compiler::CompileOptions o;
   o.arch = arch;
-  o.dtype = dtype;
+  o.dtype = kernel_dtype(coll, dtype);
   o.op = collective_reduces(coll) ? op : RedOp::sum;
   o.lower.zero_copy = zero_copy;
   env::apply_tune(&o.lower.proto);
@@ -223,8 +233,9 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     const auto& from_dir = dir_plans();
     {
       auto& known = cache()[key];
-      for (const auto& p : known)
-        if (rank < 0 ? p->serves.empty() : plan::serves(*p, rank)) return p;
+      for (const auto& p : known)  // (a plan from MK_PLAN_DIR may be of another call's type: not that one)
+        if ((rank < 0 ? p->serves.empty() : plan::serves(*p, rank)) && (p->dtype == o.dtype || p->dtype == dtype))
+          return p;
     }
     // Reduction ops do not exist for collectives that do not reduce: they share
     // the sum plan. For registered buffers a zero-copy plan is preferred; the
@@ -238,7 +249,9 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     // another one serves this rank; if none does, that is the error.
     std::shared_ptr<const plan::Plan> elsewhere;
     for (const auto& p : candidates) {
-      if (p->schedule != schedule || p->dtype != dtype || (collective_reduces(coll) && p->op != op) ||
+      // a collective that only moves data: its byte plan, or one compiled for the call's own type
+      if (p->schedule != schedule || (p->dtype != o.dtype && p->dtype != dtype) ||
+          (collective_reduces(coll) && p->op != op) ||
           p->fusion != fusion_id || p->fusion_check != o.fusion_check)
         continue;
       if (p->zero_copy && !zero_copy) continue;

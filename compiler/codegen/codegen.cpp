@@ -839,7 +839,10 @@ class Emitter {
         for (size_t j = 0; j < J; ++j) v[m * J + j] = per[j][p].op_id;
       const std::string id = expr(v, J, t, "j");
       Item shown = it;
-      shown.comment = it.data ? fmt::format("block {} of {}-{}: {}", first, first, first + int32_t(J) - 1, it.comment) : "";
+      shown.comment.clear();
+      // every block's op, one comment line each: an error names its block's op (op_comment)
+      for (size_t j = 0; it.data && j < J; ++j)
+        shown.comment += fmt::format("{}block {}: {}", j ? "\n" + ind + "// " : "", first + int32_t(j), per[j][p].comment);
       body += render(shown, e, ind, id);
     }
     const bool tabled = t.width() > 0;
@@ -858,19 +861,19 @@ class Emitter {
   // block functions read their numbers from registers, nor in straight-line
   // code), the others one function each.
   void emit_class(int32_t cls, bool inline_fns, Table& t) {
-    std::vector<std::vector<Item>> items(size_t(cp_.tbs));
-    std::vector<std::vector<int>> sids(size_t(cp_.tbs));
     const bool group = groups_ && reroll_ && !s_.one_pass;
-    for (int32_t tb = 0; tb < cp_.tbs; ++tb) {
+    auto items_of = [&](int32_t tb) { return count_chunks(cp_, size_t(cls), size_t(tb), reroll_); };
+    // The blocks' shapes first (empty: not groupable), their items kept only
+    // while a group is emitted: a kernel of many blocks never holds them all.
+    std::vector<std::vector<int>> sids(size_t(cp_.tbs));
+    for (int32_t tb = 0; group && tb < cp_.tbs; ++tb) {
       if (cp_.path(size_t(cls), size_t(tb)).empty()) continue;
-      items[size_t(tb)] = count_chunks(cp_, size_t(cls), size_t(tb), reroll_);
-      if (group && !rolls(items[size_t(tb)])) {
-        std::vector<int>& sid = sids[size_t(tb)];
-        for (const Item& it : items[size_t(tb)]) sid.push_back(shape_id(it.shape()));
-      }
+      const std::vector<Item> items = items_of(tb);
+      if (rolls(items)) continue;
+      for (const Item& it : items) sids[size_t(tb)].push_back(shape_id(it.shape()));
     }
     for (int32_t tb = 0; tb < cp_.tbs;) {
-      if (items[size_t(tb)].empty()) {
+      if (cp_.path(size_t(cls), size_t(tb)).empty()) {
         ++tb;
         continue;
       }
@@ -878,10 +881,11 @@ class Emitter {
       if (!sids[size_t(tb)].empty())
         while (e < cp_.tbs && sids[size_t(e)] == sids[size_t(tb)]) ++e;
       if (e - tb >= 2) {
-        std::vector<std::vector<Item>> per(items.begin() + tb, items.begin() + e);
+        std::vector<std::vector<Item>> per;
+        for (int32_t x = tb; x < e; ++x) per.push_back(items_of(x));
         emit_group(cls, tb, per, inline_fns, t);
       } else {
-        emit_tb(cls, tb, inline_fns, std::move(items[size_t(tb)]), t);
+        emit_tb(cls, tb, inline_fns, items_of(tb), t);
       }
       tb = e;
     }
@@ -1362,7 +1366,7 @@ std::string op_comment(const std::string& source, int32_t op) {
   if (op < 0) return "";
   const std::string tag = fmt::format("%{} ", op);
   for (size_t at = source.find(tag); at != std::string::npos; at = source.find(tag, at + 1)) {
-    if (at == 0 || (source[at - 1] != ' ')) continue;  // %17 is not %7
+    if (at == 0 || source[at - 1] != ' ') continue;  // a token of its own: " %7 "
     const size_t begin = source.rfind('\n', at) + 1;  // npos + 1 == 0
     const size_t text = source.find_first_not_of(' ', begin);
     if (source.compare(text, 3, "// ") != 0) continue;  // a comment line: "// %7 ...", "// first of 3: %7 ..."

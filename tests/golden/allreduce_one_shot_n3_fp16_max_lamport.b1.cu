@@ -27,7 +27,8 @@ static __constant__ const int kT1_c0[3][6] = {
 static __device__ __forceinline__ void b1_c0_tbs0_1(mk::dev::Ctx<P1>& c, const int j) {
   do {
     if (!c.wait_all({{0 + j, -2, 1 + j, 0 + (3) * j}})) return;
-    // block 0 of 0-1: %0 copy r0.in[0] -> r1.sc[1]  (allreduce_one_shot.cpp:22)
+    // block 0: %0 copy r0.in[0] -> r1.sc[1]  (allreduce_one_shot.cpp:22)
+    // block 1: %3 copy r0.in[0] -> r2.sc[0]  (allreduce_one_shot.cpp:22)
     if (!c.copy({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(1 + j, 1 - j)}, mk::dev::pos_code(0, false), 0 + (3) * j)) return;
     c.signal_all({{0, 2 + j}, {1 + j, 5 - j}});
   } while (c.next());

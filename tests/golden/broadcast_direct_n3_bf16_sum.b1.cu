@@ -33,7 +33,8 @@ static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {
 static __device__ __forceinline__ void b1_c0_tbs1_2(mk::dev::Ctx<P1>& c, const int j) {
   do {
     if (!c.wait_all({{0 + j, -2, 1 + j, 1 + j}})) return;
-    // block 1 of 1-2: %1 copy r0.in[0] -> r1.sc[0]  (broadcast_direct.cpp:11)
+    // block 1: %1 copy r0.in[0] -> r1.sc[0]  (broadcast_direct.cpp:11)
+    // block 2: %2 copy r0.in[0] -> r2.sc[0]  (broadcast_direct.cpp:11)
     if (!c.copy({mk::dev::data_ref(mk::dev::kRefIn, 0, false, 0, false)}, {mk::dev::scratch_ref(1 + j, 0)}, mk::dev::pos_code(0, false), 1 + j)) return;
     c.signal_all({{1 + j, 0}});
   } while (c.next());

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "compiler/compile.hpp"
+#include "compiler/plan/plan.hpp"
+#include "mk/dsl.hpp"
 #include "mk/mk.hpp"
 #include "tests/runtime/fake.hpp"
 #include "tests/scoped.hpp"
@@ -383,15 +386,71 @@ TEST_CASE("mkCommPrewarm with a PreMulSum op compiles premulsum plans, and refus
   const int64_t launches = mkt::counts().launches;
   REQUIRE_MESSAGE(mkCommPrewarm(comm, f64, 1, ops, 1, 2) == mkSuccess, mkGetLastError(comm));
   CHECK(mkt::counts().launches == launches);
-  int premul_plans = 0, sum_plans = 0;
+  int premul_plans = 0;
   for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir) / "plans")) {
     std::ifstream f(e.path() / "plan.json");
     const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     premul_plans += text.find("\"premulsum\"") != std::string::npos;
-    sum_plans += text.find("\"sum\"") != std::string::npos;
   }
-  CHECK(premul_plans >= 2);  // all-reduce, reduce-scatter, reduce at least
-  CHECK(sum_plans >= 1);     // the collectives that do not reduce: one plan for every op
+  // all-reduce, reduce-scatter, reduce at least (the collectives that do not
+  // reduce have one byte plan for every type and op, which an earlier test of
+  // this process may have compiled already)
+  CHECK(premul_plans >= 2);
   CHECK(mkRedOpDestroy(pm, comm) == mkSuccess);
+  CHECK(mkCommDestroy(comm) == mkSuccess);
+}
+
+// Collectives that only move data run one plan per element size (as NCCL
+// moves bytes): fp32 and int32 calls launch the same uint32 kernel, bf16 and
+// fp16 the same fp16 one, counted in their elements, odd counts included; a
+// plan compiled for the call's own type in MK_PLAN_DIR still serves that type.
+TEST_CASE("all-gather, broadcast and all-to-all run one plan per element size, whatever the type") {
+  MKT_REQUIRE_FAKE();
+  mkt::Device dev(0);
+  mkt::Buffer in(dev, 1 << 16), out(dev, 1 << 16);
+  mkComm_t comm = mkt::one_rank();
+  struct Call {
+    mkDataType_t t;
+    size_t count;
+    const char* kernel;  // the type in the kernel's name
+  };
+  for (const Call c : {Call{mkFloat32, 256, "_uint32_"}, Call{mkInt32, 5, "_uint32_"}, Call{mkInt64, 100, "_uint64_"},
+                       Call{mkFloat64, 3, "_uint64_"}, Call{mkBfloat16, 3, "_fp16_"}, Call{mkFloat16, 1000, "_fp16_"},
+                       Call{mkInt8, 7, "_uint8_"}}) {
+    CAPTURE(c.count);
+    CAPTURE(c.kernel);
+    REQUIRE_MESSAGE(mkAllGather(in.ptr(), out.ptr(), c.count, c.t, comm, dev.stream) == mkSuccess, mkGetLastError(comm));
+    CHECK(std::string(mkt::last_launch().function).find(c.kernel) != std::string::npos);
+    CHECK(mkt::last_launch().args.count == int64_t(c.count));
+    REQUIRE(mkBroadcast(in.ptr(), out.ptr(), c.count, c.t, 0, comm, dev.stream) == mkSuccess);
+    CHECK(std::string(mkt::last_launch().function).find(c.kernel) != std::string::npos);
+    CHECK(mkt::last_launch().args.count == int64_t(c.count));
+    REQUIRE(mkAllToAll(in.ptr(), out.ptr(), c.count, c.t, comm, dev.stream) == mkSuccess);
+    CHECK(std::string(mkt::last_launch().function).find(c.kernel) != std::string::npos);
+    CHECK(mkt::last_launch().args.count == int64_t(c.count));
+  }
+  // the call's alignment is still its own type's
+  CHECK(mkAllGather(static_cast<char*>(in.ptr()) + 2, out.ptr(), 4, mkFloat32, comm, dev.stream) == mkInvalidArgument);
+  CHECK(mkCommDestroy(comm) == mkSuccess);
+
+  // MK_PLAN_DIR: an all-gather plan compiled for fp32 serves fp32 calls;
+  // int32 (the same size) and bf16 calls get their size's plan
+  mkt::TempDir plans("mkt_size_plan_dir");
+  mk::compiler::CompileOptions o;
+  o.dtype = mk::DType::fp32;
+  mk::plan::write_dir(mk::compiler::compile_plan(mk::dsl::build(*mk::dsl::find_schedule("allgather.direct"), 1, 0), o),
+                      (plans.path / "ag").string());
+  mkt::ScopedEnv dir("MK_PLAN_DIR", plans.str());
+  mkt::ScopedEnv algo("MK_ALGO", "allgather=allgather.direct");
+  comm = mkt::one_rank();
+  REQUIRE_MESSAGE(mkAllGather(in.ptr(), out.ptr(), 256, mkFloat32, comm, dev.stream) == mkSuccess, mkGetLastError(comm));
+  CHECK(std::string(mkt::last_launch().function).find("_fp32_") != std::string::npos);
+  CHECK(mkt::last_launch().args.count == 256);
+  REQUIRE_MESSAGE(mkAllGather(in.ptr(), out.ptr(), 9, mkInt32, comm, dev.stream) == mkSuccess, mkGetLastError(comm));
+  CHECK(std::string(mkt::last_launch().function).find("_uint32_") != std::string::npos);
+  CHECK(mkt::last_launch().args.count == 9);
+  REQUIRE_MESSAGE(mkAllGather(in.ptr(), out.ptr(), 3, mkBfloat16, comm, dev.stream) == mkSuccess, mkGetLastError(comm));
+  CHECK(std::string(mkt::last_launch().function).find("_fp16_") != std::string::npos);
+  CHECK(mkt::last_launch().args.count == 3);
   CHECK(mkCommDestroy(comm) == mkSuccess);
 }

@@ -516,7 +516,9 @@ TEST_CASE("jit: compile, the cubin cache, and its key" * doctest::skip(!mkt::hav
 // NVRTC's --Ofast-compile level (MK_FAST_COMPILE, mkc --fast-compile): part
 // of the cubin's key, so that a cubin of one level never serves another;
 // "0" adds no option (cubins cached before the knob keep their keys).
-TEST_CASE("jit: the fast-compile level is part of the cubin's key" * doctest::skip(!mkt::have_nvrtc())) {
+// (NVRTC before 12.8 has no --Ofast-compile: every level is "0" there)
+TEST_CASE("jit: the fast-compile level is part of the cubin's key" *
+          doctest::skip(!mkt::have_nvrtc() || jit::nvrtc_version() < 12080)) {
   mkt::TempDir d;
   mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
   mkt::ScopedEnv level("MK_FAST_COMPILE", nullptr);
@@ -544,6 +546,25 @@ TEST_CASE("jit: the fast-compile level is part of the cubin's key" * doctest::sk
   CHECK_FALSE(m.from_cache);
   jit::set_fast_compile("0");
   CHECK(entries(d.path) == 3);
+
+  // and of the plan cache's key: a plan of one level never serves another
+  // (regression: the plan cache returned a fully optimised plan for
+  // --fast-compile max, and a max plan to a later job at level 0)
+  const auto* info = dsl::find_schedule("allgather.direct");
+  compiler::CompileOptions o;
+  o.lower.max_bytes = 4096;
+  compiler::CompileStats st;
+  compiler::compile_plan(dsl::build(*info, 2), o, &st);
+  CHECK_FALSE(st.from_cache);
+  {
+    mkt::ScopedEnv max("MK_FAST_COMPILE", "max");
+    compiler::compile_plan(dsl::build(*info, 2), o, &st);
+    CHECK_FALSE(st.from_cache);
+    CHECK(contains(compiler::options_json(o), "\"fast_compile\":\"max\""));
+  }
+  compiler::compile_plan(dsl::build(*info, 2), o, &st);
+  CHECK(st.from_cache);
+  CHECK_FALSE(contains(compiler::options_json(o), "fast_compile"));
 }
 
 TEST_CASE("jit: mk.jit.E007 an unknown fast-compile level") {
@@ -1426,10 +1447,15 @@ TEST_CASE("codegen: op_comment finds an op's comment line") {
   CHECK(codegen::op_comment(src, 1) == "");   // not the 1 of %17
   CHECK(codegen::op_comment(src, 41) == "");  // not a comment
   CHECK(codegen::op_comment(src, -1) == "");
-  // generated code: a two-shot kernel's reduce, and the first scatter of its block group
-  const auto units = codegen::generate(lower_builtin("allreduce.two_shot", 4).variants, DType::fp32, RedOp::sum, "t");
-  bool scatter = false;
-  for (const auto& u : units) scatter = scatter || !codegen::op_comment(u.source, 0).empty();
-  CHECK(scatter);
+  // generated code: two-shot at 16 ranks scatters on blocks 0-14 (one
+  // function), ops %0, %16, ... %224: each block's op has its comment
+  const auto units = codegen::generate(lower_builtin("allreduce.two_shot", 16).variants, DType::fp32, RedOp::sum, "t");
+  for (const auto& u : units) {
+    REQUIRE(contains(u.source, "_tbs0_14("));
+    for (int j = 0; j < 15; ++j) {
+      CAPTURE(j);
+      CHECK(contains(codegen::op_comment(u.source, 16 * j), fmt::format("%{} copy r0.in[{}]", 16 * j, j + 1)));
+    }
+  }
 }
 

@@ -914,11 +914,18 @@ int cmd_prebuild(const std::vector<std::string>& archs, const std::vector<int>& 
       for (int ci = 0; ci < kNumCollectives; ++ci) {
         const Collective coll = Collective(ci);
         for (const rt::Choice& s : rt::schedules_for(coll, n)) {
-          // collectives that only move data also for the copy dtypes
+          // collectives that only move data also for the copy dtypes, one plan
+          // per element size (rt::kernel_dtype: it serves every type of that size)
           std::vector<std::string> ds = dtypes;
-          if (!collective_reduces(coll))
-            for (const auto& d : copy_dtypes)
-              if (std::find(ds.begin(), ds.end(), d) == ds.end()) ds.push_back(d);
+          if (!collective_reduces(coll)) {
+            ds.clear();
+            std::vector<std::string> all = dtypes;
+            all.insert(all.end(), copy_dtypes.begin(), copy_dtypes.end());
+            for (const auto& d : all) {
+              const std::string k{name(rt::kernel_dtype(coll, dtype_arg(d)))};
+              if (std::find(ds.begin(), ds.end(), k) == ds.end()) ds.push_back(k);
+            }
+          }
           for (const auto& d : ds)
             for (const auto& o : ops) {
               const RedOp op = op_arg(o);
@@ -1159,7 +1166,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> pb_copy = {"int32", "int64"};
   prebuild->add_option("--copy-dtype", pb_copy,
                        "also these element types for the collectives that only move data (allgather, broadcast, "
-                       "alltoall; default int32,int64: frameworks' metadata, e.g. DDP's bucket and parameter sync)")
+                       "alltoall; default int32,int64: frameworks' metadata, e.g. DDP's bucket and parameter sync); "
+                       "one plan serves every type of a size")
       ->delimiter(',');
   prebuild->add_option("--op", pb_ops, "reduction ops (default sum)")->delimiter(',');
   prebuild->add_option("-o,--out", pb_out, "output directory (index.json is merged)")->required();
