@@ -493,7 +493,8 @@ std::unique_ptr<ce::Issue> ce_issue(Pending& p, PlanInstance& inst, const Launch
 // One call's kernel arguments. Caller holds p.c->mu.
 dev::Args call_args(const Pending& p, const PlanInstance& inst) {
   // Counted in the plan's elements: a collective that only moves data runs
-  // its byte plan (kernel_dtype) or one compiled for the call's own type.
+  // its element size's plan (kernel_dtype) or one compiled for the call's
+  // own type (MK_PLAN_DIR), of the call's element size either way.
   const size_t es = dtype_size(inst.plan->dtype);
   MK_CHECK(size_t(p.bytes) % es == 0, "a plan whose element does not divide the call's bytes");
   dev::Args a = p.c->args(inst, p.k.send, p.k.recv, int64_t(size_t(p.bytes) / es), p.k.root, int32_t(es), p.zcc, p.res);

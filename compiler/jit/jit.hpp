@@ -39,9 +39,10 @@ const std::string& templates_hash();
 // NVRTC's --Ofast-compile level for every kernel compiled from now on: "0"
 // (full optimisation), "min", "mid" or "max". MK_FAST_COMPILE when set, else
 // what set_fast_compile() chose, else kDefaultFastCompile. Part of every
-// cubin's cache key and of plan keys (compiler::options_json, when not "0"). An NVRTC older than 12.8 has no such option: the level
-// is then "0" whatever was asked (and said once under MK_DEBUG). Throws
-// mk.jit.E007 for another value.
+// cubin's cache key and of plan keys (compiler::options_json, when not
+// "0"). An NVRTC older than 12.8 has no such option: the level is then "0"
+// whatever was asked (and said once under MK_DEBUG). Throws mk.jit.E007 for
+// another value.
 inline constexpr const char* kDefaultFastCompile = "0";
 std::string fast_compile();
 void set_fast_compile(const std::string& level);  // mkc --fast-compile; validated
