@@ -1025,6 +1025,30 @@ TEST_CASE("mkc tune: runs every candidate and writes a selection table the runti
 // The summary used to give one bucket's NVRTC time as "the" NVRTC time (2 s
 // of a 15 s compile whose other bucket took 13 s): every bucket's own times
 // now, and the header's split is the bucket that finished last.
+// A plan of every rank whose one-pass kernel holds a code path per rank
+// says how to compile less (a rank's own plan); a rank's plan does not.
+TEST_CASE("mkc compile: a plan of every rank with a code path per rank says --rank compiles a fraction" *
+          doctest::skip(!mkt::have_nvrtc())) {
+  mkt::TempDir d, cache;
+  const auto all = mkc({"compile", "-s", "allreduce.one_shot", "-n", "4", "--max-bytes", "4096", "--dtype", "fp32", "-o",
+                        (d / "all").string()},
+                       {{"MK_CACHE_DIR", cache.str()}});
+  REQUIRE(all.exit_code == 0);
+  CHECK(contains(all.out, "note: a kernel of this plan holds 4 code paths"));
+  CHECK(contains(all.out, "`--rank R`"));
+  const auto mine = mkc({"compile", "-s", "allreduce.one_shot", "-n", "4", "--max-bytes", "4096", "--dtype", "fp32",
+                         "--rank", "1", "-o", (d / "one").string()},
+                        {{"MK_CACHE_DIR", cache.str()}});
+  REQUIRE(mine.exit_code == 0);
+  CHECK_FALSE(contains(mine.out, "note:"));
+  // one code path: no note
+  const auto ring = mkc({"compile", "-s", "allreduce.ring", "-n", "4", "--max-bytes", "4096", "--dtype", "fp32", "-o",
+                         (d / "ring").string()},
+                        {{"MK_CACHE_DIR", cache.str()}});
+  REQUIRE(ring.exit_code == 0);
+  CHECK_FALSE(contains(ring.out, "note:"));
+}
+
 TEST_CASE("mkc compile: the summary gives every bucket's times and names the critical path" *
           doctest::skip(!mkt::have_nvrtc())) {
   mkt::TempDir d, cache;

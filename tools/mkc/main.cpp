@@ -673,6 +673,16 @@ int cmd_compile(Common o, const std::string& dtype, const std::string& op, const
              st.buckets.size() > 1 && !st.from_cache ? fmt::format("; bucket {} is the critical path", st.critical)
                                                       : std::string(),
              per);
+  // A plan of every rank whose kernel holds a code path per rank class
+  // (one-pass kernels: one per rank) costs that many times a rank's own.
+  int32_t most = 1;
+  for (const auto& k : p.kernels) most = std::max(most, k.classes);
+  if (rank < 0 && p.serves.empty() && most > 2)
+    fmt::print("note: a kernel of this plan holds {} code paths (rank classes, `mkc show --classes`), one per group of "
+               "ranks; a rank's first call compiles only its own: `--rank R` compiles that plan (a fraction of the "
+               "time), and `--tune one_pass_generic=1` gives one-pass kernels one path for every rank (1-3 us slower "
+               "a call up to 8 KiB)\n",
+               most);
   return 0;
 }
 
