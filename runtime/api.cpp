@@ -266,11 +266,9 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
         for (DType dt : dts)
           for (RedOp op : rops) {
             if (!collective_reduces(coll) && op != rops.front()) continue;  // one plan serves every op
-            if (!collective_reduces(coll) &&  // and every type of its size (kernel_dtype)
-                std::find_if(dts.begin(), dts.end(), [&](DType x) {
-                  return kernel_dtype(coll, x) == kernel_dtype(coll, dt);
-                }) != std::find(dts.begin(), dts.end(), dt))
-              continue;
+            // and every type of its size (kernel_dtype): the first type of each size only
+            auto same_size = [&](DType x) { return kernel_dtype(coll, x) == kernel_dtype(coll, dt); };
+            if (!collective_reduces(coll) && *std::find_if(dts.begin(), dts.end(), same_size) != dt) continue;
             if (!collective_reduces(coll) && op == RedOp::premulsum) op = RedOp::sum;
             // PreMulSum never runs on copy engines (create_instance takes the built-in table's choice)
             const dsl::ScheduleInfo* info = op == RedOp::premulsum ? dsl::find_schedule(s.schedule) : nullptr;

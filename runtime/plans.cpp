@@ -228,14 +228,16 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
   const std::string fusion_id = compiler::fusion_identity(fusion);  // what a matching plan.json holds
   const std::string key = fmt::format("{}|{}|{}", schedule, nranks, compiler::options_json(o));
   o.rank = rank;
+  // A collective that only moves data: its size's plan (kernel_dtype), or,
+  // from MK_PLAN_DIR, one compiled for the call's own type.
+  auto of_type = [&](const plan::Plan& p) { return p.dtype == o.dtype || p.dtype == dtype; };
   std::unique_lock<std::mutex> lock(mutex());
   for (;;) {
     const auto& from_dir = dir_plans();
     {
       auto& known = cache()[key];
       for (const auto& p : known)  // (a plan from MK_PLAN_DIR may be of another call's type: not that one)
-        if ((rank < 0 ? p->serves.empty() : plan::serves(*p, rank)) && (p->dtype == o.dtype || p->dtype == dtype))
-          return p;
+        if ((rank < 0 ? p->serves.empty() : plan::serves(*p, rank)) && of_type(*p)) return p;
     }
     // Reduction ops do not exist for collectives that do not reduce: they share
     // the sum plan. For registered buffers a zero-copy plan is preferred; the
@@ -249,8 +251,7 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     // another one serves this rank; if none does, that is the error.
     std::shared_ptr<const plan::Plan> elsewhere;
     for (const auto& p : candidates) {
-      // a collective that only moves data: its byte plan, or one compiled for the call's own type
-      if (p->schedule != schedule || (p->dtype != o.dtype && p->dtype != dtype) ||
+      if (p->schedule != schedule || !of_type(*p) ||
           (collective_reduces(coll) && p->op != op) ||
           p->fusion != fusion_id || p->fusion_check != o.fusion_check)
         continue;

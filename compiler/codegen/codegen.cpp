@@ -772,10 +772,10 @@ class Emitter {
     for (const Item& it : items) sid.push_back(ids.emplace(it.shape(), int(ids.size())).first->second);
     return sid;
   }
-  // Whether emit_items would reroll some of `items` into a loop.
-  bool rolls(const std::vector<Item>& items) const {
-    const std::vector<int> sid = shape_ids(items);
-    for (size_t i = 0; i < items.size(); ++i)
+  // Whether emit_items would reroll some of the items of shapes `sid` (any
+  // interning: only which are equal matters) into a loop.
+  bool rolls(const std::vector<int>& sid) const {
+    for (size_t i = 0; i < sid.size(); ++i)
       if (best_loop(sid, i).second) return true;
     return false;
   }
@@ -868,9 +868,9 @@ class Emitter {
     std::vector<std::vector<int>> sids(size_t(cp_.tbs));
     for (int32_t tb = 0; group && tb < cp_.tbs; ++tb) {
       if (cp_.path(size_t(cls), size_t(tb)).empty()) continue;
-      const std::vector<Item> items = items_of(tb);
-      if (rolls(items)) continue;
-      for (const Item& it : items) sids[size_t(tb)].push_back(shape_id(it.shape()));
+      std::vector<int>& sid = sids[size_t(tb)];
+      for (const Item& it : items_of(tb)) sid.push_back(shape_id(it.shape()));
+      if (rolls(sid)) sid.clear();
     }
     for (int32_t tb = 0; tb < cp_.tbs;) {
       if (cp_.path(size_t(cls), size_t(tb)).empty()) {

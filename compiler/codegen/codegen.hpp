@@ -165,8 +165,8 @@ std::string identifier(std::string_view s);
 
 // The comment the generated `source` gives op `op` (its IR id, as an error
 // record names it): "%7 copy r0.in[1] -> r1.sc[0]  (file.cpp:22)", or "" if
-// none. A rerolled loop's or a thread-block group's ops are commented once,
-// as their first: only that one is found.
+// none. A rerolled loop's ops are commented once, as its first iteration's:
+// only that one is found (a thread-block group comments every block's op).
 std::string op_comment(const std::string& source, int32_t op);
 
 }  // namespace mk::codegen
