@@ -11,6 +11,7 @@
 #include <iterator>
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <mutex>
@@ -73,7 +74,8 @@ void check_fusion_plan(const ir::Schedule& built, const dsl::FusionInfo& f, DTyp
 
 std::string fusion_identity(const std::string& name) {
   if (name.empty()) return {};
-  const dsl::FusionInfo* f = dsl::find_fusion(name);
+  // The code's identity, not its verdict: compile_plan and the runtime check it (per dtype).
+  const dsl::FusionInfo* f = dsl::find_fusion_unchecked(name);
   if (!f) throw Error(ErrId::cli_E011, fmt::format("unknown fusion '{}'", name), {}, known_fusions());
   std::string k = f->source;
   if (!f->pre_source.empty()) k += "\nprologue\n" + f->pre_source;  // (a fusion without one keeps its old identity)
@@ -164,6 +166,8 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   const std::string cache = o.use_cache ? jit::private_cache_dir() : "";
   const fs::path cached = cache.empty() ? fs::path() : fs::path(cache) / "plans" / key;
   if (std::error_code ec; !cache.empty() && fs::exists(fs::symlink_status(cached, ec))) {
+    // a fused plan: its code checked on this dtype (outside the try: a refusal is not a damaged entry)
+    if (!o.fusion.empty()) (void)dsl::find_fusion(o.fusion, o.dtype);
     try {
       // An entry that is a link, or not ours, or that others can write, is
       // not read (tfs::entry_problem, then read_dir's checks of every file).
@@ -184,6 +188,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   // ahead of time for the common cases.
   if (o.use_cache && o.use_prebuilt) {
     if (auto pre = prebuilt::find(prebuilt::key(built, o), built, o)) {
+      if (!o.fusion.empty()) (void)dsl::find_fusion(o.fusion, o.dtype);
       st.from_cache = true;
       return *pre;
     }
@@ -193,12 +198,16 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   // and NVRTC; then its ops go (the plan needs the variant's settings only:
   // millions of ops at 1024 ranks, most of the memory).
   // A fused plan: the fusion as registered now (the key above hashed its code).
+  // Its code is checked on the CPU (verify::check_fusion_once, this dtype)
+  // while the buckets compile: the plan is returned only if it passes.
   std::optional<dsl::FusionInfo> fusion;
+  std::future<void> fusion_checked;
   if (!o.fusion.empty()) {
-    const dsl::FusionInfo* f = dsl::find_fusion(o.fusion);
+    const dsl::FusionInfo* f = dsl::find_fusion_unchecked(o.fusion);
     MK_CHECK(f, "compile_plan: the fusion vanished after the key was made");
     fusion = *f;
     check_fusion_plan(built, *fusion, o.dtype, o.op);
+    fusion_checked = std::async(std::launch::async, [name = o.fusion, t = o.dtype] { (void)dsl::find_fusion(name, t); });
   }
   const std::string tag = fmt::format("{}_n{}_{}_{}{}", codegen::identifier(built.name), built.nranks, name(o.dtype),
                                       name(o.op), fusion ? "_" + codegen::identifier(fusion->name) : std::string());
@@ -254,7 +263,8 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     results[b] = jit::compile(units[b].source, units[b].kernel.name, o.arch, o.use_cache);
     nvrtc_ms[b] = ms_since(t);
   };
-  Lowered l = lower(std::move(built), lo);
+  Lowered l = lower(std::move(built), lo);  // (a throw waits for the check: ~future)
+  if (fusion_checked.valid()) fusion_checked.get();  // its error, if the code was refused
   MK_CHECK(units.size() == l.variants.size(), "compile_plan: a bucket was not generated");
   // Every bucket's times, and the split of the wall time (CompileStats): the
   // bucket that finished last, until it was proved, its codegen, its NVRTC;

@@ -154,6 +154,12 @@ const FusionInfo* find_fusion(const std::string& name) {
   return f;
 }
 
+const FusionInfo* find_fusion(const std::string& name, DType dtype) {
+  const FusionInfo* f = find_fusion_unchecked(name);
+  if (f) verify::check_fusion_once(*f, dtype);
+  return f;
+}
+
 size_t fusion_registrations() {
   std::lock_guard<std::mutex> lock(mu());
   return store().size();

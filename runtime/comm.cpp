@@ -702,7 +702,8 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   // compute-sanitizer. Registry entries never change (a plugin's
   // re-registration is a new entry), and a plan serves only the version of
   // the fusion it was compiled from.
-  const dsl::FusionInfo* fi = plan->fusion.empty() ? nullptr : dsl::find_fusion(plan->fusion.substr(0, plan->fusion.find('@')));
+  const dsl::FusionInfo* fi =
+      plan->fusion.empty() ? nullptr : dsl::find_fusion(plan->fusion.substr(0, plan->fusion.find('@')), plan->dtype);
   if (fi && !fi->source.empty()) {
     const std::string epi = k->name + "_epi";
     MK_CU(d.cuModuleGetFunction(&inst->fn_epi, inst->module, epi.c_str()), "finding the epilogue kernel " + epi);

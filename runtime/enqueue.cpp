@@ -139,12 +139,10 @@ void validate_fusion(Pending& p) {
   const std::string fname(f.name, name_len);
   const dsl::FusionInfo* info = nullptr;
   try {
-    const CompileScope checking(*p.c);  // the first use checks the fusion's code: an abort does not wait
-    info = dsl::find_fusion(fname);
+    info = dsl::find_fusion_unchecked(fname);  // mk.dsl.E009 for a malformed one
   } catch (const Error& e) {
     fail(mkInvalidArgument, fmt::format("{}: {}", api, e.what()));
   }
-  p.c->check_usable(api);  // aborted meanwhile
   if (!info) {
     std::string names;
     for (const auto& x : dsl::registered_fusions()) names += (names.empty() ? "" : ", ") + x.name;
@@ -157,6 +155,14 @@ void validate_fusion(Pending& p) {
     for (DType t : info->dtypes) ok += (ok.empty() ? "" : ", ") + std::string(name(t));
     fail(mkInvalidArgument, fmt::format("{}: fusion {} does not serve {} (it serves {})", api, fname, name(p.dt), ok));
   }
+  try {
+    // The first call of a dtype checks the fusion's code on that dtype (verify::check_fusion_once).
+    const CompileScope checking(*p.c);  // an abort does not wait for it
+    (void)dsl::find_fusion(fname, p.dt);
+  } catch (const Error& e) {
+    fail(mkInvalidArgument, fmt::format("{}: {}", api, e.what()));
+  }
+  p.c->check_usable(api);  // aborted meanwhile
   if (p.op == RedOp::premulsum && !info->pre_source.empty())
     fail(mkInvalidArgument, fmt::format("{}: fusion {} has a prologue, and a PreMulSum op is one too (the scaling): "
                                         "pass mkSum and scale in the fusion's prologue",
@@ -232,7 +238,7 @@ void validate_fusion(Pending& p) {
   if (!aliased.empty()) {
     std::string why;
     try {
-      why = verify::alias_refusal(*info, aliased);
+      why = verify::alias_refusal(*info, aliased, p.dt);
     } catch (const Error& e) {
       fail(mkInvalidArgument, fmt::format("{}: {}", api, e.what()));
     }

@@ -992,58 +992,73 @@ struct Verdict {
   std::optional<Error> error;
   FusionCheckReport report;
 };
-// One entry per registration checked; the entries are never removed, so a
-// pointer into the map stays valid.
+// One entry per registration and dtype checked; the entries are never
+// removed, so a pointer into the map stays valid.
 std::mutex& verdicts_mu() {
   static std::mutex m;
   return m;
 }
-std::map<const FusionInfo*, Verdict>& verdicts() {
-  static std::map<const FusionInfo*, Verdict> v;
+std::map<std::pair<const FusionInfo*, DType>, Verdict>& verdicts() {
+  static std::map<std::pair<const FusionInfo*, DType>, Verdict> v;
   return v;
 }
-const Verdict& verdict_of(const FusionInfo& f) {
+const Verdict& verdict_of(const FusionInfo& f, DType t) {
+  const std::pair<const FusionInfo*, DType> key{&f, t};
   {
     std::lock_guard<std::mutex> g(verdicts_mu());
-    if (auto it = verdicts().find(&f); it != verdicts().end()) return it->second;
+    if (auto it = verdicts().find(key); it != verdicts().end()) return it->second;
   }
   // One check at a time (each starts threads); a second caller of the same
-  // fusion waits here and finds the verdict.
+  // fusion and dtype waits here and finds the verdict.
   static std::mutex checking;
   std::lock_guard<std::mutex> one(checking);
   {
     std::lock_guard<std::mutex> g(verdicts_mu());
-    if (auto it = verdicts().find(&f); it != verdicts().end()) return it->second;
+    if (auto it = verdicts().find(key); it != verdicts().end()) return it->second;
   }
   Verdict v;
   try {
-    v.report = check_fusion(f);
+    FusionCheckOptions o;
+    o.dtypes = {t};
+    v.report = check_fusion(f, o);
   } catch (const Error& x) {
     v.error = x;
   }
   std::lock_guard<std::mutex> g(verdicts_mu());
-  return verdicts().emplace(&f, std::move(v)).first->second;
+  return verdicts().emplace(key, std::move(v)).first->second;
+}
+// The dtypes a verdict covers: the one asked for, or every one served.
+std::vector<DType> dtypes_of(const FusionInfo& f, std::optional<DType> dtype) {
+  if (dtype) {
+    if (std::find(f.dtypes.begin(), f.dtypes.end(), *dtype) == f.dtypes.end() || host_slot(*dtype) < 0)
+      throw Error(ErrId::cli_E013, fmt::format("fusion {} does not serve {}", f.name, name(*dtype)));
+    return {*dtype};
+  }
+  return f.dtypes;
 }
 }  // namespace
 
-void check_fusion_once(const FusionInfo& f) {
-  const Verdict& v = verdict_of(f);
-  if (v.error) throw *v.error;
+void check_fusion_once(const FusionInfo& f, std::optional<DType> dtype) {
+  for (DType t : dtypes_of(f, dtype))
+    if (const Verdict& v = verdict_of(f, t); v.error) throw *v.error;
 }
 
-std::string alias_refusal(const FusionInfo& f, const std::vector<std::pair<int, int>>& pairs) {
-  const Verdict& v = verdict_of(f);
-  if (v.error) throw *v.error;
-  for (auto [k, j] : pairs) {
-    const AliasVerdict* found = nullptr;
-    for (const auto& a : v.report.aliases)
-      if (a.output == k && a.input == j) found = &a;
-    if (!found)
-      return fmt::format("the checker did not run fusion {} with {} stored in {}", f.name,
-                         f.operands[size_t(k)].name, f.operands[size_t(j)].name);
-    if (!found->why.empty()) return found->why;
+std::string alias_refusal(const FusionInfo& f, const std::vector<std::pair<int, int>>& pairs,
+                          std::optional<DType> dtype) {
+  for (DType t : dtypes_of(f, dtype)) {
+    const Verdict& v = verdict_of(f, t);
+    if (v.error) throw *v.error;
+    for (auto [k, j] : pairs) {
+      const AliasVerdict* found = nullptr;
+      for (const auto& a : v.report.aliases)
+        if (a.output == k && a.input == j) found = &a;
+      if (!found)
+        return fmt::format("the checker did not run fusion {} with {} stored in {}", f.name,
+                           f.operands[size_t(k)].name, f.operands[size_t(j)].name);
+      if (!found->why.empty()) return found->why;
+    }
+    if (pairs.size() > 1 && !v.report.aliases_together.empty()) return v.report.aliases_together;
   }
-  if (pairs.size() > 1 && !v.report.aliases_together.empty()) return v.report.aliases_together;
   return {};
 }
 

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,15 +85,20 @@ struct FusionCheckReport {
 // mk.verify.E020-E022 error of the first problem.
 FusionCheckReport check_fusion(const dsl::FusionInfo& f, const FusionCheckOptions& o = {});
 
-// check_fusion with the default options, once per registration (the registry
-// entry's address; entries never change): what find_fusion asks before it
-// returns a fusion. Rethrows the first run's error on later calls.
-void check_fusion_once(const dsl::FusionInfo& f);
+// check_fusion with the default options on one dtype, once per registration
+// (the registry entry's address; entries never change) and dtype: what
+// find_fusion(name, dtype) asks before it returns a fusion for a call of that
+// dtype. Without a dtype, every dtype the fusion serves, one by one in its
+// order (what find_fusion(name) asks). Rethrows the first run's error on
+// later calls. A dtype the fusion does not serve is mk.cli.E013.
+void check_fusion_once(const dsl::FusionInfo& f, std::optional<DType> dtype = std::nullopt);
 
-// Why a call may not pass these (output operand, input operand) pairs as one
-// buffer each ("" when it may): what the checker saw with them aliased.
-// Checks the fusion first (check_fusion_once).
-std::string alias_refusal(const dsl::FusionInfo& f, const std::vector<std::pair<int, int>>& pairs);
+// Why a call of `dtype` may not pass these (output operand, input operand)
+// pairs as one buffer each ("" when it may): what the checker saw with them
+// aliased on that dtype. Without a dtype: refused if any dtype the fusion
+// serves refuses them. Checks the fusion first (check_fusion_once).
+std::string alias_refusal(const dsl::FusionInfo& f, const std::vector<std::pair<int, int>>& pairs,
+                          std::optional<DType> dtype = std::nullopt);
 
 // `mkc simulate --fusion`: a fused all-reduce on the CPU. The lowered
 // schedule runs in the executor with the fusion's prologue (each rank its own

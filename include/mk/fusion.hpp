@@ -182,6 +182,10 @@ constexpr int kMaxScalars = 4;
 bool register_fusion(const FusionInfo& info);
 std::vector<FusionInfo> registered_fusions();
 const FusionInfo* find_fusion(const std::string& name);
+// find_fusion for calls of one dtype: checks the code on that dtype only (a
+// third of the work for a fusion of three dtypes; the first fused call and
+// `mkc compile --fusion` wait for it). mk.cli.E013 for a dtype it does not serve.
+const FusionInfo* find_fusion(const std::string& name, DType dtype);
 // find_fusion without the check (the checker itself, `mkc list`).
 const FusionInfo* find_fusion_unchecked(const std::string& name);
 // How many registrations were made so far, and the names registered after

@@ -225,6 +225,21 @@ MK_EPILOGUE(chk_step256,
 )
 MK_FUSION(chk_step256, "test.chk_step256", "a fixed stride of 256", ({}), ({}), mk::dsl::RowMode::given);
 
+// Races on fp32 only (its vector width is 4; fp16's and bf16's is 8): a call
+// of another dtype runs code the checker passes.
+MK_EPILOGUE(chk_fp32_race,
+  struct Epi {
+    template <class R>
+    MK_DEV static void row(R& r) {
+      for (int i = r.first(); i < r.n; i += r.step()) {
+        const int j = R::V == 4 && i + 1 < r.n ? i + 1 : i;
+        r.set_out(i, r.out(i) + r.out(j));
+      }
+    }
+  };
+)
+MK_FUSION(chk_fp32_race, "test.chk_fp32_race", "out[i] += out[i + 1] on fp32", ({}), ({}), mk::dsl::RowMode::given);
+
 // Writes only half of its output operand (E022: the caller keeps stale data).
 MK_EPILOGUE(chk_half,
   struct Epi {
@@ -484,6 +499,34 @@ TEST_CASE("fusion check: find_fusion refuses a bad fusion before its first use, 
   o.dtype = DType::bf16;
   o.fusion = "test.chk_neighbour";
   CHECK(catch_error([&] { compiler::compile_plan(dsl::build(*ring, 2), o); }).id == "mk.verify.E021");
+}
+
+// A call's first use checks the fusion on the call's dtype only (a third of
+// the work for a fusion of three dtypes); find_fusion without one, every dtype.
+TEST_CASE("fusion check: per dtype: a fusion refused on fp32 serves bf16, and compile_plan checks the plan's dtype") {
+  CHECK(dsl::find_fusion("test.chk_fp32_race", DType::bf16) != nullptr);
+  CHECK(dsl::find_fusion("test.chk_fp32_race", DType::fp16) != nullptr);
+  for (int k = 0; k < 2; ++k) {
+    const auto e = catch_error([] { dsl::find_fusion("test.chk_fp32_race", DType::fp32); });
+    CHECK(e.id == "mk.verify.E021");
+    CHECK(contains(e.message, "(fp32 epilogue)"));
+  }
+  CHECK(catch_error([] { dsl::find_fusion("test.chk_fp32_race"); }).id == "mk.verify.E021");
+  CHECK(catch_error([] { dsl::find_fusion("test.chk_fp32_race", DType::fp64); }).id == "mk.cli.E013");
+  const dsl::FusionInfo& f = unchecked("test.chk_fp32_race");
+  CHECK(catch_error([&] { verify::alias_refusal(f, {}, DType::fp32); }).id == "mk.verify.E021");
+  CHECK(verify::alias_refusal(f, {}, DType::bf16).empty());
+  const dsl::ScheduleInfo* ring = dsl::find_schedule("allreduce.ring");
+  REQUIRE(ring != nullptr);
+  compiler::CompileOptions o;
+  o.fusion = "test.chk_fp32_race";
+  o.dtype = DType::fp32;
+  o.lower.max_bytes = 4096;  // one bucket: the check's error comes after the compile it overlapped
+  CHECK(catch_error([&] { compiler::compile_plan(dsl::build(*ring, 2), o); }).id == "mk.verify.E021");
+  o.dtype = DType::bf16;
+  const plan::Plan p = compiler::compile_plan(dsl::build(*ring, 2), o);
+  CHECK(p.fusion.rfind("test.chk_fp32_race@", 0) == 0);
+  CHECK(p.kernels.size() == 1);
 }
 
 TEST_CASE("simulate_fusion: a fused all-reduce on the CPU against float64 and across ranks") {
