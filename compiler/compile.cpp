@@ -152,7 +152,7 @@ std::string plan_key(const ir::Schedule& s, const CompileOptions& o) {
   return jit::hash_hex(k);
 }
 
-plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStats* stats) {
+plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStats* stats, const ServesFn& on_serves) {
   CompileStats local;
   CompileStats& st = stats ? *stats : local;
   if (o.rank < -1 || o.rank >= built.nranks)
@@ -258,6 +258,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     }
     units[b] = codegen::generate_one(v, b, nb, o.dtype, o.op, tag, lim, o.rank);
     codegen_ms[b] = ms_since(t);
+    if (on_serves) on_serves(units[b].serves);
     std::vector<ir::Op>().swap(v.ops);
     t = std::chrono::steady_clock::now();
     results[b] = jit::compile(units[b].source, units[b].kernel.name, o.arch, o.use_cache);

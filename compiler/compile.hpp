@@ -1,6 +1,9 @@
 // From a built schedule to a plan: lower, generate, NVRTC, describe.
 #pragma once
 
+#include <functional>
+#include <vector>
+
 #include "compiler/ir/ir.hpp"
 #include "compiler/pipeline.hpp"
 #include "compiler/plan/plan.hpp"
@@ -72,6 +75,12 @@ std::string known_fusions();
 // identity. Equal keys mean equal plans.
 std::string plan_key(const ir::Schedule& built, const CompileOptions& o);
 
-plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStats* stats = nullptr);
+// `on_serves`, when given, hears each bucket's ranks as soon as its code is
+// generated, before NVRTC (from its lowering worker; empty: every rank): the
+// plan will serve at most the ranks common to them all. The runtime lets a
+// rank that will not be among them start its own compile at once.
+using ServesFn = std::function<void(const std::vector<int32_t>& ranks)>;
+plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStats* stats = nullptr,
+                        const ServesFn& on_serves = {});
 
 }  // namespace mk::compiler

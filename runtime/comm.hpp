@@ -471,6 +471,15 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
                                            int32_t rank = -1, const std::string& tune = "",
                                            const std::string& fusion = "");
 
+// Compiles get_plan has started in this process and the most that ran at
+// once (ranks of one process whose plans differ compile together); `reset`
+// zeroes both (tests).
+struct PlanCompiles {
+  int64_t started = 0;
+  int peak_at_once = 0;
+};
+PlanCompiles plan_compiles(bool reset = false);
+
 // The element type a plan of `coll` is compiled for: the call's for
 // collectives that reduce; for those that only move data (all-gather,
 // broadcast, all-to-all) one type per element size (uint8, fp16, uint32,

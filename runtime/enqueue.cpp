@@ -9,10 +9,13 @@
 #include <map>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -810,6 +813,59 @@ void group_fail(mkResult_t code, const std::string& why) {
   }
 }
 
+// The plan instances of a group's `missing` calls (a first call compiles
+// and loads: up to seconds). Calls of different communicators (ranks of one
+// process driven by one thread, as an ncclGroupStart/End loop over GPUs does)
+// are resolved side by side, each communicator's in group order on one
+// worker: every rank's plan (a one-pass kernel has one per rank) compiles at
+// once, not one after another. The first failure in group order is thrown,
+// after every worker has returned.
+void resolve_all(std::vector<Pending>& calls, const std::vector<size_t>& missing, std::vector<PlanInstance*>& inst) {
+  std::vector<std::vector<size_t>> by_comm;  // in order of first appearance
+  {
+    std::map<const Comm*, size_t> slot;
+    for (size_t i : missing) {
+      auto [it, fresh] = slot.emplace(calls[i].c.get(), by_comm.size());
+      if (fresh) by_comm.emplace_back();
+      by_comm[it->second].push_back(i);
+    }
+  }
+  std::vector<std::exception_ptr> error(calls.size());
+  auto work = [&](const std::vector<size_t>& mine) {
+    for (size_t i : mine) {
+      try {
+        Pending& p = calls[i];
+        p.c->check_usable(api_name_of(p.k.coll));
+        std::lock_guard<std::mutex> lock(p.c->mu);
+        inst[i] = &resolve_locked(p);
+      } catch (...) {
+        error[i] = std::current_exception();
+        return;  // this communicator's later calls are not tried
+      }
+    }
+  };
+  if (by_comm.size() <= 1) {
+    for (const auto& mine : by_comm) work(mine);
+  } else {
+    const size_t nworkers =
+        std::min(by_comm.size(), size_t(std::max(2u, std::min(std::thread::hardware_concurrency(), 64u))));
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> workers;
+    auto loop = [&] {
+      for (size_t k; (k = next.fetch_add(1)) < by_comm.size();) work(by_comm[k]);
+    };
+    try {
+      for (size_t w = 1; w < nworkers; ++w) workers.emplace_back(loop);
+    } catch (const std::system_error&) {
+      // no more threads: the ones made (and this one) take the rest
+    }
+    loop();
+    for (auto& t : workers) t.join();
+  }
+  for (size_t i : missing)
+    if (error[i]) std::rethrow_exception(error[i]);
+}
+
 void group_end() {
   if (t_group.depth == 0) fail(mkInvalidUsage, "mkGroupEnd without mkGroupStart");
   if (--t_group.depth > 0) return;
@@ -845,12 +901,16 @@ void group_end() {
                                        "mkGroupEnd; none of the group's {} call(s) was launched",
                                        calls.size()));
   }
-  std::vector<PlanInstance*> inst;
-  for (auto& p : calls) {
+  std::vector<PlanInstance*> inst(calls.size(), nullptr);
+  std::vector<size_t> missing;  // calls whose plan instance does not exist yet
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Pending& p = calls[i];
     p.c->check_usable(api_name_of(p.k.coll));
     std::lock_guard<std::mutex> lock(p.c->mu);
-    inst.push_back(&resolve_locked(p));
+    inst[i] = p.c->find(p.k.coll, p.dt, p.op, p.bytes, p.zc, p.fusion, p.schedule);
+    if (!inst[i]) missing.push_back(i);
   }
+  resolve_all(calls, missing, inst);
   // A group's repeated calls of one plan take copies of its resources in
   // turn (copy k of the k-th call, modulo kResourceCopies): a group kernel
   // then runs them side by side instead of one after another. Chosen by

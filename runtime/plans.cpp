@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <iterator>
+#include <memory>
 #include <set>
 #include <filesystem>
 #include <map>
@@ -117,12 +119,31 @@ uint64_t& generation() {
   return g;
 }
 
-// Keys being compiled right now (under mutex()): a second caller waits for
-// the first instead of compiling the same plan again (ranks of one process,
-// prewarm threads); `compiled` is notified when one finishes.
-std::set<std::string>& in_flight() {
-  static std::set<std::string> s;
-  return s;
+// Plans being compiled right now, by key (under mutex()): a second caller
+// waits for the first instead of compiling the same plan again (ranks of one
+// process, prewarm threads), unless the first's plan will not serve it: each
+// compile tells, from its code generation (before NVRTC), the ranks its plan
+// will serve at most, so that ranks of one process whose code differs (a
+// one-pass kernel: a code path per rank) compile at once, not one after
+// another. `compiled` is notified when one finishes or tells.
+struct Compiling {
+  bool every_rank = true;       // no bucket has narrowed its ranks (yet)
+  std::vector<int32_t> serves;  // else: the ranks it will serve at most, ascending
+  bool excludes(int32_t rank) const {
+    return !every_rank && !std::binary_search(serves.begin(), serves.end(), rank);
+  }
+};
+std::map<std::string, std::vector<std::shared_ptr<Compiling>>>& in_flight() {
+  static std::map<std::string, std::vector<std::shared_ptr<Compiling>>> m;
+  return m;
+}
+PlanCompiles& compiles() {  // under mutex()
+  static PlanCompiles c;
+  return c;
+}
+int& compiling_now() {  // under mutex()
+  static int n = 0;
+  return n;
 }
 std::condition_variable& compiled() {
   static std::condition_variable cv;
@@ -168,6 +189,13 @@ std::optional<Collective> schedule_collective(const std::string& schedule) {
   if (const dsl::ScheduleInfo* info = dsl::find_schedule(schedule)) return info->coll;
   if (const auto d = plan_dir_schedule(schedule)) return d->coll;
   return std::nullopt;
+}
+
+PlanCompiles plan_compiles(bool reset) {
+  std::lock_guard<std::mutex> lock(mutex());
+  const PlanCompiles c = compiles();
+  if (reset) compiles() = {};
+  return c;
 }
 
 DType kernel_dtype(Collective coll, DType dtype) {
@@ -295,21 +323,41 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
       fail(mkInternalError, "no schedule named " + schedule);
     }
     // Another thread compiles this key: wait for it, then look again (its
-    // plan may serve this rank too).
-    if (in_flight().count(key)) {
+    // plan may serve this rank too), unless its plan will not serve this rank.
+    if (auto it = in_flight().find(key);
+        it != in_flight().end() && std::any_of(it->second.begin(), it->second.end(), [&](const auto& c) {
+          return rank < 0 || !c->excludes(rank);
+        })) {
       compiled().wait(lock);
       continue;
     }
     // Compiled without the lock, so that communicators (and mkCommPrewarm's
     // threads) compile different plans at once.
     const uint64_t gen = generation();
-    in_flight().insert(key);
+    auto mine = std::make_shared<Compiling>();
+    in_flight()[key].push_back(mine);
+    ++compiles().started;
+    compiles().peak_at_once = std::max(compiles().peak_at_once, ++compiling_now());
     lock.unlock();
+    auto on_serves = [mine](const std::vector<int32_t>& ranks) {
+      if (ranks.empty()) return;  // this bucket serves every rank
+      std::lock_guard<std::mutex> g(mutex());
+      if (mine->every_rank) {
+        mine->serves = ranks;
+        mine->every_rank = false;
+      } else {
+        std::vector<int32_t> both;
+        std::set_intersection(mine->serves.begin(), mine->serves.end(), ranks.begin(), ranks.end(),
+                              std::back_inserter(both));
+        mine->serves = std::move(both);
+      }
+      compiled().notify_all();
+    };
     std::shared_ptr<const plan::Plan> p;
     compiler::CompileStats st;
     std::exception_ptr error;
     try {
-      p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o, &st));
+      p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o, &st, on_serves));
     } catch (const Error& e) {
       const std::string why = std::string("compiling plan ") + schedule + ": " + e.what();
       error = e.id() == ErrId::verify_E018 || e.id() == ErrId::verify_E019 ? std::make_exception_ptr(ScheduleRefused(why))
@@ -318,7 +366,12 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
       error = std::make_exception_ptr(RtError(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what()));
     }
     lock.lock();
-    in_flight().erase(key);
+    --compiling_now();
+    {
+      auto& now = in_flight()[key];
+      now.erase(std::find(now.begin(), now.end(), mine));
+      if (now.empty()) in_flight().erase(key);
+    }
     compiled().notify_all();
     if (error) std::rethrow_exception(error);
     if (gen != generation()) continue;  // MK_PLAN_DIR changed meanwhile: look there first

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mk.h"
+#include "runtime/comm.hpp"
 #include "tests/runtime/fake.hpp"
 #include "tests/scoped.hpp"
 
@@ -386,4 +387,46 @@ TEST_CASE("mkGroupEnd: two ranks sharing one GPU each launch one group kernel wi
   }
   const std::string leak = mkt::leaks(before, mkt::counts());
   CHECK_MESSAGE(leak.empty(), leak);
+}
+
+// One thread issuing every rank's first call in a group (an ncclGroupStart /
+// ncclGroupEnd loop over the GPUs of a process): the ranks' plans, one per
+// rank for a one-pass kernel, compile side by side in mkGroupEnd, not one
+// after another; the calls run as before.
+TEST_CASE("mkGroupEnd: ranks of one process compile their first calls' plans side by side") {
+  MKT_REQUIRE_FAKE();
+  mkt::TempDir cache;  // cold: every plan is compiled
+  ScopedEnv dir("MK_CACHE_DIR", cache.str());
+  ScopedEnv shipped("MK_PREBUILT_DIR", "");
+  // three fake GPUs (ranks sharing one get a grid cap, under which one-shot is not one pass)
+  std::vector<std::unique_ptr<mkt::Device>> dev;
+  const size_t n = 64;  // 512 B of fp64: the one-pass one-shot all-reduce
+  std::vector<std::unique_ptr<mkt::Buffer>> in, out;
+  for (int r = 0; r < 3; ++r) {
+    dev.push_back(std::make_unique<mkt::Device>(r));
+    in.push_back(std::make_unique<mkt::Buffer>(*dev[size_t(r)], n * 8));
+    out.push_back(std::make_unique<mkt::Buffer>(*dev[size_t(r)], n * 8));
+  }
+  mkComm_t comms[3] = {};
+  const int devs[3] = {0, 1, 2};
+  REQUIRE_MESSAGE(mkCommInitAll(comms, 3, devs) == mkSuccess, mkGetLastError(nullptr));
+  mk::rt::plan_compiles(/*reset=*/true);
+  const int64_t launches = mkt::counts().launches;
+  REQUIRE(mkGroupStart() == mkSuccess);
+  for (int r = 0; r < 3; ++r)
+    REQUIRE(mkAllReduce(in[size_t(r)]->ptr(), out[size_t(r)]->ptr(), n, mkFloat64, mkMax, comms[r],
+                        dev[size_t(r)]->stream) == mkSuccess);
+  REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, mkGetLastError(nullptr));
+  CHECK(mkt::counts().launches == launches + 3);
+  CHECK(std::string(mkt::last_launch().function).find("allreduce_one_shot") != std::string::npos);
+  const mk::rt::PlanCompiles c = mk::rt::plan_compiles();
+  CHECK(c.started == 3);        // a plan per rank
+  CHECK(c.peak_at_once >= 2);   // before: one after another in mkGroupEnd (peak 1)
+  // the second group finds every instance: nothing compiles
+  REQUIRE(mkGroupStart() == mkSuccess);
+  for (int r = 0; r < 3; ++r)
+    mkAllReduce(in[size_t(r)]->ptr(), out[size_t(r)]->ptr(), n, mkFloat64, mkMax, comms[r], dev[size_t(r)]->stream);
+  REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, mkGetLastError(nullptr));
+  CHECK(mk::rt::plan_compiles().started == 3);
+  for (mkComm_t comm : comms) CHECK(mkCommDestroy(comm) == mkSuccess);
 }

@@ -507,3 +507,38 @@ TEST_CASE("MK_PLAN_DIR: a schedule known only from its plans can be selected, se
     CHECK_NOTHROW(rt::prove_user_schedules("", 2));
   }
 }
+
+// Ranks of one process whose plans differ (a one-pass kernel: a code path per
+// rank) compile at once: each compile tells, before NVRTC, the ranks its plan
+// will serve, and a rank it will not serve starts its own. A plan that serves
+// every rank is still compiled once, the others waiting for it.
+TEST_CASE("get_plan: ranks of one process compile their own one-pass plans together, and a shared plan once" *
+          doctest::skip(!mkt::have_nvrtc())) {
+  mkt::TempDir d;  // a cold cache: every plan is compiled
+  mkt::ScopedEnv env("MK_CACHE_DIR", d.str());
+  auto run = [](const std::string& schedule) {
+    std::vector<std::shared_ptr<const plan::Plan>> got(3);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 3; ++r)
+      ts.emplace_back([&, r] {
+        // a grid cap no other test uses (above these kernels' grids): a key of its own in the process's plan store
+        got[size_t(r)] = rt::get_plan(schedule, Collective::allreduce, 3, DType::fp32, RedOp::max, 90, false, 997, r);
+      });
+    for (auto& t : ts) t.join();
+    return got;
+  };
+  rt::plan_compiles(/*reset=*/true);
+  const auto own = run("allreduce.one_shot");
+  for (int r = 0; r < 3; ++r) {
+    CHECK(own[size_t(r)]->serves == std::vector<int32_t>{r});
+    CHECK(plan::serves(*own[size_t(r)], r));
+  }
+  const rt::PlanCompiles a = rt::plan_compiles(true);
+  CHECK(a.started == 3);
+  CHECK(a.peak_at_once >= 2);  // before: one after another (peak 1)
+  const auto shared = run("allreduce.ring");
+  CHECK(shared[0] == shared[1]);
+  CHECK(shared[1] == shared[2]);
+  CHECK(shared[0]->serves.empty());
+  CHECK(rt::plan_compiles().started == 1);
+}
