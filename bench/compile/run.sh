@@ -24,6 +24,10 @@
 # call compiles: its own class's code path only), not the plan of every rank.
 # MK_BENCH_TUNE: MK_TUNE-style knobs for every compile (e.g. one_pass_generic=1).
 set -u
+# NVRTC 12.9+ also keeps its results in the driver's compute cache (~/.nv)
+# where a libcuda is loadable (the GPU host; not the CPU machine, which has
+# none): a second run there would time cache hits. Cold means both off.
+export CUDA_CACHE_DISABLE=1
 here=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$here/build}
 [ $# -gt 0 ] && shift

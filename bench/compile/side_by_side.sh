@@ -10,6 +10,10 @@
 #
 # OLD_LIB_DIR holds the old libmkernel.so.0 (e.g. built at the old commit).
 set -u
+# NVRTC 12.9+ also keeps its results in the driver's compute cache (~/.nv)
+# where a libcuda is loadable (the GPU host; not the CPU machine, which has
+# none): a second run there would time cache hits. Cold means both off.
+export CUDA_CACHE_DISABLE=1
 old=${1:?usage: side_by_side.sh OLD_LIB_DIR [BUILD_DIR]}
 build=${2:-build}
 tmp=$(mktemp -d)
