@@ -17,6 +17,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -353,6 +355,13 @@ void set_fast_compile(const std::string& level) {
   chosen_fast_compile() = std::move(l);
 }
 
+namespace {
+// NVRTC on `source` (compile's cache missed), storing the cubin in `file` under `dir` when given.
+CompileResult run_nvrtc(const std::string& source, const std::string& name, int arch,
+                        const std::vector<std::string>& opts, const std::string& base_key, const fs::path& file,
+                        const std::string& dir);
+}  // namespace
+
 CompileResult compile(const std::string& source, const std::string& name, int arch, bool use_cache) {
   std::vector<std::string> opts = {"--gpu-architecture=" + arch_name(arch), "-std=c++17", "-DNDEBUG",
                                    "--extra-device-vectorization", "-lineinfo"};
@@ -382,6 +391,53 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
     }
     res.cubin.clear();
   }
+  // Compiles of one source running now in this process, by key and arch: a
+  // second thread asking for the same cubin (ranks of one process whose plans
+  // share a bucket's code, prewarm threads) waits for the first and gets its
+  // result (or its error) instead of compiling it again.
+  static std::mutex flights_mu;
+  static std::map<std::string, std::shared_future<CompileResult>> flights;
+  const std::string flight_key = base_key + "." + arch_name(arch);
+  std::promise<CompileResult> mine;
+  std::shared_future<CompileResult> theirs;
+  {
+    std::lock_guard<std::mutex> g(flights_mu);
+    if (auto it = flights.find(flight_key); it != flights.end())
+      theirs = it->second;
+    else
+      flights.emplace(flight_key, mine.get_future().share());
+  }
+  if (theirs.valid()) return theirs.get();
+  auto land = [&] {
+    std::lock_guard<std::mutex> g(flights_mu);
+    flights.erase(flight_key);
+  };
+  try {
+    res = run_nvrtc(source, name, arch, opts, base_key, file, dir);
+  } catch (...) {
+    mine.set_exception(std::current_exception());
+    land();
+    throw;
+  }
+  mine.set_value(res);
+  land();
+  return res;
+}
+
+namespace {
+std::atomic<int64_t>& nvrtc_runs() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+}  // namespace
+
+int64_t nvrtc_compiles() { return nvrtc_runs().load(); }
+
+namespace {
+CompileResult run_nvrtc(const std::string& source, const std::string& name, int arch,
+                        const std::vector<std::string>& opts, const std::string& base_key, const fs::path& file,
+                        const std::string& dir) {
+  CompileResult res;
   Nvrtc& n = need_lib();
   auto archs = supported_archs();
   if (!archs.empty() && std::find(archs.begin(), archs.end(), arch) == archs.end()) {
@@ -409,6 +465,7 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
     throw Error(ErrId::jit_E002, fmt::format("nvrtcCreateProgram failed: {}", n.error_string ? n.error_string(r) : "?"));
   std::vector<const char*> copts;
   for (const auto& o : opts) copts.push_back(o.c_str());
+  nvrtc_runs().fetch_add(1);
   r = n.compile(prog, int(copts.size()), copts.data());
   size_t log_size = 0;
   if (n.log_size) n.log_size(prog, &log_size);
@@ -448,5 +505,7 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
   }
   return res;
 }
+
+}  // namespace
 
 }  // namespace mk::jit

@@ -57,8 +57,12 @@ struct CompileResult {
 // Compiles `source` (which includes the embedded templates by name) for
 // `arch`. Throws mk.jit.E001 (no NVRTC), E002 (compile error: log and the path
 // of the saved source), E003 (arch unsupported), E004 (cache I/O).
+// Threads of one process asking for the same cubin while it compiles wait
+// for that compile (its result or its error) instead of compiling it again.
 CompileResult compile(const std::string& source, const std::string& name, int arch,
                       bool use_cache = true);
+// NVRTC compiles this process has run (tests: what the caches spared).
+int64_t nvrtc_compiles();
 
 // Where the caches live: $MK_CACHE_DIR, else $XDG_CACHE_HOME/mkernel, else
 // $HOME/.cache/mkernel (the passwd entry's home when HOME is unset); "" when

@@ -513,6 +513,47 @@ TEST_CASE("jit: compile, the cubin cache, and its key" * doctest::skip(!mkt::hav
   CHECK(entries(d.path) == 3);
 }
 
+// Threads asking for one cubin while it compiles share that compile (ranks
+// of one process whose plans have a bucket's code in common): one NVRTC run,
+// the same cubin for both; and the same error for both when it fails.
+TEST_CASE("jit: threads asking for the same cubin at once share one NVRTC compile, or its error" *
+          doctest::skip(!mkt::have_nvrtc())) {
+  auto both = [](const std::string& src, std::vector<jit::CompileResult>* got, std::vector<std::string>* errs) {
+    std::atomic<int> ready{0};
+    std::vector<std::thread> ts;
+    got->assign(2, {});
+    errs->assign(2, "");
+    for (int k = 0; k < 2; ++k)
+      ts.emplace_back([&, k] {
+        ready.fetch_add(1);
+        while (ready.load() < 2) std::this_thread::yield();  // both ask at once
+        try {
+          (*got)[size_t(k)] = jit::compile(src, "shared", 90, /*use_cache=*/false);
+        } catch (const Error& e) {
+          (*errs)[size_t(k)] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+  };
+  std::vector<jit::CompileResult> got;
+  std::vector<std::string> errs;
+  const int64_t before = jit::nvrtc_compiles();
+  both(std::string(kTinyKernel) + "// shared by two threads\n", &got, &errs);
+  CHECK(jit::nvrtc_compiles() - before == 1);  // before: 2
+  CHECK(errs[0].empty());
+  CHECK(errs[1].empty());
+  CHECK(is_elf(got[0].cubin));
+  CHECK(got[0].cubin == got[1].cubin);
+  both("extern \"C\" __global__ void shared(int* p) { p[0] = not_declared_here; }\n", &got, &errs);
+  CHECK(jit::nvrtc_compiles() - before == 2);
+  CHECK(contains(errs[0], "[mk.jit.E002]"));
+  CHECK(contains(errs[0], "not_declared_here"));
+  CHECK(errs[1] == errs[0]);
+  // one after the other: each its own compile (nothing kept without the cache)
+  jit::compile(std::string(kTinyKernel) + "// shared by two threads\n", "shared", 90, false);
+  CHECK(jit::nvrtc_compiles() - before == 3);
+}
+
 // NVRTC's --Ofast-compile level (MK_FAST_COMPILE, mkc --fast-compile): part
 // of the cubin's key, so that a cubin of one level never serves another;
 // "0" adds no option (cubins cached before the knob keep their keys).
