@@ -1,5 +1,5 @@
 # Writes OUT: the bytes of IN as a C++ raw string literal (to #include where
-# a const char* is initialised), so that a data file (runtime/select_builtin.json)
+# a const char* is initialised), so that a data file (runtime/plans/select_builtin.json)
 # is both installed as it is and built into the library.
 file(READ "${IN}" content)
 string(FIND "${content}" ")mkembed\"" clash)

@@ -1,5 +1,5 @@
 // allgather.ce: allgather.direct's data flow moved by copy engines
-// (runtime/ce.hpp, docs/copy_engine.md): each block goes from its owner's
+// (runtime/launch/ce.hpp, docs/copy_engine.md): each block goes from its owner's
 // input through a slot of every peer's scratch into the peer's output, tile
 // by tile; no kernel moves data, a one-warp kernel orders the copies. The
 // program is what the copies compute, for `mkc verify` and `mkc simulate`;

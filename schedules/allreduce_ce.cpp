@@ -1,5 +1,5 @@
 // allreduce.ce: reducescatter.ce over n chunks into the output, then
-// allgather.ce of the chunks in place (runtime/ce.hpp, docs/copy_engine.md):
+// allgather.ce of the chunks in place (runtime/launch/ce.hpp, docs/copy_engine.md):
 // copy engines make every transfer, a kernel reduces each tile of a rank's
 // chunk as it lands, in rank order. The program is what the copies and the
 // kernel compute, for `mkc verify` and `mkc simulate`.

@@ -1,5 +1,5 @@
 // alltoall.ce: alltoall.direct's data flow moved by copy engines
-// (runtime/ce.hpp, docs/copy_engine.md): block q of rank r's input goes
+// (runtime/launch/ce.hpp, docs/copy_engine.md): block q of rank r's input goes
 // through a slot of rank q's scratch into block r of its output, tile by tile.
 #include <mk/dsl.hpp>
 

@@ -1,5 +1,5 @@
 // broadcast.ce: broadcast.direct's data flow moved by copy engines
-// (runtime/ce.hpp, docs/copy_engine.md): the root's buffer goes through a slot
+// (runtime/launch/ce.hpp, docs/copy_engine.md): the root's buffer goes through a slot
 // of every other rank's scratch into its output, tile by tile. Written for
 // root 0; the runtime relabels ranks for any other root.
 #include <mk/dsl.hpp>

@@ -1,5 +1,5 @@
 // reducescatter.ce: copy engines push block q of every rank's input into a
-// slot of rank q's scratch, tile by tile (runtime/ce.hpp, docs/copy_engine.md);
+// slot of rank q's scratch, tile by tile (runtime/launch/ce.hpp, docs/copy_engine.md);
 // a kernel on rank q reduces each tile as it lands, in rank order, with its
 // own block into its output. The program is what the copies and the kernel
 // compute, for `mkc verify` and `mkc simulate`; the runtime's protocol is

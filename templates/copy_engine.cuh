@@ -1,4 +1,4 @@
-// The copy-engine path's one kernel (runtime/ce.hpp): copy engines move the
+// The copy-engine path's one kernel (runtime/launch/ce.hpp): copy engines move the
 // data of an all-gather, all-to-all or broadcast tile by tile through peers'
 // scratch, and between the copies this one-warp kernel signals and waits
 // (a copy engine cannot wait for a peer, and a stream memory-op wait is
@@ -198,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(32) mk_ce_sync(const mk::dev::CeSyn
 #endif
 // The source defines MK_CE_REDUCE_T (mk::dev element type), MK_CE_REDUCE_K
 // (RedKind) and MK_CE_REDUCE_NAME (mk_ce_reduce_<dtype>_<op>, e.g.
-// mk_ce_reduce_bf16_sum); runtime/ce.cpp writes it.
+// mk_ce_reduce_bf16_sum); runtime/launch/ce.cpp writes it.
 #if MK_DEVICE_CODE && defined(MK_CE_REDUCE_T)
 extern "C" __global__ void __launch_bounds__(256) MK_CE_REDUCE_NAME(const mk::dev::CeReduceArgs a) {
   mk::dev::ce_reduce<MK_CE_REDUCE_T, MK_CE_REDUCE_K>(a);

@@ -3,7 +3,7 @@
 // data bytes a 16-byte store (LL carries 8). A 32-bit word equal to
 // kLamportEmpty (all ones: a NaN in each of those formats) means "nothing
 // arrived yet"; scratch is all empty at rest (the arena's scratch starts so,
-// runtime/memory.cpp). A writer stores the empty word as 0x7fffffff (each
+// runtime/memory/memory.cpp). A writer stores the empty word as 0x7fffffff (each
 // element stays NaN, with another payload); a reader polls its 16 bytes until
 // no word is empty (each 32-bit word is written whole), takes them, and
 // stores the empty words back, so the slot is at rest again when its launch

@@ -1,5 +1,5 @@
 // Strict parsing of MK_* environment settings: one parser for the compiler,
-// the runtime (runtime/env.hpp wraps it with mkInvalidArgument errors) and
+// the runtime (runtime/comm/env.hpp wraps it with mkInvalidArgument errors) and
 // the NCCL-compatible library (nccl/shim.cpp, built without exceptions and
 // linked against libc alone). Header-only, allocates nothing, throws nothing.
 //

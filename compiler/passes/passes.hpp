@@ -81,7 +81,7 @@ struct ProtocolOptions {
   // codegen's block groups), or a function per block (0). One function
   // compiles 2-5x faster at 16 ranks (two-shot: 2.8 -> 0.6 s on 2 cores).
   int32_t block_groups = 1;
-  // Copy-engine schedules (runtime/ce.hpp): bytes per peer and tile, a
+  // Copy-engine schedules (runtime/launch/ce.hpp): bytes per peer and tile, a
   // multiple of 64 KiB (bounds the ops a call issues); 0: by rank count
   // (ce::default_tile). Shapes no kernel (not part of plan cache
   // keys); the runtime reads it.

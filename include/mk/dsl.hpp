@@ -181,7 +181,7 @@ struct ScheduleInfo {
   std::string file;  // where it was registered
   int line = 0;
   int64_t seq = 0;   // registration order (set by register_schedule)
-  // Copy engines carry it (runtime/ce.hpp): the program says what moves
+  // Copy engines carry it (runtime/launch/ce.hpp): the program says what moves
   // where (verify and simulate it like any schedule); the runtime issues
   // copy-engine transfers for it instead of compiling a kernel.
   bool copy_engine = false;

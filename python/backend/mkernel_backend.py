@@ -163,7 +163,7 @@ def _package_files(build, prebuilt):
         (NAME + "/bin/mkc", os.path.join(build, "mkc"), True),
         (NAME + "/include/mk.h", os.path.join(SRC, "include", "mk.h"), False),
         # the built-in selection table, in MK_SELECT_FILE's format (docs/select.md)
-        (NAME + "/share/mkernel/select.json", os.path.join(SRC, "runtime", "select_builtin.json"), False),
+        (NAME + "/share/mkernel/select.json", os.path.join(SRC, "runtime", "plans", "select_builtin.json"), False),
     ]
     shim = os.path.join(build, "nccl", "libnccl.so.2")
     if os.path.isfile(shim):  # built where nccl.h is

@@ -42,9 +42,9 @@
 #include "mk/dsl.hpp"
 #include "mk/fusion.hpp"
 #include "mk/types.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/handles.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/api/handles.hpp"
+#include "runtime/driver/cuda_driver.hpp"
 
 using namespace mk;
 
@@ -375,7 +375,7 @@ void run_checked(World& w, const CallSpec& s, int launch = 0) {
 
 // Runs `specs` as one group on every local rank (each call its own guarded
 // buffers) and checks every call: with MK_GROUP_FUSE=1 the group's calls of
-// each communicator run as one group kernel (runtime/enqueue.cpp).
+// each communicator run as one group kernel (runtime/launch/enqueue.cpp).
 void run_group_checked(World& w, const std::vector<CallSpec>& specs, int launch = 0) {
   std::vector<std::vector<RankBuffers>> bufs(specs.size(), std::vector<RankBuffers>(w.local.size()));
   for (size_t c = 0; c < specs.size(); ++c)
@@ -2087,7 +2087,7 @@ std::vector<Scenario> scenarios() {
   v.push_back({"generic_share_gpu_6ranks_1proc", 6, false, 1, generic, one_each, 1});
   v.push_back({"generic_premulsum_share_gpu_8ranks_1proc", 8, false, 1, generic, premulsum, 1});
   v.push_back({"generic_prologue_share_gpu_8ranks_1proc", 8, false, 1, generic, prologue, 1});
-  // Copy engines move all-gather, all-to-all and broadcast (runtime/ce.hpp):
+  // Copy engines move all-gather, all-to-all and broadcast (runtime/launch/ce.hpp):
   // 64 KiB tiles, so that the suite's sizes cross many tiles and reuse slots.
   const std::map<std::string, std::string> ce_env = {
       {"MK_ALGO", "allgather=allgather.ce,alltoall=alltoall.ce,broadcast=broadcast.ce,reducescatter=reducescatter.ce,"

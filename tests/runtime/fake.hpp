@@ -7,7 +7,7 @@
 #include <string>
 
 #include "mk.h"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/driver/cuda_driver.hpp"
 #include "tests/fake_cuda/fake_cuda.h"
 
 namespace mkt {

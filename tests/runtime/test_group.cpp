@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "mk.h"
-#include "runtime/comm.hpp"
+#include "runtime/comm/comm.hpp"
 #include "tests/runtime/fake.hpp"
 #include "tests/scoped.hpp"
 

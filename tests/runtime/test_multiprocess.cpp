@@ -18,10 +18,10 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/bootstrap.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/handles.hpp"
-#include "runtime/ipc.hpp"
+#include "runtime/bootstrap/bootstrap.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/api/handles.hpp"
+#include "runtime/memory/ipc.hpp"
 #include "tests/runtime/fake.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/jit/jit.hpp"

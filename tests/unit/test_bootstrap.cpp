@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "mk.h"
-#include "runtime/auth.hpp"
-#include "runtime/bootstrap.hpp"
-#include "runtime/crypto.hpp"
-#include "runtime/ipc.hpp"
-#include "runtime/status.hpp"
+#include "runtime/bootstrap/auth.hpp"
+#include "runtime/bootstrap/bootstrap.hpp"
+#include "runtime/bootstrap/crypto.hpp"
+#include "runtime/memory/ipc.hpp"
+#include "runtime/api/status.hpp"
 #include "tests/scoped.hpp"
 
 using namespace mk;

@@ -1,4 +1,4 @@
-// The copy-engine protocol (runtime/ce.hpp) run in a model of its streams:
+// The copy-engine protocol (runtime/launch/ce.hpp) run in a model of its streams:
 // every rank's two streams execute their ops in order, a scheduler picks
 // which runnable stream moves next (at random, or each rank's ops as one
 // sequence as the fake driver runs them), copies move real bytes, and a sync
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/ce.hpp"
+#include "runtime/launch/ce.hpp"
 
 using namespace mk;
 using namespace mk::rt;

@@ -22,7 +22,7 @@
 #include "mk/composite.hpp"
 #include "mk/dsl.hpp"
 #include "plan_util.hpp"
-#include "runtime/select.hpp"
+#include "runtime/plans/select.hpp"
 #include "support.hpp"
 
 using namespace mk;

@@ -1473,7 +1473,7 @@ TEST_CASE("codegen: thread blocks of the same steps share one function and run t
 }
 
 // The comment of an op an error record names, found in the generated source
-// as the host looks it up (runtime/comm.cpp): on a comment line only, as a
+// as the host looks it up (runtime/comm/comm.cpp): on a comment line only, as a
 // whole number, also as the first of a loop or of a block group.
 TEST_CASE("codegen: op_comment finds an op's comment line") {
   const std::string src =

@@ -423,7 +423,7 @@ TEST_CASE("dsl: the registry holds every built-in schedule once") {
     for (char& ch : file)
       if (ch == '.') ch = '_';
     CHECK(contains(info.file, "schedules/" + file + ".cpp"));
-    // copy engines run exactly the `.ce` schedules (runtime/ce.hpp)
+    // copy engines run exactly the `.ce` schedules (runtime/launch/ce.hpp)
     CHECK(info.copy_engine == (info.name.size() > 3 && info.name.substr(info.name.size() - 3) == ".ce"));
     const dsl::ScheduleInfo* found = dsl::find_schedule(info.name);
     REQUIRE(found != nullptr);

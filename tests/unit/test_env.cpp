@@ -1,4 +1,4 @@
-// Environment settings (runtime/env.hpp): whole-string parsing, ranges, and
+// Environment settings (runtime/comm/env.hpp): whole-string parsing, ranges, and
 // errors that name the variable, its value and what it accepts.
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -11,10 +11,10 @@
 #include "compiler/common/log.hpp"
 #include "compiler/jit/jit.hpp"
 #include "compiler/passes/passes.hpp"
-#include "runtime/bootstrap.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/env.hpp"
-#include "runtime/status.hpp"
+#include "runtime/bootstrap/bootstrap.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/api/status.hpp"
 #include "support.hpp"
 #include "tests/capture.hpp"
 

@@ -16,9 +16,9 @@
 #include "compiler/plan/plan.hpp"
 #include "mk/dsl.hpp"
 #include "plan_util.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/plans.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/plans/plans.hpp"
+#include "runtime/api/status.hpp"
 #include "support.hpp"
 
 using namespace mk;

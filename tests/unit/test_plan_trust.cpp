@@ -16,12 +16,12 @@
 #include "compiler/plan/plan.hpp"
 #include "mk/dsl.hpp"
 #include "plan_util.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/env.hpp"
-#include "runtime/plans.hpp"
-#include "runtime/schedules.hpp"
-#include "runtime/select.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/plans/plans.hpp"
+#include "runtime/plans/schedules.hpp"
+#include "runtime/plans/select.hpp"
+#include "runtime/api/status.hpp"
 #include "support.hpp"
 
 using namespace mk;

@@ -10,11 +10,11 @@
 #include "mk.h"
 #include "mk/dsl.hpp"
 #include "mk/mk.hpp"
-#include "runtime/bootstrap.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/ipc.hpp"
-#include "runtime/status.hpp"
+#include "runtime/bootstrap/bootstrap.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/memory/ipc.hpp"
+#include "runtime/api/status.hpp"
 
 using namespace mk;
 

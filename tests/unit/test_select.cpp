@@ -1,10 +1,10 @@
-// The selection table (runtime/select.hpp): the built-in table's choices,
+// The selection table (runtime/plans/select.hpp): the built-in table's choices,
 // the format's checks on hostile input, and its round trip.
 #include <doctest/doctest.h>
 
-#include "runtime/comm.hpp"
-#include "runtime/select.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/plans/select.hpp"
+#include "runtime/api/status.hpp"
 #include "support.hpp"
 
 using namespace mk;
@@ -119,8 +119,8 @@ TEST_CASE("select: a table round-trips through its JSON, and hostile tables are 
   CHECK(contains(parse_error(std::string(17u << 20, ' ')), "larger than 16 MiB"));
 }
 
-TEST_CASE("select: the built-in table is runtime/select_builtin.json, the file that is installed, byte for byte") {
-  const std::string file = mkt::read_text(mkt::test_dir() + "/../runtime/select_builtin.json");
+TEST_CASE("select: the built-in table is runtime/plans/select_builtin.json, the file that is installed, byte for byte") {
+  const std::string file = mkt::read_text(mkt::test_dir() + "/../runtime/plans/select_builtin.json");
   REQUIRE(!file.empty());
   // what the library holds parses to the same table as the file
   const auto from_file = rt::parse_select(file, "select_builtin.json");

@@ -56,9 +56,9 @@
 #include "compiler/verify/verify.hpp"
 #include "mk/dsl.hpp"
 #include "mk/fusion.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/env.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/api/status.hpp"
 #include "tools/mkc/tune.hpp"
 
 using namespace mk;
@@ -589,7 +589,7 @@ std::vector<double> estimates(const compiler::Lowered& l) {
 
 // Among the built-in schedules of `coll`, the one with the lowest estimate at
 // each size ("" where none lowers for this topology). Only an estimate: the
-// runtime selects from its own table (runtime/select.cpp).
+// runtime selects from its own table (runtime/plans/select.cpp).
 std::vector<std::string> estimate_picks(Collective coll, const Common& o) {
   std::vector<std::string> best(std::size(kShowSizes));
   std::vector<double> best_us(best.size(), 0);
@@ -700,7 +700,7 @@ void simulate_one(const Common& o, verify::SimOptions so, Loaded in, int bucket,
     throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(in.coll)));
   // What the runtime would run: it never gives a PreMulSum call to the copy
   // engines (they cannot scale an input); it takes the built-in table's
-  // kernel schedule instead (runtime/comm.cpp create_instance).
+  // kernel schedule instead (runtime/comm/comm.cpp create_instance).
   if (so.op == RedOp::premulsum && !in.imported)
     if (const dsl::ScheduleInfo* info = dsl::find_schedule(in.name); info && info->copy_engine)
       throw Error(ErrId::cli_E013,

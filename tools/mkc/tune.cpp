@@ -19,10 +19,10 @@
 #include "mk.h"
 #include "mk/dsl.hpp"
 #include "mk/error.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/env.hpp"
-#include "runtime/select.hpp"
-#include "runtime/status.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/plans/select.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::tune {
 

@@ -1,6 +1,6 @@
 // mkc tune: measures every candidate (schedule x protocol knobs) of each
 // collective per size on the GPUs present and writes the selection table the
-// runtime loads (MK_SELECT_FILE; runtime/select.hpp, docs/select.md).
+// runtime loads (MK_SELECT_FILE; runtime/plans/select.hpp, docs/select.md).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // Plans for the runtime: from MK_PLAN_DIR (written by `mkc compile`) or
 // compiled on first use (JIT, with the on-disk cache), shared by every
-// communicator of the process. MK_TUNE (runtime/env.hpp) shapes compiled
+// communicator of the process. MK_TUNE (runtime/comm/env.hpp) shapes compiled
 // plans and is part of their key.
 #include <fmt/format.h>
 
@@ -18,11 +18,11 @@
 #include "compiler/compile.hpp"
 #include "compiler/jit/jit.hpp"
 #include "mk/dsl.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/env.hpp"
-#include "runtime/select.hpp"
-#include "runtime/plans.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/plans/select.hpp"
+#include "runtime/plans/plans.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "runtime/schedules.hpp"
+#include "runtime/plans/schedules.hpp"
 
 #include <fmt/format.h>
 
@@ -13,10 +13,10 @@
 #include "compiler/pipeline.hpp"
 #include "compiler/sources.hpp"
 #include "mk/dsl.hpp"
-#include "runtime/env.hpp"
-#include "runtime/plans.hpp"
-#include "runtime/select.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/plans/plans.hpp"
+#include "runtime/plans/select.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 

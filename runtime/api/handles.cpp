@@ -1,4 +1,4 @@
-#include "runtime/handles.hpp"
+#include "runtime/api/handles.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -6,7 +6,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "runtime/status.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 namespace {

@@ -1,4 +1,4 @@
-// The process-wide plan store behind get_plan (runtime/comm.hpp): plans from
+// The process-wide plan store behind get_plan (runtime/comm/comm.hpp): plans from
 // MK_PLAN_DIR and plans compiled on first use.
 #pragma once
 

@@ -13,7 +13,7 @@
 #include <memory>
 
 #include "mk.h"
-#include "runtime/comm.hpp"
+#include "runtime/comm/comm.hpp"
 
 namespace mk::rt {
 

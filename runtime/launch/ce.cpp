@@ -1,7 +1,7 @@
 // The copy-engine protocol as data (ce.hpp). The order below is the issue
 // order; the fake driver runs it as one sequence per process, which is why a
 // slot is reused three tiles later, not two (see program()).
-#include "runtime/ce.hpp"
+#include "runtime/launch/ce.hpp"
 
 #include <fmt/format.h>
 
@@ -12,10 +12,10 @@
 #include "compiler/jit/jit.hpp"
 #include "compiler/passes/passes.hpp"
 #include "mk/dsl.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/env.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/api/status.hpp"
 #include "templates/copy_engine.cuh"
 
 namespace mk::rt {

@@ -7,7 +7,7 @@
 // every schedule MK_ALGO or MK_SELECT_FILE names for this rank count must
 // build for it. The loaded schedules and their file hashes are a setting every
 // rank must agree on, so a list that differs, or fails on one rank, fails init
-// on all ranks (runtime/comm.cpp agree_on_settings).
+// on all ranks (runtime/comm/comm.cpp agree_on_settings).
 #pragma once
 
 #include <string>

@@ -1,7 +1,7 @@
 // Validation -> plan lookup -> launch -> groups. The hot path takes one lock
 // (the communicator's) and, from the second call of a size bucket on, does a
 // table lookup and one cuLaunchKernel.
-#include "runtime/enqueue.hpp"
+#include "runtime/launch/enqueue.hpp"
 
 #include <fmt/format.h>
 
@@ -21,13 +21,13 @@
 
 #include "compiler/verify/fusion_check.hpp"
 #include "mk/fusion.hpp"
-#include "runtime/ce.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/env.hpp"
-#include "runtime/handles.hpp"
-#include "runtime/select.hpp"
-#include "runtime/status.hpp"
+#include "runtime/launch/ce.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/api/handles.hpp"
+#include "runtime/plans/select.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 
@@ -63,7 +63,7 @@ bool zero_copy_enabled() {
 
 // Zero-copy pays an entry and an exit barrier (two flag round trips) to save
 // the staging copies. Where it pays is the selection tables' registered
-// entries (runtime/select.hpp; built in: from 4 MiB, measured on 2 x H200,
+// entries (runtime/plans/select.hpp; built in: from 4 MiB, measured on 2 x H200,
 // bench/results/2026-11-30-h200x2-bf16-registered.md); MK_ZERO_COPY_MIN_BYTES,
 // when set, decides instead (the larger buffer's bytes, as in the benchmark).
 // Every rank computes the same choice.

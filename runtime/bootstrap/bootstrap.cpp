@@ -1,4 +1,4 @@
-#include "runtime/bootstrap.hpp"
+#include "runtime/bootstrap/bootstrap.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,9 +17,9 @@
 #include <thread>
 
 #include "compiler/common/env_parse.hpp"
-#include "runtime/crypto.hpp"
-#include "runtime/env.hpp"
-#include "runtime/status.hpp"
+#include "runtime/bootstrap/crypto.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 namespace {

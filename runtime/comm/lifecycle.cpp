@@ -1,4 +1,4 @@
-#include "runtime/lifecycle.hpp"
+#include "runtime/comm/lifecycle.hpp"
 
 #include <fmt/format.h>
 
@@ -11,11 +11,11 @@
 #include <thread>
 #include <utility>
 
-#include "runtime/comm.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/enqueue.hpp"
-#include "runtime/handles.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/launch/enqueue.hpp"
+#include "runtime/api/handles.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 

@@ -1,8 +1,8 @@
 // The communicator: identity, symmetric memory and transport, the plan cache
 // and registrations, and its lifecycle.
 //
-// Life of a collective call (runtime/enqueue.cpp):
-//   acquire a reference (runtime/handles.cpp) -> validate arguments -> find
+// Life of a collective call (runtime/launch/enqueue.cpp):
+//   acquire a reference (runtime/api/handles.cpp) -> validate arguments -> find
 //   the plan instance for (collective, dtype, op, size bucket) (created on
 //   first use: JIT or MK_PLAN_DIR, module load, scratch/flag regions, peer
 //   pointer tables) -> fill mk::dev::Args -> cuLaunchKernel on the caller's
@@ -31,8 +31,8 @@
 #include "mk.h"
 #include "mk/composite.hpp"
 #include "mk/types.hpp"
-#include "runtime/bootstrap.hpp"
-#include "runtime/memory.hpp"
+#include "runtime/bootstrap/bootstrap.hpp"
+#include "runtime/memory/memory.hpp"
 #include "runtime/transport/transport.hpp"
 #include "templates/abi.cuh"
 
@@ -63,7 +63,7 @@ struct Resources {
 };
 
 // The copy-engine path's memory on this rank for one tile size
-// (runtime/ce.hpp): counters and peers' words in the flag part, a slot per
+// (runtime/launch/ce.hpp): counters and peers' words in the flag part, a slot per
 // (sending rank, slot) in the scratch part, and device tables of peers'
 // words. Allocated like Resources, in call order (so at the same offsets on
 // every rank).
@@ -101,7 +101,7 @@ struct PlanInstance {
 };
 
 // A group kernel (codegen group_source): consecutive calls of one
-// mkGroupStart/End on this communicator in one launch (runtime/enqueue.cpp).
+// mkGroupStart/End on this communicator in one launch (runtime/launch/enqueue.cpp).
 // fn null: it could not be built or would not fit the GPU (`why`); the calls
 // are then launched one by one.
 struct GroupKernel {
@@ -137,7 +137,7 @@ struct CommConfig {
   bool blocking = true;
   int32_t cga_cluster_size = 0, min_ctas = 0, max_ctas = 0, split_share = 0;
   std::string net_name, comm_name;
-  std::string schedules;  // mkConfig_t::schedules: the communicator's own schedule files (runtime/schedules.hpp)
+  std::string schedules;  // mkConfig_t::schedules: the communicator's own schedule files (runtime/plans/schedules.hpp)
 };
 CommConfig comm_config_from_env();
 // Applies a user mkConfig_t (NULL: nothing) on top of `c`; throws RtError for
@@ -173,7 +173,7 @@ struct PlanCache {
   std::unordered_map<std::string, std::unique_ptr<GroupKernel>> groups;
   std::unordered_map<std::string, int> group_seen;
   // Composites built for this communicator's rank count, by name
-  // (mkCompositeRun; runtime/composite.cpp).
+  // (mkCompositeRun; runtime/launch/composite.cpp).
   std::map<std::string, std::shared_ptr<const dsl::Composite>> composites;
   // Schedules (with their knobs) whose PreMulSum plans the compiler refused
   // (verify_prologue): why, so that other sizes fall back without lowering again.
@@ -258,7 +258,7 @@ class Comm {
 
   std::mutex mu;  // guards plans, regs, the ordering fields, pointer checks and the copy-engine state
   PlanCache plans;
-  // ---- the copy-engine path (runtime/ce.hpp; under mu) ----
+  // ---- the copy-engine path (runtime/launch/ce.hpp; under mu) ----
   CUmodule ce_module = nullptr;  // mk_ce_sync, loaded on the first copy-engine call
   CUfunction ce_fn = nullptr;
   // mk_ce_reduce per dtype x op (reduce-scatter and all-reduce), loaded on
@@ -274,7 +274,7 @@ class Comm {
   std::vector<CeStream> ce_streams;
   CUevent ce_fork = nullptr, ce_join = nullptr;
   // A group is issuing a copy-engine call of this communicator step by step
-  // (runtime/enqueue.cpp): another call must not interleave with it.
+  // (runtime/launch/enqueue.cpp): another call must not interleave with it.
   bool ce_issuing = false;
   Registrations regs;
   std::map<uintptr_t, std::pair<size_t, int>> pointer_cache;  // allocation base -> (size, device ordinal)
@@ -406,7 +406,7 @@ class Comm {
   void commit_regions(const Regions& r);
   // `res`'s error records: `res.grid` of them, host-mapped, zeroed.
   void alloc_error_records(Resources& res);
-  // A copy-engine schedule's instance (runtime/ce.cpp).
+  // A copy-engine schedule's instance (runtime/launch/ce.cpp).
   PlanInstance& create_ce_instance(Collective coll, DType dtype, RedOp op, const Choice& choice, int64_t* lo,
                                    int64_t* hi);
   void release();
@@ -417,14 +417,14 @@ class Comm {
   std::string last_error_;
 };
 
-// Registration (runtime/register.cpp): collective over the ranks of other
+// Registration (runtime/memory/register.cpp): collective over the ranks of other
 // processes (their buffers are opened through CUDA IPC), local within a
 // clique. Throw RtError.
 void comm_register(Comm& c, void* buff, size_t size, void** handle);
 void comm_deregister(Comm& c, void* handle);
 void release_registrations(Comm& c);
 
-// Creation (runtime/comm.cpp). init_rank fills a Comm that handles.cpp may
+// Creation (runtime/comm/comm.cpp). init_rank fills a Comm that handles.cpp may
 // already have published (so that abort can reach a nonblocking init), with
 // its config set. `shared`: the child of a split uses this part of its
 // parent's memory instead of an arena of its own.
@@ -440,7 +440,7 @@ int current_device();
 
 // The schedule the runtime uses for a call, and the byte range over which the
 // same choice holds: MK_ALGO overrides, else the default table
-// (runtime/select.cpp).
+// (runtime/plans/select.cpp).
 struct Choice {
   std::string schedule;
   int64_t lo = 0, hi = -1;  // inclusive; hi -1: unbounded
@@ -460,7 +460,7 @@ struct CompileScope {
   CompileScope& operator=(const CompileScope&) = delete;
 };
 
-// Plans shared by all communicators of the process (runtime/plans.cpp).
+// Plans shared by all communicators of the process (runtime/plans/plans.cpp).
 // `max_grid`: thread blocks per kernel at most (mkConfig_t.maxCTAs; 0: no cap).
 // `rank` >= 0: a plan whose kernels run on that rank (a compiled one holds
 // only that rank's class; a process with several ranks gets one plan per

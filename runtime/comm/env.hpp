@@ -51,7 +51,7 @@ bool zero_copy();
 int64_t zero_copy_min_bytes();
 bool pdl();
 // MK_GROUP_FUSE: how mkGroupEnd runs several calls of one communicator
-// (runtime/enqueue.cpp): 0 (the default) one launch per call, 1 one group
+// (runtime/launch/enqueue.cpp): 0 (the default) one launch per call, 1 one group
 // kernel from the first time, 2 ("auto") from the second time a group of the
 // same shape is seen (a shape that changes every call is never compiled).
 int group_fuse();

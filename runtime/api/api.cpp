@@ -18,12 +18,12 @@
 #include "mk/error.hpp"
 #include "compiler/jit/jit.hpp"
 #include "mk/dsl.hpp"
-#include "runtime/ce.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/enqueue.hpp"
-#include "runtime/handles.hpp"
-#include "runtime/lifecycle.hpp"
-#include "runtime/status.hpp"
+#include "runtime/launch/ce.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/launch/enqueue.hpp"
+#include "runtime/api/handles.hpp"
+#include "runtime/comm/lifecycle.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 
@@ -361,7 +361,7 @@ mkResult_t mkRedOpCreatePreMulSum(mkRedOp_t* op, void* scalar, mkDataType_t data
       check_scalar_pointer(*c, scalar, es, "mkRedOpCreatePreMulSum");
       m.ptr = scalar;
     }
-    // Never reused (runtime/comm.hpp): a stale handle fails forever.
+    // Never reused (runtime/comm/comm.hpp): a stale handle fails forever.
     static std::atomic<int64_t> next{int64_t(mkNumOps)};
     const int64_t h = next.fetch_add(1);
     if (h >= int64_t(mkMaxRedOp)) {

@@ -1,4 +1,4 @@
-#include "runtime/comm.hpp"
+#include "runtime/comm/comm.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -13,11 +13,11 @@
 #include "compiler/jit/jit.hpp"
 #include "mk/dsl.hpp"
 #include "mk/fusion.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/env.hpp"
-#include "runtime/schedules.hpp"
-#include "runtime/select.hpp"
-#include "runtime/status.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/plans/schedules.hpp"
+#include "runtime/plans/select.hpp"
+#include "runtime/api/status.hpp"
 #include "templates/layout.cuh"
 
 namespace mk::rt {

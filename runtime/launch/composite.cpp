@@ -1,14 +1,14 @@
 // mkCompositeRun: a composite's stages (include/mk/composite.hpp) as one
 // group of calls on one communicator, fused into group kernels whatever
-// MK_GROUP_FUSE says (runtime/enqueue.cpp plan_fusion: stages that depend on
+// MK_GROUP_FUSE says (runtime/launch/enqueue.cpp plan_fusion: stages that depend on
 // each other chain on one lane, the others run side by side).
 #include <fmt/format.h>
 
 #include "mk/composite.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/enqueue.hpp"
-#include "runtime/handles.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/launch/enqueue.hpp"
+#include "runtime/api/handles.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 

@@ -1,10 +1,10 @@
 // Which schedule serves a call: MK_ALGO overrides per collective
-// ("allreduce=allreduce.ring,allgather=allgather.ring", runtime/env.hpp);
-// else the selection tables (runtime/select.hpp: MK_SELECT_FILE's entries,
+// ("allreduce=allreduce.ring,allgather=allgather.ring", runtime/comm/env.hpp);
+// else the selection tables (runtime/plans/select.hpp: MK_SELECT_FILE's entries,
 // then the built-in ones); above 8 ranks, where no entry matches, the cost
 // model (compiler/cost estimate_us) picks among the built-in schedules of
 // the collective.
-#include "runtime/select.hpp"
+#include "runtime/plans/select.hpp"
 
 #include <fmt/format.h>
 
@@ -21,16 +21,16 @@
 #include "compiler/pipeline.hpp"
 #include "compiler/sources.hpp"
 #include "mk/dsl.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/env.hpp"
-#include "runtime/plans.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/comm/env.hpp"
+#include "runtime/plans/plans.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 
 namespace {
 
-// MK_ALGO, parsed and checked once (runtime/env.hpp). A malformed value
+// MK_ALGO, parsed and checked once (runtime/comm/env.hpp). A malformed value
 // throws from every call: the static is only set once parsing succeeded.
 const std::map<Collective, std::string>& overrides() {
   static const std::map<Collective, std::string> m = env::algo();
@@ -145,7 +145,7 @@ int64_t num(const json& j, const char* key, const std::string& where, const std:
 // size: all-gather's, reduce-scatter's and all-to-all's larger buffer holds
 // one such block per rank, hence their entries per rank count). `mkc tune` on
 // the target machine writes a table of this format (MK_SELECT_FILE).
-// The table itself: runtime/select_builtin.json, embedded at build time
+// The table itself: runtime/plans/select_builtin.json, embedded at build time
 // (cmake/embed_file.cmake) and installed as share/mkernel/select.json, a
 // starting point for a table of your own.
 constexpr const char* kBuiltin =

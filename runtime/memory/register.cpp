@@ -22,9 +22,9 @@
 #include <cstring>
 #include <map>
 
-#include "runtime/comm.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/api/status.hpp"
 #include "runtime/transport/transport.hpp"
 
 namespace mk::rt {

@@ -1,4 +1,4 @@
-#include "runtime/auth.hpp"
+#include "runtime/bootstrap/auth.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "runtime/crypto.hpp"
+#include "runtime/bootstrap/crypto.hpp"
 
 namespace mk::rt {
 namespace {

@@ -1,11 +1,11 @@
-#include "runtime/memory.hpp"
+#include "runtime/memory/memory.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
 
-#include "runtime/cuda_driver.hpp"
-#include "runtime/status.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/crypto.hpp"
+#include "runtime/bootstrap/crypto.hpp"
 
 #include <fcntl.h>
 #include <sys/random.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include "runtime/status.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 namespace {

@@ -3,7 +3,7 @@
 // mkGetUniqueId starts a small TCP rendezvous server in the calling process
 // (the "root", usually rank 0's) and writes its address, a random nonce and a
 // 32-byte random secret into the 128-byte id. Every rank connects, proves it
-// knows the secret (and checks that the server does: runtime/auth.hpp has the
+// knows the secret (and checks that the server does: runtime/bootstrap/auth.hpp has the
 // handshake and the threat model), says who it is, and then uses the
 // connection for all-gathers of small host blobs (device info, memory
 // handles) during communicator setup. Address: 127.0.0.1 on an ephemeral port
@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "mk.h"
-#include "runtime/auth.hpp"
+#include "runtime/bootstrap/auth.hpp"
 
 namespace mk::rt {
 

@@ -1,4 +1,4 @@
-#include "runtime/env.hpp"
+#include "runtime/comm/env.hpp"
 
 #include <fmt/format.h>
 
@@ -10,10 +10,10 @@
 #include "compiler/common/env_parse.hpp"
 #include "compiler/jit/jit.hpp"
 #include "compiler/verify/verify.hpp"
-#include "runtime/plans.hpp"
-#include "runtime/schedules.hpp"
-#include "runtime/select.hpp"
-#include "runtime/status.hpp"
+#include "runtime/plans/plans.hpp"
+#include "runtime/plans/schedules.hpp"
+#include "runtime/plans/select.hpp"
+#include "runtime/api/status.hpp"
 
 #ifndef MK_VERSION
 #define MK_VERSION "dev"
@@ -187,7 +187,7 @@ std::vector<std::pair<std::string, std::string>> plan_shaping_settings() {
     t += fmt::format("{}{}={}", t.empty() ? "" : ",", k.key, k.i64 ? tuned.*(k.i64) : int64_t(tuned.*(k.i32)));
   s.emplace_back("MK_TUNE", t);
   s.emplace_back("MK_ZERO_COPY", zero_copy() ? "1" : "0");
-  // set or not decides how zero-copy is chosen (runtime/enqueue.cpp): ranks must agree on both
+  // set or not decides how zero-copy is chosen (runtime/launch/enqueue.cpp): ranks must agree on both
   s.emplace_back("MK_ZERO_COPY_MIN_BYTES", raw("MK_ZERO_COPY_MIN_BYTES") ? std::to_string(zero_copy_min_bytes()) : "unset");
   s.emplace_back("MK_SCRATCH_BYTES", std::to_string(scratch_bytes()));
   s.emplace_back("MK_FLAG_BYTES", std::to_string(flag_bytes()));

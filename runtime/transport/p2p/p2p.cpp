@@ -8,12 +8,12 @@
 #include <memory>
 #include <mutex>
 
-#include "runtime/bootstrap.hpp"
-#include "runtime/crypto.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/ipc.hpp"
-#include "runtime/memory.hpp"
-#include "runtime/status.hpp"
+#include "runtime/bootstrap/bootstrap.hpp"
+#include "runtime/bootstrap/crypto.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/memory/ipc.hpp"
+#include "runtime/memory/memory.hpp"
+#include "runtime/api/status.hpp"
 #include "runtime/transport/transport.hpp"
 
 namespace mk::rt {

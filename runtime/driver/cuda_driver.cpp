@@ -1,10 +1,10 @@
-#include "runtime/cuda_driver.hpp"
+#include "runtime/driver/cuda_driver.hpp"
 
 #include <dlfcn.h>
 
 #include <mutex>
 
-#include "runtime/status.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 namespace {

@@ -52,7 +52,7 @@ void group_defer(std::function<void()> wait);
 
 const char* api_name_of(Collective c);
 
-// mkCompositeRun (runtime/composite.cpp); throws RtError or mk::Error.
+// mkCompositeRun (runtime/launch/composite.cpp); throws RtError or mk::Error.
 void composite_run(const char* name, void* const* buffers, int nbuffers, size_t count, int dtype, int op,
                    mkComm_t comm, cudaStream_t stream);
 

@@ -7,12 +7,12 @@
 // without the id can compute a rank's name before the rank binds it; if a
 // name is taken anyway (a process that has the id, such as a second job
 // started with the same id), the rank says so through the bootstrap and every
-// rank's init fails at once with that message (runtime/transport/p2p.cpp).
+// rank's init fails at once with that message (runtime/transport/p2p/p2p.cpp).
 // The descriptor is the scratch arena, which holds
 // every rank's symmetric memory, so it goes only to a client that (1) runs as
 // the same user as this process and (2) has a pid the job's ranks announced
 // through the authenticated bootstrap (SO_PEERCRED, checked before anything is
-// read), and (3) proves it knows the unique id's secret (runtime/auth.hpp).
+// read), and (3) proves it knows the unique id's secret (runtime/bootstrap/auth.hpp).
 // The client checks the server the same way (pid of the rank it wants, same
 // user, secret), so a process squatting on the name cannot hand out a bogus
 // descriptor. Connections that fail are closed without a reply and do not
@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/auth.hpp"
+#include "runtime/bootstrap/auth.hpp"
 
 namespace mk::rt {
 

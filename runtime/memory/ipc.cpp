@@ -1,4 +1,4 @@
-#include "runtime/ipc.hpp"
+#include "runtime/memory/ipc.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -11,8 +11,8 @@
 #include <cstring>
 #include <memory>
 
-#include "runtime/crypto.hpp"
-#include "runtime/status.hpp"
+#include "runtime/bootstrap/crypto.hpp"
+#include "runtime/api/status.hpp"
 
 namespace mk::rt {
 namespace {
