@@ -16,9 +16,11 @@
 #include <nlohmann/json.hpp>
 #include <mutex>
 #include <optional>
+#include <system_error>
 
 #include "compiler/codegen/codegen.hpp"
 #include "compiler/common/log.hpp"
+#include "compiler/verify/fusion_check.hpp"
 #include "mk/fusion.hpp"
 #include "compiler/verify/verify.hpp"
 #include "compiler/jit/jit.hpp"
@@ -77,6 +79,12 @@ std::string fusion_identity(const std::string& name) {
   // The code's identity, not its verdict: compile_plan and the runtime check it (per dtype).
   const dsl::FusionInfo* f = dsl::find_fusion_unchecked(name);
   if (!f) throw Error(ErrId::cli_E011, fmt::format("unknown fusion '{}'", name), {}, known_fusions());
+  return fusion_identity(*f);
+}
+
+std::string fusion_identity(const dsl::FusionInfo& reg) {
+  const dsl::FusionInfo* f = &reg;
+  const std::string& name = reg.name;
   std::string k = f->source;
   if (!f->pre_source.empty()) k += "\nprologue\n" + f->pre_source;  // (a fusion without one keeps its old identity)
   for (const auto& op : f->operands)
@@ -162,12 +170,22 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   if (!collective_reduces(built.coll) && o.op != RedOp::sum)
     throw Error(ErrId::cli_E013, fmt::format("{} does not reduce; --op must be sum (the default)", name(built.coll)));
   namespace fs = std::filesystem;
+  // A fused plan: the registration looked up once, so that the code compiled,
+  // the code checked and the plan's label are one version of the fusion even
+  // if a plugin registers the name again meanwhile (entries never change).
+  const dsl::FusionInfo* reg = o.fusion.empty() ? nullptr : dsl::find_fusion_unchecked(o.fusion);
+  if (!o.fusion.empty() && !reg)
+    throw Error(ErrId::cli_E011, fmt::format("unknown fusion '{}'", o.fusion), {}, known_fusions());
+  const std::string reg_id = reg ? fusion_identity(*reg) : std::string();
   const std::string key = plan_key(built, o);
+  if (reg && fusion_identity(o.fusion) != reg_id)
+    throw Error(ErrId::cli_E011, fmt::format("fusion {} was registered again while its plan was being made", o.fusion),
+                {}, "call again: the new registration's plan is compiled then");
   const std::string cache = o.use_cache ? jit::private_cache_dir() : "";
   const fs::path cached = cache.empty() ? fs::path() : fs::path(cache) / "plans" / key;
   if (std::error_code ec; !cache.empty() && fs::exists(fs::symlink_status(cached, ec))) {
     // a fused plan: its code checked on this dtype (outside the try: a refusal is not a damaged entry)
-    if (!o.fusion.empty()) (void)dsl::find_fusion(o.fusion, o.dtype);
+    if (reg) verify::check_fusion_once(*reg, o.dtype);
     try {
       // An entry that is a link, or not ours, or that others can write, is
       // not read (tfs::entry_problem, then read_dir's checks of every file).
@@ -188,7 +206,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   // ahead of time for the common cases.
   if (o.use_cache && o.use_prebuilt) {
     if (auto pre = prebuilt::find(prebuilt::key(built, o), built, o)) {
-      if (!o.fusion.empty()) (void)dsl::find_fusion(o.fusion, o.dtype);
+      if (reg) verify::check_fusion_once(*reg, o.dtype);
       st.from_cache = true;
       return *pre;
     }
@@ -202,12 +220,14 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   // while the buckets compile: the plan is returned only if it passes.
   std::optional<dsl::FusionInfo> fusion;
   std::future<void> fusion_checked;
-  if (!o.fusion.empty()) {
-    const dsl::FusionInfo* f = dsl::find_fusion_unchecked(o.fusion);
-    MK_CHECK(f, "compile_plan: the fusion vanished after the key was made");
-    fusion = *f;
+  if (reg) {
+    fusion = *reg;
     check_fusion_plan(built, *fusion, o.dtype, o.op);
-    fusion_checked = std::async(std::launch::async, [name = o.fusion, t = o.dtype] { (void)dsl::find_fusion(name, t); });
+    try {
+      fusion_checked = std::async(std::launch::async, [reg, t = o.dtype] { verify::check_fusion_once(*reg, t); });
+    } catch (const std::system_error&) {
+      verify::check_fusion_once(*reg, o.dtype);  // no thread to spare: before the compile
+    }
   }
   const std::string tag = fmt::format("{}_n{}_{}_{}{}", codegen::identifier(built.name), built.nranks, name(o.dtype),
                                       name(o.op), fusion ? "_" + codegen::identifier(fusion->name) : std::string());
@@ -292,7 +312,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   p.topology = s0.topology;
   p.dtype = o.dtype;
   p.op = o.op;
-  p.fusion = fusion_identity(o.fusion);  // name@hash: a plan of an older version of the code is not it
+  p.fusion = reg_id;  // name@hash: a plan of an older version of the code is not it
   p.fusion_check = o.fusion_check && !o.fusion.empty();
   p.arch = o.arch;
   p.nvrtc_version = jit::nvrtc_version();

@@ -7,6 +7,7 @@
 #include "compiler/ir/ir.hpp"
 #include "compiler/pipeline.hpp"
 #include "compiler/plan/plan.hpp"
+#include "mk/fusion.hpp"
 
 namespace mk::compiler {
 
@@ -66,6 +67,8 @@ std::string options_json(const CompileOptions& o);
 // name. plan::Plan::fusion holds it, so a plan compiled against another
 // version of a fusion's code is never taken for it.
 std::string fusion_identity(const std::string& name);
+// The same, of one registration (find_fusion_unchecked's entry).
+std::string fusion_identity(const dsl::FusionInfo& reg);
 
 // "known fusions: a, b": the registered fusions' names, for error hints.
 std::string known_fusions();

@@ -397,7 +397,7 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
   // result (or its error) instead of compiling it again.
   static std::mutex flights_mu;
   static std::map<std::string, std::shared_future<CompileResult>> flights;
-  const std::string flight_key = base_key + "." + arch_name(arch);
+  const std::string flight_key = base_key + "." + arch_name(arch) + (dir.empty() ? "" : "@" + dir);
   std::promise<CompileResult> mine;
   std::shared_future<CompileResult> theirs;
   {
@@ -413,13 +413,24 @@ CompileResult compile(const std::string& source, const std::string& name, int ar
     flights.erase(flight_key);
   };
   try {
-    res = run_nvrtc(source, name, arch, opts, base_key, file, dir);
+    // a flight that landed between this thread's cache miss and its own start
+    std::string why;
+    if (!dir.empty() && tfs::read_file(file, kMaxCachedCubin, &res.cubin, &why) == tfs::Read::ok &&
+        cubin_problem(res.cubin.data(), res.cubin.size(), arch).empty()) {
+      res.from_cache = true;
+      res.cache_file = file.string();
+    } else {
+      res = run_nvrtc(source, name, arch, opts, base_key, file, dir);
+    }
+    mine.set_value(res);
   } catch (...) {
-    mine.set_exception(std::current_exception());
+    try {
+      mine.set_exception(std::current_exception());
+    } catch (...) {  // (already satisfied: set_value's own failure came after)
+    }
     land();
     throw;
   }
-  mine.set_value(res);
   land();
   return res;
 }

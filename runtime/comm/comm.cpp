@@ -704,6 +704,11 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
   // the fusion it was compiled from.
   const dsl::FusionInfo* fi =
       plan->fusion.empty() ? nullptr : dsl::find_fusion(plan->fusion.substr(0, plan->fusion.find('@')), plan->dtype);
+  // The registration checked is the code compiled: a plugin that registered
+  // the name again after the plan was made gets its own plan on the next call.
+  if (fi && compiler::fusion_identity(*fi) != plan->fusion)
+    fail(mkInvalidUsage, fmt::format("fusion {} was registered again while its plan was made ({} is now {}); call again",
+                                     fi->name, plan->fusion, compiler::fusion_identity(*fi)));
   if (fi && !fi->source.empty()) {
     const std::string epi = k->name + "_epi";
     MK_CU(d.cuModuleGetFunction(&inst->fn_epi, inst->module, epi.c_str()), "finding the epilogue kernel " + epi);

@@ -851,12 +851,13 @@ void resolve_all(std::vector<Pending>& calls, const std::vector<size_t>& missing
         std::min(by_comm.size(), size_t(std::max(2u, std::min(std::thread::hardware_concurrency(), 64u))));
     std::atomic<size_t> next{0};
     std::vector<std::thread> workers;
+    workers.reserve(nworkers);
     auto loop = [&] {
       for (size_t k; (k = next.fetch_add(1)) < by_comm.size();) work(by_comm[k]);
     };
     try {
       for (size_t w = 1; w < nworkers; ++w) workers.emplace_back(loop);
-    } catch (const std::system_error&) {
+    } catch (...) {
       // no more threads: the ones made (and this one) take the rest
     }
     loop();

@@ -364,6 +364,8 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
                                            : std::make_exception_ptr(RtError(mkInternalError, why));
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(RtError(mkInternalError, std::string("compiling plan ") + schedule + ": " + e.what()));
+    } catch (...) {  // the in-flight entry must go whatever was thrown: its waiters would wait forever
+      error = std::make_exception_ptr(RtError(mkInternalError, std::string("compiling plan ") + schedule + ": an exception"));
     }
     lock.lock();
     --compiling_now();
