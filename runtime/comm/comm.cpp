@@ -82,13 +82,27 @@ void setup_memory(Comm& c, const ParentMemory* shared) {
   MK_CU(d.cuStreamCreate(&c.side_stream, CU_STREAM_NON_BLOCKING), "creating a stream");
 }
 
+// The boot id of a rank whose node is named by MK_HOST_ID.
+constexpr const char* kHostIdBoot = "MK_HOST_ID";
+
 RankInfo local_info(const Comm& c) {
   RankInfo me{};
-  char host[64] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::memcpy(me.host, host, sizeof me.host);
-  std::string boot = read_boot_id();
-  std::strncpy(me.boot_id, boot.c_str(), sizeof me.boot_id - 1);
+  std::optional<std::string> id;
+  try {
+    id = env::host_id();
+  } catch (const RtError&) {
+    // a bad MK_HOST_ID fails init on every rank (settings_of, in the exchange of settings)
+  }
+  if (id) {
+    std::strncpy(me.host, id->c_str(), sizeof me.host - 1);
+    std::strncpy(me.boot_id, kHostIdBoot, sizeof me.boot_id - 1);
+  } else {
+    char host[64] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::memcpy(me.host, host, sizeof me.host);
+    std::string boot = read_boot_id();
+    std::strncpy(me.boot_id, boot.c_str(), sizeof me.boot_id - 1);
+  }
   me.token = process_token();
   me.pid = ::getpid();
   me.device = c.device;
@@ -108,9 +122,14 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
   for (int r = 0; r < c.nranks; ++r) {
     const RankInfo& p = all[size_t(r)];
     if (std::strncmp(p.host, me.host, sizeof me.host) != 0 || std::strncmp(p.boot_id, me.boot_id, sizeof me.boot_id) != 0)
-      fail(mkInvalidUsage, fmt::format("rank {} runs on host '{:.64}' and rank {} on '{:.64}': communicators spanning "
-                                       "nodes need the network transport, which this build does not include yet",
-                                       c.rank, me.host, r, p.host));
+      fail(mkInvalidUsage, fmt::format("rank {} runs on host '{:.64}' and rank {} on '{:.64}'{}: communicators "
+                                       "spanning nodes need the network transport, which this build does not "
+                                       "include yet",
+                                       c.rank, me.host, r, p.host,
+                                       std::strncmp(me.boot_id, kHostIdBoot, sizeof me.boot_id) == 0 ||
+                                               std::strncmp(p.boot_id, kHostIdBoot, sizeof p.boot_id) == 0
+                                           ? " (MK_HOST_ID)"
+                                           : ""));
     if (p.arena_size != me.arena_size)
       fail(mkInvalidUsage, fmt::format("ranks disagree on the symmetric memory size ({} vs {} bytes): set "
                                        "MK_SCRATCH_BYTES and MK_FLAG_BYTES alike on every rank",
@@ -123,6 +142,7 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
 // (MK_SCHEDULES, then its config's list), so that MK_ALGO and MK_SELECT_FILE
 // can name them, and proved for its rank count after. Throws RtError.
 std::vector<std::pair<std::string, std::string>> settings_of(const CommConfig& cfg, int nranks) {
+  (void)env::host_id();  // a bad MK_HOST_ID (not agreed: it differs between nodes by design)
   env_schedules();
   const std::string own = config_schedules(cfg.schedules);
   auto s = env::plan_shaping_settings();

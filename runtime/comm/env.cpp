@@ -112,6 +112,15 @@ int32_t max_registrations() { return int32_t(get_int("MK_MAX_REGISTRATIONS", 256
 int32_t bootstrap_timeout_ms() {
   return int32_t(get_int("MK_BOOTSTRAP_TIMEOUT_MS", 120000, 1, (int64_t(1) << 31) - 1));
 }
+std::optional<std::string> host_id() {
+  const auto v = raw("MK_HOST_ID");
+  if (!v || v->empty()) return std::nullopt;
+  if (v->size() > 63) invalid("MK_HOST_ID", v->substr(0, 80) + "...", "at most 63 characters");
+  for (char ch : *v)
+    if (ch <= ' ' || ch > '~')
+      invalid("MK_HOST_ID", *v, "expected printable ASCII characters without spaces (a node's name)");
+  return v;
+}
 bool zero_copy() { return get_bool("MK_ZERO_COPY", true); }
 bool pdl() { return get_bool("MK_PDL", true); }
 int group_fuse() {

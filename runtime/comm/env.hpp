@@ -47,6 +47,11 @@ int64_t flag_bytes();
 int64_t timeout_ms();
 int32_t max_registrations();
 int32_t bootstrap_timeout_ms();
+// MK_HOST_ID: the node this process counts as, instead of its host name and
+// boot id (ranks with different ids are on different nodes: processes of one
+// machine stand in for nodes in tests). 1..63 printable ASCII characters, no
+// spaces; unset or empty: nullopt. Throws for anything else.
+std::optional<std::string> host_id();
 bool zero_copy();
 int64_t zero_copy_min_bytes();
 bool pdl();

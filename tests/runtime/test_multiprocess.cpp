@@ -981,6 +981,12 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "fast_compile_bad")
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "mk.jit.E007", "MK_FAST_COMPILE='fastest'"});
+  if (scenario == "host_ids_differ")  // processes of one machine standing in for two nodes
+    return expect_init_failure(rank, nranks, id, mkInvalidUsage,
+                               {"runs on host 'node-", "(MK_HOST_ID)", "communicators spanning nodes need the network"});
+  if (scenario == "host_id_bad")
+    return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
+                               {"rank 1:", "MK_HOST_ID='node b'", "without spaces"});
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
   if (scenario == "split_peer_exit") return split_peer_exit(rank, nranks, id);
   if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
@@ -1075,6 +1081,17 @@ TEST_CASE("two processes: a setting that shapes plans differs between ranks: ini
 TEST_CASE("two processes: a malformed setting on one rank fails init on both, with that rank's message") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "bad_env", {{}, {"MK_TUNE=simple_instances=2abc"}});
+}
+
+// MK_HOST_ID: processes of one machine stand in for nodes. Ranks of two
+// "nodes" fail init on every rank, naming both (no network transport yet);
+// ranks of one id are one node; a bad id fails init on every rank, with the
+// message of the rank that has it (never a wait for it).
+TEST_CASE("two processes: MK_HOST_ID places ranks on nodes and two nodes fail init on both ranks clearly") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "host_ids_differ", {{"MK_HOST_ID=node-a"}, {"MK_HOST_ID=node-b"}});
+  run_ranks(2, "bcast", {{"MK_HOST_ID=node-a"}, {"MK_HOST_ID=node-a"}});
+  run_ranks(2, "host_id_bad", {{"MK_HOST_ID=node-a"}, {"MK_HOST_ID=node b"}});
 }
 
 TEST_CASE("two processes: ranks of different fast-compile levels (MK_FAST_COMPILE) fail init, naming it" *

@@ -348,3 +348,36 @@ TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
   mkt::ScopedEnv bad("MK_FLAG_BYTES", "1M");
   CHECK(contains(invalid([] { rt::env::plan_shaping_settings(); }), "MK_FLAG_BYTES='1M'"));
 }
+
+TEST_CASE("env: MK_HOST_ID is 1..63 printable characters without spaces and unset or empty means the host name") {
+  {
+    mkt::ScopedEnv e("MK_HOST_ID", nullptr);
+    CHECK_FALSE(rt::env::host_id().has_value());
+  }
+  {
+    mkt::ScopedEnv e("MK_HOST_ID", "");
+    CHECK_FALSE(rt::env::host_id().has_value());
+  }
+  {
+    mkt::ScopedEnv e("MK_HOST_ID", "node-7.rack2");
+    CHECK(rt::env::host_id() == std::optional<std::string>("node-7.rack2"));
+  }
+  {
+    mkt::ScopedEnv e("MK_HOST_ID", std::string(63, 'x'));
+    CHECK(rt::env::host_id()->size() == 63);
+  }
+  for (const std::string bad : {std::string(64, 'x'), std::string("node a"), std::string("node\t1"),
+                                std::string("n\xc3\xa9")}) {
+    CAPTURE(bad);
+    mkt::ScopedEnv e("MK_HOST_ID", bad);
+    bool threw = false;
+    try {
+      (void)rt::env::host_id();
+    } catch (const rt::RtError& x) {
+      threw = true;
+      CHECK(x.code() == mkInvalidArgument);
+      CHECK(std::string(x.what()).find("MK_HOST_ID=") != std::string::npos);
+    }
+    CHECK(threw);
+  }
+}
