@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -43,6 +45,17 @@ constexpr uint64_t kGoneMark = 0x2121454e4f474b4dull;   // "MKGONE!!"
 enum Gone : int32_t { kGoneDropped = 0, kGoneClosed = 1, kGoneAborted = 2 };
 
 std::atomic<int> g_live_servers{0};
+// Rendezvous servers with work in hand: not blocked in poll(), or holding
+// bytes not yet written to a rank. The server is a thread of the process
+// that made the id; at that process's exit (wait_for_servers) the others may
+// still be reading a round it has answered only in part.
+std::atomic<int> g_busy_servers{0};
+
+void wait_for_servers() {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (g_busy_servers.load() > 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -66,6 +79,7 @@ class Rendezvous {
     if (!set_nonblocking(listen_fd_)) throw std::runtime_error("fcntl(O_NONBLOCK): " + errno_text());
   }
   ~Rendezvous() {
+    set_busy(false);
     if (listen_fd_ >= 0) ::close(listen_fd_);
     for (auto& p : peers_) ::close(p->c.fd);
   }
@@ -102,6 +116,15 @@ class Rendezvous {
     bool silent() const { return phase == Phase::kHandshake && hs.want() == kClientHelloBytes; }
   };
 
+  void set_busy(bool b) {
+    if (b == busy_) return;
+    busy_ = b;
+    if (b)
+      g_busy_servers.fetch_add(1);
+    else
+      g_busy_servers.fetch_sub(1);
+  }
+
   void poll_once() {
     std::vector<pollfd> fds;
     // Before the rendezvous the root always accepts: a full table evicts
@@ -118,7 +141,11 @@ class Rendezvous {
     }
     if (!started_ && !listening) wake = std::min(wake, listen_pause_until_);
     int timeout = wake == Clock::time_point::max() ? -1 : std::max(1, ms_left(wake));
+    bool pending = false;  // bytes a rank still waits for
+    for (auto& p : peers_) pending = pending || (!p->dead && !p->c.out.empty());
+    set_busy(pending);
     int r = ::poll(fds.data(), nfds_t(fds.size()), timeout);
+    set_busy(true);
     if (r < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text());
     const size_t first = listening ? 1 : 0, polled = fds.size() - first;  // accept_new appends after these
     if (listening && r > 0 && (fds[0].revents & POLLIN)) accept_new();
@@ -427,6 +454,7 @@ class Rendezvous {
   bool started_ = false, broken_ = false;
   int32_t gone_rank_ = -1, gone_cause_ = kGoneDropped;  // the first rank that left after the rendezvous
   uint64_t round_bytes_ = 0;
+  bool busy_ = false;  // counted in g_busy_servers
 };
 
 void serve(int listen_fd, IdContents id, int timeout_ms) {
@@ -508,6 +536,11 @@ void bootstrap_create_id(mkUniqueId* id) {
   std::memcpy(id->internal + 16, c.nonce, 16);
   std::memcpy(id->internal + 32, c.secret.data(), c.secret.size());
   ++g_live_servers;
+  // At exit this process waits (at most 2 s) until its servers have written
+  // every round they answered: a rank that exits right after its
+  // communicator's init must not cut its peers off in the middle of it.
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(wait_for_servers); });
   try {
     std::thread(serve, fd, c, bootstrap_timeout_ms()).detach();
   } catch (...) {
