@@ -64,7 +64,22 @@ typedef struct mkComm* mkComm_t;
  *               next to MK_SCHEDULES's at init and proved for this
  *               communicator's rank count; MK_ALGO and MK_SELECT_FILE can
  *               then name them. Every rank must give the same files
- *               (docs/schedules.md). An mKernel field after NCCL's. */
+ *               (docs/schedules.md). An mKernel field after NCCL's.
+ *   spanNodes   what init does when the ranks sit on more than one node
+ *               (host name plus boot id, or MK_HOST_ID) and mKernel cannot
+ *               reach every peer (this build has no network transport):
+ *               MK_SPAN_NODES_FAIL (default) fails init on every rank with
+ *               mkInvalidUsage naming two ranks' hosts;
+ *               MK_SPAN_NODES_BOOTSTRAP makes a bootstrap-only communicator:
+ *               it answers mkCommCount, mkCommUserRank, mkCommCuDevice,
+ *               mkCommNodeCount, mkCommBootstrapBroadcast, mkCommSplit
+ *               (children on one node are full communicators), finalize,
+ *               destroy and abort; collectives, registration, prewarm and
+ *               PreMulSum ops fail with mkInvalidUsage. Every rank reaches
+ *               the same answer from the facts all ranks exchanged, so the
+ *               NCCL-compatible library can hand such a communicator to the
+ *               real NCCL on every rank. Every rank must give the same
+ *               value. Children of mkCommSplit inherit it. An mKernel field. */
 #define MK_CONFIG_UNDEF_INT (-2147483647 - 1)
 #define MK_CONFIG_UNDEF_PTR NULL
 #define MK_SPLIT_NOCOLOR -1
@@ -88,14 +103,17 @@ typedef struct {
   int nChannelsPerNetPeer;
   int nvlinkCentricSched;
   const char* schedules;
+  int spanNodes;
 } mkConfig_t;
+#define MK_SPAN_NODES_FAIL 0
+#define MK_SPAN_NODES_BOOTSTRAP 1
 #define MK_CONFIG_INITIALIZER                                                                          \
   {                                                                                                    \
     sizeof(mkConfig_t), MK_CONFIG_MAGIC, MK_VERSION_CODE, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT,    \
         MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_PTR, MK_CONFIG_UNDEF_INT,            \
         MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_PTR, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT,            \
         MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT, MK_CONFIG_UNDEF_INT,            \
-        MK_CONFIG_UNDEF_PTR                                                                            \
+        MK_CONFIG_UNDEF_PTR, MK_CONFIG_UNDEF_INT                                                       \
   }
 
 #define MK_UNIQUE_ID_BYTES 128
@@ -188,6 +206,12 @@ mkResult_t mkCommGetAsyncError(mkComm_t comm, mkResult_t* asyncError);
 mkResult_t mkCommCount(const mkComm_t comm, int* count);
 mkResult_t mkCommCuDevice(const mkComm_t comm, int* device);
 mkResult_t mkCommUserRank(const mkComm_t comm, int* rank);
+/* The nodes the communicator's ranks sit on (1 on one node), and whether it
+ * is bootstrap-only (config spanNodes = MK_SPAN_NODES_BOOTSTRAP on a
+ * communicator spanning nodes: see mkConfig_t). The same on every rank.
+ * mkInvalidUsage while a nonblocking init runs. */
+mkResult_t mkCommNodeCount(const mkComm_t comm, int* nodes);
+mkResult_t mkCommIsBootstrapOnly(const mkComm_t comm, int* bootstrapOnly);
 /* Zero-copy registration. A registered buffer is mapped into every peer
  * (CUDA IPC between processes, peer access within one), so a collective whose
  * send and receive buffers lie in registered buffers on every rank runs a

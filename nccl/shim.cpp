@@ -94,6 +94,8 @@ struct Mk {
   decltype(&mkCommRegister) CommRegister;
   decltype(&mkCommDeregister) CommDeregister;
   decltype(&mkCommBootstrapBroadcast) CommBootstrapBroadcast;
+  decltype(&mkCommNodeCount) CommNodeCount;
+  decltype(&mkCommIsBootstrapOnly) CommIsBootstrapOnly;
   decltype(&mkGetLastError) GetLastError;
   decltype(&mkAllReduce) AllReduce;
   decltype(&mkBroadcast) Broadcast;
@@ -212,6 +214,7 @@ bool load_mk_locked() {
             sym(h, "mkCommUserRank", &m.CommUserRank) && sym(h, "mkCommRegister", &m.CommRegister) &&
             sym(h, "mkCommDeregister", &m.CommDeregister) &&
             sym(h, "mkCommBootstrapBroadcast", &m.CommBootstrapBroadcast) &&
+            sym(h, "mkCommNodeCount", &m.CommNodeCount) && sym(h, "mkCommIsBootstrapOnly", &m.CommIsBootstrapOnly) &&
             sym(h, "mkGetLastError", &m.GetLastError) && sym(h, "mkAllReduce", &m.AllReduce) &&
             sym(h, "mkBroadcast", &m.Broadcast) && sym(h, "mkReduce", &m.Reduce) &&
             sym(h, "mkAllGather", &m.AllGather) && sym(h, "mkReduceScatter", &m.ReduceScatter) &&
@@ -353,6 +356,7 @@ ncclResult_t need_real(const char* why) {
 // ---- statistics (MK_NCCL_STATS=1) -----------------------------------------
 
 std::atomic<unsigned long long> g_count[kOther + 1][2];  // [collective][0 mKernel, 1 NCCL]
+std::atomic<unsigned long long> g_whole{0};  // communicators NCCL runs whole (they span nodes)
 
 void print_stats() {
   fprintf(stderr, "mkernel-nccl[%d]: calls by library\n  %-14s %10s %10s\n", int(getpid()), "call", "mKernel", "NCCL");
@@ -360,13 +364,19 @@ void print_stats() {
     const unsigned long long a = g_count[c][0].load(), b = g_count[c][1].load();
     if (a || b) fprintf(stderr, "  %-14s %10llu %10llu\n", coll_name(c), a, b);
   }
+  if (const unsigned long long w = g_whole.load())
+    fprintf(stderr, "  communicators spanning nodes, run by NCCL whole: %llu\n", w);
 }
 
-void count(int coll, bool nccl) {
+void stats_at_exit() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (diagnostic("MK_NCCL_STATS")) atexit(print_stats);
   });
+}
+
+void count(int coll, bool nccl) {
+  stats_at_exit();
   g_count[coll][nccl ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -385,6 +395,9 @@ struct ncclComm {
   std::atomic<ncclComm_t> real{nullptr};  // published once made (an abort from another thread reads it)
   int nranks = 0, rank = 0;
   unsigned fallback = 0;  // MK_NCCL_FALLBACK at init
+  // NCCL runs every call (mKernel's communicator is bootstrap-only: its ranks
+  // span nodes): -1 not known yet (a nonblocking init still runs), 0 no, 1 yes.
+  std::atomic<int> whole{-1};
   Clique* clique = nullptr;  // ranks made together by ncclCommInitAll
   std::atomic<bool> dead{false}, revoked{false};
   std::mutex mu;  // creating `real`, and `premuls`
@@ -461,6 +474,27 @@ bool learn_size(ncclComm_t c) {
   c->nranks = n;
   c->rank = r;
   return true;
+}
+
+// Whether NCCL runs every call of `c`: mKernel made it bootstrap-only
+// because its ranks span nodes (init asks for that with spanNodes). Every
+// rank learns the same answer from the same exchanged facts, so a
+// communicator is NCCL's on all its ranks or on none. Unknown until its init
+// is done (then a call goes to mKernel, which says the init still runs).
+bool nccl_whole(ncclComm_t c) {
+  int w = c->whole.load();
+  if (w >= 0 || !c->mk) return w == 1;
+  int only = 0, nodes = 0;
+  if (g_mk.CommIsBootstrapOnly(c->mk, &only) != mkSuccess) return false;
+  int expected = -1;
+  if (c->whole.compare_exchange_strong(expected, only ? 1 : 0) && only) {
+    stats_at_exit();
+    g_whole.fetch_add(1);
+    g_mk.CommNodeCount(c->mk, &nodes);
+    debug("comm %p rank %d/%d: its ranks span %d nodes: NCCL runs it whole (mKernel has no network transport yet)",
+          static_cast<void*>(c), c->rank, c->nranks, nodes);
+  }
+  return c->whole.load() == 1;
 }
 
 // The real NCCL communicator of `c`, created the first time one is needed.
@@ -561,7 +595,7 @@ thread_local std::vector<ncclComm_t>* t_inits = nullptr;  // inits of the open g
 bool routes_to_mk(const Call& k) {
   if (k.premul && k.mk_op < 0) return false;
   // a PreMulSum call routes as a sum would (mKernel runs both alike)
-  return k.coll < kNumMk && k.comm->mk &&
+  return k.coll < kNumMk && k.comm->mk && !nccl_whole(k.comm) &&
          mk_runs(k.coll, int(k.dtype), k.premul ? int(ncclSum) : int(k.op), k.count, k.comm->nranks, false,
                  k.comm->fallback);
 }
@@ -809,13 +843,14 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   // (single-process multi-GPU programs). mKernel runs it as a nonblocking
   // init, which ncclGroupEnd waits for.
   mkConfig_t local = MK_CONFIG_INITIALIZER;
-  const mkConfig_t* cfg = to_mk_config(config, &local);
+  to_mk_config(config, &local);
+  // A communicator spanning nodes is made bootstrap-only, and NCCL runs it
+  // whole (nccl_whole); the program never sees mKernel's refusal.
+  local.spanNodes = MK_SPAN_NODES_BOOTSTRAP;
+  const mkConfig_t* cfg = &local;
   const bool deferred = t_depth > 0 && (!config || config->size <= offsetof(ncclConfig_t, blocking) ||
                                         config->blocking == 1 || config->blocking == NCCL_CONFIG_UNDEF_INT);
-  if (deferred) {
-    local.blocking = 0;
-    cfg = &local;
-  }
+  if (deferred) local.blocking = 0;
   const mkResult_t r = g_mk.CommInitRankConfig(&m, nranks, mid, rank, cfg);
   if (r != mkSuccess && r != mkInProgress) return fail(ncclResult_t(r), "%s: %s", api, g_mk.GetLastError(m));
   *comm = new_comm(m, fallback, nranks, rank);
@@ -831,6 +866,10 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   // that call, it would wait for ranks that never make it).
   if (r == mkSuccess && eager)
     if (ncclResult_t e = ensure_real(*comm, "MK_NCCL_EAGER")) return e;
+  // NCCL's communicator of one that spans nodes: now, while every rank is in
+  // its init (a first call that is a send between some ranks could not make it).
+  if (r == mkSuccess && nccl_whole(*comm))
+    if (ncclResult_t e = ensure_real(*comm, api)) return e;
   return ncclResult_t(r);
 }
 
@@ -884,6 +923,10 @@ MK_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclC
     // Size and rank are known once the split is done; a nonblocking child
     // answers ncclCommCount/UserRank through mKernel.
     *newcomm = r == mkSuccess ? new_comm(child, comm->fallback) : new_comm(child, comm->fallback, 0, 0);
+    // A child spanning nodes (bootstrap-only, as its parent was made) gets
+    // NCCL's communicator now, while its ranks are in the split together.
+    if (r == mkSuccess && nccl_whole(*newcomm))
+      if (ncclResult_t e = ensure_real(*newcomm, "ncclCommSplit")) return e;
   }
   return ncclResult_t(r);
 }
@@ -1100,7 +1143,7 @@ MK_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, 
   } else {
     m.ptr = scalar;
   }
-  if (comm->mk) {
+  if (comm->mk && !nccl_whole(comm)) {
     mkRedOp_t mop = mkSum;
     const mkResult_t r = g_mk.RedOpCreatePreMulSum(&mop, residence == ncclScalarDevice ? scalar : m.value,
                                                    mkDataType_t(datatype), mkScalarResidence_t(residence), comm->mk);
@@ -1235,6 +1278,10 @@ static ncclResult_t finish_inits() {
     }
     if (st == mkSuccess) {
       learn_size(c);
+      if (nccl_whole(c)) {  // one rank per process (a spanning communicator has no two ranks in one)
+        const ncclResult_t e = ensure_real(c, "ncclGroupEnd");
+        if (e != ncclSuccess && first == ncclSuccess) first = e;
+      }
     } else if (first == ncclSuccess) {
       first = fail(ncclResult_t(st), "ncclGroupEnd: rank %d's ncclCommInitRank in the group failed: %s", c->rank,
                    g_mk.GetLastError(c->mk));

@@ -240,7 +240,7 @@ def _schedule_list(schedules):
 
 
 def make_config(blocking=None, max_ctas=None, min_ctas=None, name=None, split_share=None, net_name=None,
-                schedules=None):
+                schedules=None, span_nodes=None):
     c = _lib.Config()
     c.size = ctypes.sizeof(_lib.Config)
     c.magic = _lib.CONFIG_MAGIC
@@ -256,6 +256,10 @@ def make_config(blocking=None, max_ctas=None, min_ctas=None, name=None, split_sh
         c.minCTAs = int(min_ctas)
     if split_share is not None:
         c.splitShare = 1 if split_share else 0
+    if span_nodes is not None:
+        if span_nodes not in _lib.SPAN_NODES:
+            raise MkError(INVALID_ARGUMENT, "span_nodes=%r: expected 'fail' or 'bootstrap'" % (span_nodes,))
+        c.spanNodes = _lib.SPAN_NODES[span_nodes]
     # kept alive with the struct: ctypes holds the bytes objects
     c._keep = [x.encode() if isinstance(x, str) else x for x in (name, net_name, _schedule_list(schedules))]
     c.commName = c._keep[0]
@@ -312,10 +316,15 @@ class Communicator:
     MSCCL .xml, MSCCL++ or mKernel IR .json) loaded and proved at init, that
     MK_ALGO and MK_SELECT_FILE can then name (docs/schedules.md); every rank
     must pass the same files.
+    span_nodes: what init does when the ranks sit on several nodes (this
+    build has no network transport): "fail" (default: MkError naming two
+    ranks' hosts) or "bootstrap" (a bootstrap-only communicator: see
+    bootstrap_only; its split by node gives full communicators). Every rank
+    must pass the same value.
     """
 
     def __init__(self, nranks, rank, unique_id, device=None, blocking=None, max_ctas=None, name=None,
-                 schedules=None, _handle=None):
+                 schedules=None, span_nodes=None, _handle=None):
         self._h = None
         if _handle is not None:
             self._h = _handle
@@ -323,7 +332,8 @@ class Communicator:
         if device is not None:
             set_device(device)
         h = ctypes.c_void_p()
-        cfg = make_config(blocking=blocking, max_ctas=max_ctas, name=name, schedules=schedules)
+        cfg = make_config(blocking=blocking, max_ctas=max_ctas, name=name, schedules=schedules,
+                          span_nodes=span_nodes)
         try:
             call("mkCommInitRankConfig", ctypes.byref(h), int(nranks), _uid(unique_id), int(rank), ctypes.byref(cfg))
         except MkError:
@@ -373,6 +383,19 @@ class Communicator:
     @property
     def device(self):
         return self._int("mkCommCuDevice")
+
+    @property
+    def nodes(self):
+        """The nodes this communicator's ranks sit on (1 on one node)."""
+        return self._int("mkCommNodeCount")
+
+    @property
+    def bootstrap_only(self):
+        """True when its ranks span nodes and it was made with
+        span_nodes="bootstrap": it runs no collectives (they raise MkError),
+        only bootstrap_broadcast, split, destroy and abort. The same on every
+        rank, so a caller can hand such a group to another library whole."""
+        return self._int("mkCommIsBootstrapOnly") == 1
 
     def async_error(self):
         """mkSuccess (0), mkInProgress (7) while a nonblocking init or split

@@ -75,11 +75,13 @@ class Config(ctypes.Structure):
         ("nChannelsPerNetPeer", ctypes.c_int),
         ("nvlinkCentricSched", ctypes.c_int),
         ("schedules", ctypes.c_char_p),
+        ("spanNodes", ctypes.c_int),
     ]
 
 
 UNDEF_INT = -2147483648
 CONFIG_MAGIC = 0xCAFEBEEF
+SPAN_NODES = {"fail": 0, "bootstrap": 1}  # mkConfig_t.spanNodes (MK_SPAN_NODES_*)
 
 _c = ctypes
 _P = _c.c_void_p
@@ -102,6 +104,8 @@ _SIGNATURES = {
     "mkCommCount": [_P, _c.POINTER(_c.c_int)],
     "mkCommCuDevice": [_P, _c.POINTER(_c.c_int)],
     "mkCommUserRank": [_P, _c.POINTER(_c.c_int)],
+    "mkCommNodeCount": [_P, _c.POINTER(_c.c_int)],
+    "mkCommIsBootstrapOnly": [_P, _c.POINTER(_c.c_int)],
     "mkCommRegister": [_P, _P, _S, _c.POINTER(_P)],
     "mkCommDeregister": [_P, _P],
     "mkCommBootstrapBroadcast": [_P, _P, _S, _c.c_int],

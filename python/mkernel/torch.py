@@ -87,7 +87,7 @@ class Communicator:
     """
 
     def __init__(self, group=None, device=None, store=None, rank=None, size=None, max_ctas=None, name=None,
-                 key=None, schedules=None):
+                 key=None, schedules=None, span_nodes=None):
         if rank is None or size is None:
             if not dist.is_initialized():
                 raise RuntimeError("mkernel.torch.Communicator: torch.distributed is not initialized "
@@ -126,7 +126,8 @@ class Communicator:
             # the device's primary context (torch's) current on this thread:
             # mKernel's communicator takes the thread's current device
             _api.set_device(self.device.index if self.device.index is not None else torch.cuda.current_device())
-            self.mk = _api.Communicator(self.size, self.rank, uid, max_ctas=max_ctas, name=name, schedules=schedules)
+            self.mk = _api.Communicator(self.size, self.rank, uid, max_ctas=max_ctas, name=name, schedules=schedules,
+                                        span_nodes=span_nodes)
         with _registry_lock:
             self.id = _next_id[0]
             _next_id[0] += 1
@@ -489,6 +490,7 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         self._rank_, self._size_ = rank, size
         self._timeout = timeout
         self._mk = None
+        self._whole = False  # the group spans nodes: NCCL runs every call
         self._made = 0
         self._nccl = None
         self._gloo = None
@@ -515,10 +517,17 @@ class ProcessGroupMkernel(dist.ProcessGroup):
                 # a new key for each communicator this group makes (after an
                 # abort), counted by the group itself: the same on every rank
                 self._made += 1
+                # a group spanning nodes gets a bootstrap-only communicator
+                # (the same answer on every rank): NCCL then runs it whole
                 self._mk = Communicator(device=t.device, store=self._store, rank=self._rank_, size=self._size_,
-                                        key="mkernel/uid/%d" % self._made)
+                                        key="mkernel/uid/%d" % self._made, span_nodes="bootstrap")
+                self._whole = self._mk.mk.bootstrap_only
                 if _debug():
-                    print("mkernel.torch: rank %d: mKernel communicator on %s" % (self._rank_, t.device))
+                    if self._whole:
+                        print("mkernel.torch: rank %d: the group spans %d nodes: NCCL runs it whole (mKernel has "
+                              "no network transport yet)" % (self._rank_, self._mk.mk.nodes))
+                    else:
+                        print("mkernel.torch: rank %d: mKernel communicator on %s" % (self._rank_, t.device))
             elif self._mk.device != t.device:
                 raise ValueError("mkernel: this process group's communicator is on %s, the tensor on %s (one GPU "
                                  "per rank and group, as with NCCL)" % (self._mk.device, t.device))
@@ -539,7 +548,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
                 raise ValueError("mkernel: tensors must be contiguous (as with NCCL)")
             if t.device != tensors[0].device:
                 raise ValueError("mkernel: tensors on %s and %s in one call" % (tensors[0].device, t.device))
-        return self._comm_for(tensors[0])
+        c = self._comm_for(tensors[0])
+        return None if self._whole else c
 
     def _done(self, result, t):
         self.stats["mkernel"] += 1
@@ -680,7 +690,7 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         dev = self._mk.device if self._mk is not None else torch.device("cuda", torch.cuda.current_device())
         t = torch.zeros(1, device=dev)
         c = self._comm_for(t)
-        if c is None:
+        if c is None or self._whole:
             return self._fallback([t], "barrier").barrier(opts or dist.BarrierOptions())
         c.mk.all_reduce(t, t, 1, "fp32", "sum", _stream(t))
         torch.cuda.current_stream(t.device).synchronize()

@@ -197,6 +197,22 @@ mkResult_t mkCommUserRank(const mkComm_t comm, int* rank) {
   });
 }
 
+mkResult_t mkCommNodeCount(const mkComm_t comm, int* nodes) {
+  return guard(nullptr, [&] {
+    auto c = ready(comm, "mkCommNodeCount");
+    if (!nodes) fail(mkInvalidArgument, "mkCommNodeCount: nodes is NULL");
+    *nodes = c->nodes;
+  });
+}
+
+mkResult_t mkCommIsBootstrapOnly(const mkComm_t comm, int* bootstrapOnly) {
+  return guard(nullptr, [&] {
+    auto c = ready(comm, "mkCommIsBootstrapOnly");
+    if (!bootstrapOnly) fail(mkInvalidArgument, "mkCommIsBootstrapOnly: bootstrapOnly is NULL");
+    *bootstrapOnly = c->bootstrap_only ? 1 : 0;
+  });
+}
+
 mkResult_t mkCommBootstrapBroadcast(mkComm_t comm, void* buf, size_t bytes, int root) {
   return guard(comm, [&] {
     auto c = ready(comm, "mkCommBootstrapBroadcast");
@@ -222,7 +238,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
                          int nthreads) {
   return guard(comm, [&] {
     auto c = ready(comm, "mkCommPrewarm");
-    c->check_usable("mkCommPrewarm");
+    c->check_serves("mkCommPrewarm");
     if (ndtypes < 0 || nops < 0 || nthreads < 0)
       fail(mkInvalidArgument, "mkCommPrewarm: ndtypes, nops and nthreads must not be negative");
     if ((ndtypes > 0 && !dtypes) || (nops > 0 && !ops))
@@ -325,7 +341,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
 mkResult_t mkCommRegister(const mkComm_t comm, void* buff, size_t size, void** handle) {
   return guard(comm, [&] {
     auto c = acquire(comm);
-    c->check_usable("mkCommRegister");
+    c->check_serves("mkCommRegister");
     comm_register(*c, buff, size, handle);
   });
 }
@@ -333,7 +349,7 @@ mkResult_t mkCommRegister(const mkComm_t comm, void* buff, size_t size, void** h
 mkResult_t mkCommDeregister(const mkComm_t comm, void* handle) {
   return guard(comm, [&] {
     auto c = acquire(comm);
-    c->check_usable("mkCommDeregister");
+    c->check_serves("mkCommDeregister");
     comm_deregister(*c, handle);
   });
 }
@@ -342,7 +358,7 @@ mkResult_t mkRedOpCreatePreMulSum(mkRedOp_t* op, void* scalar, mkDataType_t data
                                   mkComm_t comm) {
   return guard(comm, [&] {
     auto c = ready(comm, "mkRedOpCreatePreMulSum");
-    c->check_usable("mkRedOpCreatePreMulSum");
+    c->check_serves("mkRedOpCreatePreMulSum");
     if (!op) fail(mkInvalidArgument, "mkRedOpCreatePreMulSum: op is NULL");
     if (!scalar) fail(mkInvalidArgument, "mkRedOpCreatePreMulSum: scalar is NULL");
     if (int(datatype) < 0 || int(datatype) >= mkNumTypes)

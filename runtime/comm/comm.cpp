@@ -115,27 +115,50 @@ RankInfo local_info(const Comm& c) {
   return me;
 }
 
-// Checks what every rank must agree on; counts the ranks on this GPU.
+// Checks what every rank must agree on; counts the ranks on this GPU and the
+// nodes. A communicator spanning nodes fails init on every rank (no network
+// transport yet), or, with spanNodes = MK_SPAN_NODES_BOOTSTRAP, becomes
+// bootstrap-only on every rank: decided from `all`, which every rank has
+// alike, never from a rank-local fact.
+bool same_node(const RankInfo& a, const RankInfo& b) {
+  return std::strncmp(a.host, b.host, sizeof a.host) == 0 && std::strncmp(a.boot_id, b.boot_id, sizeof a.boot_id) == 0;
+}
+
 void check_peers(Comm& c, const std::vector<RankInfo>& all) {
   const RankInfo& me = all[size_t(c.rank)];
   c.colocated = 0;
+  int other = -1;  // the lowest rank on another node than rank 0
+  c.nodes = 0;
   for (int r = 0; r < c.nranks; ++r) {
     const RankInfo& p = all[size_t(r)];
-    if (std::strncmp(p.host, me.host, sizeof me.host) != 0 || std::strncmp(p.boot_id, me.boot_id, sizeof me.boot_id) != 0)
-      fail(mkInvalidUsage, fmt::format("rank {} runs on host '{:.64}' and rank {} on '{:.64}'{}: communicators "
-                                       "spanning nodes need the network transport, which this build does not "
-                                       "include yet",
-                                       c.rank, me.host, r, p.host,
-                                       std::strncmp(me.boot_id, kHostIdBoot, sizeof me.boot_id) == 0 ||
-                                               std::strncmp(p.boot_id, kHostIdBoot, sizeof p.boot_id) == 0
-                                           ? " (MK_HOST_ID)"
-                                           : ""));
+    bool first = true;  // the lowest rank of its node
+    for (int q = 0; q < r && first; ++q) first = !same_node(all[size_t(q)], p);
+    if (first) ++c.nodes;
+    if (other < 0 && !same_node(all[0], p)) other = r;
     if (p.arena_size != me.arena_size)
       fail(mkInvalidUsage, fmt::format("ranks disagree on the symmetric memory size ({} vs {} bytes): set "
                                        "MK_SCRATCH_BYTES and MK_FLAG_BYTES alike on every rank",
                                        me.arena_size, p.arena_size));
-    if (std::memcmp(p.uuid, me.uuid, 16) == 0) ++c.colocated;
+    if (same_node(p, me) && std::memcmp(p.uuid, me.uuid, 16) == 0) ++c.colocated;
   }
+  if (other < 0) return;
+  const RankInfo& a = all[0];
+  const RankInfo& b = all[size_t(other)];
+  const bool named = std::strncmp(a.boot_id, kHostIdBoot, sizeof a.boot_id) == 0 ||
+                     std::strncmp(b.boot_id, kHostIdBoot, sizeof b.boot_id) == 0;
+  if (c.config.span_nodes == MK_SPAN_NODES_BOOTSTRAP) {
+    c.bootstrap_only = true;
+    debug_log(fmt::format("rank {}/{}: the ranks sit on {} nodes (rank 0 on '{:.64}', rank {} on '{:.64}'{}): "
+                          "bootstrap-only communicator (spanNodes), no collectives on mKernel",
+                          c.rank, c.nranks, c.nodes, a.host, other, b.host, named ? ", MK_HOST_ID" : ""));
+    return;
+  }
+  fail(mkInvalidUsage, fmt::format("the ranks sit on {} nodes: rank 0 runs on host '{:.64}' and rank {} on "
+                                   "'{:.64}'{}; communicators spanning nodes need the network transport, which this "
+                                   "build does not include yet (the NCCL-compatible library and mkernel.torch hand "
+                                   "them to NCCL; with the C API, give config spanNodes = MK_SPAN_NODES_BOOTSTRAP "
+                                   "for a bootstrap-only communicator)",
+                                   c.nodes, a.host, other, b.host, named ? " (MK_HOST_ID)" : ""));
 }
 
 // The settings of a communicator: its user schedules are loaded first
@@ -147,6 +170,7 @@ std::vector<std::pair<std::string, std::string>> settings_of(const CommConfig& c
   const std::string own = config_schedules(cfg.schedules);
   auto s = env::plan_shaping_settings();
   s.emplace_back("the communicator's schedules (config)", own);
+  s.emplace_back("the communicator's spanNodes (config)", std::to_string(cfg.span_nodes));
   s.emplace_back("the user schedules it can run (name@IR hash)", prove_user_schedules(cfg.schedules, nranks));
   return s;
 }
@@ -193,6 +217,10 @@ void agree_on_settings(Comm& c) {
 
 void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shared) {
   check_peers(c, all);
+  if (c.bootstrap_only) {  // no transport: nothing runs on it but the bootstrap
+    if (!shared) c.arena->release();  // its symmetric memory goes back now (nobody mapped it)
+    return;
+  }
   if (!c.config.net_name.empty() && c.config.net_name != "p2p")
     fail(mkInvalidArgument, fmt::format("config netName '{}' is not a transport of this build (p2p)", c.config.net_name));
   if (shared) {  // the parent's transport already reaches every peer
@@ -267,6 +295,8 @@ void apply_user_config(CommConfig* c, const mkConfig_t* user) {
     if (n > 64) fail(mkInvalidArgument, "config: netName is longer than 64 characters (the transports are \"p2p\")");
     c->net_name = std::string(u.netName, n);
   }
+  if (u.size >= offsetof(mkConfig_t, spanNodes) + sizeof(int))
+    c->span_nodes = field(u.spanNodes, "spanNodes", MK_SPAN_NODES_FAIL, MK_SPAN_NODES_BOOTSTRAP, c->span_nodes);
   if (u.size >= offsetof(mkConfig_t, schedules) + sizeof(const char*) && u.schedules) {
     const size_t n = strnlen(u.schedules, 65537);
     if (n > 65536) fail(mkInvalidArgument, "config: schedules is longer than 65536 characters");
@@ -315,8 +345,9 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
     settings_of(c.config, c.nranks);  // loads and proves its schedules; nobody to compare with
   connect(c, all, shared);
   if (c.boot) c.boot->barrier();  // every grant and mapping done before any kernel runs
-  debug_log(fmt::format("rank {}/{} on GPU {} (sm_{}), {} peer(s) in other processes, {} rank(s) on this GPU", rank,
-                        nranks, c.device, c.arch, c.transport->remote_peers(), c.colocated));
+  if (!c.bootstrap_only)
+    debug_log(fmt::format("rank {}/{} on GPU {} (sm_{}), {} peer(s) in other processes, {} rank(s) on this GPU",
+                          rank, nranks, c.device, c.arch, c.transport->remote_peers(), c.colocated));
 }
 
 void comm_init_all(const std::vector<std::shared_ptr<Comm>>& comms, const std::vector<int>& devices,
@@ -401,6 +432,14 @@ void Comm::check_usable(const char* api) {
     fail(mkInvalidUsage, fmt::format("{}: a nonblocking mkCommSplit of this communicator is still running: wait until "
                                      "mkCommGetAsyncError of this communicator returns mkSuccess",
                                      api));
+}
+
+void Comm::check_serves(const char* api) {
+  check_usable(api);
+  if (bootstrap_only)
+    fail(mkInvalidUsage, fmt::format("{}: the communicator spans {} nodes and is bootstrap-only (config spanNodes): "
+                                     "mKernel has no network transport yet, so it runs nothing on it",
+                                     api, nodes));
 }
 
 mkResult_t Comm::poll_async_error() {

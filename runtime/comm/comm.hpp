@@ -137,6 +137,7 @@ struct CommConfig {
   bool blocking = true;
   int32_t cga_cluster_size = 0, min_ctas = 0, max_ctas = 0, split_share = 0;
   std::string net_name, comm_name;
+  int32_t span_nodes = MK_SPAN_NODES_FAIL;  // mkConfig_t::spanNodes
   std::string schedules;  // mkConfig_t::schedules: the communicator's own schedule files (runtime/plans/schedules.hpp)
 };
 CommConfig comm_config_from_env();
@@ -235,6 +236,10 @@ class Comm {
   int arch = 0;  // e.g. 90
   int sms = 0;
   int colocated = 1;  // ranks of this communicator on this GPU (they must all fit at once)
+  int nodes = 1;      // nodes its ranks sit on (host name + boot id, or MK_HOST_ID): the same on every rank
+  // Spans nodes and was made with spanNodes = MK_SPAN_NODES_BOOTSTRAP: a
+  // bootstrap and nothing else (no transport, no plans; check_serves).
+  bool bootstrap_only = false;
   CommConfig config{};
 
   // ---- memory and peers ----
@@ -315,6 +320,10 @@ class Comm {
   // error recorded (by a kernel, a peer or the host), not initialised yet, or
   // finalized. Cheap: atomics and one host-mapped word.
   void check_usable(const char* api);
+  // check_usable, and fails (mkInvalidUsage) on a bootstrap-only
+  // communicator: for what needs a transport (collectives, registration,
+  // prewarm, PreMulSum ops).
+  void check_serves(const char* api);
   // Scans kernel error records; returns the first failure (and makes it
   // sticky). Thread-safe; never waits for a call in progress.
   mkResult_t poll_async_error();

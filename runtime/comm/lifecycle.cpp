@@ -382,6 +382,10 @@ mkComm_t lifecycle_split(mkComm_t h, int color, int key, const mkConfig_t* confi
   // The child inherits the parent's settings; `config` overrides them.
   CommConfig cfg = parent->config;
   apply_user_config(&cfg, config);
+  if (parent->bootstrap_only && cfg.split_share) {  // no memory to share (the same on every rank)
+    debug_log("mkCommSplit: splitShare ignored: the parent is bootstrap-only (it spans nodes)");
+    cfg.split_share = 0;
+  }
   SplitEntry mine{color, key, parent->rank, cfg.split_share, {}};
   if (cfg.split_share) mine.region = parent->propose_shared_region();
   std::shared_ptr<Comm> child;

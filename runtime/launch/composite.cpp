@@ -35,7 +35,7 @@ void composite_run(const char* name, void* const* buffers, int nbuffers, size_t 
                    mkComm_t comm, cudaStream_t stream) {
   if (!name) fail(mkInvalidArgument, "mkCompositeRun: name is NULL");
   std::shared_ptr<Comm> c = acquire(comm);
-  c->check_usable("mkCompositeRun");
+  c->check_serves("mkCompositeRun");
   std::shared_ptr<const dsl::Composite> k = composite_for(*c, name);
   const auto& bufs = k->buffers();
   if (nbuffers != int(bufs.size()) || (!buffers && nbuffers > 0)) {

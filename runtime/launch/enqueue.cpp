@@ -267,7 +267,7 @@ void validate_fusion(Pending& p) {
 Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
   Comm* c = cp.get();
   const char* api = api_name_of(k.coll);
-  c->check_usable(api);
+  c->check_serves(api);
   if (k.dtype < 0 || k.dtype >= mkNumTypes)
     fail(mkInvalidArgument, fmt::format("{}: datatype {} is not an mkDataType_t", api, k.dtype));
   const bool reduces = collective_reduces(k.coll);

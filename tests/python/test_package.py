@@ -455,6 +455,64 @@ class Package(unittest.TestCase):
             self.assertIn("rank %d hello from 0 ok" % r, o)
         self.assertIn("in progress: mkInProgress", outs[0])
 
+    def test_two_nodes_span_nodes(self):
+        # Two processes claiming two nodes (MK_HOST_ID): by default init fails
+        # on both, naming the hosts; span_nodes="bootstrap" gives a
+        # bootstrap-only communicator on both (what mkernel.torch's backend
+        # hands to NCCL whole), whose collectives raise and whose bootstrap works.
+        cache = os.path.join(TMP, "c-2n")
+        script = os.path.join(TMP, "two_nodes.py")
+        with open(script, "w") as f:
+            f.write(ALLOC + textwrap.dedent("""
+                import os, sys, time
+                rank, uidfile = int(sys.argv[1]), sys.argv[2]
+                def uid_for(n):
+                    path = "%s.%d" % (uidfile, n)
+                    if rank == 0:
+                        uid = mkernel.get_unique_id()
+                        with open(path + ".tmp", "wb") as f:
+                            f.write(uid)
+                        os.rename(path + ".tmp", path)
+                        return uid
+                    while not os.path.exists(path):
+                        time.sleep(0.01)
+                    return open(path, "rb").read()
+                try:
+                    mkernel.Communicator(2, rank, uid_for(0), device=rank)
+                    print("rank", rank, "init succeeded")
+                except mkernel.MkError as e:
+                    print("rank", rank, "refused:", e.name, str(e))
+                comm = mkernel.Communicator(2, rank, uid_for(1), device=rank, span_nodes="bootstrap")
+                print("rank", rank, "nodes", comm.nodes, "bootstrap_only", comm.bootstrap_only)
+                s = dalloc(4096, rank)
+                try:
+                    comm.all_reduce(s, s, 64, "fp32", "sum")
+                    print("rank", rank, "all_reduce ran")
+                except mkernel.MkError as e:
+                    print("rank", rank, "all_reduce refused:", e.name, "bootstrap-only" in str(e))
+                got = comm.bootstrap_broadcast(b"hello node b" if rank == 0 else b"x" * 12, root=0)
+                comm.destroy()
+                print("rank", rank, got.decode(), "ok")
+            """))
+        uid = os.path.join(TMP, "uid-2n")
+        e = dict(os.environ)
+        e.update(fake_env(cache))
+        for k in ("MK_PREBUILT_DIR", "PYTHONPATH"):
+            e.pop(k, None)
+        ps = []
+        for r in (0, 1):
+            er = dict(e, MK_HOST_ID="node-%s" % "ab"[r])
+            ps.append(subprocess.Popen([PY, script, str(r), uid], cwd=TMP, env=er, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True))
+        outs = [p.communicate(timeout=300)[0] for p in ps]
+        for r, (p, o) in enumerate(zip(ps, outs)):
+            self.assertEqual(p.returncode, 0, o)
+            self.assertIn("rank %d refused: mkInvalidUsage" % r, o)
+            self.assertIn("the ranks sit on 2 nodes", o)
+            self.assertIn("rank %d nodes 2 bootstrap_only True" % r, o)
+            self.assertIn("rank %d all_reduce refused: mkInvalidUsage True" % r, o)
+            self.assertIn("rank %d hello node b ok" % r, o)
+
     def test_ranks_compiling_at_once_compile_each_plan_once(self):
         # Two threads prewarm the two ranks of one process at the same time:
         # the ranks share their plans, so each is compiled once (8 plans for

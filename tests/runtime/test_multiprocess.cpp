@@ -3,6 +3,7 @@
 // The ranks are this binary started again (fresh processes, as with a
 // launcher), so nothing of the parent's runtime state leaks into them.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -816,6 +818,93 @@ int split_peer_exit(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// Ranks on two "nodes" (MK_HOST_ID: ranks 0..n/2-1 on one, the rest on the
+// other) with config spanNodes = MK_SPAN_NODES_BOOTSTRAP: every rank gets a
+// bootstrap-only communicator that refuses what needs a transport, clearly;
+// its bootstrap works; a split by node gives full communicators that run
+// collectives; nothing leaks.
+int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  mkfake_counts before{};
+  mkfake_fn<decltype(mkfake_get_counts)>("mkfake_get_counts")(&before);
+  if (use_gpu(rank)) return 1;
+  CUstream stream = nullptr;
+  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.spanNodes = MK_SPAN_NODES_BOOTSTRAP;
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRankConfig(&comm, nranks, id, rank, &cfg) == mkSuccess);
+  int nodes = 0, only = 0, n = 0;
+  CHILD_CHECK(mkCommNodeCount(comm, &nodes) == mkSuccess && nodes == 2);
+  CHILD_CHECK(mkCommIsBootstrapOnly(comm, &only) == mkSuccess && only == 1);
+  CHILD_CHECK(mkCommCount(comm, &n) == mkSuccess && n == nranks);
+  CHILD_CHECK(mk::rt::acquire(comm)->arena->base() == 0);  // its symmetric memory went back at init
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 4096) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(buf));
+  const int64_t launches = mkt::counts().launches;
+  auto refused = [&](mkResult_t r, const char* api) {
+    const std::string msg = mkGetLastError(comm);
+    CHILD_CHECK(r == mkInvalidUsage);
+    CHILD_CHECK(msg.find(api) != std::string::npos);
+    CHILD_CHECK(msg.find("spans 2 nodes and is bootstrap-only") != std::string::npos);
+    return 0;
+  };
+  if (refused(mkAllReduce(p, p, 64, mkFloat32, mkSum, comm, stream), "mkAllReduce")) return 1;
+  if (refused(mkAllGather(p, p, 8, mkFloat32, comm, stream), "mkAllGather")) return 1;
+  void* handle = nullptr;
+  if (refused(mkCommRegister(comm, p, 4096, &handle), "mkCommRegister")) return 1;
+  mkRedOp_t pm = mkSum;
+  float scale = 0.5f;
+  if (refused(mkRedOpCreatePreMulSum(&pm, &scale, mkFloat32, mkScalarHostImmediate, comm), "mkRedOpCreatePreMulSum"))
+    return 1;
+  const mkDataType_t dt = mkFloat32;
+  if (refused(mkCommPrewarm(comm, &dt, 1, nullptr, 0, 1), "mkCommPrewarm")) return 1;
+  CHILD_CHECK(mkt::counts().launches == launches);
+  // A refusal is not a communicator error: it still works as a bootstrap.
+  mkResult_t async = mkInternalError;
+  CHILD_CHECK(mkCommGetAsyncError(comm, &async) == mkSuccess && async == mkSuccess);
+  int32_t word = rank == 0 ? 4242 : 0;
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, &word, sizeof word, 0) == mkSuccess);
+  CHILD_CHECK(word == 4242);
+  // Split by node (splitShare asked for: ignored, there is nothing to share).
+  mkConfig_t share = MK_CONFIG_INITIALIZER;
+  share.splitShare = 1;
+  const int half = nranks / 2, node = rank < half ? 0 : 1;
+  mkComm_t local = nullptr;
+  CHILD_CHECK(mkCommSplit(comm, node, rank, &local, &share) == mkSuccess);
+  CHILD_CHECK(mkCommNodeCount(local, &nodes) == mkSuccess && nodes == 1);
+  CHILD_CHECK(mkCommIsBootstrapOnly(local, &only) == mkSuccess && only == 0);
+  CHILD_CHECK(mkCommCount(local, &n) == mkSuccess && n == (node == 0 ? half : nranks - half));
+  CHILD_CHECK(mkAllReduce(p, p, 64, mkFloat32, mkSum, local, stream) == mkSuccess);
+  CHILD_CHECK(mkt::counts().launches == launches + 1);
+  CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
+  CHILD_CHECK(mkCommDestroy(local) == mkSuccess);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
+  CHILD_CHECK(cu().cuDevicePrimaryCtxRelease(rank) == CUDA_SUCCESS);
+  const std::string leaked = mkt::leaks(before, mkt::counts());
+  if (!leaked.empty()) std::fprintf(stderr, "rank %d leaked: %s\n", rank, leaked.c_str());
+  CHILD_CHECK(leaked.empty());
+  return 0;
+}
+
+// spanNodes must be the same on every rank.
+int span_differs(int rank, int nranks, const mkUniqueId& id) {
+  if (use_gpu(rank)) return 1;
+  mkConfig_t cfg = MK_CONFIG_INITIALIZER;
+  cfg.spanNodes = rank == 0 ? MK_SPAN_NODES_BOOTSTRAP : MK_SPAN_NODES_FAIL;
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRankConfig(&comm, nranks, id, rank, &cfg) == mkInvalidUsage);
+  const std::string msg = mkGetLastError(nullptr);
+  std::fprintf(stderr, "rank %d: %s\n", rank, msg.c_str());
+  CHILD_CHECK(msg.find("ranks disagree on the communicator's spanNodes (config): rank 0 has '1', rank 1 has '0'") !=
+              std::string::npos);
+  CHILD_CHECK(comm == nullptr);
+  return 0;
+}
+
 #ifdef MKT_SHIM
 // This rank's GPU current, mKernel's libnccl.so.2 opened over the stand-in
 // NCCL (MKT_FAKE_NCCL), and its ncclCommInitRank called with mKernel's id.
@@ -880,6 +969,76 @@ int shim_fallback(int rank, int nranks, const mkUniqueId& id) {
   }
   CHILD_CHECK(destroy(comm) == ncclSuccess);
   CHILD_CHECK(cu().cuMemFree(p) == CUDA_SUCCESS);
+  return 0;
+}
+
+// mKernel's libnccl.so.2 on ranks of two "nodes" (MK_HOST_ID; ranks
+// 0..n/2-1 on one): the world communicator spans them, so NCCL runs it whole
+// on every rank (its communicator made at init; collectives, PreMulSum ops
+// and all, go there, none to mKernel), said with MK_DEBUG; its split by node
+// runs on mKernel and never reaches NCCL.
+int shim_two_nodes(int rank, int nranks, const mkUniqueId& id) {
+  // MK_DEBUG's lines of this rank, in a file (stderr is the test's).
+  const std::string log = (std::filesystem::temp_directory_path() /
+                           ("mkt-two-nodes-" + std::to_string(::getpid()) + ".log")).string();
+  const int saved = ::dup(2);
+  CHILD_CHECK(saved >= 0);
+  const int fd = ::open(log.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  CHILD_CHECK(fd >= 0 && ::dup2(fd, 2) == 2);
+  ::close(fd);
+  setenv("MK_DEBUG", "1", 1);
+  void* h = nullptr;
+  ncclComm_t world = nullptr;
+  const int opened = open_shim_comm(rank, nranks, id, &h, &world);
+  ::dup2(saved, 2);
+  ::close(saved);
+  if (opened != 0) return 1;
+  std::string debug;
+  {
+    std::ifstream in(log);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    debug = ss.str();
+  }
+  std::remove(log.c_str());
+  std::fprintf(stderr, "rank %d: MK_DEBUG said:\n%s", rank, debug.c_str());
+  CHILD_CHECK(debug.find("its ranks span 2 nodes: NCCL runs it whole") != std::string::npos);
+  const std::string me = std::to_string(rank), n = std::to_string(nranks);
+  std::string got = fake_nccl_log();
+  CHILD_CHECK(got.find("CommInitRank comm=1 nranks=" + n + " rank=" + me + "\n") != std::string::npos);
+  using AllReduce = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+  using Split = ncclResult_t (*)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
+  using Destroy = ncclResult_t (*)(ncclComm_t);
+  using PreMul = ncclResult_t (*)(ncclRedOp_t*, void*, ncclDataType_t, ncclScalarResidence_t, ncclComm_t);
+  auto allreduce = reinterpret_cast<AllReduce>(dlsym(h, "ncclAllReduce"));
+  auto split = reinterpret_cast<Split>(dlsym(h, "ncclCommSplit"));
+  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
+  auto premul = reinterpret_cast<PreMul>(dlsym(h, "ncclRedOpCreatePreMulSum"));
+  CHILD_CHECK(allreduce && split && destroy && premul);
+  CUdeviceptr b = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&b, 4096) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(b));
+  const int64_t launches = mkt::counts().launches;
+  CHILD_CHECK(allreduce(p, p, 64, ncclFloat32, ncclSum, world, nullptr) == ncclSuccess);
+  ncclRedOp_t op = ncclSum;
+  float scale = 0.5f;
+  CHILD_CHECK(premul(&op, &scale, ncclFloat32, ncclScalarHostImmediate, world) == ncclSuccess);
+  CHILD_CHECK(allreduce(p, p, 32, ncclFloat32, op, world, nullptr) == ncclSuccess);
+  CHILD_CHECK(mkt::counts().launches == launches);  // nothing ran on mKernel
+  got = fake_nccl_log();
+  CHILD_CHECK(got.find("AllReduce comm=1 count=64 dtype=7 op=0\n") != std::string::npos);
+  CHILD_CHECK(got.find("RedOpCreatePreMulSum comm=1") != std::string::npos);
+  CHILD_CHECK(got.find("AllReduce comm=1 count=32 dtype=7 op=5\n") != std::string::npos);
+  // The ranks of one node: a communicator mKernel runs.
+  ncclComm_t local = nullptr;
+  CHILD_CHECK(split(world, rank < nranks / 2 ? 0 : 1, rank, &local, nullptr) == ncclSuccess);
+  CHILD_CHECK(allreduce(p, p, 64, ncclFloat32, ncclSum, local, nullptr) == ncclSuccess);
+  CHILD_CHECK(mkt::counts().launches == launches + 1);
+  const std::string after = fake_nccl_log();
+  CHILD_CHECK(after == got);  // NCCL saw nothing of it, not even an init
+  CHILD_CHECK(destroy(local) == ncclSuccess);
+  CHILD_CHECK(destroy(world) == ncclSuccess);
+  CHILD_CHECK(fake_nccl_log().find("CommDestroy comm=1\n") != std::string::npos);
   return 0;
 }
 
@@ -983,11 +1142,14 @@ int mkt_child_main(int argc, char** argv) {
                                {"rank 1:", "mk.jit.E007", "MK_FAST_COMPILE='fastest'"});
   if (scenario == "host_ids_differ")  // processes of one machine standing in for two nodes
     return expect_init_failure(rank, nranks, id, mkInvalidUsage,
-                               {"runs on host 'node-", "(MK_HOST_ID)", "communicators spanning nodes need the network"});
+                               {"the ranks sit on 2 nodes: rank 0 runs on host 'node-a' and rank 1 on 'node-b' (MK_HOST_ID)",
+                                "communicators spanning nodes need the network", "MK_SPAN_NODES_BOOTSTRAP"});
   if (scenario == "host_id_bad")
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "MK_HOST_ID='node b'", "without spaces"});
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
+  if (scenario == "span_bootstrap") return span_bootstrap(rank, nranks, id);
+  if (scenario == "span_differs") return span_differs(rank, nranks, id);
   if (scenario == "split_peer_exit") return split_peer_exit(rank, nranks, id);
   if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
   if (scenario == "copy_engine_scratch") return copy_engine_scratch(rank, nranks, id);
@@ -1026,6 +1188,7 @@ int mkt_child_main(int argc, char** argv) {
 #ifdef MKT_SHIM
   if (scenario == "shim") return shim_fallback(rank, nranks, id);
   if (scenario == "shim_eager") return shim_eager(rank, nranks, id);
+  if (scenario == "shim_two_nodes") return shim_two_nodes(rank, nranks, id);
 #endif
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
@@ -1092,6 +1255,16 @@ TEST_CASE("two processes: MK_HOST_ID places ranks on nodes and two nodes fail in
   run_ranks(2, "host_ids_differ", {{"MK_HOST_ID=node-a"}, {"MK_HOST_ID=node-b"}});
   run_ranks(2, "bcast", {{"MK_HOST_ID=node-a"}, {"MK_HOST_ID=node-a"}});
   run_ranks(2, "host_id_bad", {{"MK_HOST_ID=node-a"}, {"MK_HOST_ID=node b"}});
+}
+
+// What a communicator spanning nodes becomes when its init asks for it
+// (spanNodes): bootstrap-only on every rank, split into full communicators
+// per node. Four processes, two "nodes" of two.
+TEST_CASE("four processes on two nodes: spanNodes makes a bootstrap-only communicator whose split by node runs") {
+  MKT_REQUIRE_FAKE();
+  const std::vector<std::string> a = {"MK_HOST_ID=node-a"}, b = {"MK_HOST_ID=node-b"};
+  run_ranks(4, "span_bootstrap", {a, a, b, b});
+  run_ranks(2, "span_differs", {a, b});
 }
 
 TEST_CASE("two processes: ranks of different fast-compile levels (MK_FAST_COMPILE) fail init, naming it" *
@@ -1267,6 +1440,12 @@ TEST_CASE("two processes: nccl shim creates the real NCCL communicator for a sen
 #endif
 
 #ifdef MKT_SHIM
+TEST_CASE("four processes on two nodes: nccl shim hands the spanning communicator to NCCL and its node split to mKernel") {
+  MKT_REQUIRE_FAKE();
+  const std::vector<std::string> a = {"MK_HOST_ID=node-a"}, b = {"MK_HOST_ID=node-b"};
+  run_ranks(4, "shim_two_nodes", {a, a, b, b});
+}
+
 TEST_CASE("two processes: nccl shim with MK_NCCL_EAGER=1 makes the real NCCL communicator at init") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "shim_eager", {});
