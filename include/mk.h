@@ -209,7 +209,7 @@ mkResult_t mkCommUserRank(const mkComm_t comm, int* rank);
 /* The nodes the communicator's ranks sit on (1 on one node), and whether it
  * is bootstrap-only (config spanNodes = MK_SPAN_NODES_BOOTSTRAP on a
  * communicator spanning nodes: see mkConfig_t). The same on every rank.
- * mkInvalidUsage while a nonblocking init runs. */
+ * mkInProgress while a nonblocking init runs. */
 mkResult_t mkCommNodeCount(const mkComm_t comm, int* nodes);
 mkResult_t mkCommIsBootstrapOnly(const mkComm_t comm, int* bootstrapOnly);
 /* Zero-copy registration. A registered buffer is mapped into every peer

@@ -20,7 +20,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "compiler/common/env_parse.hpp"
@@ -395,6 +397,10 @@ struct ncclComm {
   std::atomic<ncclComm_t> real{nullptr};  // published once made (an abort from another thread reads it)
   int nranks = 0, rank = 0;
   unsigned fallback = 0;  // MK_NCCL_FALLBACK at init
+  // The caller asked for a nonblocking communicator (config.blocking = 0).
+  // Not mKernel's setting: an init inside a group runs nonblocking there
+  // whatever the caller asked. A split without a config inherits this.
+  bool nonblocking = false;
   // NCCL runs every call (mKernel's communicator is bootstrap-only: its ranks
   // span nodes): -1 not known yet (a nonblocking init still runs), 0 no, 1 yes.
   std::atomic<int> whole{-1};
@@ -476,6 +482,31 @@ bool learn_size(ncclComm_t c) {
   return true;
 }
 
+struct Cuda {
+  int (*MemAlloc)(unsigned long long*, size_t) = nullptr;
+  int (*MemFree)(unsigned long long) = nullptr;
+  int (*GetErrorString)(int, const char**) = nullptr;
+  // making a rank's GPU current on a thread of its own (ensure_real_all)
+  int (*DeviceGet)(int*, int) = nullptr;
+  int (*PrimaryCtxRetain)(void**, int) = nullptr;
+  int (*CtxSetCurrent)(void*) = nullptr;
+  bool tried = false, ok = false;
+};
+Cuda g_cuda;
+bool load_cuda() {
+  std::lock_guard<std::mutex> g(g_load_mu);
+  if (g_cuda.tried) return g_cuda.ok;
+  g_cuda.tried = true;
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  g_cuda.ok = h && sym(h, "cuMemAlloc_v2", &g_cuda.MemAlloc) && sym(h, "cuMemFree_v2", &g_cuda.MemFree);
+  if (h) {
+    sym(h, "cuGetErrorString", &g_cuda.GetErrorString);
+    sym(h, "cuDeviceGet", &g_cuda.DeviceGet);
+    sym(h, "cuDevicePrimaryCtxRetain", &g_cuda.PrimaryCtxRetain);
+    sym(h, "cuCtxSetCurrent", &g_cuda.CtxSetCurrent);
+  }
+  return g_cuda.ok;
+}
 // Whether NCCL runs every call of `c`: mKernel made it bootstrap-only
 // because its ranks span nodes (init asks for that with spanNodes). Every
 // rank learns the same answer from the same exchanged facts, so a
@@ -564,6 +595,54 @@ ncclComm_t new_comm(mkComm_t mk, unsigned fallback, int nranks, int rank) {
   c->nranks = nranks;
   c->rank = rank;
   return c;
+}
+
+// The real NCCL communicators of several communicators at once. Each one's
+// creation is collective over its own ranks (the id goes through mKernel's
+// bootstrap, then ncclCommInitRank), so ranks of one thread (a group that
+// made several ranks, one process per node) each get a thread of their own,
+// with their GPU's primary context current, and are joined; one at a time
+// they would wait for each other. Ranks made by ncclCommInitAll get theirs
+// together (one ncclCommInitAll).
+ncclResult_t ensure_real_all(const std::vector<ncclComm_t>& comms, const char* why) {
+  std::vector<ncclComm_t> todo;
+  for (ncclComm_t c : comms)
+    if (!c->real && std::find(todo.begin(), todo.end(), c) == todo.end()) todo.push_back(c);
+  size_t threaded = 0;
+  for (ncclComm_t c : todo) threaded += c->clique == nullptr;
+  if (threaded <= 1) {
+    for (ncclComm_t c : todo)
+      if (ncclResult_t r = ensure_real(c, why)) return r;
+    return ncclSuccess;
+  }
+  for (ncclComm_t c : todo)
+    if (c->clique)
+      if (ncclResult_t r = ensure_real(c, why)) return r;
+  load_cuda();
+  struct Out {
+    ncclResult_t r = ncclSuccess;
+    std::string error;
+  };
+  std::vector<Out> out(todo.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < todo.size(); ++i) {
+    ncclComm_t c = todo[i];
+    if (c->clique) continue;
+    threads.emplace_back([c, why, &out, i] {
+      int ordinal = -1, dev = 0;
+      void* ctx = nullptr;
+      if (g_cuda.DeviceGet && g_cuda.PrimaryCtxRetain && g_cuda.CtxSetCurrent && c->mk &&
+          g_mk.CommCuDevice(c->mk, &ordinal) == mkSuccess && g_cuda.DeviceGet(&dev, ordinal) == 0 &&
+          g_cuda.PrimaryCtxRetain(&ctx, dev) == 0)
+        g_cuda.CtxSetCurrent(ctx);  // NCCL's communicator is made on the rank's GPU (retained for it)
+      out[i].r = ensure_real(c, why);
+      if (out[i].r != ncclSuccess) out[i].error = t_error;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Out& o : out)
+    if (o.r != ncclSuccess) return fail(o.r, "%s", o.error.c_str());
+  return ncclSuccess;
 }
 
 // ---- calls, and groups of them ---------------------------------------------
@@ -854,6 +933,7 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   const mkResult_t r = g_mk.CommInitRankConfig(&m, nranks, mid, rank, cfg);
   if (r != mkSuccess && r != mkInProgress) return fail(ncclResult_t(r), "%s: %s", api, g_mk.GetLastError(m));
   *comm = new_comm(m, fallback, nranks, rank);
+  (*comm)->nonblocking = config && config->size > offsetof(ncclConfig_t, blocking) && config->blocking == 0;
   debug("%s: rank %d of %d -> mKernel communicator %p%s", api, rank, nranks, static_cast<void*>(*comm),
         deferred ? " (completes at ncclGroupEnd)" : "");
   if (deferred) {
@@ -869,7 +949,13 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   // NCCL's communicator of one that spans nodes: now, while every rank is in
   // its init (a first call that is a send between some ranks could not make it).
   if (r == mkSuccess && nccl_whole(*comm))
-    if (ncclResult_t e = ensure_real(*comm, api)) return e;
+    if (ncclResult_t e = ensure_real(*comm, api)) {
+      g_mk.CommDestroy(m);  // the caller gets no communicator, as with any failed init
+      (*comm)->mk = nullptr;
+      (*comm)->dead = true;
+      *comm = nullptr;
+      return e;
+    }
   return ncclResult_t(r);
 }
 
@@ -917,16 +1003,31 @@ MK_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclC
   if (!comm->mk) return fail(ncclInvalidUsage, "ncclCommSplit: a communicator from ncclCommShrink cannot be split here");
   mkComm_t child = nullptr;
   mkConfig_t local = MK_CONFIG_INITIALIZER;
-  const mkResult_t r = g_mk.CommSplit(comm->mk, color, key, &child, to_mk_config(config, &local));
+  to_mk_config(config, &local);
+  // Blocking as the caller asked (mKernel's parent may run nonblocking only
+  // because it was made in a group): in a group, a blocking split completes
+  // at ncclGroupEnd, as NCCL's does.
+  const bool nonblocking = config && config->size > offsetof(ncclConfig_t, blocking) &&
+                                   config->blocking != NCCL_CONFIG_UNDEF_INT
+                               ? config->blocking == 0
+                               : comm->nonblocking;
+  local.blocking = nonblocking ? 0 : 1;
+  const mkResult_t r = g_mk.CommSplit(comm->mk, color, key, &child, &local);
   if (r != mkSuccess && r != mkInProgress) return fail(ncclResult_t(r), "ncclCommSplit: %s", g_mk.GetLastError(comm->mk));
   if (child) {
     // Size and rank are known once the split is done; a nonblocking child
     // answers ncclCommCount/UserRank through mKernel.
     *newcomm = r == mkSuccess ? new_comm(child, comm->fallback) : new_comm(child, comm->fallback, 0, 0);
+    (*newcomm)->nonblocking = nonblocking;
     // A child spanning nodes (bootstrap-only, as its parent was made) gets
-    // NCCL's communicator now, while its ranks are in the split together.
-    if (r == mkSuccess && nccl_whole(*newcomm))
+    // NCCL's communicator now, while its ranks are in the split together;
+    // one split in a group, at ncclGroupEnd (with the group's inits).
+    if (t_depth > 0) {
+      if (!t_inits) t_inits = new std::vector<ncclComm_t>;
+      t_inits->push_back(*newcomm);
+    } else if (r == mkSuccess && nccl_whole(*newcomm)) {
       if (ncclResult_t e = ensure_real(*newcomm, "ncclCommSplit")) return e;
+    }
   }
   return ncclResult_t(r);
 }
@@ -1080,22 +1181,6 @@ MK_EXPORT ncclResult_t pncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t*
 // which mkCommRegister accepts; NCCL's own ncclMemAlloc returns VMM memory,
 // which it does not.
 namespace {
-struct Cuda {
-  int (*MemAlloc)(unsigned long long*, size_t) = nullptr;
-  int (*MemFree)(unsigned long long) = nullptr;
-  int (*GetErrorString)(int, const char**) = nullptr;
-  bool tried = false, ok = false;
-};
-Cuda g_cuda;
-bool load_cuda() {
-  std::lock_guard<std::mutex> g(g_load_mu);
-  if (g_cuda.tried) return g_cuda.ok;
-  g_cuda.tried = true;
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  g_cuda.ok = h && sym(h, "cuMemAlloc_v2", &g_cuda.MemAlloc) && sym(h, "cuMemFree_v2", &g_cuda.MemFree);
-  if (h) sym(h, "cuGetErrorString", &g_cuda.GetErrorString);
-  return g_cuda.ok;
-}
 ncclResult_t cuda_fail(const char* api, int r) {
   const char* s = nullptr;
   if (g_cuda.GetErrorString) g_cuda.GetErrorString(r, &s);
@@ -1270,6 +1355,7 @@ static ncclResult_t finish_inits() {
   std::vector<ncclComm_t> inits;
   inits.swap(*t_inits);
   ncclResult_t first = ncclSuccess;
+  std::vector<ncclComm_t> whole;  // communicators spanning nodes: NCCL's, made together below
   for (ncclComm_t c : inits) {
     mkResult_t st = mkInProgress;
     while (st == mkInProgress) {
@@ -1278,15 +1364,13 @@ static ncclResult_t finish_inits() {
     }
     if (st == mkSuccess) {
       learn_size(c);
-      if (nccl_whole(c)) {  // one rank per process (a spanning communicator has no two ranks in one)
-        const ncclResult_t e = ensure_real(c, "ncclGroupEnd");
-        if (e != ncclSuccess && first == ncclSuccess) first = e;
-      }
+      if (nccl_whole(c)) whole.push_back(c);
     } else if (first == ncclSuccess) {
       first = fail(ncclResult_t(st), "ncclGroupEnd: rank %d's ncclCommInitRank in the group failed: %s", c->rank,
                    g_mk.GetLastError(c->mk));
     }
   }
+  if (first == ncclSuccess && !whole.empty()) first = ensure_real_all(whole, "ncclGroupEnd");
   return first;
 }
 
@@ -1337,8 +1421,11 @@ static ncclResult_t end_group(ncclSimInfo_t* sim) {
       first = fail(ncclResult_t(e), "ncclGroupEnd: %s", g_mk.GetLastError(nullptr));
   }
   if (first != ncclSuccess || theirs.empty()) return first;
-  for (const Call& k : theirs)
-    if (ncclResult_t r = ensure_real(k.comm, "a call mKernel does not run")) return r;
+  {
+    std::vector<ncclComm_t> comms;
+    for (const Call& k : theirs) comms.push_back(k.comm);
+    if (ncclResult_t r = ensure_real_all(comms, "a call mKernel does not run")) return r;
+  }
   g_real.GroupStart();
   for (const Call& k : theirs) {
     const ncclResult_t r = run_real(k);

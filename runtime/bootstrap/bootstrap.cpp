@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -540,7 +541,11 @@ void bootstrap_create_id(mkUniqueId* id) {
   // every round they answered: a rank that exits right after its
   // communicator's init must not cut its peers off in the middle of it.
   static std::once_flag at_exit;
-  std::call_once(at_exit, [] { std::atexit(wait_for_servers); });
+  std::call_once(at_exit, [] {
+    std::atexit(wait_for_servers);
+    // a forked child has none of the servers (threads do not survive fork)
+    pthread_atfork(nullptr, nullptr, [] { g_busy_servers.store(0); });
+  });
   try {
     std::thread(serve, fd, c, bootstrap_timeout_ms()).detach();
   } catch (...) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <fstream>
 #include <thread>
 
@@ -128,12 +129,11 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
   const RankInfo& me = all[size_t(c.rank)];
   c.colocated = 0;
   int other = -1;  // the lowest rank on another node than rank 0
-  c.nodes = 0;
+  std::set<std::pair<std::string, std::string>> nodes;
   for (int r = 0; r < c.nranks; ++r) {
     const RankInfo& p = all[size_t(r)];
-    bool first = true;  // the lowest rank of its node
-    for (int q = 0; q < r && first; ++q) first = !same_node(all[size_t(q)], p);
-    if (first) ++c.nodes;
+    nodes.emplace(std::string(p.host, strnlen(p.host, sizeof p.host)),
+                  std::string(p.boot_id, strnlen(p.boot_id, sizeof p.boot_id)));
     if (other < 0 && !same_node(all[0], p)) other = r;
     if (p.arena_size != me.arena_size)
       fail(mkInvalidUsage, fmt::format("ranks disagree on the symmetric memory size ({} vs {} bytes): set "
@@ -141,6 +141,7 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
                                        me.arena_size, p.arena_size));
     if (same_node(p, me) && std::memcmp(p.uuid, me.uuid, 16) == 0) ++c.colocated;
   }
+  c.nodes = int(nodes.size());
   if (other < 0) return;
   const RankInfo& a = all[0];
   const RankInfo& b = all[size_t(other)];

@@ -1042,6 +1042,94 @@ int shim_two_nodes(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// One process per "node" (MK_HOST_ID), two ranks each, made by one thread in
+// a group (ncclGroupStart, ncclCommInitRank per GPU, ncclGroupEnd): the world
+// communicator of four ranks spans both nodes, so ncclGroupEnd makes NCCL's
+// communicator of each rank, the two of this process at once (one after the
+// other they would wait for each other); calls go to NCCL; a split by node in
+// a group gives two-rank communicators that run on mKernel. `nprocs`: 2.
+int shim_group_nodes(int proc, int nprocs, const mkUniqueId& id) {
+  g_rank = proc;
+  const int nranks = 2 * nprocs;
+  CUcontext ctx[2] = {nullptr, nullptr};
+  for (int d = 0; d < 2; ++d) CHILD_CHECK(cu().cuDevicePrimaryCtxRetain(&ctx[d], d) == CUDA_SUCCESS);
+  setenv("MK_LIBMKERNEL", MKT_LIBMKERNEL, 1);
+  setenv("MK_NCCL_LIB", MKT_FAKE_NCCL, 1);
+  void* h = dlopen(MKT_SHIM, RTLD_NOW | RTLD_LOCAL);
+  CHILD_CHECK(h != nullptr);
+  using Init = ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int);
+  using Group = ncclResult_t (*)();
+  using AllReduce = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+  using Split = ncclResult_t (*)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
+  using Destroy = ncclResult_t (*)(ncclComm_t);
+  using LastError = const char* (*)(ncclComm_t);
+  auto init = reinterpret_cast<Init>(dlsym(h, "ncclCommInitRank"));
+  auto start = reinterpret_cast<Group>(dlsym(h, "ncclGroupStart"));
+  auto end = reinterpret_cast<Group>(dlsym(h, "ncclGroupEnd"));
+  auto allreduce = reinterpret_cast<AllReduce>(dlsym(h, "ncclAllReduce"));
+  auto split = reinterpret_cast<Split>(dlsym(h, "ncclCommSplit"));
+  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
+  auto last = reinterpret_cast<LastError>(dlsym(h, "ncclGetLastError"));
+  CHILD_CHECK(init && start && end && allreduce && split && destroy && last);
+  ncclUniqueId nid;
+  memcpy(&nid, &id, sizeof nid);
+  ncclComm_t world[2] = {nullptr, nullptr}, local[2] = {nullptr, nullptr};
+  const auto t0 = std::chrono::steady_clock::now();
+  CHILD_CHECK(start() == ncclSuccess);
+  for (int d = 0; d < 2; ++d) {
+    CHILD_CHECK(cu().cuCtxSetCurrent(ctx[d]) == CUDA_SUCCESS);
+    CHILD_CHECK(init(&world[d], nranks, nid, 2 * proc + d) == ncclSuccess);
+  }
+  const ncclResult_t made = end();
+  if (made != ncclSuccess) std::fprintf(stderr, "proc %d: ncclGroupEnd: %s\n", proc, last(nullptr));
+  CHILD_CHECK(made == ncclSuccess);
+  CHILD_CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));  // no wait for a timeout
+  std::string got = fake_nccl_log();
+  std::fprintf(stderr, "proc %d: fake NCCL log:\n%s", proc, got.c_str());
+  for (int d = 0; d < 2; ++d)
+    CHILD_CHECK(got.find("nranks=" + std::to_string(nranks) + " rank=" + std::to_string(2 * proc + d) + "\n") !=
+                std::string::npos);
+  CUdeviceptr b[2] = {0, 0};
+  for (int d = 0; d < 2; ++d) {
+    CHILD_CHECK(cu().cuCtxSetCurrent(ctx[d]) == CUDA_SUCCESS);
+    CHILD_CHECK(cu().cuMemAlloc(&b[d], 4096) == CUDA_SUCCESS);
+  }
+  const int64_t launches = mkt::counts().launches;
+  CHILD_CHECK(start() == ncclSuccess);
+  for (int d = 0; d < 2; ++d) {
+    void* p = reinterpret_cast<void*>(uintptr_t(b[d]));
+    CHILD_CHECK(allreduce(p, p, 64, ncclFloat32, ncclSum, world[d], nullptr) == ncclSuccess);
+  }
+  CHILD_CHECK(end() == ncclSuccess);
+  CHILD_CHECK(mkt::counts().launches == launches);
+  got = fake_nccl_log();
+  size_t at = 0, n = 0;
+  while ((at = got.find("AllReduce", at)) != std::string::npos) ++n, ++at;
+  CHILD_CHECK(n == 2);
+  // by node, in a group: communicators of this process's two ranks, on mKernel
+  CHILD_CHECK(start() == ncclSuccess);
+  for (int d = 0; d < 2; ++d) {
+    CHILD_CHECK(cu().cuCtxSetCurrent(ctx[d]) == CUDA_SUCCESS);
+    CHILD_CHECK(split(world[d], proc, d, &local[d], nullptr) == ncclSuccess);
+  }
+  const ncclResult_t split_done = end();
+  if (split_done != ncclSuccess) std::fprintf(stderr, "proc %d: ncclGroupEnd (split): %s\n", proc, last(nullptr));
+  CHILD_CHECK(split_done == ncclSuccess);
+  CHILD_CHECK(start() == ncclSuccess);
+  for (int d = 0; d < 2; ++d) {
+    void* p = reinterpret_cast<void*>(uintptr_t(b[d]));
+    CHILD_CHECK(allreduce(p, p, 64, ncclFloat32, ncclSum, local[d], nullptr) == ncclSuccess);
+  }
+  CHILD_CHECK(end() == ncclSuccess);
+  CHILD_CHECK(mkt::counts().launches == launches + 2);
+  CHILD_CHECK(fake_nccl_log() == got);  // NCCL saw nothing of the split or its calls
+  for (int d = 0; d < 2; ++d) {
+    CHILD_CHECK(destroy(local[d]) == ncclSuccess);
+    CHILD_CHECK(destroy(world[d]) == ncclSuccess);
+  }
+  return 0;
+}
+
 // MK_NCCL_EAGER=1: NCCL's communicator is made with mKernel's, before any call.
 int shim_eager(int rank, int nranks, const mkUniqueId& id) {
   setenv("MK_NCCL_EAGER", "1", 1);
@@ -1189,6 +1277,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "shim") return shim_fallback(rank, nranks, id);
   if (scenario == "shim_eager") return shim_eager(rank, nranks, id);
   if (scenario == "shim_two_nodes") return shim_two_nodes(rank, nranks, id);
+  if (scenario == "shim_group_nodes") return shim_group_nodes(rank, nranks, id);
 #endif
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
@@ -1444,6 +1533,11 @@ TEST_CASE("four processes on two nodes: nccl shim hands the spanning communicato
   MKT_REQUIRE_FAKE();
   const std::vector<std::string> a = {"MK_HOST_ID=node-a"}, b = {"MK_HOST_ID=node-b"};
   run_ranks(4, "shim_two_nodes", {a, a, b, b});
+}
+
+TEST_CASE("two processes of two ranks on two nodes: nccl shim group init hands the world to NCCL without a deadlock") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "shim_group_nodes", {{"MK_HOST_ID=node-a"}, {"MK_HOST_ID=node-b"}});
 }
 
 TEST_CASE("two processes: nccl shim with MK_NCCL_EAGER=1 makes the real NCCL communicator at init") {
