@@ -109,6 +109,7 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     s.zero_copy = true;
   else
     s = passes::stage_remote(std::move(s));
+  s = passes::stage_network(std::move(s));  // across nodes: puts (after staging, so only scratch is reached)
   dump("stage", s);
 
   s = passes::fuse(std::move(s));
@@ -157,9 +158,14 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
     // The access needs once for the sync and its proof (hb.hpp DataNeeds):
     // `s`'s ops are those insert_sync starts from, with this bucket's protocol.
     {
-      const verify::DataNeeds needs = verify::data_needs(v, v.proto == ir::Proto::ll);
+      verify::DataNeeds needs = verify::data_needs(v, v.proto == ir::Proto::ll);
       release_free_memory(v);
       v = passes::insert_sync(std::move(v), budget, &needs);
+      v = passes::insert_flush(std::move(v));  // puts' sources: local completion before reuse
+      // Network operations are proved in their model, whose needs are its
+      // own: these go before it is built (at 1024 ranks, hundreds of MB).
+      const bool network = verify::has_network_ops(v);
+      if (network) needs = verify::DataNeeds{};
       release_free_memory(v);
       // Final proof: meaning, bounds, pairing, no deadlock, no race. Analyze
       // proved the meaning; parallelize and assign_tbs change no data op
@@ -168,7 +174,8 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
       // exactly those of `s`, proving the meaning again would repeat the same
       // symbolic run (seconds at 1024 ranks).
       if (!ir::same_data_ops(v, s)) verify::verify_semantics(v, o.orders ? &orders[b] : nullptr);
-      verify::verify_sync_budget(v, budget, verify::SymMode::automatic, {&s, &needs});
+      verify::verify_sync_budget(v, budget, verify::SymMode::automatic,
+                                 network ? verify::Presynced{} : verify::Presynced{&s, &needs});
     }
     if (one_pass) v = passes::mark_one_pass(std::move(v), out.buckets[b].max_bytes);
     release_free_memory(v);

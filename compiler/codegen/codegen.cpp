@@ -12,6 +12,7 @@
 
 #include "compiler/common/side_by_side.hpp"
 #include "compiler/passes/passes.hpp"
+#include "compiler/verify/verify.hpp"
 #include "templates/abi.cuh"
 #include "templates/ref.cuh"
 
@@ -1171,6 +1172,15 @@ std::string print_classes(const RankClasses& rc) {
 
 Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedOp op, const std::string& tag,
                   const Limits& lim, int32_t rank) {
+  if (verify::has_network_ops(s))
+    throw Error(ErrId::jit_E008,
+                fmt::format("{} ({} ranks, topology {}) moves data between nodes with network operations (put, "
+                            "flush), which have no code generator yet: multi-node part 2 adds the transports and "
+                            "the GPU-driven proxy that run them",
+                            s.name, s.nranks, ir::topology_of(s).name()),
+                {},
+                "`mkc verify` and `mkc simulate` prove and run it on the CPU; a communicator spanning nodes runs on "
+                "NCCL meanwhile (docs/multi-node.md)");
   MK_CHECK(s.synced && s.tbs > 0 && s.tile_bytes > 0, "codegen needs lowered schedules");
   if (s.one_pass) {  // what the kernel relies on when it drops the waits (passes/one_pass.cpp)
     MK_CHECK(s.proto == ir::Proto::ll && s.tbs == 1 && s.depth >= 2 && !s.zero_copy, "codegen: not a one-pass schedule");

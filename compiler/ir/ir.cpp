@@ -178,6 +178,7 @@ std::string print_op(const Op& op) {
   switch (op.kind) {
     case OpKind::copy:
     case OpKind::reduce:
+    case OpKind::put:
       s += " " + refs(op.srcs) + " -> " + refs(op.dsts);
       if (op.final) s += " final";
       break;
@@ -186,7 +187,8 @@ std::string print_op(const Op& op) {
       s += fmt::format(" slot {}", op.slot);
       if (op.iter != 0) s += fmt::format(" iter {}", op.iter);
       break;
-    case OpKind::nop: break;
+    case OpKind::nop:
+    case OpKind::flush: break;
   }
   return s;
 }

@@ -102,7 +102,9 @@ struct Op {
   Positions pos;  // per chunk: its position in the block (set by analyze)
   Loc loc;
 
-  bool is_data() const { return kind == OpKind::copy || kind == OpKind::reduce; }
+  bool is_data() const { return kind == OpKind::copy || kind == OpKind::reduce || kind == OpKind::put; }
+  // dsts := srcs[0]: a copy, or a put (a copy across the network).
+  bool is_copy() const { return kind == OpKind::copy || kind == OpKind::put; }
   int32_t count() const { return dsts.empty() ? 0 : dsts[0].count; }
 };
 

@@ -29,6 +29,10 @@ namespace mk::passes {
 namespace {
 
 bool ll_possible(const ir::Schedule& s) {
+  // A NIC copies bytes as they are: it writes no LL flags and cannot wait
+  // for them in its source, so puts travel the simple protocol only.
+  for (const ir::Op& op : s.ops)
+    if (op.kind == ir::OpKind::put) return false;
   // LL scratch slots have one writer a step: access_needs' double_write,
   // from a table of each scratch chunk's writer (the full needs took a
   // second at 1024 ranks for this one answer).
@@ -44,7 +48,7 @@ bool ll_possible(const ir::Schedule& s) {
         const ir::Ref at = d.at(k);
         if (at.rank < 0 || at.rank >= s.nranks || at.index < 0 || at.index >= s.scratch)  // the verifier's to report
           return !verify::access_needs(s, false, true).double_write;
-        if (op.kind == ir::OpKind::copy && !op.srcs.empty() && op.srcs[0].at(k) == at) continue;  // writes nothing
+        if (op.is_copy() && !op.srcs.empty() && op.srcs[0].at(k) == at) continue;  // writes nothing
         int64_t& w = writer[size_t(at.rank) * size_t(s.scratch) + size_t(at.index)];
         if (w >= 0 && w != int64_t(oi)) return false;
         w = int64_t(oi);
@@ -96,8 +100,8 @@ std::vector<Bucket> plan_buckets(const ir::Schedule& s, int64_t min_bytes, int64
     auto p = ir::Proto(o.forced_proto);
     if (p == ir::Proto::ll && !ll_possible(s))
       throw Error(ErrId::cli_E013,
-                  "schedule '" + s.name + "' writes a scratch slot more than once per step; the LL "
-                  "protocol needs one write per slot",
+                  "schedule '" + s.name + "' writes a scratch slot more than once per step, or moves data "
+                  "between nodes (puts); the LL protocol needs one write per slot and loads and stores",
                   {}, "use --proto simple");
     out.push_back(make_bucket(s, min_bytes, max_bytes, p, o));
     return out;

@@ -81,6 +81,8 @@ bool one_pass_possible(const ir::Schedule& s, int64_t max_bytes, std::string* wh
   };
   if (s.proto != ir::Proto::ll) return no("not LL");
   if (s.zero_copy) return no("zero-copy");
+  for (const ir::Op& op : s.ops)
+    if (op.kind == ir::OpKind::put) return no("network operations");
   if (s.nranks < 2 || s.nranks > kMaxRanks) return no("rank count outside 2..8");
   if (s.depth < 2) return no("depth below 2");
   if (max_bytes < 0) return no("unbounded bucket");

@@ -18,6 +18,8 @@ namespace mk::passes {
 
 ir::Schedule compact_scratch(ir::Schedule s);
 ir::Schedule stage_remote(ir::Schedule s);
+// Cross-node transfers into puts (stage_network.cpp); after stage_remote.
+ir::Schedule stage_network(ir::Schedule s);
 ir::Schedule fuse(ir::Schedule s);
 ir::Schedule parallelize(ir::Schedule s, int32_t instances);
 ir::Schedule assign_tbs(ir::Schedule s, int32_t max_tbs);
@@ -110,6 +112,8 @@ bool lamport_possible(const ir::Schedule& s, std::string* why = nullptr);
 bool lamport_dtype(DType t);
 ir::Schedule mark_lamport(ir::Schedule s, DType dtype, bool on);
 ir::Schedule insert_sync(ir::Schedule s);
+// Flushes before a put's source may be written (insert_flush.cpp); after insert_sync.
+ir::Schedule insert_flush(ir::Schedule s);
 // With an explicit clock budget in bytes (tests force several chain blocks),
 // and the schedule's access needs where the caller has them
 // (verify::data_needs(s, s.proto == ll), for s as given here).

@@ -4,16 +4,17 @@
 // Ranks are numbered node-major: rank r is GPU `local(r) = r % gpus_per_node`
 // of node `node(r) = r / gpus_per_node`. Inside a node GPUs are linked by
 // NVLink (NVSwitch: every pair) or PCIe peer access; between nodes there is
-// only the network, which no op may cross directly (network operations come
-// with multi-node support; the verifier refuses such ops, mk.verify.E017).
+// only the network, which only puts cross (ir/ops.def; stage_network makes
+// them; a plain load or store across it is mk.verify.E017).
 //
 // Text form (`mkc --topology`, name()):
 //   nvlink:N     one node of N GPUs over NVLink (the default, N = the ranks)
 //   pcie:N       one node of N GPUs over PCIe peer access
 //   NxG          N nodes of G GPUs: NVLink inside a node, network between
 //   NxG:direct   the same shape with every pair treated as NVLink-linked. NOT a
-//                real machine: a stand-in for tests and the compile benchmark
-//                until network operations exist.
+//                real machine: a stand-in for compile benchmarks until network
+//                operations have a code generator (and the verifier's
+//                network model, verify/network.cpp, is proved on it).
 //   NxG:pcie     PCIe peer access inside each node (combines with :direct)
 // A one-node NxG is the same topology as nvlink:G and is named so.
 //

@@ -360,7 +360,7 @@ class Sim {
           for (const Ref& r : op.srcs) src.push_back(addr(t, r, k, tile, len, pos));
           for (const Ref& r : op.dsts) dst.push_back(addr(t, r, k, tile, len, pos));
           const bool scales = (o_.op == RedOp::premulsum || o_.prologue) && op.srcs[0].buf == Buf::input;
-          if (op.kind == OpKind::copy && !op.final && !scales) {
+          if (op.is_copy() && !op.final && !scales) {
             for (uint8_t* d : dst)
               if (d != src[0]) std::memmove(d, src[0], size_t(len * es_));
           } else {
@@ -415,6 +415,10 @@ class Sim {
 
 SimResult simulate(const Schedule& lowered, const SimOptions& o) {
   MK_CHECK(lowered.synced && lowered.tile_bytes > 0, "simulate needs a lowered schedule");
+  // Puts and flushes run as their network model (verify/network.cpp): each
+  // connection a thread block of its own, interleaved at random with the
+  // rest, so deliveries come late and out of order across connections.
+  if (has_network_ops(lowered)) return simulate(network_model(lowered), o);
   if (o.count < 0) throw Error(ErrId::cli_E011, "count must be >= 0");
   // The prologue scales what the kernel would: only where that is sound.
   if (o.op == RedOp::premulsum) verify_prologue(lowered);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <queue>
 #include <set>
@@ -58,7 +59,7 @@ AccessMap accesses(const Schedule& s, bool inplace) {
     for (const Ref& r : op.dsts)
       for (int32_t k = 0; k < r.count; ++k) {
         LocKey key = loc_key(s, r.at(k), inplace);
-        if (op.kind == OpKind::copy && key == loc_key(s, op.srcs[0].at(k), inplace)) continue;
+        if (op.is_copy() && key == loc_key(s, op.srcs[0].at(k), inplace)) continue;
         mine.push_back({dense(key), true});
       }
     std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) {
@@ -615,6 +616,17 @@ AccessNeeds remapped(const AccessNeeds& a, const std::vector<uint32_t>& at) {
 
 void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode, const Presynced& pre) {
   verify_bounds(s);
+  verify_links(s);  // what crosses nodes (the network model below takes it as given)
+  // Puts and flushes: proved in the network model (verify/network.cpp), whose
+  // data ops differ from the schedule's (no presynced needs then).
+  if (has_network_ops(s)) {
+    // Large models one at a time (the buckets are proved side by side): at
+    // 1024 ranks a model is twice its schedule, and two at once passed 2 GB.
+    static std::mutex big;
+    std::unique_lock<std::mutex> one(big, std::defer_lock);
+    if (s.ops.size() > 100000) one.lock();
+    return verify_sync_budget(network_model(s), clock_budget, mode, {});
+  }
   const bool ll = s.proto == ir::Proto::ll;
   const bool given = pre.before && pre.needs;
   const std::vector<uint32_t> at_synced = given ? presynced_index(s, pre) : std::vector<uint32_t>{};

@@ -67,7 +67,7 @@ void run(const Schedule& s, bool inplace, const std::string& what) {
     std::unordered_map<const State*, size_t> self;  // location -> the op copying it onto itself
     for (size_t oi = 0; oi < s.ops.size(); ++oi) {
       const Op& op = s.ops[oi];
-      if (op.kind != ir::OpKind::copy || op.srcs.empty() || op.srcs[0].buf != Buf::input) continue;
+      if (!op.is_copy() || op.srcs.empty() || op.srcs[0].buf != Buf::input) continue;
       for (int32_t k = 0; k < op.count(); ++k)
         for (const Ref& d : op.dsts)
           if (&cells.at(d.at(k)) == &cells.at(op.srcs[0].at(k))) self.emplace(&cells.at(d.at(k)), oi);

@@ -65,7 +65,7 @@ class Sweep {
       raw.clear();
       for (const Ref& r : op.srcs) add(r, 0, r.count, false, raw);
       for (const Ref& d : op.dsts) {
-        if (op.kind == OpKind::copy && !op.srcs.empty()) {
+        if (op.is_copy() && !op.srcs.empty()) {
           add_copy_dst(op.srcs[0], d, raw);
         } else {
           add(d, 0, d.count, true, raw);

@@ -12,10 +12,11 @@
 //                    same bytes, one of them writing, are ordered by
 //                    happens-before in program order, within a step and across
 //                    the scratch reuse between steps.
-//  verify_links      every op touches only ranks its executing rank has a
-//                    direct link to (the schedule's topology: not across the
-//                    network between nodes, mk.verify.E017). Part of
-//                    verify_semantics.
+//  verify_links      what crosses nodes: once staged, only puts (and signals)
+//                    do; a plain load or store across the network is
+//                    mk.verify.E017, a malformed put mk.verify.E023. Part of
+//                    verify_semantics and verify_sync. Puts and flushes are
+//                    proved in verify_sync's network model (network.cpp).
 //  analyze           fills Op::pos and Op::final from the symbolic run.
 //  verify_deterministic  ranks that end with the same reduced chunk get the
 //                    same bits: they combine its contributions in the same
@@ -86,6 +87,12 @@ struct Orders {
 // verify_deterministic's question at little extra cost.
 void verify_semantics(const ir::Schedule& s, Orders* orders = nullptr);
 void verify_links(const ir::Schedule& s);
+// Network operations (put, flush; verify/network.cpp): whether a schedule has
+// any, and the schedule of plain copies, signals and waits on extra thread
+// blocks (one per connection) that models them, which verify_sync proves and
+// the executor runs in their place.
+bool has_network_ops(const ir::Schedule& s);
+ir::Schedule network_model(const ir::Schedule& s);
 void verify_sync(const ir::Schedule& s);
 // All of the above that apply to the schedule's stage (verify_sync only once
 // synced).

@@ -121,10 +121,11 @@ class Program {
 
   // The machine the program is built for. Ranks are numbered node-major:
   // rank r is GPU local(r) of node node(r), and rank_of(node(r), local(r)) ==
-  // r. Data may move directly only between ranks of one node (NVLink or PCIe);
-  // the verifier refuses ops between nodes (mk.verify.E017) until network
-  // operations exist. The default is one node of ranks() GPUs, so a schedule
-  // that ignores these calls works everywhere it did before.
+  // r. Loads and stores reach only ranks of one node (NVLink or PCIe); a copy
+  // or reduce between nodes is lowered into network operations (puts into the
+  // peer's scratch, passes/stage_network.cpp), which the verifier proves in
+  // its network model (docs/ir.md). The default is one node of ranks() GPUs,
+  // so a schedule that ignores these calls works everywhere it did before.
   int nodes() const;
   int gpus_per_node() const;
   int node(int r, Loc loc = Loc::current()) const;

@@ -1,6 +1,8 @@
 // The topology: its text and JSON forms, the DSL's accessors, the verifier's
-// direct-link check (mk.verify.E017), the hierarchical schedules on every
-// shape, and the cost model's estimates against hand computations.
+// link checks (mk.verify.E017, E023), network operations (puts, flushes: the
+// hierarchical schedules on real shapes, and broken variants refused), the
+// hierarchical schedules on every shape, and the cost model's estimates
+// against hand computations.
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
@@ -191,21 +193,201 @@ TEST_CASE("hierarchical schedules prove and simulate on every shape") {
   }
 }
 
-TEST_CASE("mk.verify.E017: hierarchical schedules on 2x4 move data across nodes directly") {
+TEST_CASE("network operations: hierarchical built-ins prove and simulate on real shapes, every dtype and op") {
+  // Between nodes only puts move data (stage_network); each connection is a
+  // thread block of its own in the simulation, interleaved at random.
+  const std::vector<DType> dtypes = {DType::fp32, DType::bf16, DType::fp16, DType::fp64, DType::int32,
+                                     DType::uint8, DType::fp8e4m3};
+  for (const char* shape : {"2x1", "2x2", "2x4", "4x2", "3x2", "2x3"})
+    for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
+      CAPTURE(name);
+      CAPTURE(shape);
+      const Topology t = topology::parse(shape, 0);
+      auto l = lower_for(name, t);
+      size_t puts = 0, flushes = 0;
+      for (const auto& op : l.variants[0].ops) {
+        puts += op.kind == ir::OpKind::put;
+        flushes += op.kind == ir::OpKind::flush;
+      }
+      CHECK(puts > 0);
+      CHECK(flushes > 0);
+      const bool reduces = collective_reduces(dsl::find_schedule(name)->coll);
+      const std::vector<RedOp> ops = reduces ? std::vector<RedOp>{RedOp::sum, RedOp::max, RedOp::prod, RedOp::avg}
+                                             : std::vector<RedOp>{RedOp::sum};
+      for (size_t v = 0; v < l.variants.size(); ++v)
+        for (DType dt : dtypes)
+          for (RedOp op : ops)
+            for (bool inplace : {false, true}) {
+              if (op == RedOp::avg && !dtype_is_float(dt)) continue;
+              CAPTURE(v);
+              CAPTURE(mk::name(dt));
+              CAPTURE(int(op));
+              CAPTURE(inplace);
+              verify::SimOptions o;
+              o.dtype = dt;
+              o.op = op;
+              o.count = 7 + int64_t(v) * 994;  // odd counts, a partial tile
+              o.inplace = inplace;
+              o.seed = uint64_t(o.count) * 31 + uint64_t(dt);
+              auto r = verify::simulate(l.variants[v], o);
+              CHECK_MESSAGE(r.ok, r.first_bad);
+            }
+    }
+}
+
+TEST_CASE("network operations: 8x8 hierarchical built-ins prove and simulate") {
   for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
     CAPTURE(name);
-    std::string what;
-    CHECK(error_id([&] { lower_for(name, topology::parse("2x4", 8)); }, &what) == ErrId::verify_E017);
-    CHECK(contains(what, "topology 2x4"));
-    CHECK(contains(what, "rank 0 (node 0) and rank 4 (node 1)"));
-    CHECK(contains(what, "network operations are not yet supported"));
-    CHECK(contains(what, "_hier.cpp:"));  // the DSL line
+    auto l = lower_for(name, topology::parse("8x8", 64));
+    verify::SimOptions o;
+    o.count = 4099;
+    auto r = verify::simulate(l.variants.back(), o);
+    CHECK_MESSAGE(r.ok, r.first_bad);
   }
-  // a single-node schedule pushing everywhere is refused too, on any shape
-  // with a network, and accepted where every pair is linked
+}
+
+namespace {
+
+// The lowered allreduce.hier on 2x4 (its first bucket), for breaking.
+ir::Schedule hier_2x4() { return lower_for("allreduce.hier", topology::parse("2x4", 8)).variants[0]; }
+
+bool net_signal(const ir::Schedule& s, const ir::Op& op) {
+  return op.kind == ir::OpKind::signal && ir::topology_of(s).link(op.rank, op.peer) == Link::net;
+}
+
+}  // namespace
+
+TEST_CASE("network operations: broken variants are refused with their DSL line") {
+  const ir::Schedule good = hier_2x4();
+  verify::verify_sync(good);
+  auto refused = [](const ir::Schedule& s, std::initializer_list<ErrId> ids, const char* file = "allreduce_hier.cpp:") {
+    std::string what;
+    const ErrId id = error_id([&] { verify::verify_sync(s); }, &what);
+    INFO(what);
+    CHECK(std::find(ids.begin(), ids.end(), id) != ids.end());
+    CHECK(contains(what, file));
+    return what;
+  };
+  SUBCASE("a dropped network signal leaves its wait unpaired") {
+    ir::Schedule s = good;
+    auto it = std::find_if(s.ops.begin(), s.ops.end(), [&](const ir::Op& op) { return net_signal(s, op); });
+    REQUIRE(it != s.ops.end());
+    s.ops.erase(it);
+    refused(s, {ErrId::verify_E011});
+  }
+  SUBCASE("a wait on the wrong value: a step back instead of this step") {
+    ir::Schedule s = good;
+    // the wait that pairs with the first network signal (same rank and slot)
+    auto sig = std::find_if(s.ops.begin(), s.ops.end(), [&](const ir::Op& op) { return net_signal(s, op); });
+    REQUIRE(sig != s.ops.end());
+    auto w = std::find_if(s.ops.begin(), s.ops.end(), [&](const ir::Op& op) {
+      return op.kind == ir::OpKind::wait && op.rank == sig->peer && op.slot == sig->slot;
+    });
+    REQUIRE(w != s.ops.end());
+    w->iter = w->iter == 0 ? -s.depth : 0;
+    refused(s, {ErrId::verify_E004, ErrId::verify_E005, ErrId::verify_E011});  // a race, a cycle or a lone signal
+  }
+  SUBCASE("a slot reused one step early: the sender's credit wait dropped") {
+    // reducescatter.hier's ring puts wait for their credit right before them
+    ir::Schedule s = lower_for("reducescatter.hier", topology::parse("2x4", 8)).variants[0];
+    verify::verify_sync(s);
+    // a wait reaching back `depth` steps right before a put on its thread block
+    size_t removed = 0;
+    for (size_t i = 0; i + 1 < s.ops.size() && !removed; ++i) {
+      const ir::Op& w = s.ops[i];
+      if (w.kind != ir::OpKind::wait || w.iter != -s.depth) continue;
+      for (size_t j = i + 1; j < s.ops.size(); ++j) {
+        const ir::Op& n = s.ops[j];
+        if (n.rank != w.rank || n.tb != w.tb) continue;
+        if (n.kind == ir::OpKind::put) {
+          s.ops.erase(s.ops.begin() + long(i));
+          removed = 1;
+        }
+        break;
+      }
+    }
+    REQUIRE(removed == 1);
+    // a race, or the credit signal left unpaired
+    refused(s, {ErrId::verify_E004, ErrId::verify_E011}, "reducescatter_hier.cpp:");
+  }
+  SUBCASE("a put with no flush after it: the kernel may return while its source is read") {
+    ir::Schedule s = good;
+    // the last flush of some thread block
+    auto last = std::find_if(s.ops.rbegin(), s.ops.rend(), [](const ir::Op& op) { return op.kind == ir::OpKind::flush; });
+    REQUIRE(last != s.ops.rend());
+    s.ops.erase(std::next(last).base());
+    const std::string what = refused(s, {ErrId::verify_E004});
+    CHECK(contains(what, "has no flush after it"));
+  }
+  SUBCASE("a source written again before its flush") {
+    ir::Schedule s = good;
+    const size_t before = s.ops.size();
+    s.ops.erase(std::remove_if(s.ops.begin(), s.ops.end(), [](const ir::Op& op) { return op.kind == ir::OpKind::flush; }),
+                s.ops.end());
+    REQUIRE(s.ops.size() < before);
+    refused(s, {ErrId::verify_E004});
+  }
+  SUBCASE("a put to a node-local peer's address") {
+    ir::Schedule s = good;
+    auto p = std::find_if(s.ops.begin(), s.ops.end(), [](const ir::Op& op) { return op.kind == ir::OpKind::put; });
+    REQUIRE(p != s.ops.end());
+    const Topology t = ir::topology_of(s);
+    p->dsts[0].rank = t.rank_of(t.node(p->rank), (t.local(p->rank) + 1) % t.gpus_per_node);
+    const std::string what = refused(s, {ErrId::verify_E023});
+    CHECK(contains(what, "a put to a node-local peer"));
+  }
+  SUBCASE("a plain copy across nodes once staged") {
+    ir::Schedule s = good;
+    auto p = std::find_if(s.ops.begin(), s.ops.end(), [](const ir::Op& op) { return op.kind == ir::OpKind::put; });
+    REQUIRE(p != s.ops.end());
+    p->kind = ir::OpKind::copy;
+    std::string what;
+    CHECK(error_id([&] { verify::verify_semantics(s); }, &what) == ErrId::verify_E017);
+    CHECK(contains(what, "which have no direct link"));
+    CHECK(contains(what, "allreduce_hier.cpp:"));
+  }
+}
+
+// Schedules an independent review built to break the network model (synced
+// IR, tests/fixtures/network/). A flush completes the *reads* of the puts
+// before it, never their delivery: there a rank reads a slot whose put was
+// only flushed (the model once had each connection read and deliver in one
+// thread block, so a flush waited for the earlier puts' deliveries too and
+// accepted it). A synced schedule that was not marked staged still may not
+// copy across nodes.
+TEST_CASE("network operations: a flush is not a delivery, and a synced schedule's copies stay inside nodes") {
+  auto load = [](const char* name) {
+    return ir::from_json(mkt::read_text(mkt::fs::path(mkt::test_dir()) / "fixtures" / "network" / name));
+  };
+  std::string what;
+  const ir::Schedule flushed = load("flush_is_not_delivery.json");
+  CHECK(error_id([&] { verify::verify_sync(flushed); }, &what) == ErrId::verify_E004);
+  CHECK(contains(what, "race"));
+  const ir::Schedule unstaged = load("copy_across_nodes_unstaged.json");
+  CHECK_FALSE(unstaged.staged);
+  CHECK(error_id([&] { verify::verify_sync(unstaged); }, &what) == ErrId::verify_E017);
+  // puts never travel the LL protocol (a NIC writes no LL flags): every
+  // bucket of a schedule with puts is simple
+  for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier", "allgather.ring"})
+    for (const auto& v : lower_for(name, topology::parse("2x2", 4)).variants) CHECK(v.proto == ir::Proto::simple);
+}
+
+TEST_CASE("mk.verify.E017: plain loads and stores across nodes, once staged or zero-copy") {
+  // the author's program may copy across nodes (stage_network makes puts)
   const auto* one_shot = dsl::find_schedule("allreduce.one_shot");
-  CHECK(error_id([&] { verify::verify_semantics(dsl::build(*one_shot, topology::parse("2x1", 2))); }) ==
-        ErrId::verify_E017);
+  verify::verify_semantics(dsl::build(*one_shot, topology::parse("2x1", 2)));
+  auto l = lower_for("allreduce.one_shot", topology::parse("2x1", 2));
+  CHECK_FALSE(l.variants.empty());
+  // zero-copy plans read and write peers' user buffers (allreduce.direct
+  // does, in place): no put reaches those
+  const auto* direct = dsl::find_schedule("allreduce.direct");
+  compiler::LowerOptions o;
+  o.topology = topology::parse("2x1", 2);
+  o.zero_copy = true;
+  std::string what;
+  CHECK(error_id([&] { compiler::lower(dsl::build(*direct, *o.topology), o); }, &what) == ErrId::verify_E017);
+  CHECK(contains(what, "memory of rank 1 (node 1) from rank 0 (node 0)"));
+  CHECK(contains(what, "allreduce_direct.cpp:"));
   verify::verify_semantics(dsl::build(*one_shot, topology::parse("2x1:direct", 2)));
   verify::verify_semantics(dsl::build(*one_shot, topology::parse("pcie:2", 2)));
 }

@@ -1,0 +1,94 @@
+// stage_network: turn every transfer between nodes into puts.
+//
+// Between nodes there are no loads and stores, only the network. After
+// stage_remote, an op touches another rank's memory only through scratch;
+// here every such access across nodes (topology link `net`) becomes a put
+// (ir/ops.def), issued by the rank whose memory is read:
+//
+//   push   op on E writes R.sc[s] (R on another node)
+//            copy with one destination:  the copy becomes `put E.x -> R.sc[s]`
+//            otherwise:                  the op writes E.sc[new] instead, and
+//                                        `put E.sc[new] -> R.sc[s]` follows it
+//   pull   op on E reads R.sc[s] (R on another node)
+//            `put R.sc[s] -> E.sc[new]` (issued by R) comes right before it,
+//            and the op reads E.sc[new]
+//
+// Needs: staged (or zero-copy) schedule with a topology. Guarantees: same
+// meaning (a put is a copy); every data op that is not a put touches memory of
+// its executing rank's node only, except a zero-copy plan's peers' user
+// buffers (verify_links refuses those across nodes, mk.verify.E017); each new
+// slot is new. New slots are numbered per rank in that rank's order of need,
+// so symmetric schedules stay symmetric. insert_sync orders puts like copies;
+// insert_flush adds the local completions sources need.
+#include <algorithm>
+
+#include "compiler/passes/passes.hpp"
+
+namespace mk::passes {
+
+using ir::Buf;
+using ir::Op;
+using ir::OpKind;
+using ir::Ref;
+
+ir::Schedule stage_network(ir::Schedule s) {
+  if (!s.topology) return s;
+  const topology::Topology t = *s.topology;
+  auto far = [&](int32_t a, int32_t b) { return a != b && t.link(a, b) == topology::Link::net; };
+  bool any = false;
+  for (const Op& op : s.ops)
+    for (const auto* list : {&op.srcs, &op.dsts})
+      for (const Ref& r : *list) any = any || (op.is_data() && r.buf == Buf::scratch && far(op.rank, r.rank));
+  if (!any) return s;
+  std::vector<Op> out;
+  out.reserve(s.ops.size() + s.ops.size() / 2);
+  int32_t next_id = s.next_id();
+  std::vector<int32_t> next_slot(size_t(s.nranks), s.scratch);
+  auto slot_on = [&](int32_t rank, int32_t count) {
+    Ref r{rank, Buf::scratch, next_slot[size_t(rank)], count};
+    next_slot[size_t(rank)] += count;
+    return r;
+  };
+  auto put = [&](const Ref& src, const Ref& dst, const ir::Loc& loc) {
+    Op p;
+    p.id = next_id++;
+    p.kind = OpKind::put;
+    p.rank = src.rank;
+    p.srcs = {src};
+    p.dsts = {dst};
+    p.loc = loc;
+    return p;
+  };
+  for (Op& op : s.ops) {
+    if (!op.is_data() || op.kind == OpKind::put) {  // an IR file's own puts stay (verify_links checks them)
+      out.push_back(std::move(op));
+      continue;
+    }
+    for (Ref& r : op.srcs)
+      if (r.buf == Buf::scratch && far(op.rank, r.rank)) {
+        const Ref local = slot_on(op.rank, r.count);
+        out.push_back(put(r, local, op.loc));
+        r = local;
+      }
+    const bool one_copy = op.kind == OpKind::copy && op.dsts.size() == 1;
+    if (one_copy && op.dsts[0].buf == Buf::scratch && far(op.rank, op.dsts[0].rank)) {
+      op.kind = OpKind::put;
+      out.push_back(std::move(op));
+      continue;
+    }
+    std::vector<Op> after;
+    for (Ref& r : op.dsts)
+      if (r.buf == Buf::scratch && far(op.rank, r.rank)) {
+        const Ref local = slot_on(op.rank, r.count);
+        after.push_back(put(local, r, op.loc));
+        r = local;
+      }
+    out.push_back(std::move(op));
+    for (Op& a : after) out.push_back(std::move(a));
+  }
+  s.ops = std::move(out);
+  for (int32_t n : next_slot) s.scratch = std::max(s.scratch, n);
+  return s;
+}
+
+}  // namespace mk::passes
