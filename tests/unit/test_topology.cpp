@@ -193,13 +193,17 @@ TEST_CASE("hierarchical schedules prove and simulate on every shape") {
   }
 }
 
-TEST_CASE("network operations: hierarchical built-ins prove and simulate on real shapes, every dtype and op") {
+TEST_CASE("network operations: built-ins prove and simulate on real shapes, every dtype and op") {
   // Between nodes only puts move data (stage_network); each connection is a
-  // thread block of its own in the simulation, interleaved at random.
+  // reader and a deliverer thread block in the simulation, interleaved at
+  // random. The hierarchical built-ins, and the one-node ones run across
+  // nodes as written (broadcast, reduce and all-to-all among them; rooted
+  // ones at the last rank too).
   const std::vector<DType> dtypes = {DType::fp32, DType::bf16, DType::fp16, DType::fp64, DType::int32,
                                      DType::uint8, DType::fp8e4m3};
   for (const char* shape : {"2x1", "2x2", "2x4", "4x2", "3x2", "2x3"})
-    for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
+    for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier", "broadcast.direct",
+                                   "reduce.direct", "alltoall.direct", "allreduce.ring", "allgather.ring"}) {
       CAPTURE(name);
       CAPTURE(shape);
       const Topology t = topology::parse(shape, 0);
@@ -219,6 +223,7 @@ TEST_CASE("network operations: hierarchical built-ins prove and simulate on real
           for (RedOp op : ops)
             for (bool inplace : {false, true}) {
               if (op == RedOp::avg && !dtype_is_float(dt)) continue;
+              if (inplace && inplace_rule(dsl::find_schedule(name)->coll) == InPlace::unsupported) continue;
               CAPTURE(v);
               CAPTURE(mk::name(dt));
               CAPTURE(int(op));
@@ -229,6 +234,7 @@ TEST_CASE("network operations: hierarchical built-ins prove and simulate on real
               o.count = 7 + int64_t(v) * 994;  // odd counts, a partial tile
               o.inplace = inplace;
               o.seed = uint64_t(o.count) * 31 + uint64_t(dt);
+              if (collective_rooted(dsl::find_schedule(name)->coll)) o.root = inplace ? t.nranks() - 1 : 0;
               auto r = verify::simulate(l.variants[v], o);
               CHECK_MESSAGE(r.ok, r.first_bad);
             }
