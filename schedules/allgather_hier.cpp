@@ -6,8 +6,8 @@
 //  3. inside each node, every rank pushes the N blocks of its rail to its
 //     local peers.
 // One node: a direct all-gather; one GPU per node: a ring across the nodes.
-// Step 2 crosses nodes directly, so on a real multi-node topology it needs
-// network operations (the verifier refuses it today); NxG:direct compiles it.
+// Step 2 crosses nodes: on NxG its transfers become puts (stage_network),
+// proved and simulated; kernels come with part 2 (NxG:direct compiles now).
 #include <mk/dsl.hpp>
 
 using namespace mk::dsl;

@@ -74,9 +74,40 @@ ir::Schedule network_model(const ir::Schedule& s) {
                                 describe_op(s, puts.front()), ir::to_string(s.ops[puts.front()].srcs[0])),
                     s.ops[puts.front()].loc, "every put needs a later flush on its thread block (insert_flush adds them)");
   }
-  ir::Schedule m = s;
-  m.ops.clear();
-  m.ops.reserve(s.ops.size() * 2);
+  // The model's ops, counted first (at 1024 ranks a copy of the schedule's
+  // ops, or a reserve of twice as many, was a few hundred MB on the peak).
+  size_t nops = 0;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const Op& op = s.ops[i];
+    if (op.kind == OpKind::put)
+      nops += 8 + (completes[i] >= 0 ? 2 : 0);  // its issue, read, delivery, their sync; the flush's wait
+    else if (op.kind == OpKind::signal && op.peer != op.rank && t.link(op.rank, op.peer) == topology::Link::net)
+      nops += 3;
+    else if (op.kind != OpKind::flush)
+      nops += 1;
+  }
+  ir::Schedule m;  // every field of `s` but its ops
+  m.name = s.name;
+  m.coll = s.coll;
+  m.nranks = s.nranks;
+  m.root = s.root;
+  m.chunks = s.chunks;
+  m.instances = s.instances;
+  m.scratch = s.scratch;
+  m.tbs = s.tbs;
+  m.slots = s.slots;
+  m.depth = s.depth;
+  m.proto = s.proto;
+  m.tile_bytes = s.tile_bytes;
+  m.staged = s.staged;
+  m.synced = s.synced;
+  m.zero_copy = s.zero_copy;
+  m.one_pass = s.one_pass;
+  m.lamport = s.lamport;
+  m.topology = s.topology;
+  m.loc = s.loc;
+  m.author_scratch = s.author_scratch;
+  m.ops.reserve(nops);
   int32_t next_id = s.next_id();
   std::vector<int32_t> next_slot(size_t(s.nranks), s.slots), next_wire(size_t(s.nranks), s.scratch),
       next_tb(size_t(s.nranks), tbs);
