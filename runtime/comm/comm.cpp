@@ -117,24 +117,20 @@ RankInfo local_info(const Comm& c) {
 }
 
 // Checks what every rank must agree on; counts the ranks on this GPU and the
-// nodes. A communicator spanning nodes fails init on every rank (no network
-// transport yet), or, with spanNodes = MK_SPAN_NODES_BOOTSTRAP, becomes
-// bootstrap-only on every rank: decided from `all`, which every rank has
-// alike, never from a rank-local fact.
-bool same_node(const RankInfo& a, const RankInfo& b) {
-  return std::strncmp(a.host, b.host, sizeof a.host) == 0 && std::strncmp(a.boot_id, b.boot_id, sizeof a.boot_id) == 0;
-}
-
+// nodes. Each peer gets the first transport that reaches it
+// (choose_transports); a communicator with a rank none reaches (ranks on
+// several nodes: no network transport yet) fails init on every rank, or,
+// with spanNodes = MK_SPAN_NODES_BOOTSTRAP, becomes bootstrap-only on every
+// rank: decided from `all`, which every rank has alike, never from a
+// rank-local fact.
 void check_peers(Comm& c, const std::vector<RankInfo>& all) {
   const RankInfo& me = all[size_t(c.rank)];
   c.colocated = 0;
-  int other = -1;  // the lowest rank on another node than rank 0
   std::set<std::pair<std::string, std::string>> nodes;
   for (int r = 0; r < c.nranks; ++r) {
     const RankInfo& p = all[size_t(r)];
     nodes.emplace(std::string(p.host, strnlen(p.host, sizeof p.host)),
                   std::string(p.boot_id, strnlen(p.boot_id, sizeof p.boot_id)));
-    if (other < 0 && !same_node(all[0], p)) other = r;
     if (p.arena_size != me.arena_size)
       fail(mkInvalidUsage, fmt::format("ranks disagree on the symmetric memory size ({} vs {} bytes): set "
                                        "MK_SCRATCH_BYTES and MK_FLAG_BYTES alike on every rank",
@@ -142,24 +138,28 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
     if (same_node(p, me) && std::memcmp(p.uuid, me.uuid, 16) == 0) ++c.colocated;
   }
   c.nodes = int(nodes.size());
-  if (other < 0) return;
-  const RankInfo& a = all[0];
-  const RankInfo& b = all[size_t(other)];
+  const auto transports = make_transports();
+  const Reach reach = choose_transports(transports, all, c.rank);
+  if (reach.a < 0) return;
+  const RankInfo& a = all[size_t(reach.a)];
+  const RankInfo& b = all[size_t(reach.b)];
   const bool named = std::strncmp(a.boot_id, kHostIdBoot, sizeof a.boot_id) == 0 ||
                      std::strncmp(b.boot_id, kHostIdBoot, sizeof b.boot_id) == 0;
   if (c.config.span_nodes == MK_SPAN_NODES_BOOTSTRAP) {
     c.bootstrap_only = true;
-    debug_log(fmt::format("rank {}/{}: the ranks sit on {} nodes (rank 0 on '{:.64}', rank {} on '{:.64}'{}): "
-                          "bootstrap-only communicator (spanNodes), no collectives on mKernel",
-                          c.rank, c.nranks, c.nodes, a.host, other, b.host, named ? ", MK_HOST_ID" : ""));
+    debug_log(fmt::format("rank {}/{}: the ranks sit on {} nodes and no transport of this build reaches rank {} "
+                          "('{:.64}') from rank {} ('{:.64}'{}): bootstrap-only communicator (spanNodes), no "
+                          "collectives on mKernel",
+                          c.rank, c.nranks, c.nodes, reach.b, b.host, reach.a, a.host, named ? ", MK_HOST_ID" : ""));
     return;
   }
-  fail(mkInvalidUsage, fmt::format("the ranks sit on {} nodes: rank 0 runs on host '{:.64}' and rank {} on "
-                                   "'{:.64}'{}; communicators spanning nodes need the network transport, which this "
-                                   "build does not include yet (the NCCL-compatible library and mkernel.torch hand "
-                                   "them to NCCL; with the C API, give config spanNodes = MK_SPAN_NODES_BOOTSTRAP "
-                                   "for a bootstrap-only communicator)",
-                                   c.nodes, a.host, other, b.host, named ? " (MK_HOST_ID)" : ""));
+  fail(mkInvalidUsage, fmt::format("the ranks sit on {} nodes: rank {} runs on host '{:.64}' and rank {} on "
+                                   "'{:.64}'{}, which no transport of this build connects (p2p reaches one node); "
+                                   "communicators spanning nodes need the network transport, which this build does "
+                                   "not include yet (the NCCL-compatible library and mkernel.torch hand them to "
+                                   "NCCL; with the C API, give config spanNodes = MK_SPAN_NODES_BOOTSTRAP for a "
+                                   "bootstrap-only communicator)",
+                                   c.nodes, reach.a, a.host, reach.b, b.host, named ? " (MK_HOST_ID)" : ""));
 }
 
 // The settings of a communicator: its user schedules are loaded first
@@ -230,6 +230,8 @@ void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shar
     c.peer_base = shared->peer_base;
     return;
   }
+  // Every peer is reached by p2p (check_peers refused, or made bootstrap-only,
+  // a communicator with a peer no transport reaches; p2p is the only one).
   c.transport = make_p2p_transport();
   TransportSetup s;
   s.rank = c.rank;

@@ -6,7 +6,10 @@
 // this GPU (what kernels address peers' scratch and flags by) and tears down
 // whatever it opened. Today: `p2p` (NVLink / PCIe peer memory: peers in this
 // process by address with access granted, peers in other processes by a VMM
-// POSIX fd passed over a local socket). The network transport plugs in here.
+// POSIX fd passed over a local socket). The network transport plugs in here:
+// each peer gets the first transport of make_transports() that can reach it
+// (NCCL's canConnect), decided from the exchanged RankInfo alone, so that
+// every rank decides alike (choose_transports).
 #pragma once
 
 #include <cuda.h>
@@ -51,6 +54,9 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
+  // Whether this transport can reach `peer` from `me`: from what every rank
+  // was told at init (never a rank-local fact), so every rank answers alike.
+  virtual bool can_reach(const RankInfo& me, const RankInfo& peer) const = 0;
   // Connects to every peer; after it returns, peer_base() is valid for all
   // ranks. Throws RtError; on failure releases what it opened.
   virtual void connect(const TransportSetup& s) = 0;
@@ -62,6 +68,25 @@ class Transport {
 
 // Peer memory inside a node: CUDA P2P within the process, VMM fds across.
 std::unique_ptr<Transport> make_p2p_transport();
+
+// One node: the same host name and boot id (or MK_HOST_ID).
+bool same_node(const RankInfo& a, const RankInfo& b);
+
+// The transports of this build, in order of preference: p2p (the network
+// comes in multi-node part 2).
+std::vector<std::unique_ptr<Transport>> make_transports();
+
+// Which transport reaches each rank from `rank`: by_peer[r] indexes
+// `transports` (-1: none). `a`, `b`: the first pair no transport reaches,
+// looked for between rank 0 and every other rank (the same pairs on every
+// rank, so every rank finds the same one; enough while reachability is
+// "one node" or "every pair"); -1 when every rank is reached.
+struct Reach {
+  std::vector<int> by_peer;
+  int a = -1, b = -1;
+};
+Reach choose_transports(const std::vector<std::unique_ptr<Transport>>& transports, const std::vector<RankInfo>& all,
+                        int rank);
 
 // Makes `a` findable by its base address for the other ranks of this process
 // (p2p keeps a reference to each peer's arena it addresses).

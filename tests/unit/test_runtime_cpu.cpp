@@ -14,6 +14,7 @@
 #include "runtime/comm/comm.hpp"
 #include "runtime/driver/cuda_driver.hpp"
 #include "runtime/memory/ipc.hpp"
+#include "runtime/transport/transport.hpp"
 #include "runtime/api/status.hpp"
 
 using namespace mk;
@@ -166,4 +167,37 @@ TEST_CASE("selection above 8 ranks: the cost model picks a latency schedule for 
       CHECK(info->coll == c);
     }
   }
+}
+
+// The transport registry (runtime/transport/transport.hpp): each peer gets the
+// first transport that reaches it; p2p reaches one node (host name and boot
+// id); the pair nothing reaches is the same on every rank.
+TEST_CASE("transports: p2p reaches the ranks of one node, and every rank finds the same unreachable pair") {
+  auto info = [](const char* host, const char* boot) {
+    mk::rt::RankInfo r{};
+    std::strncpy(r.host, host, sizeof r.host - 1);
+    std::strncpy(r.boot_id, boot, sizeof r.boot_id - 1);
+    return r;
+  };
+  const auto ts = mk::rt::make_transports();
+  REQUIRE(!ts.empty());
+  CHECK(std::string(ts[0]->name()) == "p2p");
+  // one node: everyone by p2p
+  const std::vector<mk::rt::RankInfo> one = {info("a", "b1"), info("a", "b1"), info("a", "b1")};
+  for (int rank = 0; rank < 3; ++rank) {
+    const mk::rt::Reach r = mk::rt::choose_transports(ts, one, rank);
+    CHECK(r.a == -1);
+    CHECK(r.by_peer == std::vector<int>{0, 0, 0});
+  }
+  // two nodes (a rebooted host is another node: its boot id differs)
+  const std::vector<mk::rt::RankInfo> two = {info("a", "b1"), info("a", "b1"), info("a", "b2"), info("c", "b1")};
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    const mk::rt::Reach r = mk::rt::choose_transports(ts, two, rank);
+    CHECK(r.a == 0);
+    CHECK(r.b == 2);
+    CHECK(r.by_peer[size_t(rank)] == 0);  // itself
+  }
+  CHECK(mk::rt::choose_transports(ts, two, 1).by_peer == std::vector<int>{0, 0, -1, -1});
+  CHECK(mk::rt::choose_transports(ts, two, 3).by_peer == std::vector<int>{-1, -1, -1, 0});
 }

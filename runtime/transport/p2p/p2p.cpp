@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -69,6 +70,7 @@ namespace {
 class P2pTransport final : public Transport {
  public:
   const char* name() const override { return "p2p"; }
+  bool can_reach(const RankInfo& me, const RankInfo& peer) const override { return same_node(me, peer); }
   CUdeviceptr peer_base(int r) const override { return base_.at(size_t(r)); }
   int remote_peers() const override { return remote_; }
 
@@ -148,5 +150,33 @@ class P2pTransport final : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> make_p2p_transport() { return std::make_unique<P2pTransport>(); }
+
+bool same_node(const RankInfo& a, const RankInfo& b) {
+  return std::strncmp(a.host, b.host, sizeof a.host) == 0 && std::strncmp(a.boot_id, b.boot_id, sizeof a.boot_id) == 0;
+}
+
+std::vector<std::unique_ptr<Transport>> make_transports() {
+  std::vector<std::unique_ptr<Transport>> t;
+  t.push_back(make_p2p_transport());
+  return t;
+}
+
+Reach choose_transports(const std::vector<std::unique_ptr<Transport>>& transports, const std::vector<RankInfo>& all,
+                        int rank) {
+  auto first = [&](int from, int to) {
+    for (size_t k = 0; k < transports.size(); ++k)
+      if (from == to || transports[k]->can_reach(all[size_t(from)], all[size_t(to)])) return int(k);
+    return -1;
+  };
+  Reach out;
+  out.by_peer.resize(all.size(), -1);
+  for (int r = 0; r < int(all.size()); ++r) out.by_peer[size_t(r)] = first(rank, r);
+  for (int r = 1; r < int(all.size()) && out.a < 0; ++r)
+    if (first(0, r) < 0) {
+      out.a = 0;
+      out.b = r;
+    }
+  return out;
+}
 
 }  // namespace mk::rt
