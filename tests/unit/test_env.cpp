@@ -366,7 +366,7 @@ TEST_CASE("env: MK_HOST_ID is 1..63 printable characters without spaces and unse
     mkt::ScopedEnv e("MK_HOST_ID", std::string(63, 'x'));
     CHECK(rt::env::host_id()->size() == 63);
   }
-  for (const std::string bad : {std::string(64, 'x'), std::string("node a"), std::string("node\t1"),
+  for (const std::string& bad : {std::string(64, 'x'), std::string("node a"), std::string("node\t1"),
                                 std::string("n\xc3\xa9")}) {
     CAPTURE(bad);
     mkt::ScopedEnv e("MK_HOST_ID", bad);
