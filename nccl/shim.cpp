@@ -538,7 +538,23 @@ ncclResult_t ensure_real(ncclComm_t c, const char* why) {
   if (c->dead.load()) return fail(ncclInvalidUsage, "%s: the communicator was destroyed", why);
   if (c->mk && c->nranks == 0 && !learn_size(c))  // made nonblocking or in a group
     return fail(ncclInvalidUsage, "%s: the communicator is not ready yet: %s", why, g_mk.GetLastError(c->mk));
-  if (ncclResult_t r = need_real(why)) return r;
+  if (ncclResult_t r = need_real(why)) {
+    // Its peers are about to wait for this rank in the id broadcast below:
+    // mKernel's communicator is aborted, so that they fail now, naming this
+    // rank, instead of at the bootstrap timeout. The handle stays valid
+    // (destroy and abort work; every later call fails).
+    if (c->mk && c->nranks > 1 && !c->clique) {
+      std::lock_guard<std::mutex> g(c->mu);
+      if (c->mk && !c->real) {
+        debug("comm %p rank %d/%d: no real NCCL here (%s); aborting mKernel's communicator so that its peers stop "
+              "waiting for this rank",
+              static_cast<void*>(c), c->rank, c->nranks, g_real_error);
+        g_mk.CommAbort(c->mk);
+        c->mk = nullptr;  // later calls go to NCCL, and fail as this one does
+      }
+    }
+    return r;
+  }
   if (c->clique) {
     Clique& q = *c->clique;
     std::lock_guard<std::mutex> g(q.mu);
@@ -950,7 +966,9 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   // its init (a first call that is a send between some ranks could not make it).
   if (r == mkSuccess && nccl_whole(*comm))
     if (ncclResult_t e = ensure_real(*comm, api)) {
-      g_mk.CommDestroy(m);  // the caller gets no communicator, as with any failed init
+      // the caller gets no communicator, as with any failed init (ensure_real
+      // aborted mKernel's already where this rank has no real NCCL)
+      if ((*comm)->mk) g_mk.CommDestroy((*comm)->mk);
       (*comm)->mk = nullptr;
       (*comm)->dead = true;
       *comm = nullptr;

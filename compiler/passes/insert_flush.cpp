@@ -105,6 +105,7 @@ ir::Schedule insert_flush(ir::Schedule s) {
     out.push_back(std::move(op));
     if (end && l.open()) flush(copy_for_end, l);
   }
+  out.shrink_to_fit();  // it lives through the bucket's proof (at 1024 ranks, hundreds of MB)
   s.ops = std::move(out);
   return s;
 }

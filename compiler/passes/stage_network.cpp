@@ -86,6 +86,7 @@ ir::Schedule stage_network(ir::Schedule s) {
     out.push_back(std::move(op));
     for (Op& a : after) out.push_back(std::move(a));
   }
+  out.shrink_to_fit();  // it lives through the whole lowering
   s.ops = std::move(out);
   for (int32_t n : next_slot) s.scratch = std::max(s.scratch, n);
   return s;

@@ -1130,6 +1130,42 @@ int shim_group_nodes(int proc, int nprocs, const mkUniqueId& id) {
   return 0;
 }
 
+// Rank 1 has no real NCCL (MK_NCCL_LIB names nothing): a send needs NCCL's
+// communicator on both ranks; rank 1 fails with the reason and aborts
+// mKernel's communicator, so rank 0, waiting for rank 1 in the id broadcast,
+// fails at once naming it (not at the 30 s bootstrap timeout). Both handles
+// still destroy.
+int shim_no_real_on_one(int rank, int nranks, const mkUniqueId& id) {
+  void* h = nullptr;
+  ncclComm_t comm = nullptr;
+  if (open_shim_comm(rank, nranks, id, &h, &comm) != 0) return 1;
+  if (rank == 1) setenv("MK_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);  // read when the real NCCL is first loaded
+  using Send = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  using Destroy = ncclResult_t (*)(ncclComm_t);
+  using LastError = const char* (*)(ncclComm_t);
+  auto send = reinterpret_cast<Send>(dlsym(h, "ncclSend"));
+  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
+  auto last = reinterpret_cast<LastError>(dlsym(h, "ncclGetLastError"));
+  CHILD_CHECK(send && destroy && last);
+  CUdeviceptr p = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&p, 256) == CUDA_SUCCESS);
+  const auto t0 = std::chrono::steady_clock::now();
+  const ncclResult_t r = send(reinterpret_cast<void*>(p), 16, ncclFloat32, 1 - rank, comm, nullptr);
+  const std::string msg = last(nullptr);
+  std::fprintf(stderr, "rank %d: send -> %d: %s\n", rank, int(r), msg.c_str());
+  CHILD_CHECK(r != ncclSuccess);
+  CHILD_CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  if (rank == 1) {
+    CHILD_CHECK(msg.find("needs the real NCCL") != std::string::npos);
+  } else {
+    CHILD_CHECK(msg.find("rank 1") != std::string::npos);
+    CHILD_CHECK(msg.find("abort") != std::string::npos);
+  }
+  CHILD_CHECK(destroy(comm) == ncclSuccess);
+  CHILD_CHECK(cu().cuMemFree(p) == CUDA_SUCCESS);
+  return 0;
+}
+
 // MK_NCCL_EAGER=1: NCCL's communicator is made with mKernel's, before any call.
 int shim_eager(int rank, int nranks, const mkUniqueId& id) {
   setenv("MK_NCCL_EAGER", "1", 1);
@@ -1278,6 +1314,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "shim_eager") return shim_eager(rank, nranks, id);
   if (scenario == "shim_two_nodes") return shim_two_nodes(rank, nranks, id);
   if (scenario == "shim_group_nodes") return shim_group_nodes(rank, nranks, id);
+  if (scenario == "shim_no_real_on_one") return shim_no_real_on_one(rank, nranks, id);
 #endif
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
@@ -1538,6 +1575,11 @@ TEST_CASE("four processes on two nodes: nccl shim hands the spanning communicato
 TEST_CASE("two processes of two ranks on two nodes: nccl shim group init hands the world to NCCL without a deadlock") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "shim_group_nodes", {{"MK_HOST_ID=node-a"}, {"MK_HOST_ID=node-b"}});
+}
+
+TEST_CASE("two processes: nccl shim on a rank without a real NCCL fails its peer at once, not at a timeout") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(2, "shim_no_real_on_one", {});
 }
 
 TEST_CASE("two processes: nccl shim with MK_NCCL_EAGER=1 makes the real NCCL communicator at init") {
