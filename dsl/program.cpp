@@ -197,6 +197,81 @@ void Program::copy(const std::vector<Chunk>& dsts, const Chunk& src, Exec e, Loc
   add(int(ir::OpKind::copy), dsts, {src}, e, loc);
 }
 
+namespace {
+// Equal sizes (of at least `min`), ranks in range, each rank once per group.
+void check_groups(const Program& p, const Program::Groups& groups, size_t min, const char* what,
+                  std::source_location loc) {
+  if (groups.empty()) throw Error(ErrId::dsl_E004, std::string(what) + ": no groups", to_loc(loc));
+  for (const auto& g : groups) {
+    if (g.size() < min || g.size() != groups[0].size())
+      throw Error(ErrId::dsl_E004,
+                  std::string(what) + ": groups must have equal sizes of at least " + std::to_string(min) +
+                      " (got " + std::to_string(g.size()) + " and " + std::to_string(groups[0].size()) + ")",
+                  to_loc(loc));
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i] < 0 || g[i] >= p.ranks())
+        throw Error(ErrId::dsl_E001, std::string(what) + ": rank " + std::to_string(g[i]) + " is outside 0.." +
+                                         std::to_string(p.ranks() - 1),
+                    to_loc(loc));
+      for (size_t j = 0; j < i; ++j)
+        if (g[j] == g[i])
+          throw Error(ErrId::dsl_E004, std::string(what) + ": rank " + std::to_string(g[i]) + " twice in one group",
+                      to_loc(loc));
+    }
+  }
+}
+}  // namespace
+
+void Program::reduce_scatter(const Groups& groups, const PairFn& piece, const RankFn& dst, const PairFn& slot,
+                             Order order, Loc loc) {
+  check_groups(*this, groups, 2, "reduce_scatter", loc);
+  const size_t n = groups[0].size();
+  for (size_t d = 1; d < n; ++d)
+    for (const auto& g : groups)
+      for (size_t i = 0; i < n; ++i) {
+        const int from = g[i], to = g[(i + d) % n];
+        copy(slot(from, to), piece(from, to), {}, loc);
+      }
+  for (const auto& g : groups)
+    for (size_t k = 0; k < n; ++k) {
+      const int me = g[k];
+      std::vector<Chunk> srcs;
+      if (order == Order::own_first) {
+        srcs.push_back(piece(me, me));
+        for (size_t d = 1; d < n; ++d) srcs.push_back(slot(g[(k + d) % n], me));
+      } else {
+        for (size_t j = 0; j < n; ++j) srcs.push_back(j == k ? piece(me, me) : slot(g[j], me));
+      }
+      reduce(dst(me), srcs, {}, loc);
+    }
+}
+
+void Program::all_gather(const Groups& groups, const RankFn& src, const PairFn& dst, bool self, Loc loc) {
+  check_groups(*this, groups, 1, "all_gather", loc);
+  const size_t n = groups[0].size();
+  for (size_t d = self ? 0 : 1; d < n; ++d)
+    for (const auto& g : groups)
+      for (size_t i = 0; i < n; ++i) copy(dst(g[(i + d) % n], g[i]), src(g[i]), {}, loc);
+}
+
+Program::Groups Program::all_ranks() const {
+  Groups g(1);
+  for (int r = 0; r < ranks(); ++r) g[0].push_back(r);
+  return g;
+}
+
+Program::Groups Program::node_groups() const {
+  Groups g(static_cast<size_t>(nodes()));
+  for (int r = 0; r < ranks(); ++r) g[size_t(node(r))].push_back(r);
+  return g;
+}
+
+Program::Groups Program::rail_groups() const {
+  Groups g(static_cast<size_t>(gpus_per_node()));
+  for (int r = 0; r < ranks(); ++r) g[size_t(local(r))].push_back(r);
+  return g;
+}
+
 void Program::reduce(const Chunk& dst, const std::vector<Chunk>& srcs, Exec e, Loc loc) {
   if (srcs.size() < 2)
     throw Error(ErrId::dsl_E006,

@@ -5,10 +5,9 @@
 using namespace mk::dsl;
 
 static void allgather_direct(Program& p) {
-  const int n = p.ranks();
   p.instances(2);
-  for (int d = 0; d < n; ++d)
-    for (int r = 0; r < n; ++r) p.copy(p.output((r + d) % n, r), p.input(r, 0));
+  p.all_gather(p.all_ranks(), [&](int r) { return p.input(r, 0); },
+               [&](int to, int from) { return p.output(to, from); }, /*self=*/true);
 }
 
 MK_SCHEDULE("allgather.direct", allgather, allgather_direct,

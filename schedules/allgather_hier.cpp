@@ -29,12 +29,12 @@ static void allgather_hier(Program& p) {
   // sending and receiving, is the same relative to its node: one code path
   // for all ranks, and one rank per class for the sync analyses (fuse merges
   // a block's copies into the op that received it)
-  for (int u = 0; u < N; ++u)
-    for (int d = 1; d < G; ++d)
-      for (int r = 0; r < n; ++r) {
-        const int b = p.rank_of(mod(p.node(r) - u, N), p.local(r));
-        p.copy(p.output(p.rank_of(p.node(r), mod(p.local(r) + d, G)), b), b == r ? p.input(r, 0) : p.output(r, b));
-      }
+  auto block = [&](int r, int u) { return p.rank_of(mod(p.node(r) - u, N), p.local(r)); };
+  if (G > 1)
+    for (int u = 0; u < N; ++u)
+      p.all_gather(
+          p.node_groups(), [&](int r) { return block(r, u) == r ? p.input(r, 0) : p.output(r, block(r, u)); },
+          [&](int to, int from) { return p.output(to, block(from, u)); });
 }
 
 MK_SCHEDULE("allgather.hier", allgather, allgather_hier,

@@ -30,19 +30,11 @@ static void allreduce_hier(Program& p) {
 
   // 1. intra-node reduce-scatter; the partial sum of part l lands in output
   //    (or stays in the input when a node has one GPU)
-  if (G > 1) {
-    for (int d = 1; d < G; ++d)
-      for (int r = 0; r < n; ++r) {
-        const int to = p.rank_of(p.node(r), mod(p.local(r) + d, G));
-        p.copy(p.scratch(to, p.local(r) * N, N), part(p.input(r, 0), p.local(to)));
-      }
-    for (int r = 0; r < n; ++r) {
-      std::vector<Chunk> srcs;
-      for (int k = 0; k < G; ++k)
-        srcs.push_back(k == p.local(r) ? part(p.input(r, 0), k) : p.scratch(r, k * N, N));
-      p.reduce(part(p.output(r, 0), p.local(r)), srcs);
-    }
-  }
+  if (G > 1)
+    p.reduce_scatter(
+        p.node_groups(), [&](int from, int to) { return part(p.input(from, 0), p.local(to)); },
+        [&](int r) { return part(p.output(r, 0), p.local(r)); },
+        [&](int from, int to) { return p.scratch(to, p.local(from) * N, N); }, Program::Order::group);
   auto partial = [&](int r, int j) {  // chunk j of rank r's part after step 1
     return (G > 1 ? p.output(r, 0) : p.input(r, 0)).at(p.local(r) * N + j);
   };
@@ -71,10 +63,9 @@ static void allreduce_hier(Program& p) {
   // 3. intra-node all-gather of the parts, to the local peers in order of
   //    distance (every rank's sends and receives the same relative to its
   //    node: one rank per class for the sync analyses)
-  for (int d = 1; d < G; ++d)
-    for (int r = 0; r < n; ++r)
-      p.copy(part(p.output(p.rank_of(p.node(r), mod(p.local(r) + d, G)), 0), p.local(r)),
-             part(p.output(r, 0), p.local(r)));
+  if (G > 1)
+    p.all_gather(p.node_groups(), [&](int r) { return part(p.output(r, 0), p.local(r)); },
+                 [&](int to, int from) { return part(p.output(to, 0), p.local(from)); });
 }
 
 MK_SCHEDULE("allreduce.hier", allreduce, allreduce_hier,

@@ -15,19 +15,12 @@ static void allreduce_two_shot(Program& p) {
     p.copy(p.output(0, 0), p.input(0, 0));
     return;
   }
-  auto slot = [n](int from, int at) { return ((from - at - 1) % n + n) % n; };
-  for (int d = 1; d < n; ++d)
-    for (int r = 0; r < n; ++r) {
-      const int q = (r + d) % n;
-      p.copy(p.scratch(q, slot(r, q)), p.input(r, q));
-    }
-  for (int r = 0; r < n; ++r) {
-    std::vector<Chunk> srcs{p.input(r, r)};
-    for (int d = 1; d < n; ++d) srcs.push_back(p.scratch(r, slot((r + d) % n, r)));
-    p.reduce(p.output(r, r), srcs);
-  }
-  for (int d = 1; d < n; ++d)
-    for (int r = 0; r < n; ++r) p.copy(p.output((r + d) % n, r), p.output(r, r));
+  // chunk `to` of rank `from` lands in `to`'s scratch, slot by distance
+  auto slot = [&](int from, int to) { return p.scratch(to, ((from - to - 1) % n + n) % n); };
+  p.reduce_scatter(p.all_ranks(), [&](int from, int to) { return p.input(from, to); },
+                   [&](int r) { return p.output(r, r); }, slot, Program::Order::own_first);
+  p.all_gather(p.all_ranks(), [&](int r) { return p.output(r, r); },
+               [&](int to, int from) { return p.output(to, from); });
 }
 
 MK_SCHEDULE("allreduce.two_shot", allreduce, allreduce_two_shot,

@@ -11,17 +11,10 @@ static void reducescatter_direct(Program& p) {
     p.copy(p.output(0, 0), p.input(0, 0));
     return;
   }
-  auto slot = [n](int from, int at) { return ((from - at - 1) % n + n) % n; };
-  for (int d = 1; d < n; ++d)
-    for (int r = 0; r < n; ++r) {
-      const int q = (r + d) % n;
-      p.copy(p.scratch(q, slot(r, q)), p.input(r, q));
-    }
-  for (int r = 0; r < n; ++r) {
-    std::vector<Chunk> srcs{p.input(r, r)};
-    for (int d = 1; d < n; ++d) srcs.push_back(p.scratch(r, slot((r + d) % n, r)));
-    p.reduce(p.output(r, 0), srcs);
-  }
+  // block `to` of rank `from` lands in `to`'s scratch, slot by distance
+  auto slot = [&](int from, int to) { return p.scratch(to, ((from - to - 1) % n + n) % n); };
+  p.reduce_scatter(p.all_ranks(), [&](int from, int to) { return p.input(from, to); },
+                   [&](int r) { return p.output(r, 0); }, slot, Program::Order::own_first);
 }
 
 MK_SCHEDULE("reducescatter.direct", reducescatter, reducescatter_direct,

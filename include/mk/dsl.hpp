@@ -34,6 +34,7 @@
 // Every call records its std::source_location; errors point at your line.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <source_location>
 #include <string>
@@ -158,6 +159,35 @@ class Program {
   void reduce(const Chunk& dst, const std::vector<Chunk>& srcs, Exec e = {}, Loc loc = Loc::current());
   // dst := op(dst, src)
   void accumulate(const Chunk& dst, const Chunk& src, Exec e = {}, Loc loc = Loc::current());
+
+  // ---- Phases over groups of ranks ----
+  // The steps two-shot and the hierarchical schedules are made of, so that a
+  // schedule composes them over any groups: all ranks, each node's
+  // (node_groups()), each rail's (rail_groups()). Groups have equal sizes.
+  // Ops come distance by distance across all groups (d = 1.., member i of
+  // every group sending to member i + d, modulo the size), as a hand-written
+  // loop over every rank emits them, and carry the caller's line.
+  using Groups = std::vector<std::vector<int>>;
+  using PairFn = std::function<Chunk(int from, int to)>;  // ranks
+  using RankFn = std::function<Chunk(int rank)>;
+  enum class Order { own_first, group };
+  // Reduce-scatter: each member pushes piece(from, to) into slot(from, to)
+  // (a chunk of `to`'s scratch) for every other member `to` of its group;
+  // then each member reduces into dst(rank) its own piece(rank, rank) and
+  // what it received: its own first, then by distance (own_first: the member
+  // after it first), or in group order, its own at its place (group). The
+  // order of a reduction's sources fixes its bits (docs/schedules.md).
+  // Groups of at least 2.
+  void reduce_scatter(const Groups& groups, const PairFn& piece, const RankFn& dst, const PairFn& slot, Order order,
+                      Loc loc = Loc::current());
+  // All-gather: each member copies src(rank) into dst(to, rank) of every
+  // other member `to` of its group (with `self`, first into its own
+  // dst(rank, rank) too, at distance 0).
+  void all_gather(const Groups& groups, const RankFn& src, const PairFn& dst, bool self = false,
+                  Loc loc = Loc::current());
+  Groups all_ranks() const;    // one group: 0..ranks()-1
+  Groups node_groups() const;  // each node's ranks, in local order
+  Groups rail_groups() const;  // for each local index, its rank on every node, in node order
 
   // The IR built so far (for the compiler).
   ir::Schedule& ir();

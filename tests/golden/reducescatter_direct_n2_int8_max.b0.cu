@@ -19,9 +19,9 @@ struct P0 {
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {
   do {
-    // %0 copy r0.in[1] -> r1.sc[0]  (reducescatter_direct.cpp:18)
+    // %0 copy r0.in[1] -> r1.sc[0]  (reducescatter_direct.cpp:16)
     if (!c.template copy_pass<0u, 1u>({mk::dev::data_ref(mk::dev::kRefIn, 1, true, 0, false)}, {mk::dev::scratch_ref(1, 0)}, mk::dev::pos_code(0, false), 0)) return;
-    // %2 reduce r0.in[0], r0.sc[0] -> r0.out[0] final  (reducescatter_direct.cpp:23)
+    // %2 reduce r0.in[0], r0.sc[0] -> r0.out[0] final  (reducescatter_direct.cpp:16)
     if (!c.template reduce_final_pass<2u, 0u>({mk::dev::data_ref(mk::dev::kRefIn, 0, true, 0, false), mk::dev::scratch_ref(0, 0)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, false)}, mk::dev::pos_code(0, false), 2)) return;
   } while (c.next());
 }

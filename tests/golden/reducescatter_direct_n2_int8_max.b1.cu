@@ -19,7 +19,7 @@ struct P1 {
 static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {
   do {
     if (!c.wait_all({{0, -2, 1, 0}})) return;
-    // %0 copy r0.in[1] -> r1.sc[0]  (reducescatter_direct.cpp:18)
+    // %0 copy r0.in[1] -> r1.sc[0]  (reducescatter_direct.cpp:16)
     if (!c.copy({mk::dev::data_ref(mk::dev::kRefIn, 1, true, 0, false)}, {mk::dev::scratch_ref(1, 0)}, mk::dev::pos_code(0, false), 0)) return;
     c.signal_all({{1, 1}});
   } while (c.next());
@@ -28,7 +28,7 @@ static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {
 static __device__ __forceinline__ void b1_c0_tb1(mk::dev::Ctx<P1>& c) {
   do {
     if (!c.wait_all({{1, 0, 1, 2}})) return;
-    // %2 reduce r0.in[0], r0.sc[0] -> r0.out[0] final  (reducescatter_direct.cpp:23)
+    // %2 reduce r0.in[0], r0.sc[0] -> r0.out[0] final  (reducescatter_direct.cpp:16)
     if (!c.reduce_final({mk::dev::data_ref(mk::dev::kRefIn, 0, true, 0, false), mk::dev::scratch_ref(0, 0)}, {mk::dev::data_ref(mk::dev::kRefOut, 0, false, 0, false)}, mk::dev::pos_code(0, false), 2)) return;
     c.signal_all({{1, 0}});
   } while (c.next());

@@ -438,3 +438,71 @@ TEST_CASE("dsl: the registry holds every built-in schedule once") {
   CHECK(dsl::find_schedule("") == nullptr);
   CHECK(dsl::find_schedule("allreduce") == nullptr);
 }
+
+// Phases over groups of ranks (Program::reduce_scatter, all_gather): the ops
+// a hand-written loop would emit, distance by distance, and each reduction's
+// sources in the order asked for.
+TEST_CASE("dsl: reduce_scatter and all_gather over groups emit the ops of the loops they replace") {
+  auto text = [](const Program& p) {
+    std::vector<std::string> out;
+    for (const auto& op : p.ir().ops) {
+      std::string s = ir::print_op(op);
+      out.push_back(s.substr(s.find(' ') + 1));  // without the id
+    }
+    return out;
+  };
+  auto piece = [](Program& p) { return [&p](int from, int to) { return p.input(from, to); }; };
+  auto slot = [](Program& p) { return [&p](int from, int to) { return p.scratch(to, from); }; };
+  {
+    Program p(Collective::reducescatter, 3);
+    p.reduce_scatter(p.all_ranks(), piece(p), [&](int r) { return p.output(r, 0); }, slot(p), Program::Order::own_first);
+    CHECK(text(p) == std::vector<std::string>{
+                         "copy r0.in[1] -> r1.sc[0]", "copy r1.in[2] -> r2.sc[1]", "copy r2.in[0] -> r0.sc[2]",
+                         "copy r0.in[2] -> r2.sc[0]", "copy r1.in[0] -> r0.sc[1]", "copy r2.in[1] -> r1.sc[2]",
+                         "reduce r0.in[0], r0.sc[1], r0.sc[2] -> r0.out[0]",
+                         "reduce r1.in[1], r1.sc[2], r1.sc[0] -> r1.out[0]",
+                         "reduce r2.in[2], r2.sc[0], r2.sc[1] -> r2.out[0]"});
+  }
+  {
+    Program p(Collective::reducescatter, 3);
+    p.reduce_scatter(p.all_ranks(), piece(p), [&](int r) { return p.output(r, 0); }, slot(p), Program::Order::group);
+    const auto t = text(p);
+    REQUIRE(t.size() == 9);
+    CHECK(t[7] == "reduce r1.sc[0], r1.in[1], r1.sc[2] -> r1.out[0]");  // members in group order, own at its place
+  }
+  {
+    // two groups of two (the nodes of 2x2): distance 1 in both, then the reductions
+    Program p(Collective::reducescatter, 4);
+    p.reduce_scatter({{0, 1}, {2, 3}}, piece(p), [&](int r) { return p.output(r, 0); }, slot(p),
+                     Program::Order::own_first);
+    CHECK(text(p) == std::vector<std::string>{"copy r0.in[1] -> r1.sc[0]", "copy r1.in[0] -> r0.sc[1]",
+                                              "copy r2.in[3] -> r3.sc[2]", "copy r3.in[2] -> r2.sc[3]",
+                                              "reduce r0.in[0], r0.sc[1] -> r0.out[0]",
+                                              "reduce r1.in[1], r1.sc[0] -> r1.out[0]",
+                                              "reduce r2.in[2], r2.sc[3] -> r2.out[0]",
+                                              "reduce r3.in[3], r3.sc[2] -> r3.out[0]"});
+  }
+  {
+    Program p(Collective::allgather, 3);
+    p.all_gather(p.all_ranks(), [&](int r) { return p.input(r, 0); }, [&](int to, int from) { return p.output(to, from); },
+                 /*self=*/true);
+    CHECK(text(p) == std::vector<std::string>{
+                         "copy r0.in[0] -> r0.out[0]", "copy r1.in[0] -> r1.out[1]", "copy r2.in[0] -> r2.out[2]",
+                         "copy r0.in[0] -> r1.out[0]", "copy r1.in[0] -> r2.out[1]", "copy r2.in[0] -> r0.out[2]",
+                         "copy r0.in[0] -> r2.out[0]", "copy r1.in[0] -> r0.out[1]", "copy r2.in[0] -> r1.out[2]"});
+  }
+  {
+    Program p(Collective::allgather, 8);
+    p.ir().topology = topology::parse("2x4", 8);
+    CHECK(p.node_groups() == Program::Groups{{0, 1, 2, 3}, {4, 5, 6, 7}});
+    CHECK(p.rail_groups() == Program::Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+    CHECK(p.all_ranks() == Program::Groups{{0, 1, 2, 3, 4, 5, 6, 7}});
+    auto src = [&](int r) { return p.input(r, 0); };
+    auto dst = [&](int to, int from) { return p.output(to, from); };
+    CHECK(mkt::error_id([&] { p.all_gather({{0, 1}, {2}}, src, dst); }) == ErrId::dsl_E004);     // unequal sizes
+    CHECK(mkt::error_id([&] { p.all_gather({{0, 8}}, src, dst); }) == ErrId::dsl_E001);          // no rank 8
+    CHECK(mkt::error_id([&] { p.all_gather({{1, 1}}, src, dst); }) == ErrId::dsl_E004);          // twice
+    CHECK(mkt::error_id([&] { p.reduce_scatter({{3}}, dst, src, dst, Program::Order::group); }) ==  // one member
+          ErrId::dsl_E004);
+  }
+}
