@@ -832,8 +832,15 @@ int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   mkConfig_t cfg = MK_CONFIG_INITIALIZER;
   cfg.spanNodes = MK_SPAN_NODES_BOOTSTRAP;
+  cfg.blocking = rank % 2 == 1 ? 0 : 1;  // odd ranks: nonblocking init, polled until done
   mkComm_t comm = nullptr;
-  CHILD_CHECK(mkCommInitRankConfig(&comm, nranks, id, rank, &cfg) == mkSuccess);
+  const mkResult_t made = mkCommInitRankConfig(&comm, nranks, id, rank, &cfg);
+  CHILD_CHECK(made == (rank % 2 == 1 ? mkInProgress : mkSuccess) || made == mkSuccess);
+  for (mkResult_t st = mkInProgress; st == mkInProgress;) {
+    CHILD_CHECK(mkCommGetAsyncError(comm, &st) == mkSuccess);
+    CHILD_CHECK(st == mkSuccess || st == mkInProgress);
+    if (st == mkInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   int nodes = 0, only = 0, n = 0;
   CHILD_CHECK(mkCommNodeCount(comm, &nodes) == mkSuccess && nodes == 2);
   CHILD_CHECK(mkCommIsBootstrapOnly(comm, &only) == mkSuccess && only == 1);
@@ -880,6 +887,7 @@ int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(mkt::counts().launches == launches + 1);
   CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
   CHILD_CHECK(mkCommDestroy(local) == mkSuccess);
+  CHILD_CHECK(mkCommFinalize(comm) == mkSuccess);  // nothing ran on it: nothing to wait for
   CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
   CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
