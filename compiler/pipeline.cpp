@@ -174,8 +174,10 @@ static Lowered lower_passes(ir::Schedule s, const LowerOptions& o, std::string_v
       // exactly those of `s`, proving the meaning again would repeat the same
       // symbolic run (seconds at 1024 ranks).
       if (!ir::same_data_ops(v, s)) verify::verify_semantics(v, o.orders ? &orders[b] : nullptr);
-      verify::verify_sync_budget(v, budget, verify::SymMode::automatic,
-                                 network ? verify::Presynced{} : verify::Presynced{&s, &needs});
+      if (network)
+        verify::verify_sync_network(v, budget);  // its model made of its own ops, then given back
+      else
+        verify::verify_sync_budget(v, budget, verify::SymMode::automatic, {&s, &needs});
     }
     if (one_pass) v = passes::mark_one_pass(std::move(v), out.buckets[b].max_bytes);
     release_free_memory(v);

@@ -19,7 +19,7 @@ trap 'rm -rf "$tmp"' EXIT
 one() {
   /usr/bin/time -f '%e %M' -o "$tmp/time" "$mkc" verify -s "$1" --topology "$2" >"$tmp/out" 2>&1
   if [ $? -ne 0 ]; then echo "error: $(grep -o 'mk\.[a-z]*\.E[0-9]*' "$tmp/out" | head -1)"; return; fi
-  tail -1 "$tmp/time" | awk '{ printf "%.2f s, %d MB", $1, $2 / 1024 }'
+  tail -1 "$tmp/time" | awk '{ printf "%.2f s, %d MiB", $1, $2 / 1024 }'
 }
 echo "| schedule | shape | ops (NxG) | NxG (puts) | NxG:direct |"
 echo "| --- | --- | ---: | --- | --- |"

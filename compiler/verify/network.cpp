@@ -33,7 +33,9 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <mutex>
 
+#include "compiler/verify/hb.hpp"
 #include "compiler/verify/verify.hpp"
 
 namespace mk::verify {
@@ -49,7 +51,9 @@ bool has_network_ops(const ir::Schedule& s) {
   return false;
 }
 
-ir::Schedule network_model(const ir::Schedule& s) {
+ir::Schedule network_model(const ir::Schedule& s) { return network_model(ir::Schedule(s), nullptr); }
+
+ir::Schedule network_model(ir::Schedule&& s, NetworkRestore* restore) {
   const topology::Topology t = ir::topology_of(s);
   const int32_t tbs = std::max<int32_t>(1, s.tbs);
   // The flush that completes each put: the next one on its thread block.
@@ -145,8 +149,22 @@ ir::Schedule network_model(const ir::Schedule& s) {
     o.slot = sl;
     o.iter = iter;
   };
+  if (restore) {
+    restore->first_new = next_id;
+    restore->scratch = s.scratch;
+    restore->slots = s.slots;
+    restore->tbs = s.tbs;
+    restore->topology = s.topology;
+    restore->ops.clear();
+  }
+  // An op the model replaces, kept for restore_from_model with the place its
+  // expansion starts at.
+  auto replaced = [&](size_t i, size_t at) {
+    if (restore) restore->ops.emplace_back(at, std::move(s.ops[i]));
+  };
   for (size_t i = 0; i < s.ops.size(); ++i) {
     const Op& op = s.ops[i];
+    const size_t at = m.ops.size();
     if (op.kind == OpKind::put) {
       const int32_t a = op.rank;
       const Conn c = conn(a, op.tb, op.dsts[0].rank);
@@ -172,10 +190,12 @@ ir::Schedule network_model(const ir::Schedule& s) {
       d.dsts = op.dsts;
       d.pos = op.pos;
       signal(a, c.deliver, a, freed, op.loc);
+      replaced(i, at);
       continue;
     }
     if (op.kind == OpKind::flush) {
       for (int32_t sl : reads_done[i]) wait(op.rank, op.tb, sl, 0, op.loc);
+      replaced(i, at);
       continue;
     }
     if (op.kind == OpKind::signal && op.peer != op.rank && t.link(op.rank, op.peer) == topology::Link::net) {
@@ -184,10 +204,12 @@ ir::Schedule network_model(const ir::Schedule& s) {
       signal(op.rank, op.tb, op.rank, issue, op.loc);
       wait(op.rank, c.deliver, issue, 0, op.loc);
       signal(op.rank, c.deliver, op.peer, op.slot, op.loc);
+      replaced(i, at);
       continue;
     }
-    m.ops.push_back(op);
+    m.ops.push_back(std::move(s.ops[i]));
   }
+  std::vector<Op>().swap(s.ops);
   for (int32_t n : next_slot) m.slots = std::max(m.slots, n);
   for (int32_t n : next_wire) m.scratch = std::max(m.scratch, n);
   for (int32_t n : next_tb) m.tbs = std::max(m.tbs, n);
@@ -197,6 +219,44 @@ ir::Schedule network_model(const ir::Schedule& s) {
   // rotation by a node and within one).
   if (m.topology) m.topology->direct = true;
   return m;
+}
+
+
+ir::Schedule restore_from_model(ir::Schedule&& m, NetworkRestore&& r) {
+  std::vector<Op> ops;
+  size_t n = r.ops.size();
+  for (const Op& op : m.ops) n += op.id < r.first_new;
+  ops.reserve(n);
+  size_t k = 0;
+  for (size_t i = 0; i < m.ops.size(); ++i) {
+    for (; k < r.ops.size() && r.ops[k].first == i; ++k) ops.push_back(std::move(r.ops[k].second));
+    if (m.ops[i].id < r.first_new) ops.push_back(std::move(m.ops[i]));
+  }
+  for (; k < r.ops.size(); ++k) ops.push_back(std::move(r.ops[k].second));
+  m.ops = std::move(ops);
+  m.scratch = r.scratch;
+  m.slots = r.slots;
+  m.tbs = r.tbs;
+  m.topology = std::move(r.topology);
+  return std::move(m);
+}
+
+void verify_sync_network(ir::Schedule& s, size_t clock_budget) {
+  verify_bounds(s);
+  verify_links(s);
+  // Large models one at a time (the buckets are proved side by side).
+  static std::mutex big;
+  std::unique_lock<std::mutex> one(big, std::defer_lock);
+  if (s.ops.size() > 100000) one.lock();
+  NetworkRestore r;
+  ir::Schedule m = network_model(std::move(s), &r);
+  try {
+    verify_sync_budget(m, clock_budget, SymMode::automatic, {});
+  } catch (...) {
+    s = restore_from_model(std::move(m), std::move(r));
+    throw;
+  }
+  s = restore_from_model(std::move(m), std::move(r));
 }
 
 }  // namespace mk::verify

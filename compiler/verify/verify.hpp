@@ -93,6 +93,21 @@ void verify_links(const ir::Schedule& s);
 // the executor runs in their place.
 bool has_network_ops(const ir::Schedule& s);
 ir::Schedule network_model(const ir::Schedule& s);
+// The same, made of `s`'s own ops (moved, not copied: at 1024 ranks a copy
+// was a third of the proof's peak memory); `restore` (when given) keeps what
+// restore_from_model needs to give the schedule back.
+struct NetworkRestore {
+  int32_t first_new = 0;  // ids from here on are the model's own ops
+  std::vector<std::pair<size_t, ir::Op>> ops;  // the ops it replaced, each with where its expansion starts
+  int32_t scratch = 0, slots = 0, tbs = 0;
+  std::optional<topology::Topology> topology;
+};
+ir::Schedule network_model(ir::Schedule&& s, NetworkRestore* restore);
+ir::Schedule restore_from_model(ir::Schedule&& model, NetworkRestore&& restore);
+// verify_sync of a schedule with network operations in place: its model is
+// built from its ops and proved, and the schedule is given back (also when
+// the proof throws).
+void verify_sync_network(ir::Schedule& s, size_t clock_budget);
 void verify_sync(const ir::Schedule& s);
 // All of the above that apply to the schedule's stage (verify_sync only once
 // synced).

@@ -241,6 +241,24 @@ TEST_CASE("network operations: built-ins prove and simulate on real shapes, ever
     }
 }
 
+// The pipeline proves a network schedule in a model made of its own ops and
+// then gives the schedule back: exactly as it was (also after a failed proof).
+TEST_CASE("network operations: a schedule proved in place comes back unchanged") {
+  for (const std::string name : {"allreduce.hier", "alltoall.direct"}) {
+    CAPTURE(name);
+    ir::Schedule v = lower_for(name, topology::parse("2x4", 8)).variants[0];
+    const std::string before = ir::to_json(v);
+    verify::verify_sync_network(v, size_t(64) << 20);
+    CHECK(ir::to_json(v) == before);
+    // broken (no flushes): refused, and still given back as it was
+    v.ops.erase(std::remove_if(v.ops.begin(), v.ops.end(), [](const ir::Op& op) { return op.kind == ir::OpKind::flush; }),
+                v.ops.end());
+    const std::string broken = ir::to_json(v);
+    CHECK(error_id([&] { verify::verify_sync_network(v, size_t(64) << 20); }) == ErrId::verify_E004);
+    CHECK(ir::to_json(v) == broken);
+  }
+}
+
 TEST_CASE("network operations: 8x8 hierarchical built-ins prove and simulate") {
   for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
     CAPTURE(name);
