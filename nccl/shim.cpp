@@ -22,6 +22,7 @@
 #include <atomic>
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -907,6 +908,15 @@ static ncclResult_t check_config(const ncclConfig_t* config, const char* api) {
   return ncclSuccess;
 }
 
+// What the caller's config says of blocking; nothing for NULL, a struct too
+// short to hold it, or NCCL_CONFIG_UNDEF_INT (another value is passed on as
+// it is: mKernel refuses one that is not 0 or 1).
+static std::optional<int> config_blocking(const ncclConfig_t* config) {
+  if (!config || config->size <= offsetof(ncclConfig_t, blocking) || config->blocking == NCCL_CONFIG_UNDEF_INT)
+    return std::nullopt;
+  return config->blocking;
+}
+
 // mKernel's copy of an NCCL config: the fields the two share (NCCL 2.28's,
 // up to nvlinkCentricSched), never more. Later NCCL versions append their own
 // fields where mkConfig_t has mKernel's (`schedules`): reading an NCCL 2.29
@@ -943,13 +953,13 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& 
   // whole (nccl_whole); the program never sees mKernel's refusal.
   local.spanNodes = MK_SPAN_NODES_BOOTSTRAP;
   const mkConfig_t* cfg = &local;
-  const bool deferred = t_depth > 0 && (!config || config->size <= offsetof(ncclConfig_t, blocking) ||
-                                        config->blocking == 1 || config->blocking == NCCL_CONFIG_UNDEF_INT);
+  const std::optional<int> blocking = config_blocking(config);
+  const bool deferred = t_depth > 0 && (!blocking || *blocking == 1);
   if (deferred) local.blocking = 0;
   const mkResult_t r = g_mk.CommInitRankConfig(&m, nranks, mid, rank, cfg);
   if (r != mkSuccess && r != mkInProgress) return fail(ncclResult_t(r), "%s: %s", api, g_mk.GetLastError(m));
   *comm = new_comm(m, fallback, nranks, rank);
-  (*comm)->nonblocking = config && config->size > offsetof(ncclConfig_t, blocking) && config->blocking == 0;
+  (*comm)->nonblocking = blocking == 0;
   debug("%s: rank %d of %d -> mKernel communicator %p%s", api, rank, nranks, static_cast<void*>(*comm),
         deferred ? " (completes at ncclGroupEnd)" : "");
   if (deferred) {
@@ -1025,10 +1035,8 @@ MK_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclC
   // Blocking as the caller asked (mKernel's parent may run nonblocking only
   // because it was made in a group): in a group, a blocking split completes
   // at ncclGroupEnd, as NCCL's does.
-  const bool nonblocking = config && config->size > offsetof(ncclConfig_t, blocking) &&
-                                   config->blocking != NCCL_CONFIG_UNDEF_INT
-                               ? config->blocking == 0
-                               : comm->nonblocking;
+  const std::optional<int> blocking = config_blocking(config);
+  const bool nonblocking = blocking ? *blocking == 0 : comm->nonblocking;
   local.blocking = nonblocking ? 0 : 1;
   const mkResult_t r = g_mk.CommSplit(comm->mk, color, key, &child, &local);
   if (r != mkSuccess && r != mkInProgress) return fail(ncclResult_t(r), "ncclCommSplit: %s", g_mk.GetLastError(comm->mk));

@@ -19,36 +19,13 @@
 #include <set>
 
 #include "compiler/passes/passes.hpp"
+#include "compiler/verify/hb.hpp"
 
 namespace mk::passes {
 
-using ir::Buf;
 using ir::Op;
 using ir::OpKind;
 using ir::Ref;
-
-namespace {
-
-// A user chunk and the chunk aliasing it in-place are one key; scratch its own.
-int64_t chunk_key(const ir::Schedule& s, int32_t rank, Buf b, int32_t index) {
-  const int64_t cin = ir::buf_chunks(s, Buf::input), cout = ir::buf_chunks(s, Buf::output);
-  const int64_t per = cin + cout + s.scratch;
-  int64_t off = 0;
-  if (b == Buf::input) {
-    if (auto o = ir::inplace_output_of_input(s, rank, index)) {
-      off = cin + *o;  // the output chunk it aliases
-    } else {
-      off = index;
-    }
-  } else if (b == Buf::output) {
-    off = cin + index;
-  } else {
-    off = cin + cout + index;
-  }
-  return int64_t(rank) * per + off;
-}
-
-}  // namespace
 
 ir::Schedule insert_flush(ir::Schedule s) {
   bool any = false;
@@ -56,7 +33,9 @@ ir::Schedule insert_flush(ir::Schedule s) {
   if (!any) return s;
   const topology::Topology t = ir::topology_of(s);
   struct Lane {
-    std::set<int64_t> sources;  // chunks unflushed puts read (both aliasings)
+    // chunks unflushed puts read, keyed in-place (an input chunk and the
+    // output chunk it aliases are one key): conflicts of both aliasings
+    std::set<verify::LocKey> sources;
     std::set<int32_t> peers;    // their destination ranks
     ir::Loc loc;                // the last unflushed put's
     bool open() const { return !peers.empty(); }
@@ -87,7 +66,7 @@ ir::Schedule insert_flush(ir::Schedule s) {
       if (op.is_data())
         for (const Ref& d : op.dsts)
           if (d.rank == op.rank)
-            for (int32_t k = 0; k < d.count && !need; ++k) need = l.sources.count(chunk_key(s, d.rank, d.buf, d.index + k));
+            for (int32_t k = 0; k < d.count && !need; ++k) need = l.sources.count(verify::loc_key(s, d.at(k), true));
       if (op.kind == OpKind::signal) {
         const bool far = op.peer != op.rank && t.link(op.rank, op.peer) == topology::Link::net;
         need = !far || l.peers.size() != 1 || *l.peers.begin() != op.peer;
@@ -96,7 +75,7 @@ ir::Schedule insert_flush(ir::Schedule s) {
     }
     if (op.kind == OpKind::put) {
       const Ref& src = op.srcs[0];
-      for (int32_t k = 0; k < src.count; ++k) l.sources.insert(chunk_key(s, src.rank, src.buf, src.index + k));
+      for (int32_t k = 0; k < src.count; ++k) l.sources.insert(verify::loc_key(s, src.at(k), true));
       l.peers.insert(op.dsts[0].rank);
       l.loc = op.loc;
     }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <queue>
 #include <set>
@@ -615,18 +614,15 @@ AccessNeeds remapped(const AccessNeeds& a, const std::vector<uint32_t>& at) {
 }  // namespace
 
 void verify_sync_budget(const Schedule& s, size_t clock_budget, SymMode mode, const Presynced& pre) {
-  verify_bounds(s);
-  verify_links(s);  // what crosses nodes (the network model below takes it as given)
   // Puts and flushes: proved in the network model (verify/network.cpp), whose
-  // data ops differ from the schedule's (no presynced needs then).
+  // data ops differ from the schedule's (no presynced needs then), on a copy
+  // (the pipeline, which owns its schedule, proves it in place).
   if (has_network_ops(s)) {
-    // Large models one at a time (the buckets are proved side by side): at
-    // 1024 ranks a model is twice its schedule, and two at once passed 2 GB.
-    static std::mutex big;
-    std::unique_lock<std::mutex> one(big, std::defer_lock);
-    if (s.ops.size() > 100000) one.lock();
-    return verify_sync_budget(network_model(s), clock_budget, mode, {});
+    ir::Schedule copy = s;
+    return verify_sync_network(copy, clock_budget, mode);
   }
+  verify_bounds(s);
+  verify_links(s);
   const bool ll = s.proto == ir::Proto::ll;
   const bool given = pre.before && pre.needs;
   const std::vector<uint32_t> at_synced = given ? presynced_index(s, pre) : std::vector<uint32_t>{};

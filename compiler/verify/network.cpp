@@ -90,29 +90,11 @@ ir::Schedule network_model(ir::Schedule&& s, NetworkRestore* restore) {
     else if (op.kind != OpKind::flush)
       nops += 1;
   }
-  ir::Schedule m;  // every field of `s` but its ops
-  m.name = s.name;
-  m.coll = s.coll;
-  m.nranks = s.nranks;
-  m.root = s.root;
-  m.chunks = s.chunks;
-  m.instances = s.instances;
-  m.scratch = s.scratch;
-  m.tbs = s.tbs;
-  m.slots = s.slots;
-  m.depth = s.depth;
-  m.proto = s.proto;
-  m.tile_bytes = s.tile_bytes;
-  m.staged = s.staged;
-  m.synced = s.synced;
-  m.zero_copy = s.zero_copy;
-  m.one_pass = s.one_pass;
-  m.lamport = s.lamport;
-  m.topology = s.topology;
-  m.loc = s.loc;
-  m.author_scratch = s.author_scratch;
-  m.ops.reserve(nops);
   int32_t next_id = s.next_id();
+  std::vector<Op> ops;  // the schedule's, moved into the model one by one
+  ops.swap(s.ops);
+  ir::Schedule m = s;  // every other field
+  m.ops.reserve(nops);
   std::vector<int32_t> next_slot(size_t(s.nranks), s.slots), next_wire(size_t(s.nranks), s.scratch),
       next_tb(size_t(s.nranks), tbs);
   struct Conn {
@@ -160,10 +142,10 @@ ir::Schedule network_model(ir::Schedule&& s, NetworkRestore* restore) {
   // An op the model replaces, kept for restore_from_model with the place its
   // expansion starts at.
   auto replaced = [&](size_t i, size_t at) {
-    if (restore) restore->ops.emplace_back(at, std::move(s.ops[i]));
+    if (restore) restore->ops.emplace_back(at, std::move(ops[i]));
   };
-  for (size_t i = 0; i < s.ops.size(); ++i) {
-    const Op& op = s.ops[i];
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
     const size_t at = m.ops.size();
     if (op.kind == OpKind::put) {
       const int32_t a = op.rank;
@@ -207,9 +189,9 @@ ir::Schedule network_model(ir::Schedule&& s, NetworkRestore* restore) {
       replaced(i, at);
       continue;
     }
-    m.ops.push_back(std::move(s.ops[i]));
+    m.ops.push_back(std::move(ops[i]));
   }
-  std::vector<Op>().swap(s.ops);
+  std::vector<Op>().swap(ops);
   for (int32_t n : next_slot) m.slots = std::max(m.slots, n);
   for (int32_t n : next_wire) m.scratch = std::max(m.scratch, n);
   for (int32_t n : next_tb) m.tbs = std::max(m.tbs, n);
@@ -241,17 +223,18 @@ ir::Schedule restore_from_model(ir::Schedule&& m, NetworkRestore&& r) {
   return std::move(m);
 }
 
-void verify_sync_network(ir::Schedule& s, size_t clock_budget) {
+void verify_sync_network(ir::Schedule& s, size_t clock_budget, SymMode mode) {
   verify_bounds(s);
-  verify_links(s);
-  // Large models one at a time (the buckets are proved side by side).
+  verify_links(s);  // what crosses nodes (the model takes it as given)
+  // Large models one at a time (the buckets are proved side by side): at
+  // 1024 ranks two at once passed 2 GB.
   static std::mutex big;
   std::unique_lock<std::mutex> one(big, std::defer_lock);
   if (s.ops.size() > 100000) one.lock();
   NetworkRestore r;
   ir::Schedule m = network_model(std::move(s), &r);
   try {
-    verify_sync_budget(m, clock_budget, SymMode::automatic, {});
+    verify_sync_budget(m, clock_budget, mode, {});
   } catch (...) {
     s = restore_from_model(std::move(m), std::move(r));
     throw;

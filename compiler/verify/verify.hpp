@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "compiler/ir/ir.hpp"
+#include "compiler/verify/symmetry.hpp"
 
 namespace mk::verify {
 
@@ -107,7 +108,8 @@ ir::Schedule restore_from_model(ir::Schedule&& model, NetworkRestore&& restore);
 // verify_sync of a schedule with network operations in place: its model is
 // built from its ops and proved, and the schedule is given back (also when
 // the proof throws).
-void verify_sync_network(ir::Schedule& s, size_t clock_budget);
+// `mode`: symmetry.hpp's SymMode (automatic by default).
+void verify_sync_network(ir::Schedule& s, size_t clock_budget, SymMode mode = SymMode::automatic);
 void verify_sync(const ir::Schedule& s);
 // All of the above that apply to the schedule's stage (verify_sync only once
 // synced).

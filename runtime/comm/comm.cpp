@@ -122,8 +122,9 @@ RankInfo local_info(const Comm& c) {
 // several nodes: no network transport yet) fails init on every rank, or,
 // with spanNodes = MK_SPAN_NODES_BOOTSTRAP, becomes bootstrap-only on every
 // rank: decided from `all`, which every rank has alike, never from a
-// rank-local fact.
-void check_peers(Comm& c, const std::vector<RankInfo>& all) {
+// rank-local fact. Returns the transport that reaches every peer (null when
+// bootstrap-only): one per communicator in this build.
+std::unique_ptr<Transport> check_peers(Comm& c, const std::vector<RankInfo>& all) {
   const RankInfo& me = all[size_t(c.rank)];
   c.colocated = 0;
   std::set<std::pair<std::string, std::string>> nodes;
@@ -138,9 +139,17 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
     if (same_node(p, me) && std::memcmp(p.uuid, me.uuid, 16) == 0) ++c.colocated;
   }
   c.nodes = int(nodes.size());
-  const auto transports = make_transports();
+  auto transports = make_transports();
   const Reach reach = choose_transports(transports, all, c.rank);
-  if (reach.a < 0) return;
+  if (reach.a < 0) {
+    const int t = reach.by_peer[0];
+    for (int r = 0; r < c.nranks; ++r)
+      if (reach.by_peer[size_t(r)] != t)
+        fail(mkInternalError, fmt::format("rank {} and rank 0 are reached by different transports; this build runs "
+                                          "one transport per communicator",
+                                          r));
+    return std::move(transports[size_t(t)]);
+  }
   const RankInfo& a = all[size_t(reach.a)];
   const RankInfo& b = all[size_t(reach.b)];
   const bool named = std::strncmp(a.boot_id, kHostIdBoot, sizeof a.boot_id) == 0 ||
@@ -151,7 +160,7 @@ void check_peers(Comm& c, const std::vector<RankInfo>& all) {
                           "('{:.64}') from rank {} ('{:.64}'{}): bootstrap-only communicator (spanNodes), no "
                           "collectives on mKernel",
                           c.rank, c.nranks, c.nodes, reach.b, b.host, reach.a, a.host, named ? ", MK_HOST_ID" : ""));
-    return;
+    return nullptr;
   }
   fail(mkInvalidUsage, fmt::format("the ranks sit on {} nodes: rank {} runs on host '{:.64}' and rank {} on "
                                    "'{:.64}'{}, which no transport of this build connects (p2p reaches one node); "
@@ -217,7 +226,7 @@ void agree_on_settings(Comm& c) {
 }
 
 void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shared) {
-  check_peers(c, all);
+  std::unique_ptr<Transport> transport = check_peers(c, all);
   if (c.bootstrap_only) {  // no transport: nothing runs on it but the bootstrap
     if (!shared) c.arena->release();  // its symmetric memory goes back now (nobody mapped it)
     return;
@@ -230,9 +239,7 @@ void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shar
     c.peer_base = shared->peer_base;
     return;
   }
-  // Every peer is reached by p2p (check_peers refused, or made bootstrap-only,
-  // a communicator with a peer no transport reaches; p2p is the only one).
-  c.transport = make_p2p_transport();
+  c.transport = std::move(transport);  // reaches every peer (check_peers)
   TransportSetup s;
   s.rank = c.rank;
   s.nranks = c.nranks;

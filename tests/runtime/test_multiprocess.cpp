@@ -78,6 +78,14 @@ int use_gpu(int rank) {
   return 0;
 }
 
+// Every live count of the fake driver back where `before` had it; says what
+// leaked otherwise.
+bool leak_free(const mkfake_counts& before) {
+  const std::string leaked = mkt::leaks(before, mkt::counts());
+  if (!leaked.empty()) std::fprintf(stderr, "rank %d leaked: %s\n", g_rank, leaked.c_str());
+  return leaked.empty();
+}
+
 // A rank's context (GPU `rank`), a stream and its communicator; nonzero on failure.
 int open_rank(int rank, int nranks, const mkUniqueId& id, CUstream* stream, mkComm_t* comm) {
   if (use_gpu(rank)) return 1;
@@ -171,9 +179,7 @@ int run_rank(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(cu().cuMemFree(reg) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuDevicePrimaryCtxRelease(rank) == CUDA_SUCCESS);
-  const std::string leaked = mkt::leaks(before, mkt::counts());
-  if (!leaked.empty()) std::fprintf(stderr, "rank %d leaked: %s\n", rank, leaked.c_str());
-  CHILD_CHECK(leaked.empty());
+  CHILD_CHECK(leak_free(before));
   return 0;
 }
 
@@ -892,9 +898,7 @@ int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuStreamDestroy(stream) == CUDA_SUCCESS);
   CHILD_CHECK(cu().cuDevicePrimaryCtxRelease(rank) == CUDA_SUCCESS);
-  const std::string leaked = mkt::leaks(before, mkt::counts());
-  if (!leaked.empty()) std::fprintf(stderr, "rank %d leaked: %s\n", rank, leaked.c_str());
-  CHILD_CHECK(leaked.empty());
+  CHILD_CHECK(leak_free(before));
   return 0;
 }
 
