@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "mk/error.hpp"
@@ -159,7 +160,7 @@ Topology from_json(const nlohmann::json& j, int32_t nranks, const BadField& bad)
   Topology t;
   t.nodes = count("nodes");
   t.gpus_per_node = count("gpus_per_node");
-  if (int64_t(t.nodes) * t.gpus_per_node != nranks)
+  if (nranks != 0 && int64_t(t.nodes) * t.gpus_per_node != nranks)
     bad("", fmt::format("{} nodes of {} GPUs is {} ranks but the schedule has {}", t.nodes, t.gpus_per_node,
                         int64_t(t.nodes) * t.gpus_per_node, nranks));
   if (auto it = j.find("intra"); it != j.end()) {
@@ -180,6 +181,40 @@ Topology from_json(const nlohmann::json& j, int32_t nranks, const BadField& bad)
     }
   }
   return normalised(t);
+}
+
+Topology read_file(const std::string& path, int32_t nranks) {
+  constexpr std::streamsize kMax = 1 << 20;
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrId::cli_E011, "topology file '" + path + "' cannot be read", {}, "`mkc topo -o FILE` writes one");
+  std::string text(size_t(kMax) + 1, '\0');
+  f.read(text.data(), kMax + 1);
+  if (f.gcount() > kMax) throw Error(ErrId::cli_E011, "topology file '" + path + "' is larger than 1 MiB");
+  text.resize(size_t(f.gcount()));
+  auto bad = [&](const std::string& where, const std::string& what) -> void {
+    throw Error(ErrId::cli_E011, fmt::format("topology file '{}': {}: {}", path, where, what), {},
+                "`mkc topo -o FILE` writes one: {\"mkernel_topology\": 1, \"topology\": {\"nodes\": N, "
+                "\"gpus_per_node\": G, \"intra\": \"nvlink\"}}");
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text, [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > 16) throw std::runtime_error("nested more than 16 levels deep");
+      return true;
+    });
+  } catch (const std::exception& e) {
+    bad("$", std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad("$", "expected an object");
+  if (auto v = j.find("mkernel_topology"); v == j.end() || *v != 1) bad("$.mkernel_topology", "expected 1 (the format's version)");
+  auto t = j.find("topology");
+  if (t == j.end()) bad("$.topology", "missing");
+  Topology out = from_json(*t, 0, [&](const std::string& where, const std::string& what) { bad("$.topology" + where, what); });
+  if (nranks != 0 && out.nranks() != nranks)
+    throw Error(ErrId::cli_E004,
+                fmt::format("topology file '{}' describes {} ranks ({}), not {}", path, out.nranks(), out.name(), nranks),
+                {}, "leave --ranks out: the file says how many");
+  return out;
 }
 
 }  // namespace mk::topology

@@ -88,6 +88,13 @@ Topology parse(const std::string& text, int32_t nranks);
 // the value itself, ".nodes", ...).
 nlohmann::json to_json(const Topology& t);
 using BadField = std::function<void(const std::string& path, const std::string& message)>;
+// nranks 0: any count.
 Topology from_json(const nlohmann::json& j, int32_t nranks, const BadField& bad);
+
+// A topology file (`mkc topo` writes one; `mkc --topology-file` reads it):
+// {"mkernel_topology": 1, "topology": <to_json's form>, ...what mkc topo saw}.
+// Hostile input: a clear mk.cli.E011 naming the file and the JSON path;
+// mk.cli.E004 when `nranks` (0: any) differs from the file's.
+Topology read_file(const std::string& path, int32_t nranks);
 
 }  // namespace mk::topology

@@ -278,7 +278,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
     bool ce_sync = false;
     for (int ci = 0; ci < kNumCollectives; ++ci) {
       const Collective coll = Collective(ci);
-      for (const Choice& s : schedules_for(coll, c->nranks))
+      for (const Choice& s : schedules_for(coll, c->topo))
         for (DType dt : dts)
           for (RedOp op : rops) {
             if (!collective_reduces(coll) && op != rops.front()) continue;  // one plan serves every op
@@ -293,7 +293,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
           }
       // Copy-engine schedules compile no plan, but their kernels (the sync
       // kernel, and the reduce kernel per dtype and op) go into the cache.
-      if (schedules_for(coll, c->nranks, true).empty()) continue;
+      if (schedules_for(coll, c->topo, true).empty()) continue;
       ce_sync = true;
       if (collective_reduces(coll))
         for (DType dt : dts)
@@ -322,7 +322,7 @@ mkResult_t mkCommPrewarm(mkComm_t comm, const mkDataType_t* dtypes, int ndtypes,
           }
           return;
         }
-        get_plan(j.choice.schedule, j.coll, c->nranks, j.dtype, j.op, c->arch, false, max_grid, c->rank, j.choice.tune);
+        get_plan(j.choice.schedule, j.coll, c->topo, j.dtype, j.op, c->arch, false, max_grid, c->rank, j.choice.tune);
       } catch (const ScheduleRefused&) {
         // a schedule PreMulSum calls do not use: they take the built-in table's (prewarmed with it)
       } catch (const RtError& e) {

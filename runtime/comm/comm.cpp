@@ -111,6 +111,7 @@ RankInfo local_info(const Comm& c) {
   CUuuid uuid{};
   cu().cuDeviceGetUuid(&uuid, c.cudev);
   std::memcpy(me.uuid, uuid.bytes, 16);
+  fill_machine_info(me, c.cudev);
   me.arena_base = c.arena->base();
   me.arena_size = c.arena->size();
   return me;
@@ -127,18 +128,17 @@ RankInfo local_info(const Comm& c) {
 std::unique_ptr<Transport> check_peers(Comm& c, const std::vector<RankInfo>& all) {
   const RankInfo& me = all[size_t(c.rank)];
   c.colocated = 0;
-  std::set<std::pair<std::string, std::string>> nodes;
+  c.machine = machine_of(all);
+  c.nodes = c.machine.nodes;
+  if (debug_enabled() && c.rank == 0) debug_log(fmt::format("rank {}/{}: {}", c.rank, c.nranks, c.machine.describe()));
   for (int r = 0; r < c.nranks; ++r) {
     const RankInfo& p = all[size_t(r)];
-    nodes.emplace(std::string(p.host, strnlen(p.host, sizeof p.host)),
-                  std::string(p.boot_id, strnlen(p.boot_id, sizeof p.boot_id)));
     if (p.arena_size != me.arena_size)
       fail(mkInvalidUsage, fmt::format("ranks disagree on the symmetric memory size ({} vs {} bytes): set "
                                        "MK_SCRATCH_BYTES and MK_FLAG_BYTES alike on every rank",
                                        me.arena_size, p.arena_size));
     if (same_node(p, me) && std::memcmp(p.uuid, me.uuid, 16) == 0) ++c.colocated;
   }
-  c.nodes = int(nodes.size());
   auto transports = make_transports();
   const Reach reach = choose_transports(transports, all, c.rank);
   if (reach.a < 0) {
@@ -148,6 +148,7 @@ std::unique_ptr<Transport> check_peers(Comm& c, const std::vector<RankInfo>& all
         fail(mkInternalError, fmt::format("rank {} and rank 0 are reached by different transports; this build runs "
                                           "one transport per communicator",
                                           r));
+    c.topo = c.machine.topology();
     return std::move(transports[size_t(t)]);
   }
   const RankInfo& a = all[size_t(reach.a)];
@@ -684,7 +685,9 @@ int32_t Comm::grid_cap() const {
 
 PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int64_t bytes, bool zc, int64_t* lo,
                                     int64_t* hi, const std::string& fusion, const std::string& schedule) {
-  Choice choice = schedule.empty() ? choose_schedule(coll, nranks, bytes, zc) : Choice{schedule, 0, -1, ""};
+  if (topo.nranks() != nranks)
+    fail(mkInternalError, fmt::format("the communicator's topology {} does not have its {} ranks", topo.name(), nranks));
+  Choice choice = schedule.empty() ? choose_schedule(coll, topo, bytes, zc) : Choice{schedule, 0, -1, ""};
   const dsl::ScheduleInfo* info = dsl::find_schedule(choice.schedule);
   const int32_t max_grid = grid_cap();
   std::shared_ptr<const plan::Plan> plan;
@@ -701,7 +704,7 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
     // rank.
     const char* what = fusion.empty() ? "PreMulSum" : "fused";
     auto builtin = [&](const std::string& why) {
-      const SelectEntry* e = lookup(builtin_select(), coll, nranks, bytes, false);
+      const SelectEntry* e = lookup(builtin_select(), coll, topo, bytes, false);
       Choice next = e ? Choice{e->schedule, e->min_bytes, e->max_bytes, e->tune}
                       : Choice{coll == Collective::reduce ? "reduce.direct" : std::string(name(coll)) + ".ring", 0,
                                -1, ""};
@@ -721,15 +724,15 @@ PlanInstance& Comm::create_instance(Collective coll, DType dtype, RedOp op, int6
     else if (auto it = refused.find(refused_key); it != refused.end())
       builtin(it->second);  // refused before: not lowered again
     try {
-      plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune, fusion);
+      plan = get_plan(choice.schedule, coll, topo, dtype, op, arch, zc, max_grid, rank, choice.tune, fusion);
     } catch (const ScheduleRefused& e) {
       refused.emplace(refused_key, e.what());
       builtin(e.what());
-      plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune, fusion);
+      plan = get_plan(choice.schedule, coll, topo, dtype, op, arch, zc, max_grid, rank, choice.tune, fusion);
     }
   } else {
     if (info && info->copy_engine) return create_ce_instance(coll, dtype, op, choice, lo, hi);
-    plan = get_plan(choice.schedule, coll, nranks, dtype, op, arch, zc, max_grid, rank, choice.tune);
+    plan = get_plan(choice.schedule, coll, topo, dtype, op, arch, zc, max_grid, rank, choice.tune);
   }
   if (closing.load()) fail(mkInvalidUsage, "the communicator was destroyed or aborted while its plan was compiled");
   const plan::Kernel* k = plan::select(*plan, bytes);

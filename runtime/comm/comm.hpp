@@ -33,6 +33,7 @@
 #include "mk/types.hpp"
 #include "runtime/bootstrap/bootstrap.hpp"
 #include "runtime/memory/memory.hpp"
+#include "runtime/topology/machine.hpp"
 #include "runtime/transport/transport.hpp"
 #include "templates/abi.cuh"
 
@@ -237,6 +238,11 @@ class Comm {
   int sms = 0;
   int colocated = 1;  // ranks of this communicator on this GPU (they must all fit at once)
   int nodes = 1;      // nodes its ranks sit on (host name + boot id, or MK_HOST_ID): the same on every rank
+  // Where every rank sits (runtime/topology/machine.hpp), the same on every
+  // rank, and what plans are compiled for (its topology(); set unless
+  // bootstrap-only).
+  Machine machine;
+  topology::Topology topo;
   // Spans nodes and was made with spanNodes = MK_SPAN_NODES_BOOTSTRAP: a
   // bootstrap and nothing else (no transport, no plans; check_serves).
   bool bootstrap_only = false;
@@ -457,7 +463,11 @@ struct Choice {
 };
 // `zero_copy`: every buffer of the call is registered (peers' buffers are
 // read and written in place).
-Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_copy = false);
+// `topo`: the communicator's machine (Comm::topo); `nranks`: one NVLink node.
+Choice choose_schedule(Collective coll, const topology::Topology& topo, int64_t bytes, bool zero_copy = false);
+inline Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_copy = false) {
+  return choose_schedule(coll, topology::single(nranks), bytes, zero_copy);
+}
 
 // Marks the calling thread as inside a compile for `c` (a fusion check, a
 // plan): mkCommAbort does not wait for it (Comm::compiling).
@@ -475,10 +485,21 @@ struct CompileScope {
 // only that rank's class; a process with several ranks gets one plan per
 // class); -1: a plan for every rank.
 // `tune`: the selection entry's knobs (Choice::tune), applied after MK_TUNE.
-std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch, bool zero_copy, int32_t max_grid = 0,
-                                           int32_t rank = -1, const std::string& tune = "",
-                                           const std::string& fusion = "");
+// `topo`: what the plan is lowered for (the communicator's machine); a plan
+// for one NVLink node of its rank count is built as before topologies were
+// known (the same code, key and shipped plans); any other topology is part
+// of the schedule, so of the plan's cache key and its plan.json. `nranks`:
+// one NVLink node.
+std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll,
+                                           const topology::Topology& topo, DType dtype, RedOp op, int arch,
+                                           bool zero_copy, int32_t max_grid = 0, int32_t rank = -1,
+                                           const std::string& tune = "", const std::string& fusion = "");
+inline std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks,
+                                                  DType dtype, RedOp op, int arch, bool zero_copy,
+                                                  int32_t max_grid = 0, int32_t rank = -1,
+                                                  const std::string& tune = "", const std::string& fusion = "") {
+  return get_plan(schedule, coll, topology::single(nranks), dtype, op, arch, zero_copy, max_grid, rank, tune, fusion);
+}
 
 // Compiles get_plan has started in this process and the most that ran at
 // once (ranks of one process whose plans differ compile together); `reset`
@@ -506,6 +527,9 @@ compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, in
 // Every (schedule, knobs) choose_schedule may pick for `coll` at `nranks`
 // for unregistered buffers, over all sizes: the compiled ones, or (with
 // `copy_engine`) the copy-engine ones, which compile no plan.
-std::vector<Choice> schedules_for(Collective coll, int nranks, bool copy_engine = false);
+std::vector<Choice> schedules_for(Collective coll, const topology::Topology& topo, bool copy_engine = false);
+inline std::vector<Choice> schedules_for(Collective coll, int nranks, bool copy_engine = false) {
+  return schedules_for(coll, topology::single(nranks), copy_engine);
+}
 
 }  // namespace mk::rt

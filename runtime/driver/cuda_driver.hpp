@@ -21,6 +21,8 @@ namespace mk::rt {
   X(cuDeviceGetName)                   \
   X(cuDeviceGetUuid)                   \
   X(cuDeviceCanAccessPeer)             \
+  X(cuDeviceGetP2PAttribute)           \
+  X(cuDeviceGetPCIBusId)               \
   X(cuDevicePrimaryCtxRetain)          \
   X(cuDevicePrimaryCtxRelease)         \
   X(cuCtxSetCurrent)                   \

@@ -67,11 +67,11 @@ bool zero_copy_enabled() {
 // bench/results/2026-11-30-h200x2-bf16-registered.md); MK_ZERO_COPY_MIN_BYTES,
 // when set, decides instead (the larger buffer's bytes, as in the benchmark).
 // Every rank computes the same choice.
-bool zero_copy_pays(Collective coll, int nranks, int64_t bytes, int64_t larger_buffer) {
+bool zero_copy_pays(Collective coll, const topology::Topology& topo, int64_t bytes, int64_t larger_buffer) {
   static const bool forced = env::raw("MK_ZERO_COPY_MIN_BYTES").has_value();
   static const int64_t min_bytes = env::zero_copy_min_bytes();
   if (forced) return larger_buffer >= min_bytes;
-  return lookup(registered_table(coll, nranks), coll, nranks, bytes, true) != nullptr;
+  return lookup(registered_table(coll, topo), coll, topo, bytes, true) != nullptr;
 }
 
 // MK_PDL=0: plain launches even for kernels that allow programmatic
@@ -413,7 +413,7 @@ void check_locked(Pending& p) {
     if (p.need_recv)
       all &= (z.out_window = check_registered(*c, k.recv, p.out_bytes, "recvbuff", api, &z.out_offset)) >= 0;
     if (all && zero_copy_enabled() &&
-        zero_copy_pays(k.coll, c->nranks, p.bytes, int64_t(std::max(p.in_bytes, p.out_bytes)))) {
+        zero_copy_pays(k.coll, c->topo, p.bytes, int64_t(std::max(p.in_bytes, p.out_bytes)))) {
       z.in_bytes = int64_t(p.in_bytes);
       z.out_bytes = int64_t(p.out_bytes);
       z.call_sig = uint64_t(k.coll) | uint64_t(p.dt) << 8 | uint64_t(p.op) << 16 |

@@ -4,6 +4,8 @@
 // plans and is part of their key.
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <condition_variable>
 #include <iterator>
@@ -226,7 +228,7 @@ compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, in
   return o;
 }
 
-std::vector<Choice> schedules_for(Collective coll, int nranks, bool copy_engine) {
+std::vector<Choice> schedules_for(Collective coll, const topology::Topology& topo, bool copy_engine) {
   // every size range choose_schedule distinguishes: where each table entry
   // starts and ends (an entry may sit inside a later, wider one), and powers
   // of two up to 2^44 (the cost model's ranges)
@@ -234,13 +236,13 @@ std::vector<Choice> schedules_for(Collective coll, int nranks, bool copy_engine)
   for (int64_t b = 1024; b <= (int64_t(1) << 44); b *= 2) at.insert(b);
   for (const SelectTable* t : {&file_select(), &builtin_select()})
     for (const SelectEntry& e : t->entries)
-      if (e.coll == coll && !e.registered && nranks >= e.min_ranks && nranks <= e.max_ranks) {
+      if (e.coll == coll && !e.registered && e.fits(topo)) {
         at.insert(e.min_bytes);
         if (e.max_bytes >= 0) at.insert(e.max_bytes + 1);
       }
   std::vector<Choice> out;
   for (int64_t bytes : at) {
-    const Choice c = choose_schedule(coll, nranks, bytes);
+    const Choice c = choose_schedule(coll, topo, bytes);
     const dsl::ScheduleInfo* info = dsl::find_schedule(c.schedule);
     if ((info && info->copy_engine) != copy_engine) continue;
     if (std::none_of(out.begin(), out.end(), [&](const Choice& x) { return x.schedule == c.schedule && x.tune == c.tune; }))
@@ -249,12 +251,16 @@ std::vector<Choice> schedules_for(Collective coll, int nranks, bool copy_engine)
   return out;
 }
 
-std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll, int nranks, DType dtype,
-                                           RedOp op, int arch, bool zero_copy, int32_t max_grid, int32_t rank,
-                                           const std::string& tune, const std::string& fusion) {
+std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll,
+                                           const topology::Topology& topo, DType dtype, RedOp op, int arch,
+                                           bool zero_copy, int32_t max_grid, int32_t rank, const std::string& tune,
+                                           const std::string& fusion) {
+  const int nranks = topo.nranks();
+  const bool plain = topo == topology::single(nranks);  // one NVLink node: built without a topology, as always
   compiler::CompileOptions o = plan_options(coll, dtype, op, arch, zero_copy, max_grid, -1, tune, fusion);
   const std::string fusion_id = compiler::fusion_identity(fusion);  // what a matching plan.json holds
-  const std::string key = fmt::format("{}|{}|{}", schedule, nranks, compiler::options_json(o));
+  const std::string key = fmt::format("{}|{}|{}", schedule, plain ? std::to_string(nranks) : topology::to_json(topo).dump(),
+                                      compiler::options_json(o));
   o.rank = rank;
   // A collective that only moves data: its size's plan (kernel_dtype), or,
   // from MK_PLAN_DIR, one compiled for the call's own type.
@@ -284,6 +290,13 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
           p->fusion != fusion_id || p->fusion_check != o.fusion_check)
         continue;
       if (p->zero_copy && !zero_copy) continue;
+      if (p->nranks == nranks && p->arch == arch && p->topology.value_or(topology::single(nranks)) != topo)
+        fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} ({} {}) compiled for topology {}, but this "
+                                         "communicator's machine is {}; recompile it with `mkc compile --topology {}` "
+                                         "(or --topology-file from `mkc topo`)",
+                                         p->schedule, name(p->dtype), name(p->op),
+                                         p->topology.value_or(topology::single(nranks)).name(), topo.name(),
+                                         topo.name()));
       if (p->nranks != nranks || p->arch != arch)
         fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} ({} {}) compiled for {} ranks on sm_{}, but this "
                                          "communicator has {} ranks on sm_{}; recompile it with `mkc compile --ranks "
@@ -357,7 +370,8 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     compiler::CompileStats st;
     std::exception_ptr error;
     try {
-      p = std::make_shared<const plan::Plan>(compiler::compile_plan(dsl::build(*info, nranks, 0), o, &st, on_serves));
+      p = std::make_shared<const plan::Plan>(compiler::compile_plan(
+          plain ? dsl::build(*info, nranks, 0) : dsl::build(*info, topo, 0), o, &st, on_serves));
     } catch (const Error& e) {
       const std::string why = std::string("compiling plan ") + schedule + ": " + e.what();
       error = e.id() == ErrId::verify_E018 || e.id() == ErrId::verify_E019 ? std::make_exception_ptr(ScheduleRefused(why))
@@ -377,10 +391,10 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
     compiled().notify_all();
     if (error) std::rethrow_exception(error);
     if (gen != generation()) continue;  // MK_PLAN_DIR changed meanwhile: look there first
-    debug_log(fmt::format("{} plan {}{} for {} ranks (serving ranks {}), {} {}, sm_{}",
+    debug_log(fmt::format("{} plan {}{} for {} ranks ({}; serving ranks {}), {} {}, sm_{}",
                           st.from_cache ? "loaded (shipped or cached)" : "compiled", schedule,
-                          p->zero_copy ? " (zero-copy)" : "", nranks, plan::served_ranks(*p), name(dtype), name(op),
-                          arch));
+                          p->zero_copy ? " (zero-copy)" : "", nranks, topo.name(), plan::served_ranks(*p), name(dtype),
+                          name(op), arch));
     cache()[key].push_back(p);
     return p;
   }

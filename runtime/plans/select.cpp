@@ -1,9 +1,10 @@
 // Which schedule serves a call: MK_ALGO overrides per collective
 // ("allreduce=allreduce.ring,allgather=allgather.ring", runtime/comm/env.hpp);
 // else the selection tables (runtime/plans/select.hpp: MK_SELECT_FILE's entries,
-// then the built-in ones); above 8 ranks, where no entry matches, the cost
-// model (compiler/cost estimate_us) picks among the built-in schedules of
-// the collective.
+// then the built-in ones, keyed by rank count and machine); above 8 ranks or
+// across nodes, where no entry matches, the cost model (compiler/cost
+// estimate_us) picks among the built-in schedules of the collective that
+// lower for the machine's topology.
 #include "runtime/plans/select.hpp"
 
 #include <fmt/format.h>
@@ -37,13 +38,16 @@ const std::map<Collective, std::string>& overrides() {
   return m;
 }
 
-// The built-in schedules of `coll`, lowered for `nranks` ranks on one node,
-// once per process (those that do not lower at this rank count are left out).
-const std::vector<std::pair<std::string, compiler::Lowered>>& candidates(Collective coll, int nranks) {
+// The built-in schedules of `coll`, lowered for `topo`, once per process
+// (those that do not lower for it are left out).
+const std::vector<std::pair<std::string, compiler::Lowered>>& candidates(Collective coll,
+                                                                         const topology::Topology& topo) {
   static std::mutex mu;
-  static std::map<std::pair<int, int>, std::vector<std::pair<std::string, compiler::Lowered>>> cache;
+  static std::map<std::pair<int, std::string>, std::vector<std::pair<std::string, compiler::Lowered>>> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = cache.try_emplace({int(coll), nranks});
+  const int nranks = topo.nranks();
+  const bool plain = topo == topology::single(nranks);
+  auto [it, fresh] = cache.try_emplace({int(coll), topology::to_json(topo).dump()});
   if (!fresh) return it->second;
   compiler::LowerOptions o;
   env::apply_tune(&o.proto);
@@ -53,7 +57,8 @@ const std::vector<std::pair<std::string, compiler::Lowered>>& candidates(Collect
     // between ranks' processes; users select theirs (MK_ALGO, MK_SELECT_FILE).
     if (sources::is_user_schedule(info.name)) continue;
     try {
-      it->second.emplace_back(info.name, compiler::lower(dsl::build(info, nranks, 0), o));
+      it->second.emplace_back(info.name,
+                              compiler::lower(plain ? dsl::build(info, nranks, 0) : dsl::build(info, topo, 0), o));
     } catch (const Error&) {
       // e.g. a schedule for other rank counts
     }
@@ -63,16 +68,15 @@ const std::vector<std::pair<std::string, compiler::Lowered>>& candidates(Collect
 
 // Sizes are judged per power-of-two range [2^k, 2^(k+1)) (below 1 KiB: one
 // range), at its upper end; the same on every rank.
-Choice estimated(Collective coll, int nranks, int64_t bytes) {
+Choice estimated(Collective coll, const topology::Topology& topo, int64_t bytes) {
   int64_t lo = 0, hi = 1023;
   if (bytes >= 1024) {
     lo = 1024;
     while (lo <= bytes / 2) lo *= 2;
     hi = lo * 2 - 1;
   }
-  const auto& all = candidates(coll, nranks);
-  if (all.empty()) fail(mkInternalError, fmt::format("no built-in {} schedule lowers for {} ranks", name(coll), nranks));
-  const topology::Topology topo = topology::parse("", nranks);
+  const auto& all = candidates(coll, topo);
+  if (all.empty()) fail(mkInternalError, fmt::format("no built-in {} schedule lowers for {}", name(coll), topo.name()));
   const std::string* best = nullptr;
   double best_us = 0;
   for (const auto& [schedule, lowered] : all) {
@@ -84,20 +88,21 @@ Choice estimated(Collective coll, int nranks, int64_t bytes) {
 
 }  // namespace
 
-Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_copy) {
+Choice choose_schedule(Collective coll, const topology::Topology& topo, int64_t bytes, bool zero_copy) {
+  const int nranks = topo.nranks();
   const auto& o = overrides();
   if (auto it = o.find(coll); it != o.end()) {
     return {it->second, 0, -1, ""};
   }
   if (zero_copy) {
-    const SelectTable& t = registered_table(coll, nranks);
-    if (const SelectEntry* e = lookup(t, coll, nranks, bytes, true)) return {e->schedule, e->min_bytes, e->max_bytes, e->tune};
+    const SelectTable& t = registered_table(coll, topo);
+    if (const SelectEntry* e = lookup(t, coll, topo, bytes, true)) return {e->schedule, e->min_bytes, e->max_bytes, e->tune};
     // Zero-copy forced outside the registered entries' sizes
     // (MK_ZERO_COPY_MIN_BYTES): the nearest entry's schedule, over the gap.
     const SelectEntry* near = nullptr;
     int64_t lo = 0, hi = -1;
     for (const SelectEntry& x : t.entries) {
-      if (x.coll != coll || !x.registered || nranks < x.min_ranks || nranks > x.max_ranks) continue;
+      if (x.coll != coll || !x.registered || !x.fits(topo)) continue;
       if (x.min_bytes > bytes) {
         if (hi < 0 || x.min_bytes - 1 < hi) hi = x.min_bytes - 1, near = &x;
       } else if (x.max_bytes >= 0 && x.max_bytes < bytes) {
@@ -108,11 +113,11 @@ Choice choose_schedule(Collective coll, int nranks, int64_t bytes, bool zero_cop
     if (near) return {near->schedule, lo, hi, near->tune};
   }
   for (const SelectTable* t : {&file_select(), &builtin_select()})
-    if (const SelectEntry* e = lookup(*t, coll, nranks, bytes, false))
+    if (const SelectEntry* e = lookup(*t, coll, topo, bytes, false))
       return {e->schedule, e->min_bytes, e->max_bytes, e->tune};
-  if (nranks > 8) return estimated(coll, nranks, bytes);
-  fail(mkInternalError, fmt::format("no schedule for {} at {} ranks and {} bytes in the selection tables", name(coll),
-                                    nranks, bytes));
+  if (nranks > 8 || topo.nodes > 1) return estimated(coll, topo, bytes);
+  fail(mkInternalError, fmt::format("no schedule for {} at {} ranks ({}) and {} bytes in the selection tables",
+                                    name(coll), nranks, topo.name(), bytes));
 }
 
 // ---- selection tables ----------------------------------------------------------
@@ -199,7 +204,8 @@ SelectTable parse_select(const std::string& text, const std::string& where) {
     if (!x.is_object()) bad_select(where, path, "expected an object");
     for (const auto& [k, v] : x.items())
       if (k != "collective" && k != "min_ranks" && k != "max_ranks" && k != "min_bytes" && k != "max_bytes" &&
-          k != "schedule" && k != "tune" && k != "registered" && k != "measured_us")
+          k != "schedule" && k != "tune" && k != "registered" && k != "measured_us" && k != "min_nodes" &&
+          k != "max_nodes" && k != "gpus_per_node" && k != "intra")
         bad_select(where, path + "." + k, "unknown key");
     SelectEntry e;
     if (!x.contains("collective") || !x["collective"].is_string())
@@ -209,6 +215,14 @@ SelectTable parse_select(const std::string& text, const std::string& where) {
     e.coll = *coll;
     e.min_ranks = int32_t(num(x, "min_ranks", where, path, 1, 65536, 1));
     e.max_ranks = int32_t(num(x, "max_ranks", where, path, e.min_ranks, 65536, e.min_ranks));
+    e.min_nodes = int32_t(num(x, "min_nodes", where, path, 1, 65536, 1));
+    e.max_nodes = int32_t(num(x, "max_nodes", where, path, e.min_nodes, 65536, e.min_nodes));
+    e.gpus_per_node = int32_t(num(x, "gpus_per_node", where, path, 1, 65536, 0));
+    if (x.contains("intra")) {
+      if (!x["intra"].is_string() || (x["intra"] != "nvlink" && x["intra"] != "pcie"))
+        bad_select(where, path + ".intra", "expected \"nvlink\" or \"pcie\"");
+      e.intra = x["intra"].get<std::string>();
+    }
     e.min_bytes = num(x, "min_bytes", where, path, 0, int64_t(1) << 62, 0);
     e.max_bytes = num(x, "max_bytes", where, path, -1, int64_t(1) << 62, -1);
     if (e.max_bytes >= 0 && e.max_bytes < e.min_bytes)
@@ -261,6 +275,12 @@ std::string to_json(const SelectTable& t) {
               {"schedule", e.schedule}};
     if (!e.tune.empty()) x["tune"] = e.tune;
     if (e.registered) x["registered"] = true;
+    if (e.min_nodes != 1 || e.max_nodes != 1) {
+      x["min_nodes"] = e.min_nodes;
+      x["max_nodes"] = e.max_nodes;
+    }
+    if (e.gpus_per_node != 0) x["gpus_per_node"] = e.gpus_per_node;
+    if (!e.intra.empty()) x["intra"] = e.intra;
     j["entries"].push_back(std::move(x));
   }
   return j.dump(1) + "\n";
@@ -291,16 +311,22 @@ std::string select_file_digest() {
   return jit::hash_hex(text);
 }
 
-const SelectTable& registered_table(Collective coll, int nranks) {
+bool SelectEntry::fits(const topology::Topology& t) const {
+  return t.nranks() >= min_ranks && t.nranks() <= max_ranks && t.nodes >= min_nodes && t.nodes <= max_nodes &&
+         (gpus_per_node == 0 || gpus_per_node == t.gpus_per_node) &&
+         (intra.empty() || intra == topology::name(t.intra));
+}
+
+const SelectTable& registered_table(Collective coll, const topology::Topology& topo) {
   for (const SelectEntry& e : file_select().entries)
-    if (e.coll == coll && e.registered && nranks >= e.min_ranks && nranks <= e.max_ranks) return file_select();
+    if (e.coll == coll && e.registered && e.fits(topo)) return file_select();
   return builtin_select();
 }
 
-const SelectEntry* lookup(const SelectTable& t, Collective coll, int nranks, int64_t bytes, bool registered) {
+const SelectEntry* lookup(const SelectTable& t, Collective coll, const topology::Topology& topo, int64_t bytes,
+                          bool registered) {
   for (const SelectEntry& e : t.entries)
-    if (e.coll == coll && e.registered == registered && nranks >= e.min_ranks && nranks <= e.max_ranks &&
-        bytes >= e.min_bytes && (e.max_bytes < 0 || bytes <= e.max_bytes))
+    if (e.coll == coll && e.registered == registered && e.fits(topo) && bytes >= e.min_bytes && (e.max_bytes < 0 || bytes <= e.max_bytes))
       return &e;
   return nullptr;
 }

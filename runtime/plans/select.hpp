@@ -9,8 +9,12 @@
 //                 "tune": "ll_instances=16", "registered": false}, ...]}
 //
 // A call takes the first entry (in file order) of its collective whose rank
-// range holds the communicator's size and whose byte range holds the call's
-// bytes (count x element size; max_bytes -1: no bound). Entries with
+// range holds the communicator's size, whose machine fields hold its machine
+// (runtime/topology/machine.hpp) and whose byte range holds the call's bytes
+// (count x element size; max_bytes -1: no bound). Machine fields, all
+// optional: "min_nodes" / "max_nodes" (default 1 / 1: an entry without them
+// is for one node), "gpus_per_node" (ranks per node; default any), "intra"
+// ("nvlink" or "pcie": the link inside a node; default any). Entries with
 // "registered" true serve zero-copy calls, and say where zero-copy pays: a
 // call whose buffers are all registered goes zero-copy where such an entry
 // matches (MK_ZERO_COPY_MIN_BYTES, when set, decides instead); a zero-copy
@@ -23,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/topology/topology.hpp"
 #include "mk/types.hpp"
 
 namespace mk::rt {
@@ -34,6 +39,11 @@ struct SelectEntry {
   std::string schedule;
   std::string tune;  // MK_TUNE syntax, applied after MK_TUNE; "" for none
   bool registered = false;
+  int32_t min_nodes = 1, max_nodes = 1;
+  int32_t gpus_per_node = 0;  // 0: any
+  std::string intra;          // "nvlink", "pcie"; "": any
+  // Its rank and machine fields hold `t` (its bytes and `registered` aside).
+  bool fits(const topology::Topology& t) const;
 };
 
 struct SelectTable {
@@ -60,9 +70,16 @@ std::string select_file_digest();
 // The table whose registered entries decide zero-copy for (coll, nranks):
 // MK_SELECT_FILE's when it has any for them (its own decide alone), else the
 // built-in one.
-const SelectTable& registered_table(Collective coll, int nranks);
+const SelectTable& registered_table(Collective coll, const topology::Topology& topo);
+inline const SelectTable& registered_table(Collective coll, int nranks) {
+  return registered_table(coll, topology::single(nranks));
+}
 
-// The first matching entry of `t`, or nullptr.
-const SelectEntry* lookup(const SelectTable& t, Collective coll, int nranks, int64_t bytes, bool registered);
+// The first matching entry of `t`, or nullptr. `nranks`: one NVLink node.
+const SelectEntry* lookup(const SelectTable& t, Collective coll, const topology::Topology& topo, int64_t bytes,
+                          bool registered);
+inline const SelectEntry* lookup(const SelectTable& t, Collective coll, int nranks, int64_t bytes, bool registered) {
+  return lookup(t, coll, topology::single(nranks), bytes, registered);
+}
 
 }  // namespace mk::rt

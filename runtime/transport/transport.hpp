@@ -36,6 +36,20 @@ struct RankInfo {
   uint8_t uuid[16];
   uint64_t arena_base;
   uint64_t arena_size;
+  // The machine (runtime/topology/machine.hpp): this GPU's PCI bus id, the
+  // NIC nearest it ("" unknown), and its links to the other GPUs this
+  // process sees (by UUID; kind: a PairLink).
+  static constexpr int kMaxLinks = 32;
+  struct Link {
+    uint8_t uuid[16];
+    uint8_t kind;
+    uint8_t pad[7];
+  };
+  char pci[16];
+  char nic[32];
+  int32_t nlinks;
+  int32_t pad;
+  Link links[kMaxLinks];
 };
 
 // Everything a transport needs to connect one rank.

@@ -843,11 +843,33 @@ CUresult cuDeviceGetPCIBusId(char* bus, int len, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+// MKFAKE_LINK: how the fake GPUs of one process are linked: "nvlink" (the
+// default: peer access with native atomics), "pcie" (peer access without
+// them), "none" (no peer access).
+std::string fake_link() {
+  const char* e = std::getenv("MKFAKE_LINK");
+  return e && *e ? e : "nvlink";
+}
+
 CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
   FAKE_ENTER("cuDeviceCanAccessPeer");
   if (!can) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev) || !valid_device(peer)) return CUDA_ERROR_INVALID_DEVICE;
-  *can = dev != peer;  // as the real driver: a device is not its own peer
+  *can = dev != peer && fake_link() != "none";  // as the real driver: a device is not its own peer
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attr, CUdevice src, CUdevice dst) {
+  FAKE_ENTER("cuDeviceGetP2PAttribute");
+  if (!value) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(src) || !valid_device(dst) || src == dst) return CUDA_ERROR_INVALID_DEVICE;
+  const std::string link = fake_link();
+  switch (attr) {
+    case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: *value = link != "none"; break;
+    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: *value = link == "nvlink"; break;
+    case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: *value = link == "nvlink" ? 0 : 1; break;
+    default: *value = 0; break;
+  }
   return CUDA_SUCCESS;
 }
 

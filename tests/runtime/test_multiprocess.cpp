@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -790,6 +791,41 @@ int bootstrap_broadcast(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// The links between GPUs of one node, learnt at init (MKFAKE_LINK says what
+// the fake driver answers) and given to the compiler: the communicator's
+// topology, its plans' topology, and the selection table's "intra" key
+// (MK_SELECT_FILE has an entry for PCIe nodes only). MKT_LINK: what to expect.
+int machine_links(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  if (use_gpu(rank)) return 1;
+  const bool pcie = std::string(std::getenv("MKT_LINK")) == "pcie";
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  auto c = mk::rt::acquire(comm);
+  CHILD_CHECK(c->machine.link(0, 1) == (pcie ? mk::rt::PairLink::pcie : mk::rt::PairLink::nvlink));
+  CHILD_CHECK(c->topo == mk::topology::single(nranks, pcie ? mk::topology::Link::pcie : mk::topology::Link::nvlink));
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 4096) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(buf));
+  CHILD_CHECK(mkAllReduce(p, p, 250, mkFloat32, mkSum, comm, nullptr) == mkSuccess);
+  const mk::rt::PlanInstance* inst = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    inst = c->find(mk::Collective::allreduce, mk::DType::fp32, mk::RedOp::sum, 1000, false);
+  }
+  CHILD_CHECK(inst != nullptr);
+  std::fprintf(stderr, "rank %d: %s plan %s for %s\n", rank, pcie ? "PCIe" : "NVLink", inst->plan->schedule.c_str(),
+               (inst->plan->topology ? inst->plan->topology->name() : std::string("one NVLink node")).c_str());
+  CHILD_CHECK(inst->plan->schedule == (pcie ? "allreduce.ring" : "allreduce.one_shot"));
+  // one NVLink node: built without a topology, as before (the shipped plans' keys); PCIe: part of the plan
+  CHILD_CHECK(inst->plan->topology.has_value() == pcie);
+  if (pcie) CHILD_CHECK(inst->plan->topology->name() == "pcie:2");
+  CHILD_CHECK(cu().cuMemFree(buf) == CUDA_SUCCESS);
+  c.reset();
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  return 0;
+}
+
 // Rank 0's process ends while it is part of a split's first round (it sent
 // its part from a nonblocking split); rank 1 waits in that round and rank 2
 // comes later. Both fail within about a second, naming rank 0, instead of
@@ -824,8 +860,8 @@ int split_peer_exit(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
-// Ranks on two "nodes" (MK_HOST_ID: ranks 0..n/2-1 on one, the rest on the
-// other) with config spanNodes = MK_SPAN_NODES_BOOTSTRAP: every rank gets a
+// Ranks on two "nodes" (MK_HOST_ID: node-a or node-b as MKT_PLACEMENT says,
+// node-major or not) with config spanNodes = MK_SPAN_NODES_BOOTSTRAP: every rank gets a
 // bootstrap-only communicator that refuses what needs a transport, clearly;
 // its bootstrap works; a split by node gives full communicators that run
 // collectives; nothing leaks.
@@ -852,6 +888,29 @@ int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(mkCommIsBootstrapOnly(comm, &only) == mkSuccess && only == 1);
   CHILD_CHECK(mkCommCount(comm, &n) == mkSuccess && n == nranks);
   CHILD_CHECK(mk::rt::acquire(comm)->arena->base() == 0);  // its symmetric memory went back at init
+  // The machine every rank learnt at init: MKT_PLACEMENT ("aabb", "abab")
+  // names each rank's node; nodes are numbered by their lowest rank, local
+  // indices in rank order, and the node-major order lists node 0's ranks first.
+  const std::string placement = std::getenv("MKT_PLACEMENT");
+  CHILD_CHECK(int(placement.size()) == nranks);
+  {
+    const mk::rt::Machine& m = mk::rt::acquire(comm)->machine;
+    CHILD_CHECK(m.nodes == 2 && m.uniform() && m.ranks_per_node() == nranks / 2);
+    std::vector<int> order;
+    for (char node : {placement[0], placement[0] == 'a' ? 'b' : 'a'})
+      for (int r = 0; r < nranks; ++r)
+        if (placement[size_t(r)] == node) order.push_back(r);
+    CHILD_CHECK(m.order == order);
+    CHILD_CHECK(m.node_major() == (placement == "aabb"));
+    for (int r = 0; r < nranks; ++r) {
+      CHILD_CHECK(m.node_of[size_t(r)] == (placement[size_t(r)] == placement[0] ? 0 : 1));
+      CHILD_CHECK(m.order[size_t(m.position[size_t(r)])] == r);
+      CHILD_CHECK(m.local_of[size_t(r)] == int(std::count(placement.begin(), placement.begin() + r, placement[size_t(r)])));
+      CHILD_CHECK(m.node_name[size_t(m.node_of[size_t(r)])] == std::string("node-") + placement[size_t(r)]);
+    }
+    const auto t = m.topology();
+    CHILD_CHECK(t.nodes == 2 && t.gpus_per_node == nranks / 2);
+  }
   CUdeviceptr buf = 0;
   CHILD_CHECK(cu().cuMemAlloc(&buf, 4096) == CUDA_SUCCESS);
   void* p = reinterpret_cast<void*>(uintptr_t(buf));
@@ -883,12 +942,15 @@ int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   // Split by node (splitShare asked for: ignored, there is nothing to share).
   mkConfig_t share = MK_CONFIG_INITIALIZER;
   share.splitShare = 1;
-  const int half = nranks / 2, node = rank < half ? 0 : 1;
+  const int node = placement[size_t(rank)] == 'a' ? 0 : 1;
+  const int on_node = int(std::count(placement.begin(), placement.end(), placement[size_t(rank)]));
   mkComm_t local = nullptr;
   CHILD_CHECK(mkCommSplit(comm, node, rank, &local, &share) == mkSuccess);
   CHILD_CHECK(mkCommNodeCount(local, &nodes) == mkSuccess && nodes == 1);
   CHILD_CHECK(mkCommIsBootstrapOnly(local, &only) == mkSuccess && only == 0);
-  CHILD_CHECK(mkCommCount(local, &n) == mkSuccess && n == (node == 0 ? half : nranks - half));
+  CHILD_CHECK(mkCommCount(local, &n) == mkSuccess && n == on_node);
+  // what its plans are compiled for: one NVLink node of its ranks
+  CHILD_CHECK(mk::rt::acquire(local)->topo == mk::topology::single(on_node));
   CHILD_CHECK(mkAllReduce(p, p, 64, mkFloat32, mkSum, local, stream) == mkSuccess);
   CHILD_CHECK(mkt::counts().launches == launches + 1);
   CHILD_CHECK(cu().cuStreamSynchronize(stream) == CUDA_SUCCESS);
@@ -1284,6 +1346,7 @@ int mkt_child_main(int argc, char** argv) {
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "MK_HOST_ID='node b'", "without spaces"});
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
+  if (scenario == "machine_links") return machine_links(rank, nranks, id);
   if (scenario == "span_bootstrap") return span_bootstrap(rank, nranks, id);
   if (scenario == "span_differs") return span_differs(rank, nranks, id);
   if (scenario == "split_peer_exit") return split_peer_exit(rank, nranks, id);
@@ -1395,13 +1458,31 @@ TEST_CASE("two processes: MK_HOST_ID places ranks on nodes and two nodes fail in
   run_ranks(2, "host_id_bad", {{"MK_HOST_ID=node-a"}, {"MK_HOST_ID=node b"}});
 }
 
+TEST_CASE("two processes: the links inside a node are learnt at init and shape selection and plans") {
+  MKT_REQUIRE_FAKE();
+  const std::string table = (std::filesystem::temp_directory_path() /
+                             ("mkt-select-pcie-" + std::to_string(::getpid()) + ".json")).string();
+  std::ofstream(table) << R"({"mkernel_select": 1, "entries": [{"collective": "allreduce", "min_ranks": 2,
+      "max_ranks": 2, "intra": "pcie", "schedule": "allreduce.ring"}]})";
+  const std::string sel = "MK_SELECT_FILE=" + table;
+  run_ranks(2, "machine_links", {{"MKFAKE_LINK=pcie", "MKT_LINK=pcie", sel}, {"MKFAKE_LINK=pcie", "MKT_LINK=pcie", sel}});
+  run_ranks(2, "machine_links", {{"MKT_LINK=nvlink", sel}, {"MKT_LINK=nvlink", sel}});
+  std::remove(table.c_str());
+}
+
 // What a communicator spanning nodes becomes when its init asks for it
 // (spanNodes): bootstrap-only on every rank, split into full communicators
 // per node. Four processes, two "nodes" of two.
 TEST_CASE("four processes on two nodes: spanNodes makes a bootstrap-only communicator whose split by node runs") {
   MKT_REQUIRE_FAKE();
   const std::vector<std::string> a = {"MK_HOST_ID=node-a"}, b = {"MK_HOST_ID=node-b"};
-  run_ranks(4, "span_bootstrap", {a, a, b, b});
+  auto placed = [](std::vector<std::string> env, const char* placement) {
+    env.push_back(std::string("MKT_PLACEMENT=") + placement);
+    return env;
+  };
+  run_ranks(4, "span_bootstrap", {placed(a, "aabb"), placed(a, "aabb"), placed(b, "aabb"), placed(b, "aabb")});
+  // ranks not numbered node-major (MPI's --map-by node): the runtime keeps the permutation
+  run_ranks(4, "span_bootstrap", {placed(a, "abab"), placed(b, "abab"), placed(a, "abab"), placed(b, "abab")});
   run_ranks(2, "span_differs", {a, b});
 }
 

@@ -128,3 +128,40 @@ TEST_CASE("select: the built-in table is runtime/plans/select_builtin.json, the 
   CHECK(from_file.entries.size() == rt::builtin_select().entries.size());
   CHECK(from_file.note == rt::builtin_select().note);
 }
+
+TEST_CASE("select: entries are keyed by the machine too, nodes x GPUs per node and the link inside a node") {
+  const std::string head = R"({"mkernel_select": 1, "entries": [)";
+  const rt::SelectTable t = rt::parse_select(
+      head + R"({"collective": "allreduce", "min_ranks": 8, "max_ranks": 8, "min_nodes": 2, "max_nodes": 4,
+                 "gpus_per_node": 4, "schedule": "allreduce.hier"},
+                {"collective": "allreduce", "min_ranks": 4, "max_ranks": 4, "intra": "pcie", "schedule": "allreduce.ring"},
+                {"collective": "allreduce", "min_ranks": 4, "max_ranks": 8, "schedule": "allreduce.one_shot"}]})",
+      "t.json");
+  auto pick = [&](const std::string& topo) {
+    const rt::SelectEntry* e = rt::lookup(t, Collective::allreduce, topology::parse(topo, 0), 1000, false);
+    return e ? e->schedule : std::string("none");
+  };
+  CHECK(pick("2x4") == "allreduce.hier");
+  CHECK(pick("2x4:pcie") == "allreduce.hier");  // no "intra": any link
+  CHECK(pick("4x2") == "none");                 // 8 ranks, but 2 per node
+  CHECK(pick("nvlink:8") == "allreduce.one_shot");  // no node fields: one node only
+  CHECK(pick("pcie:4") == "allreduce.ring");
+  CHECK(pick("nvlink:4") == "allreduce.one_shot");
+  CHECK(rt::lookup(t, Collective::allreduce, 4, 1000, false)->schedule == "allreduce.one_shot");  // a rank count: one NVLink node
+  // the built-in table is for one node: across nodes the cost model picks among the schedules that lower there
+  CHECK(rt::lookup(rt::builtin_select(), Collective::allreduce, topology::parse("2x4", 0), 1000, false) == nullptr);
+  // round trip of the machine fields
+  const rt::SelectTable back = rt::parse_select(rt::to_json(t), "t.json");
+  CHECK(rt::to_json(back) == rt::to_json(t));
+  CHECK(back.entries[0].min_nodes == 2);
+  CHECK(back.entries[0].max_nodes == 4);
+  CHECK(back.entries[0].gpus_per_node == 4);
+  CHECK(back.entries[1].intra == "pcie");
+  CHECK(back.entries[2].min_nodes == 1);
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "intra": "ib"}]})"),
+                 "$.entries[0].intra: expected \"nvlink\" or \"pcie\""));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "min_nodes": 3, "max_nodes": 2}]})"),
+                 "$.entries[0].max_nodes"));
+  CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "gpus_per_node": 0}]})"),
+                 "$.entries[0].gpus_per_node: 0 is outside"));
+}

@@ -50,6 +50,7 @@
 #include "compiler/plugin.hpp"
 #include "compiler/sources.hpp"
 #include "compiler/topology/topology.hpp"
+#include "runtime/topology/machine.hpp"
 #include "compiler/verify/composite.hpp"
 #include "compiler/verify/executor.hpp"
 #include "compiler/verify/fusion_check.hpp"
@@ -79,6 +80,7 @@ struct Common {
   int instances = 0;
   int max_tbs = 32;
   std::string topology;
+  std::string topology_file;  // --topology-file (mkc topo)
   std::optional<topology::Topology> topo;  // parsed by load_schedule; unset: the file's own
   std::string proto;  // "", simple, ll
   int64_t tile = 0;
@@ -102,6 +104,8 @@ void add_common(CLI::App* c, Common& o, bool sizes) {
   c->add_option("--topology", o.topology,
                  "nvlink:N (default), pcie:N, NxG (N nodes of G GPUs, network between nodes) or NxG:direct "
                  "(every pair linked: a stand-in, not a real machine); NxG implies --ranks N*G");
+  c->add_option("--topology-file", o.topology_file,
+                "the machine from a file `mkc topo -o FILE` wrote on it (instead of --topology); implies --ranks");
   c->add_option("--plugin", o.plugins, "load schedules from a plugin library (.so)");
   c->add_option("--proto", o.proto, "force a protocol: simple or ll");
   c->add_option("--tile", o.tile, "force the tile size in bytes (a multiple of 16)");
@@ -197,6 +201,8 @@ struct Loaded {
 // XML, MSCCL++ plan, IR JSON) whose rank count then becomes o.ranks. Rooted
 // collectives are built for root 0 and relabelled at run time.
 std::vector<Loaded> load_schedules(Common& o) {
+  if (!o.topology.empty() && !o.topology_file.empty())
+    throw Error(ErrId::cli_E011, "give either --topology or --topology-file, not both");
   for (const auto& p : o.plugins) plugin::load_library(p);
   const bool dsl_file = !o.file.empty() && plugin::is_dsl_source(o.file);
   if (!o.file.empty() && !dsl_file && !o.schedule.empty())
@@ -213,6 +219,7 @@ std::vector<Loaded> load_schedules(Common& o) {
                   {}, "leave --ranks out for imported files");
     o.ranks = l.raw.nranks;
     check_ranks(o);
+    if (!o.topology_file.empty()) o.topo = topology::read_file(o.topology_file, o.ranks);
     if (!o.topology.empty()) o.topo = topology::parse(o.topology, o.ranks);
     l.name = l.raw.name.empty() ? fs::path(o.file).filename().string() : l.raw.name;
     l.coll = l.raw.coll;
@@ -220,11 +227,16 @@ std::vector<Loaded> load_schedules(Common& o) {
     one.push_back(std::move(l));
     return one;
   }
+  std::optional<topology::Topology> from_file;
+  if (!o.topology_file.empty()) {
+    from_file = topology::read_file(o.topology_file, o.ranks == kRanksUnset ? 0 : o.ranks);
+    if (o.ranks == kRanksUnset) o.ranks = from_file->nranks();
+  }
   if (o.ranks == kRanksUnset && !o.topology.empty()) o.ranks = topology::parse(o.topology, 0).nranks();
   if (o.ranks == kRanksUnset)
     throw Error(ErrId::cli_E004, "--ranks is required for a DSL schedule", {}, "e.g. --ranks 8");
   check_ranks(o);
-  o.topo = topology::parse(o.topology, o.ranks);
+  o.topo = from_file ? *from_file : topology::parse(o.topology, o.ranks);
   std::vector<Loaded> out;
   for (const auto& info : resolve(o)) {
     Loaded d;
@@ -904,6 +916,27 @@ int cmd_export(Common o, const std::string& format, const std::string& out) {
   return 0;
 }
 
+// This machine as a topology file (runtime/topology/machine.hpp).
+int cmd_topo(int nodes, const std::string& out) {
+  std::string text;
+  try {
+    text = rt::local_machine_json(nodes);
+  } catch (const rt::RtError& e) {
+    throw Error(ErrId::cli_E011, std::string("mkc topo: ") + e.what(), {},
+                "run it on a machine of the job, with its GPUs visible (CUDA_VISIBLE_DEVICES)");
+  }
+  if (out.empty()) {
+    std::cout << text;
+    return 0;
+  }
+  std::ofstream f(out);
+  f << text;
+  f.close();
+  if (!f) throw Error(ErrId::cli_E012, "cannot write " + out);
+  fmt::print("wrote {}: {}\n", out, topology::read_file(out, 0).name());
+  return 0;
+}
+
 // Every plan a communicator of `ranks` ranks on `archs` would ask for, for
 // the six collectives in these dtypes and ops, compiled into a prebuilt
 // directory (compiler/plan/prebuilt.hpp) that the library reads.
@@ -1164,6 +1197,13 @@ int main(int argc, char** argv) {
   exp->add_option("--format", export_format, "msccl-xml (the default)");
   exp->add_option("-o,--out", export_out, "output file (default: standard output)");
 
+  auto* topo_cmd = app.add_subcommand("topo", "describe this machine's GPUs, their links and nearest NICs as a topology "
+                                               "file (for --topology-file and MK_SELECT_FILE's machine fields)");
+  int topo_nodes = 1;
+  std::string topo_out;
+  topo_cmd->add_option("--nodes", topo_nodes, "nodes of the job, each like this one (default 1)");
+  topo_cmd->add_option("-o,--out", topo_out, "output file (default: standard output)");
+
   auto* prebuild = app.add_subcommand("prebuild", "compile every plan the runtime picks for these ranks, dtypes "
                                                    "and ops into a directory of prebuilt plans (MK_PREBUILT_DIR)");
   std::vector<std::string> pb_archs = {"sm_90"}, pb_dtypes = {"bf16", "fp16", "fp32"}, pb_ops = {"sum"};
@@ -1223,6 +1263,7 @@ int main(int argc, char** argv) {
     if (*lower) return cmd_lower(lower_o, dump_after, emit);
     if (*compile)
       return cmd_compile(compile_o, dtype, op, arch, out, no_cache, compile_rank, compile_fusion, compile_fusion_check);
+    if (*topo_cmd) return cmd_topo(topo_nodes, topo_out);
     if (*prebuild) return cmd_prebuild(pb_archs, pb_ranks, pb_dtypes, pb_copy, pb_ops, pb_out, pb_jobs);
     if (*tune) {
       for (const auto& c : tu_colls) {
