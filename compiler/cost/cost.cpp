@@ -35,6 +35,20 @@ double op_cost(const ir::Schedule& s, const Op& op, const topology::Topology& t,
   return kDataOpUs + bytes / (op_link(op, t).gbps * 1e3);  // GB/s -> bytes per microsecond
 }
 
+// The NICs a data op uses: for every rank it touches on another node, that
+// rank's NIC and the executing rank's (a NIC per (node, rail)); none for an
+// op inside a node (and none on NxG:direct, where every pair is linked).
+std::vector<int64_t> op_nics(const Op& op, const topology::Topology& t) {
+  std::vector<int64_t> nics;
+  auto nic = [&](int32_t r) { return int64_t(t.node(r)) * t.gpus_per_node + t.rail(r); };
+  for (const auto* list : {&op.srcs, &op.dsts})
+    for (const auto& x : *list)
+      if (t.link(op.rank, x.rank) == topology::Link::net)
+        for (int64_t n : {nic(op.rank), nic(x.rank)})
+          if (std::find(nics.begin(), nics.end(), n) == nics.end()) nics.push_back(n);
+  return nics;
+}
+
 }  // namespace
 
 Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64_t tile_bytes, int32_t share) {
@@ -51,6 +65,9 @@ Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64
   std::map<std::pair<int32_t, int32_t>, double> clock;
   std::map<std::pair<int32_t, int32_t>, double> busy;
   std::map<std::pair<int32_t, int32_t>, int64_t> last_ev;
+  // Each NIC carries one transfer at a time, in the order the ops are played
+  // (first come, first served); its busy time bounds the pipelined rate too.
+  std::map<int64_t, double> nic_free, nic_busy;
   bool progress = true;
   size_t done = 0;
   while (progress) {
@@ -72,7 +89,13 @@ Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64
           if (released > now || cause < 0) cause = released_by;
           start = std::max(now, released);
         }
+        const std::vector<int64_t> nics = op.is_data() ? op_nics(op, t) : std::vector<int64_t>{};
+        for (int64_t n : nics) start = std::max(start, nic_free[n]);
         double end = start + op_cost(s, op, t, tile_bytes, share);
+        for (int64_t n : nics) {
+          nic_free[n] = end;
+          nic_busy[n] += end - start;
+        }
         if (op.kind == OpKind::signal) signal_time[{op.peer, op.slot}] = {end, op.rank, tl.events.size()};
         if (op.is_data()) busy[key] += end - start;
         lane->second = int64_t(tl.events.size());
@@ -88,6 +111,7 @@ Timeline step_timeline(const ir::Schedule& s, const topology::Topology& t, int64
     throw InternalError("cost model: schedule does not complete one step (unverified schedule?)");
   for (auto& e : tl.events) tl.step_us = std::max(tl.step_us, e.end_us);
   for (auto& [k, b] : busy) tl.bottleneck_us = std::max(tl.bottleneck_us, b);
+  for (auto& [k, b] : nic_busy) tl.bottleneck_us = std::max(tl.bottleneck_us, b);
   return tl;
 }
 

@@ -6,6 +6,12 @@
 //  - a data op costs kDataOpUs + B / (gbps * 1e3) us, B = tile bytes x chunks
 //    x destinations (x2 for LL), gbps of the slowest link it uses from its
 //    executing rank (Topology::link: self, nvlink, pcie, net);
+//  - a data op that crosses nodes also holds the NICs it uses (the executing
+//    rank's and each remote peer's: one per node and rail) for its duration:
+//    a NIC carries one transfer at a time, first come first served in the
+//    order ops are played (so it may delay an op that was ready earlier:
+//    pessimistic), and its busy time per step bounds the pipelined rate
+//    like a thread block's;
 //  - a signal or wait costs kSyncOpUs; a wait (iter 0) starts no earlier than
 //    its signal's end plus half the flag round trip (alpha_us) of the link
 //    between the signalling and the waiting rank.
@@ -46,7 +52,7 @@ struct Event {
 struct Timeline {
   std::vector<Event> events;
   double step_us = 0;        // critical path of one step
-  double bottleneck_us = 0;  // busiest thread block's work per step (pipelined throughput)
+  double bottleneck_us = 0;  // busiest thread block's (or NIC's) work per step (pipelined throughput)
 };
 
 // `share`: instances sharing each link (1: one instance alone, as `mkc show` draws it).

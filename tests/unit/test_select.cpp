@@ -165,3 +165,13 @@ TEST_CASE("select: entries are keyed by the machine too, nodes x GPUs per node a
   CHECK(contains(parse_error(head + R"({"collective": "allreduce", "schedule": "allreduce.ring", "gpus_per_node": 0}]})"),
                  "$.entries[0].gpus_per_node: 0 is outside"));
 }
+
+TEST_CASE("select: across nodes with no entry the cost model picks among the schedules that lower for the machine") {
+  const auto t = topology::parse("8x8", 64);
+  const rt::Choice small = rt::choose_schedule(Collective::allreduce, t, 64 << 10);
+  CHECK(small.schedule == "allreduce.hier_tree");  // log2 steps across nodes
+  CHECK(small.lo <= (64 << 10));
+  CHECK(small.hi >= (64 << 10));
+  CHECK(rt::choose_schedule(Collective::allreduce, t, int64_t(256) << 20).schedule == "allreduce.hier");  // the ring's bandwidth
+  CHECK(rt::choose_schedule(Collective::allgather, t, int64_t(16) << 20).schedule == "allgather.hier");
+}

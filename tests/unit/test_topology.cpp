@@ -170,7 +170,7 @@ TEST_CASE("hierarchical schedules prove and simulate on every shape") {
   for (const char* t : {"1x4", "2x2:direct", "2x4:direct", "4x2:direct", "4x1:direct", "2x3:direct"})
     shapes.push_back(topology::parse(t, 0));
   for (int n : {1, 2, 3, 4, 8}) shapes.push_back(topology::single(n));
-  for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
+  for (const std::string name : {"allreduce.hier", "allreduce.hier_tree", "allgather.hier", "reducescatter.hier"}) {
     for (const auto& t : shapes) {
       CAPTURE(name);
       const std::string shape = t.name();
@@ -202,8 +202,9 @@ TEST_CASE("network operations: built-ins prove and simulate on real shapes, ever
   const std::vector<DType> dtypes = {DType::fp32, DType::bf16, DType::fp16, DType::fp64, DType::int32,
                                      DType::uint8, DType::fp8e4m3};
   for (const char* shape : {"2x1", "2x2", "2x4", "4x2", "3x2", "2x3"})
-    for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier", "broadcast.direct",
-                                   "reduce.direct", "alltoall.direct", "allreduce.ring", "allgather.ring"}) {
+    for (const std::string name : {"allreduce.hier", "allreduce.hier_tree", "allgather.hier", "reducescatter.hier",
+                                   "broadcast.direct", "reduce.direct", "alltoall.direct", "allreduce.ring",
+                                   "allgather.ring"}) {
       CAPTURE(name);
       CAPTURE(shape);
       const Topology t = topology::parse(shape, 0);
@@ -260,7 +261,7 @@ TEST_CASE("network operations: a schedule proved in place comes back unchanged")
 }
 
 TEST_CASE("network operations: 8x8 hierarchical built-ins prove and simulate") {
-  for (const std::string name : {"allreduce.hier", "allgather.hier", "reducescatter.hier"}) {
+  for (const std::string name : {"allreduce.hier", "allreduce.hier_tree", "allgather.hier", "reducescatter.hier"}) {
     CAPTURE(name);
     auto l = lower_for(name, topology::parse("8x8", 64));
     verify::SimOptions o;
@@ -514,6 +515,59 @@ TEST_CASE("cost: instances share the links, so more of them never make a large m
   auto one = cost::step_timeline(s, t, 4096);
   CHECK(tl.bottleneck_us == doctest::Approx(0.2 + 64 * 4096 / 365e3).epsilon(1e-9));
   CHECK(one.bottleneck_us == doctest::Approx(0.2 + 4096 / 365e3).epsilon(1e-9));
+}
+
+TEST_CASE("cost: transfers that share a NIC take turns, and its busy time bounds the rate") {
+  // 2x2: rank 0 (node 0, rail 0) puts one tile to rank 2 and one to rank 3
+  // (node 1) from two thread blocks: both hold rank 0's NIC, so the second
+  // starts when the first ends. Inside a node (nvlink:4) they run at once.
+  ir::Schedule s;
+  s.name = "fan_out";
+  s.coll = Collective::allgather;
+  s.nranks = 4;
+  s.tile_bytes = 4096;
+  s.chunks = 1;
+  s.instances = 1;
+  for (int32_t to : {2, 3}) {
+    ir::Op op;
+    op.id = int32_t(s.ops.size());
+    op.kind = ir::OpKind::copy;
+    op.rank = 0;
+    op.tb = to - 2;
+    op.dsts = {ir::Ref{to, ir::Buf::scratch, 0, 1}};
+    op.srcs = {ir::Ref{0, ir::Buf::input, 0, 1}};
+    s.ops.push_back(op);
+  }
+  const double one = 0.2 + 4096 / 45e3;  // a tile over the network
+  auto net = cost::step_timeline(s, topology::parse("2x2", 4), 4096);
+  CHECK(net.step_us == doctest::Approx(2 * one).epsilon(1e-9));
+  CHECK(net.bottleneck_us == doctest::Approx(2 * one).epsilon(1e-9));  // the NIC's, not a thread block's
+  auto local = cost::step_timeline(s, topology::parse("nvlink:4", 4), 4096);
+  CHECK(local.step_us == doctest::Approx(0.2 + 4096 / 365e3).epsilon(1e-9));
+  // Rank 0 to rank 2 and rank 1 to rank 3: a NIC per GPU (rail = local
+  // index) keeps them apart; both GPUs of a node on one NIC (rails [0, 0])
+  // makes them take turns.
+  s.ops[1].rank = 1;
+  s.ops[1].srcs[0].rank = 1;
+  Topology shared = topology::parse("2x2", 4);
+  auto apart = cost::step_timeline(s, shared, 4096);
+  CHECK(apart.step_us == doctest::Approx(one).epsilon(1e-9));
+  shared.rails = {0, 0};
+  auto together = cost::step_timeline(s, shared, 4096);
+  CHECK(together.step_us == doctest::Approx(2 * one).epsilon(1e-9));
+  // The selection follows: on 8x8, a one-shot's 63 transfers per rank through
+  // one NIC cost more than the hierarchical tree's few.
+  const Topology big = topology::parse("8x8", 64);
+  auto at = [&](const char* name, int64_t bytes) {
+    const auto l = compiler::lower(dsl::build(*dsl::find_schedule(name), big), compiler::LowerOptions{});
+    return cost::estimate_us(compiler::variant_for(l, bytes), big, bytes);
+  };
+  for (int64_t bytes : {int64_t(64) << 10, int64_t(1) << 20}) {
+    CAPTURE(bytes);
+    CHECK(at("allreduce.hier_tree", bytes) < at("allreduce.one_shot", bytes));
+    CHECK(at("allreduce.hier_tree", bytes) < at("allreduce.hier", bytes));  // log2 steps, not N-1
+  }
+  CHECK(at("allreduce.hier", int64_t(256) << 20) < at("allreduce.hier_tree", int64_t(256) << 20));  // the ring's bandwidth
 }
 
 TEST_CASE("cost: each event names what it started after, and the critical path follows those causes") {
