@@ -252,7 +252,8 @@ void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shar
   s.timeout_ms = bootstrap_timeout_ms();
   c.transport->connect(s);
   c.peer_base.resize(size_t(c.nranks));
-  for (int r = 0; r < c.nranks; ++r) c.peer_base[size_t(r)] = c.transport->peer_base(r);
+  for (int r = 0; r < c.nranks; ++r)  // (this build's transport reaches every rank: check_peers)
+    c.peer_base[size_t(r)] = c.transport->can_reach(all[size_t(c.rank)], all[size_t(r)]) ? c.transport->peer_base(r) : 0;
 }
 
 }  // namespace
@@ -405,24 +406,24 @@ std::vector<std::shared_ptr<Comm>> comm_init_all(int ndev, const int* devlist, c
 
 // ---- lifecycle and errors ---------------------------------------------------
 
-void Comm::set_error(mkResult_t code, const std::string& msg) {
+void CommLife::set_error(mkResult_t code, const std::string& msg) {
   std::lock_guard<std::mutex> lock(err_mu);
   if (async_error.load() != mkSuccess) return;
   async_message_ = msg;
   async_error.store(code);
 }
 
-std::string Comm::error_message() const {
+std::string CommLife::error_message() const {
   std::lock_guard<std::mutex> lock(err_mu);
   return async_message_;
 }
 
-void Comm::set_last_error(const std::string& msg) {
+void CommLife::set_last_error(const std::string& msg) {
   std::lock_guard<std::mutex> lock(err_mu);
   last_error_ = msg;
 }
 
-std::string Comm::last_error() const {
+std::string CommLife::last_error() const {
   std::lock_guard<std::mutex> lock(err_mu);
   return last_error_;
 }
@@ -909,8 +910,8 @@ Resources& Comm::new_resources(const std::string& key, const plan::Kernel& k) {
   res->scratch_offset = at.scratch_offset;
   std::vector<CUdeviceptr> sp(static_cast<size_t>(nranks)), fp(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) {
-    fp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(plans.flag_base + res->flag_offset);
-    sp[size_t(r)] = peer_base[size_t(r)] + CUdeviceptr(plans.scratch_base + res->scratch_offset);
+    fp[size_t(r)] = peer_at(r, plans.flag_base + res->flag_offset);
+    sp[size_t(r)] = peer_at(r, plans.scratch_base + res->scratch_offset);
   }
   const std::vector<uint64_t> zeros(size_t(k.grid), 0);
   MK_CU(d.cuMemAlloc(&res->scratch_ptrs, sizeof(CUdeviceptr) * size_t(nranks)), "allocating a plan table");

@@ -226,9 +226,14 @@ struct Registrations {
 
 enum class CommState : int { initializing, ready, failed, finalized };
 
-class Comm {
- public:
-  // ---- identity ----
+// A communicator is made of the parts below, each with its own invariants;
+// Comm (further down) joins them with the plan cache, the registrations and
+// the PreMulSum ops (their fields keep their names: the parts are bases).
+
+// Who this rank is and on what machine. Set by init (comm_init_rank,
+// comm_init_all) before the communicator is published as ready; constant
+// afterwards, so read without a lock.
+struct CommIdentity {
   int nranks = 0;
   int rank = 0;
   int device = 0;  // CUDA ordinal in this process
@@ -247,29 +252,49 @@ class Comm {
   // bootstrap and nothing else (no transport, no plans; check_serves).
   bool bootstrap_only = false;
   CommConfig config{};
+};
 
-  // ---- memory and peers ----
-  BootstrapCancel boot_cancel;      // abort ends bootstrap waits, also during init (outlives `boot`)
+// How this rank reaches its peers and their memory. Built by init; the
+// pointers are constant until release. `transport` reaches every peer
+// (one per communicator in this build; none when bootstrap-only);
+// `peer_base[r]` is rank r's arena as this GPU addresses it.
+struct CommPeers {
   std::unique_ptr<Bootstrap> boot;  // null for mkCommInitAll and single-rank comms
   // Shared with the ranks of this process that address it (p2p), so that a
   // peer's abort word write or a running kernel never lands in memory freed
   // by this rank's destroy: the arena goes with its last user.
   std::shared_ptr<Arena> arena = std::make_shared<Arena>();
   std::shared_ptr<Transport> transport;  // shared with children that share this memory (splitShare)
-  std::vector<CUdeviceptr> peer_base;  // arena base of every rank, as this GPU sees it
-  HostFlags* host = nullptr;           // host-mapped
+  // Every rank's arena base as this GPU addresses it; 0 for a rank no
+  // memory transport reaches (none in this build: such communicators are
+  // bootstrap-only; in part 2 the network's peers, reached by puts, never by
+  // address). Tables of peers' addresses hold 0 for them (peer_at).
+  std::vector<CUdeviceptr> peer_base;
+  // Rank r's arena address `offset`, or 0 when no memory transport reaches r.
+  CUdeviceptr peer_at(int r, int64_t offset) const {
+    const CUdeviceptr b = peer_base[size_t(r)];
+    return b ? b + CUdeviceptr(offset) : 0;
+  }
+  HostFlags* host = nullptr;           // host-mapped: the host abort word kernels read, their error word
   CUdeviceptr host_dev = 0;
   CUstream side_stream = nullptr;  // table updates and abort words, never behind user work
+};
 
-  // ---- ordering of this communicator's kernels (under mu) ----
+// The order of this communicator's eager kernels: every launch is on a
+// stream of this GPU and, when its stream differs from the last one, after
+// `done_event` of the last launch. Guarded by Comm::mu.
+struct CommOrdering {
   unsigned long long last_stream_id = 0;  // cuStreamGetId of the last eager launch's stream
   CUstream checked_stream = nullptr;  // last stream seen to belong to this GPU
   bool used = false;     // a kernel was launched eagerly (done_event is recorded)
   CUevent done_event = nullptr;  // recorded after every eager launch
+};
 
-  std::mutex mu;  // guards plans, regs, the ordering fields, pointer checks and the copy-engine state
-  PlanCache plans;
-  // ---- the copy-engine path (runtime/launch/ce.hpp; under mu) ----
+// The copy-engine path's host state (runtime/launch/ce.hpp), made on the
+// first copy-engine call and released with the communicator. Guarded by
+// Comm::mu; `ce_issuing` keeps a group's step-by-step issue of one call
+// from interleaving with another call.
+struct CopyEngines {
   CUmodule ce_module = nullptr;  // mk_ce_sync, loaded on the first copy-engine call
   CUfunction ce_fn = nullptr;
   // mk_ce_reduce per dtype x op (reduce-scatter and all-reduce), loaded on
@@ -287,6 +312,46 @@ class Comm {
   // A group is issuing a copy-engine call of this communicator step by step
   // (runtime/launch/enqueue.cpp): another call must not interleave with it.
   bool ce_issuing = false;
+};
+
+// Lifecycle, errors and abort, in one place; lock-free except the two
+// messages. Invariants: `state` goes initializing -> ready or failed, and
+// ready -> finalized, never back; `async_error` is set once (the first
+// error wins, with its message) and never cleared; `aborted` implies
+// `closing`; `boot_cancel` is raised by an abort and ends any bootstrap wait
+// (during init too). The words kernels read (the host abort word in
+// CommPeers::host, the comm-wide abort word at the arena's base) are raised
+// by Comm::raise_abort from these.
+class CommLife {
+ public:
+  std::atomic<int> state{int(CommState::initializing)};
+  std::atomic<int> async_error{mkSuccess};  // sticky: set once, never cleared
+  std::atomic<bool> aborted{false};
+  std::atomic<bool> closing{false};  // destroy or abort started
+  std::atomic<int> splits_running{0};  // nonblocking mkCommSplit of this communicator still running
+  // Calls of other threads inside get_plan (compiling, or waiting for a
+  // compile): mkCommAbort does not wait for them; they see `closing` when the
+  // compile ends, fail, and drop their reference (the last frees).
+  std::atomic<int> compiling{0};
+  BootstrapCancel boot_cancel;  // abort ends bootstrap waits, also during init (outlives CommPeers::boot)
+
+  // Records a sticky error (first one wins).
+  void set_error(mkResult_t code, const std::string& msg);
+  std::string error_message() const;
+  // The last call's error message (mkGetLastError), not sticky.
+  void set_last_error(const std::string& msg);
+  std::string last_error() const;
+
+ private:
+  mutable std::mutex err_mu;  // the two strings below
+  std::string async_message_;
+  std::string last_error_;
+};
+
+class Comm : public CommIdentity, public CommPeers, public CommOrdering, public CopyEngines, public CommLife {
+ public:
+  std::mutex mu;  // guards plans, regs, the ordering fields, pointer checks and the copy-engine state
+  PlanCache plans;
   Registrations regs;
   std::map<uintptr_t, std::pair<size_t, int>> pointer_cache;  // allocation base -> (size, device ordinal)
   // PreMulSum ops (mkRedOpCreatePreMulSum; under mu), by handle. Handles
@@ -306,17 +371,6 @@ class Comm {
   }
   std::shared_ptr<Clique> clique;  // mkCommInitAll; null otherwise
 
-  // ---- lifecycle and errors ----
-  std::atomic<int> state{int(CommState::initializing)};
-  std::atomic<int> async_error{mkSuccess};  // sticky: set once, never cleared
-  std::atomic<bool> aborted{false};
-  std::atomic<bool> closing{false};  // destroy or abort started
-  std::atomic<int> splits_running{0};  // nonblocking mkCommSplit of this communicator still running
-  // Calls of other threads inside get_plan (compiling, or waiting for a
-  // compile): mkCommAbort does not wait for them; they see `closing` when the
-  // compile ends, fail, and drop their reference (the last frees).
-  std::atomic<int> compiling{0};
-
   Comm() = default;
   ~Comm();  // waits (bounded) for this communicator's kernels, then frees
   Comm(const Comm&) = delete;
@@ -333,11 +387,6 @@ class Comm {
   // Scans kernel error records; returns the first failure (and makes it
   // sticky). Thread-safe; never waits for a call in progress.
   mkResult_t poll_async_error();
-  // Records a sticky error (first one wins).
-  void set_error(mkResult_t code, const std::string& msg);
-  std::string error_message() const;
-  void set_last_error(const std::string& msg);
-  std::string last_error() const;
 
   // Raises the comm-wide abort word on every rank and this rank's host abort
   // word: running kernels everywhere stop within microseconds, later ones at
@@ -426,10 +475,6 @@ class Comm {
                                    int64_t* hi);
   void release();
   void abandon();  // gives up ownership of everything kernels may still touch
-
-  mutable std::mutex err_mu;  // the two strings below
-  std::string async_message_;
-  std::string last_error_;
 };
 
 // Registration (runtime/memory/register.cpp): collective over the ranks of other

@@ -261,13 +261,12 @@ CUdeviceptr address(const Comm& c, const CeState& st, const Loc& l, const void* 
     case Loc::output: return reinterpret_cast<CUdeviceptr>(output) + CUdeviceptr(l.offset);
     case Loc::scratch: break;
   }
-  return c.peer_base[size_t(l.rank)] + CUdeviceptr(c.plans.scratch_base + st.scratch_offset + l.offset);
+  return c.peer_at(l.rank, c.plans.scratch_base + st.scratch_offset + l.offset);
 }
 
 // The words of rank `r`'s copy-engine region (as this GPU maps it).
 CUdeviceptr words(const Comm& c, const CeState& st, int32_t r, int32_t row) {
-  return c.peer_base[size_t(r)] +
-         CUdeviceptr(c.plans.flag_base + st.flag_offset + int64_t(row) * c.nranks * int64_t(sizeof(uint64_t)));
+  return c.peer_at(r, c.plans.flag_base + st.flag_offset + int64_t(row) * c.nranks * int64_t(sizeof(uint64_t)));
 }
 
 // A stream for the receive side: one that already joined the capture the
@@ -276,8 +275,8 @@ CUdeviceptr words(const Comm& c, const CeState& st, int32_t r, int32_t row) {
 // one that is not capturing, else a new one.
 CUstream receive_stream(Comm& c, CUstream user, bool capturing) {
   const Driver& d = cu();
-  Comm::CeStream* idle = nullptr;
-  for (Comm::CeStream& x : c.ce_streams) {
+  CopyEngines::CeStream* idle = nullptr;
+  for (CopyEngines::CeStream& x : c.ce_streams) {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     MK_CU(d.cuStreamIsCapturing(x.stream, &st), "querying a copy-engine stream");
     if (st == CU_STREAM_CAPTURE_STATUS_ACTIVE && capturing && x.joined_from == user)
@@ -517,12 +516,11 @@ PlanInstance& Comm::create_ce_instance(Collective coll, DType dtype, RedOp op, c
     std::vector<CUdeviceptr> t(size_t(3 * nranks));
     for (int32_t p = 0; p < nranks; ++p) {
       auto word = [&](int32_t row) {
-        return peer_base[size_t(p)] +
-               CUdeviceptr(plans.flag_base + fresh->flag_offset + (int64_t(row) * nranks + rank) * 8);
+        return peer_at(p, plans.flag_base + fresh->flag_offset + (int64_t(row) * nranks + rank) * 8);
       };
       t[size_t(p)] = word(dev::kCeReady);                // p's word of what this rank shipped
       t[size_t(nranks + p)] = word(dev::kCeConsumed);    // p's word of what this rank consumed
-      t[size_t(2 * nranks + p)] = peer_base[size_t(p)] + CUdeviceptr(plans.flag_base);  // p's abort word
+      t[size_t(2 * nranks + p)] = peer_at(p, plans.flag_base);  // p's abort word
     }
     MK_CU(d.cuMemAlloc(&fresh->tables, sizeof(CUdeviceptr) * t.size()), "allocating the copy-engine tables");
     MK_CU(d.cuMemcpyHtoDAsync(fresh->tables, t.data(), sizeof(CUdeviceptr) * t.size(), side_stream),
