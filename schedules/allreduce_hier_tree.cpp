@@ -7,11 +7,11 @@
 //     root) reduces part l up to the root, whole, then copies the sum down;
 //  3. inside each node, a direct all-gather of every part.
 // Step 2 takes 2*ceil(log2(N+1))-2 network steps where the ring takes
-// 2(N-1): fewer latencies for small messages on many nodes. A node with two
-// children receives two parts and sends three (one up, two down), so on
-// bandwidth it is the ring's inferior; NCCL balances this with two trees
-// (each node interior in one, a leaf in the other), which this one-tree
-// version does not do yet.
+// 2(N-1): fewer latencies for small messages on many nodes. An interior
+// node receives three parts (two children's, its parent's sum) and sends
+// three, a leaf one each way, so on bandwidth it is the ring's inferior;
+// NCCL balances this with two trees (each node interior in one, a leaf in
+// the other), which this one-tree version does not do yet.
 // Each part's sum is formed once, at the root (own part first, then the
 // children's in order), and copied: every rank ends with bit-identical
 // results. One node: direct reduce-scatter + all-gather; one GPU per node: a

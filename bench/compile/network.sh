@@ -23,7 +23,7 @@ one() {
 }
 echo "| schedule | shape | ops (NxG) | NxG (puts) | NxG:direct |"
 echo "| --- | --- | ---: | --- | --- |"
-for s in allreduce.hier allreduce.hier_tree allgather.hier reducescatter.hier; do
+for s in allreduce.hier allreduce.hier_tree allgather.hier reducescatter.hier reducescatter.hier_direct; do
   for t in $shapes; do
     net=$(one "$s" "$t")
     ops=$(grep -o '[0-9]* operations' "$tmp/out" | head -1 | awk '{ print $1 }')

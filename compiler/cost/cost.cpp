@@ -35,17 +35,21 @@ double op_cost(const ir::Schedule& s, const Op& op, const topology::Topology& t,
   return kDataOpUs + bytes / (op_link(op, t).gbps * 1e3);  // GB/s -> bytes per microsecond
 }
 
-// The NICs a data op uses: for every rank it touches on another node, that
-// rank's NIC and the executing rank's (a NIC per (node, rail)); none for an
-// op inside a node (and none on NxG:direct, where every pair is linked).
+// The NIC directions a data op uses (a NIC per (node, rail); sending and
+// receiving are separate, as LinkCost's rate is per direction): for a rank
+// it writes on another node, the executing rank's NIC sending and that
+// rank's receiving; for one it reads, the reverse. None for an op inside a
+// node (and none on NxG:direct, where every pair is linked).
 std::vector<int64_t> op_nics(const Op& op, const topology::Topology& t) {
   std::vector<int64_t> nics;
-  auto nic = [&](int32_t r) { return int64_t(t.node(r)) * t.gpus_per_node + t.rail(r); };
-  for (const auto* list : {&op.srcs, &op.dsts})
-    for (const auto& x : *list)
-      if (t.link(op.rank, x.rank) == topology::Link::net)
-        for (int64_t n : {nic(op.rank), nic(x.rank)})
-          if (std::find(nics.begin(), nics.end(), n) == nics.end()) nics.push_back(n);
+  auto nic = [&](int32_t r, bool send) { return (int64_t(t.node(r)) * t.gpus_per_node + t.rail(r)) * 2 + send; };
+  auto add = [&](int64_t n) {
+    if (std::find(nics.begin(), nics.end(), n) == nics.end()) nics.push_back(n);
+  };
+  for (const auto& x : op.dsts)
+    if (t.link(op.rank, x.rank) == topology::Link::net) add(nic(op.rank, true)), add(nic(x.rank, false));
+  for (const auto& x : op.srcs)
+    if (t.link(op.rank, x.rank) == topology::Link::net) add(nic(x.rank, true)), add(nic(op.rank, false));
   return nics;
 }
 

@@ -6,9 +6,10 @@
 //  - a data op costs kDataOpUs + B / (gbps * 1e3) us, B = tile bytes x chunks
 //    x destinations (x2 for LL), gbps of the slowest link it uses from its
 //    executing rank (Topology::link: self, nvlink, pcie, net);
-//  - a data op that crosses nodes also holds the NICs it uses (the executing
-//    rank's and each remote peer's: one per node and rail) for its duration:
-//    a NIC carries one transfer at a time, first come first served in the
+//  - a data op that crosses nodes also holds the NIC directions it uses (a
+//    NIC per node and rail; writing to a peer: the executing rank's sending
+//    side and the peer's receiving side) for its duration: a NIC carries one
+//    transfer at a time each way, first come first served in the
 //    order ops are played (so it may delay an op that was ready earlier:
 //    pessimistic), and its busy time per step bounds the pipelined rate
 //    like a thread block's;

@@ -160,6 +160,8 @@ Topology from_json(const nlohmann::json& j, int32_t nranks, const BadField& bad)
   Topology t;
   t.nodes = count("nodes");
   t.gpus_per_node = count("gpus_per_node");
+  if (int64_t(t.nodes) * t.gpus_per_node > (1 << 20))
+    bad("", fmt::format("{} nodes of {} GPUs is more than {} ranks", t.nodes, t.gpus_per_node, 1 << 20));
   if (nranks != 0 && int64_t(t.nodes) * t.gpus_per_node != nranks)
     bad("", fmt::format("{} nodes of {} GPUs is {} ranks but the schedule has {}", t.nodes, t.gpus_per_node,
                         int64_t(t.nodes) * t.gpus_per_node, nranks));

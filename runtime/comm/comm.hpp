@@ -333,7 +333,7 @@ class CommLife {
   // compile): mkCommAbort does not wait for them; they see `closing` when the
   // compile ends, fail, and drop their reference (the last frees).
   std::atomic<int> compiling{0};
-  BootstrapCancel boot_cancel;  // abort ends bootstrap waits, also during init (outlives CommPeers::boot)
+  BootstrapCancel boot_cancel;  // abort ends bootstrap waits, also during init (outlives CommPeers::boot: see Comm)
 
   // Records a sticky error (first one wins).
   void set_error(mkResult_t code, const std::string& msg);
@@ -348,7 +348,9 @@ class CommLife {
   std::string last_error_;
 };
 
-class Comm : public CommIdentity, public CommPeers, public CommOrdering, public CopyEngines, public CommLife {
+// CommLife is the first base, so destroyed last: its boot_cancel outlives
+// CommPeers::boot, whose destructor unregisters from it.
+class Comm : public CommLife, public CommIdentity, public CommPeers, public CommOrdering, public CopyEngines {
  public:
   std::mutex mu;  // guards plans, regs, the ordering fields, pointer checks and the copy-engine state
   PlanCache plans;
@@ -530,11 +532,13 @@ struct CompileScope {
 // only that rank's class; a process with several ranks gets one plan per
 // class); -1: a plan for every rank.
 // `tune`: the selection entry's knobs (Choice::tune), applied after MK_TUNE.
-// `topo`: what the plan is lowered for (the communicator's machine); a plan
-// for one NVLink node of its rank count is built as before topologies were
-// known (the same code, key and shipped plans); any other topology is part
-// of the schedule, so of the plan's cache key and its plan.json. `nranks`:
-// one NVLink node.
+// `topo`: what the plan is lowered for (the communicator's machine). A plan
+// for one node is built as before topologies were known, whatever the link
+// inside the node (plain_topology: the same code, key and shipped plans;
+// lowering does not read the link, selection does); any other topology is
+// part of the schedule, so of the plan's cache key and its plan.json.
+// `nranks`: one NVLink node.
+bool plain_topology(const topology::Topology& t);
 std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collective coll,
                                            const topology::Topology& topo, DType dtype, RedOp op, int arch,
                                            bool zero_copy, int32_t max_grid = 0, int32_t rank = -1,

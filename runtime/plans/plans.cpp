@@ -210,6 +210,8 @@ DType kernel_dtype(Collective coll, DType dtype) {
   }
 }
 
+bool plain_topology(const topology::Topology& t) { return t.nodes == 1 && !t.direct && t.rails.empty(); }
+
 compiler::CompileOptions plan_options(Collective coll, DType dtype, RedOp op, int arch, bool zero_copy,
                                       int32_t max_grid, int32_t rank, const std::string& tune,
                                       const std::string& fusion) {
@@ -256,7 +258,7 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
                                            bool zero_copy, int32_t max_grid, int32_t rank, const std::string& tune,
                                            const std::string& fusion) {
   const int nranks = topo.nranks();
-  const bool plain = topo == topology::single(nranks);  // one NVLink node: built without a topology, as always
+  const bool plain = plain_topology(topo);  // one node: built without a topology, as always
   compiler::CompileOptions o = plan_options(coll, dtype, op, arch, zero_copy, max_grid, -1, tune, fusion);
   const std::string fusion_id = compiler::fusion_identity(fusion);  // what a matching plan.json holds
   const std::string key = fmt::format("{}|{}|{}", schedule, plain ? std::to_string(nranks) : topology::to_json(topo).dump(),
@@ -290,7 +292,9 @@ std::shared_ptr<const plan::Plan> get_plan(const std::string& schedule, Collecti
           p->fusion != fusion_id || p->fusion_check != o.fusion_check)
         continue;
       if (p->zero_copy && !zero_copy) continue;
-      if (p->nranks == nranks && p->arch == arch && p->topology.value_or(topology::single(nranks)) != topo)
+      if (p->nranks == nranks && p->arch == arch &&
+          (p->topology && !plain_topology(*p->topology) ? *p->topology : topology::single(nranks)) !=
+              (plain ? topology::single(nranks) : topo))
         fail(mkInvalidUsage, fmt::format("MK_PLAN_DIR holds plan {} ({} {}) compiled for topology {}, but this "
                                          "communicator's machine is {}; recompile it with `mkc compile --topology {}` "
                                          "(or --topology-file from `mkc topo`)",

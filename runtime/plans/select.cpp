@@ -46,7 +46,7 @@ const std::vector<std::pair<std::string, compiler::Lowered>>& candidates(Collect
   static std::map<std::pair<int, std::string>, std::vector<std::pair<std::string, compiler::Lowered>>> cache;
   std::lock_guard<std::mutex> lock(mu);
   const int nranks = topo.nranks();
-  const bool plain = topo == topology::single(nranks);
+  const bool plain = plain_topology(topo);
   auto [it, fresh] = cache.try_emplace({int(coll), topology::to_json(topo).dump()});
   if (!fresh) return it->second;
   compiler::LowerOptions o;

@@ -85,6 +85,23 @@ size_t shared_components(const std::string& a, const std::string& b) {
   return n;
 }
 
+// Rails of one node's GPUs (in local order) from their NICs: GPUs that share
+// a NIC share a rail, numbered by first use; empty when a NIC is unknown or
+// every GPU has its own (the default: rail = local index).
+std::vector<int32_t> rails_of(const std::vector<std::string>& nics) {
+  std::vector<std::string> seen;
+  std::vector<int32_t> rails;
+  bool identity = true;
+  for (const std::string& n : nics) {
+    if (n.empty()) return {};
+    auto it = std::find(seen.begin(), seen.end(), n);
+    if (it == seen.end()) it = seen.insert(seen.end(), n);
+    rails.push_back(int32_t(it - seen.begin()));
+    identity = identity && rails.back() == int32_t(rails.size() - 1);
+  }
+  return identity ? std::vector<int32_t>{} : rails;
+}
+
 }  // namespace
 
 bool Machine::uniform() const {
@@ -122,6 +139,18 @@ topology::Topology Machine::topology() const {
   t.nodes = nodes;
   t.gpus_per_node = ranks_per_node();
   t.intra = intra();
+  // Across nodes, rails from the NICs when every node's GPUs share them
+  // alike (one node has no network: none).
+  if (nodes > 1) {
+    std::vector<std::vector<int32_t>> per_node;
+    for (const auto& rs : node_ranks) {
+      std::vector<std::string> nics;
+      for (int r : rs) nics.push_back(nic[size_t(r)]);
+      per_node.push_back(rails_of(nics));
+    }
+    if (std::all_of(per_node.begin(), per_node.end(), [&](const auto& x) { return x == per_node[0]; }))
+      t.rails = per_node[0];
+  }
   return t;
 }
 
@@ -203,6 +232,17 @@ std::string nearest_nic(const std::string& bus, const std::string& sysfs_root) {
 }
 
 void fill_machine_info(RankInfo& me, CUdevice dev) {
+  try {
+    fill_machine_info_checked(me, dev);
+  } catch (const RtError& e) {
+    // informational: a failed query leaves it unknown (every rank then sees
+    // the same unknown) instead of failing this rank's init alone
+    me.nlinks = 0;
+    debug_log(std::string("machine: ") + e.what() + "; this GPU's links and NIC count as unknown");
+  }
+}
+
+void fill_machine_info_checked(RankInfo& me, CUdevice dev) {
   const Driver& d = cu();
   char bus[32] = {};
   MK_CU(d.cuDeviceGetPCIBusId(bus, int(sizeof bus), dev), "reading the GPU's PCI bus id");
@@ -229,7 +269,7 @@ void fill_machine_info(RankInfo& me, CUdevice dev) {
 }
 
 std::string local_machine_json(int nodes) {
-  if (nodes < 1) fail(mkInvalidArgument, fmt::format("--nodes {}: must be at least 1", nodes));
+  if (nodes < 1 || nodes > 65536) fail(mkInvalidArgument, fmt::format("--nodes {}: must be in 1..65536", nodes));
   const Driver& d = cu();
   int count = 0;
   MK_CU(d.cuDeviceGetCount(&count), "counting GPUs");
@@ -247,7 +287,7 @@ std::string local_machine_json(int nodes) {
     CUuuid uuid{};
     MK_CU(d.cuDeviceGetUuid(&uuid, dev), "reading a GPU's UUID");
     std::memcpy(me.uuid, uuid.bytes, 16);
-    fill_machine_info(me, dev);
+    fill_machine_info_checked(me, dev);
     char gname[128] = {};
     MK_CU(d.cuDeviceGetName(gname, int(sizeof gname) - 1, dev), "cuDeviceGetName");
     gpus.push_back({{"index", i}, {"name", gname}, {"pci", field(me.pci, sizeof me.pci)},
@@ -256,18 +296,8 @@ std::string local_machine_json(int nodes) {
   const Machine m = machine_of(all);
   topology::Topology t = m.topology();
   t.nodes = nodes;
-  // Rails: GPUs that share a NIC share a rail, numbered by first use.
-  std::vector<std::string> nics;
-  bool known = true;
-  for (int i = 0; i < count; ++i) {
-    const std::string& n = m.nic[size_t(i)];
-    known = known && !n.empty();
-    if (std::find(nics.begin(), nics.end(), n) == nics.end()) nics.push_back(n);
-    t.rails.push_back(int32_t(std::find(nics.begin(), nics.end(), n) - nics.begin()));
-  }
-  bool identity = true;
-  for (int i = 0; i < count; ++i) identity = identity && t.rails[size_t(i)] == i;
-  if (!known || identity) t.rails.clear();  // unknown, or the default (rail = local index)
+  // Rails (across nodes only): GPUs that share a NIC share a rail.
+  if (nodes > 1) t.rails = rails_of(m.nic);
   nlohmann::json links = nlohmann::json::array();
   for (int a = 0; a < count; ++a) {
     nlohmann::json row = nlohmann::json::array();

@@ -27,8 +27,11 @@
 // Node-major order: schedules see rank r as GPU r % G of node r / G
 // (compiler/topology/topology.hpp). Launchers often number ranks that way
 // (torchrun, Slurm's block distribution), MPI with --map-by does not: the
-// runtime keeps the permutation (`order`, `position`). Nodes with different
-// rank counts have no node-major shape: topology() says which nodes differ.
+// runtime keeps the permutation (`order`, `position`), for part 2 to run
+// plans across nodes in node-major positions (nothing applies it yet: a
+// communicator with plans sits on one node, where it is the identity).
+// Nodes with different rank counts have no node-major shape: topology()
+// says which nodes differ.
 #pragma once
 
 #include <cstdint>
@@ -74,7 +77,9 @@ struct Machine {
   // nvlink, as before this was detected). `none` pairs are the transport's
   // error (peer access), not this one's.
   topology::Link intra() const;
-  // The compiler's view: nodes x ranks per node, intra link. Throws RtError
+  // The compiler's view: nodes x ranks per node, intra link, and across
+  // nodes the rails the NICs give (GPUs sharing a NIC share a rail, when
+  // every node is alike and every NIC known). Throws RtError
   // (mkInvalidUsage) naming two nodes with different rank counts when the
   // nodes are not uniform.
   topology::Topology topology() const;
@@ -94,15 +99,18 @@ std::string nearest_nic(const std::string& bus, const std::string& sysfs_root = 
 // `mkc topo`: this host's GPUs as one node of a machine of `nodes` such
 // nodes, as a topology file (compiler/topology/topology.hpp read_file):
 //   {"mkernel_topology": 1, "topology": {"nodes", "gpus_per_node", "intra",
-//    "direct": false, "rails" (GPUs sharing a NIC share a rail; left out when
-//    a NIC is unknown)}, "host", "gpus": [{"index", "name", "pci", "nic"}],
+//    "direct": false, "rails" (nodes > 1: GPUs sharing a NIC share a rail;
+//    left out when a NIC is unknown or every GPU has its own)}, "host", "gpus": [{"index", "name", "pci", "nic"}],
 //    "links": [[kind, ...], ...] (by GPU index), "note"}
 // Throws RtError when the driver is missing or sees no GPU.
 std::string local_machine_json(int nodes);
 
 // This process's view of its GPU `dev`'s links to every other GPU it sees:
 // fills `me.links` / `me.nlinks` (at most RankInfo::kMaxLinks), `me.pci`
-// and `me.nic`. Checks every driver call (a failed query: mkSystemError).
+// and `me.nic`. Checks every driver call; a failed query leaves the rest
+// unknown (said with MK_DEBUG) rather than failing init: the facts only
+// inform selection. (`mkc topo` uses the throwing form.)
 void fill_machine_info(RankInfo& me, CUdevice dev);
+void fill_machine_info_checked(RankInfo& me, CUdevice dev);
 
 }  // namespace mk::rt

@@ -88,6 +88,31 @@ TEST_CASE("machine: nodes, local indices and the node-major order of ranks numbe
   CHECK(rt::machine_of(boots).nodes == 2);
 }
 
+TEST_CASE("machine: rails across nodes come from the NICs the GPUs share, the same on every node") {
+  auto node = [](const std::string& host, std::vector<std::string> nics) {
+    std::vector<RankInfo> v;
+    for (size_t g = 0; g < nics.size(); ++g) {
+      v.push_back(rank_on(host, int(g)));
+      std::strncpy(v.back().nic, nics[g].c_str(), sizeof v.back().nic - 1);
+    }
+    return v;
+  };
+  auto join = [](std::vector<RankInfo> a, const std::vector<RankInfo>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::vector<std::string> two = {"mlx5_0", "mlx5_0", "mlx5_1", "mlx5_1"};
+  CHECK(rt::machine_of(join(node("a", two), node("b", two))).topology().rails == std::vector<int32_t>{0, 0, 1, 1});
+  // a NIC per GPU is the default (no rails), one unknown NIC leaves them unknown
+  const std::vector<std::string> own = {"m0", "m1", "m2", "m3"}, gap = {"m0", "m0", "", "m1"};
+  CHECK(rt::machine_of(join(node("a", own), node("b", own))).topology().rails.empty());
+  CHECK(rt::machine_of(join(node("a", gap), node("b", gap))).topology().rails.empty());
+  // nodes wired differently: no rails (every rank computes the same)
+  CHECK(rt::machine_of(join(node("a", two), node("b", own))).topology().rails.empty());
+  // one node has no network: no rails, so its plans stay those of a plain node
+  CHECK(rt::machine_of(node("a", two)).topology() == topology::single(4));
+}
+
 TEST_CASE("machine: nodes with different rank counts have no node-major shape, and the error names them") {
   std::vector<RankInfo> all = {rank_on("big", 0), rank_on("big", 1), rank_on("small", 0), rank_on("big", 2)};
   const Machine m = rt::machine_of(all);
@@ -157,6 +182,13 @@ TEST_CASE("machine: the NIC nearest a GPU is the one sharing the most PCI bridge
   fs::create_directory_symlink(eth, root / "sys/class/net/eth0/device");
 
   CHECK(rt::nearest_nic("0000:17:00.0", root.string()) == "mlx5_0");
+  // Two NICs as near as each other: the lower name.
+  fs::create_directories(root / "sys/class/infiniband/mlx5_9");
+  fs::create_directories(root / "sys/class/infiniband/mlx5_10");
+  fs::create_directory_symlink(nic0, root / "sys/class/infiniband/mlx5_9/device");
+  fs::create_directory_symlink(nic0, root / "sys/class/infiniband/mlx5_10/device");
+  fs::remove_all(root / "sys/class/infiniband/mlx5_0");
+  CHECK(rt::nearest_nic("0000:17:00.0", root.string()) == "mlx5_10");
   CHECK(rt::nearest_nic("0000:2A:00.0", root.string()) == "mlx5_1");      // the driver's upper case
   CHECK(rt::nearest_nic("00000000:2a:00.0", root.string()) == "mlx5_1");  // an 8-digit domain
   CHECK(rt::nearest_nic("0000:99:00.0", root.string()).empty());         // a GPU sysfs does not know
@@ -195,6 +227,8 @@ TEST_CASE("topology files: read back, and hostile ones refused naming the file a
       {R"({"mkernel_topology": 1, "topology": {"nodes": 1, "gpus_per_node": 2, "rails": [0, 5]}})",
        "$.topology.rails"},
       {std::string(200, '[') + std::string(200, ']'), "nested more than 16 levels"},
+      {R"({"mkernel_topology": 1, "topology": {"nodes": 1047553, "gpus_per_node": 4100}})",
+       "is more than 1048576 ranks"},  // each count in range, their product not
   };
   for (const auto& [text, says] : bad) {
     CAPTURE(text);

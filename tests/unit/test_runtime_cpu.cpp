@@ -201,3 +201,15 @@ TEST_CASE("transports: p2p reaches the ranks of one node, and every rank finds t
   CHECK(mk::rt::choose_transports(ts, two, 1).by_peer == std::vector<int>{0, 0, -1, -1});
   CHECK(mk::rt::choose_transports(ts, two, 3).by_peer == std::vector<int>{-1, -1, -1, 0});
 }
+
+// ~Bootstrap unregisters from the communicator's BootstrapCancel, so the
+// cancel (in CommLife) must be destroyed after the bootstrap (in CommPeers):
+// bases are built in declaration order and destroyed in reverse, and laid out
+// in that order, which is what this checks (regression: CommLife was the last
+// base, and a destroyed communicator locked a destroyed mutex).
+TEST_CASE("comm: the lifecycle part is built first, so its bootstrap cancel outlives the bootstrap") {
+  rt::Comm c;  // no device: its destructor returns at once
+  const auto* life = reinterpret_cast<const char*>(static_cast<rt::CommLife*>(&c));
+  const auto* peers = reinterpret_cast<const char*>(static_cast<rt::CommPeers*>(&c));
+  CHECK(life < peers);
+}

@@ -170,7 +170,8 @@ TEST_CASE("hierarchical schedules prove and simulate on every shape") {
   for (const char* t : {"1x4", "2x2:direct", "2x4:direct", "4x2:direct", "4x1:direct", "2x3:direct"})
     shapes.push_back(topology::parse(t, 0));
   for (int n : {1, 2, 3, 4, 8}) shapes.push_back(topology::single(n));
-  for (const std::string name : {"allreduce.hier", "allreduce.hier_tree", "allgather.hier", "reducescatter.hier"}) {
+  for (const std::string name : {"allreduce.hier", "allreduce.hier_tree", "allgather.hier", "reducescatter.hier",
+                                 "reducescatter.hier_direct"}) {
     for (const auto& t : shapes) {
       CAPTURE(name);
       const std::string shape = t.name();
@@ -203,7 +204,7 @@ TEST_CASE("network operations: built-ins prove and simulate on real shapes, ever
                                      DType::uint8, DType::fp8e4m3};
   for (const char* shape : {"2x1", "2x2", "2x4", "4x2", "3x2", "2x3"})
     for (const std::string name : {"allreduce.hier", "allreduce.hier_tree", "allgather.hier", "reducescatter.hier",
-                                   "broadcast.direct", "reduce.direct", "alltoall.direct", "allreduce.ring",
+                                   "reducescatter.hier_direct", "broadcast.direct", "reduce.direct", "alltoall.direct", "allreduce.ring",
                                    "allgather.ring"}) {
       CAPTURE(name);
       CAPTURE(shape);
@@ -261,7 +262,8 @@ TEST_CASE("network operations: a schedule proved in place comes back unchanged")
 }
 
 TEST_CASE("network operations: 8x8 hierarchical built-ins prove and simulate") {
-  for (const std::string name : {"allreduce.hier", "allreduce.hier_tree", "allgather.hier", "reducescatter.hier"}) {
+  for (const std::string name : {"allreduce.hier", "allreduce.hier_tree", "allgather.hier", "reducescatter.hier",
+                                 "reducescatter.hier_direct"}) {
     CAPTURE(name);
     auto l = lower_for(name, topology::parse("8x8", 64));
     verify::SimOptions o;
@@ -555,6 +557,12 @@ TEST_CASE("cost: transfers that share a NIC take turns, and its busy time bounds
   shared.rails = {0, 0};
   auto together = cost::step_timeline(s, shared, 4096);
   CHECK(together.step_us == doctest::Approx(2 * one).epsilon(1e-9));
+  // A NIC sends and receives at once: rank 0 to rank 2 and rank 2 to rank 0 do not wait for each other.
+  s.ops[1].rank = 2;
+  s.ops[1].srcs[0].rank = 2;
+  s.ops[1].dsts[0].rank = 0;
+  auto both_ways = cost::step_timeline(s, topology::parse("2x2", 4), 4096);
+  CHECK(both_ways.step_us == doctest::Approx(one).epsilon(1e-9));
   // The selection follows: on 8x8, a one-shot's 63 transfers per rank through
   // one NIC cost more than the hierarchical tree's few.
   const Topology big = topology::parse("8x8", 64);
