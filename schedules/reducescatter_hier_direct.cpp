@@ -14,8 +14,13 @@
 // chunks per node) in one step of larger transfers, and each op moves a
 // node-block instead of a chunk: about 2N + 2G ops per rank instead of
 // reducescatter.hier's N x G (1024 ranks on 128x8: 1.2M ops there).
+// The price: GPU l's program differs from GPU m's (it handles other
+// distances), so a full plan has G rank classes (G kernels to compile, where
+// reducescatter.hier has one; a rank compiles only its own), and each GPU
+// talks to about N/G peers across nodes (the network proof's cost grows with
+// those connections: 17 s at 128x8 on the 2-core machine).
 // One node: a direct reduce-scatter.
-// Steps 2 crosses nodes: on NxG its transfers become puts (stage_network),
+// Step 2 crosses nodes: on NxG its transfers become puts (stage_network),
 // proved and simulated; kernels come with part 2 (NxG:direct compiles now).
 #include <mk/dsl.hpp>
 
