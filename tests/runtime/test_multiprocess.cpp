@@ -24,6 +24,7 @@
 #include "runtime/bootstrap/bootstrap.hpp"
 #include "runtime/comm/comm.hpp"
 #include "runtime/api/handles.hpp"
+#include "runtime/api/status.hpp"
 #include "runtime/memory/ipc.hpp"
 #include "tests/runtime/fake.hpp"
 #include "compiler/compile.hpp"
@@ -897,7 +898,21 @@ int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   CHILD_CHECK(placed != nullptr);
   const std::string placement = placed;
   CHILD_CHECK(int(placement.size()) == nranks);
-  {
+  const bool uneven = std::count(placement.begin(), placement.end(), 'a') * 2 != nranks;
+  if (uneven) {
+    // nodes of different rank counts: a bootstrap all the same, and the
+    // machine's node-major shape refused by name (what plans across nodes
+    // would need), never a hang
+    const mk::rt::Machine& m = mk::rt::acquire(comm)->machine;
+    CHILD_CHECK(m.nodes == 2 && !m.uniform() && m.ranks_per_node() == -1);
+    std::string why;
+    try {
+      (void)m.topology();
+    } catch (const mk::rt::RtError& e) {
+      why = e.what();
+    }
+    CHILD_CHECK(why.find("different numbers of ranks: node 'node-a' has") != std::string::npos);
+  } else {
     const mk::rt::Machine& m = mk::rt::acquire(comm)->machine;
     CHILD_CHECK(m.nodes == 2 && m.uniform() && m.ranks_per_node() == nranks / 2);
     std::vector<int> order;
@@ -1487,6 +1502,8 @@ TEST_CASE("four processes on two nodes: spanNodes makes a bootstrap-only communi
   run_ranks(4, "span_bootstrap", {placed(a, "aabb"), placed(a, "aabb"), placed(b, "aabb"), placed(b, "aabb")});
   // ranks not numbered node-major (MPI's --map-by node): the runtime keeps the permutation
   run_ranks(4, "span_bootstrap", {placed(a, "abab"), placed(b, "abab"), placed(a, "abab"), placed(b, "abab")});
+  // nodes of different sizes: three ranks on one, one on the other
+  run_ranks(4, "span_bootstrap", {placed(a, "aaba"), placed(a, "aaba"), placed(b, "aaba"), placed(a, "aaba")});
   run_ranks(2, "span_differs", {a, b});
 }
 
