@@ -1,21 +1,20 @@
-// allreduce.hier_tree: hierarchical all-reduce for N nodes of G GPUs with a
-// tree across nodes instead of allreduce.hier's ring:
+// allreduce.hier_tree: hierarchical all-reduce for N nodes of G GPUs with
+// trees across nodes instead of allreduce.hier's ring:
 //  1. inside each node, a direct reduce-scatter: local GPU l reduces part l
 //     (chunks l*N .. l*N+N-1) of its node's inputs, in local order 0..G-1;
-//  2. across nodes, among the ranks of local index l (one rail): a binary
-//     tree over the nodes (node v's children are 2v+1 and 2v+2, node 0 the
-//     root) reduces part l up to the root, whole, then copies the sum down;
+//  2. across nodes, among the ranks of local index l (one rail): two binary
+//     trees over the nodes (NCCL's double binary tree idea), each carrying
+//     half of part l up to its root, whole, and its sum back down; a node
+//     interior in one tree is a leaf in the other (tree B is tree A with
+//     the nodes mirrored), so no node carries much more than the others;
 //  3. inside each node, a direct all-gather of every part.
 // Step 2 takes 2*ceil(log2(N+1))-2 network steps where the ring takes
-// 2(N-1): fewer latencies for small messages on many nodes. An interior
-// node receives three parts (two children's, its parent's sum) and sends
-// three, a leaf one each way, so on bandwidth it is the ring's inferior;
-// NCCL balances this with two trees (each node interior in one, a leaf in
-// the other), which this one-tree version does not do yet.
-// Each part's sum is formed once, at the root (own part first, then the
-// children's in order), and copied: every rank ends with bit-identical
-// results. One node: direct reduce-scatter + all-gather; one GPU per node: a
-// tree across the nodes.
+// 2(N-1): fewer latencies for small messages on many nodes; on bandwidth
+// the ring still moves fewer bytes per node for large ones.
+// Each chunk's sum is formed once, at its tree's root (own part first, then
+// the children's in order), and copied: every rank ends with bit-identical
+// results. One node: direct reduce-scatter + all-gather; one GPU per node:
+// trees across the nodes.
 // Step 2 crosses nodes: on NxG its transfers become puts (stage_network),
 // proved and simulated; kernels come with part 2 (NxG:direct compiles now).
 #include <mk/dsl.hpp>
@@ -32,7 +31,8 @@ static void allreduce_hier_tree(Program& p) {
   }
   // part l of a rank's buffer: its N chunks from l*N
   auto part = [&](Chunk c, int l) { return Chunk{c.rank, c.buf, l * N, N}; };
-  // scratch: local peer k's part at k*N (step 1), child k's part at G*N + k*N (step 2)
+  // scratch: local peer k's part at k*N (step 1); step 2: tree A's child k
+  // at G*N + k*half, tree B's child k at G*N + 2*half + k*(N-half)
   const int up = G * N;
 
   // 1. intra-node reduce-scatter; the partial sum of part l lands in output
@@ -43,37 +43,55 @@ static void allreduce_hier_tree(Program& p) {
         [&](int r) { return part(p.output(r, 0), p.local(r)); },
         [&](int from, int to) { return p.scratch(to, p.local(from) * N, N); }, Program::Order::group);
 
-  // 2. the tree across nodes, per rail
-  auto children = [&](int v) {
+  // 2. two trees across nodes, per rail: the first half of part l goes up
+  //    and down tree A (heap order: node v's children 2v+1 and 2v+2, root
+  //    0), the second half tree B (the same heap over the nodes mirrored,
+  //    v -> N-1-v, root N-1). Tree A's interior nodes are the lower half of
+  //    the nodes, B's the upper half, so each node is interior in at most
+  //    one tree (NCCL's double binary tree idea): every node moves at most
+  //    about one and a half parts each way.
+  auto mine = [&](int r) { return part(p.output(r, 0), p.local(r)); };
+  auto kids = [&](int w) {  // heap children of heap index w
     std::vector<int> c;
-    for (int k : {2 * v + 1, 2 * v + 2})
+    for (int k : {2 * w + 1, 2 * w + 2})
       if (k < N) c.push_back(k);
     return c;
   };
-  auto mine = [&](int r) { return part(p.output(r, 0), p.local(r)); };
-  // what rank r sends up: the sum of its subtree's part
-  auto subtree = [&](int r) {
-    return !children(p.node(r)).empty() || G > 1 ? mine(r) : part(p.input(r, 0), p.local(r));
+  struct Tree {
+    bool mirrored;
+    int first, count, slots;  // its chunks of a part, and its scratch at `slots`
   };
-  // up, leaves first (children have larger node numbers than their parent)
-  for (int v = N - 1; v >= 0; --v)
-    for (int l = 0; l < G; ++l) {
-      const int r = p.rank_of(v, l);
-      const std::vector<int> kids = children(v);
-      if (!kids.empty()) {
-        std::vector<Chunk> srcs = {G > 1 ? mine(r) : part(p.input(r, 0), l)};
-        for (size_t k = 0; k < kids.size(); ++k) srcs.push_back(p.scratch(r, up + int(k) * N, N));
-        p.reduce(mine(r), srcs);
+  const int half = (N + 1) / 2;
+  const Tree trees[] = {{false, 0, half, up}, {true, half, N - half, up + 2 * half}};
+  auto node_of = [&](const Tree& t, int w) { return t.mirrored ? N - 1 - w : w; };
+  auto sub = [](Chunk c, const Tree& t) { return Chunk{c.rank, c.buf, c.index + t.first, t.count}; };
+  // up, leaves first (children have larger heap indices than their parent)
+  for (const Tree& t : trees) {
+    if (t.count == 0) continue;
+    for (int w = N - 1; w >= 0; --w)
+      for (int l = 0; l < G; ++l) {
+        const int r = p.rank_of(node_of(t, w), l);
+        const std::vector<int> children = kids(w);
+        const Chunk own = sub(G > 1 ? mine(r) : part(p.input(r, 0), l), t);
+        if (!children.empty()) {
+          std::vector<Chunk> srcs = {own};
+          for (size_t k = 0; k < children.size(); ++k) srcs.push_back(p.scratch(r, t.slots + int(k) * t.count, t.count));
+          p.reduce(sub(mine(r), t), srcs);
+        }
+        if (w > 0) {
+          const int parent = p.rank_of(node_of(t, (w - 1) / 2), l);
+          p.copy(p.scratch(parent, t.slots + (w - 1) % 2 * t.count, t.count), children.empty() ? own : sub(mine(r), t));
+        }
       }
-      if (v > 0) {
-        const int parent = p.rank_of((v - 1) / 2, l);
-        p.copy(p.scratch(parent, up + (v - 1) % 2 * N, N), subtree(r));
-      }
-    }
-  // down, root first
-  for (int v = 0; v < N; ++v)
-    for (int l = 0; l < G; ++l)
-      for (int k : children(v)) p.copy(mine(p.rank_of(k, l)), mine(p.rank_of(v, l)));
+  }
+  // down, roots first
+  for (const Tree& t : trees) {
+    if (t.count == 0) continue;
+    for (int w = 0; w < N; ++w)
+      for (int l = 0; l < G; ++l)
+        for (int k : kids(w))
+          p.copy(sub(mine(p.rank_of(node_of(t, k), l)), t), sub(mine(p.rank_of(node_of(t, w), l)), t));
+  }
 
   // 3. intra-node all-gather of the parts
   if (G > 1)
@@ -82,4 +100,4 @@ static void allreduce_hier_tree(Program& p) {
 }
 
 MK_SCHEDULE("allreduce.hier_tree", allreduce, allreduce_hier_tree,
-            "hierarchical: reduce-scatter in each node, a binary tree across nodes per rail, all-gather in each node");
+            "hierarchical: reduce-scatter in each node, two binary trees across nodes per rail, all-gather in each node");
