@@ -28,9 +28,9 @@ using ir::OpKind;
 using ir::Ref;
 
 ir::Schedule insert_flush(ir::Schedule s) {
-  bool any = false;
-  for (const Op& op : s.ops) any = any || op.kind == OpKind::put;
-  if (!any) return s;
+  size_t puts = 0;
+  for (const Op& op : s.ops) puts += op.kind == OpKind::put;
+  if (puts == 0) return s;
   const topology::Topology t = ir::topology_of(s);
   struct Lane {
     // chunks unflushed puts read, keyed in-place (an input chunk and the
@@ -46,8 +46,12 @@ ir::Schedule insert_flush(ir::Schedule s) {
   auto lane_of = [&](const Op& op) { return size_t(op.rank) * size_t(tbs) + size_t(std::max(0, op.tb)); };
   for (size_t i = 0; i < s.ops.size(); ++i) last[lane_of(s.ops[i])] = i;
   int32_t next_id = s.next_id();
+  // A flush closes a lane that an earlier put opened: at most one per put,
+  // so this is enough and never reallocates (at 1024 ranks the schedule is
+  // hundreds of MB: a growing or shrinking copy beside the input was the
+  // proof's peak memory).
   std::vector<Op> out;
-  out.reserve(s.ops.size() + s.ops.size() / 4);
+  out.reserve(s.ops.size() + puts);
   auto flush = [&](const Op& at, Lane& l) {
     Op f;
     f.id = next_id++;
@@ -84,8 +88,7 @@ ir::Schedule insert_flush(ir::Schedule s) {
     out.push_back(std::move(op));
     if (end && l.open()) flush(copy_for_end, l);
   }
-  out.shrink_to_fit();  // it lives through the bucket's proof (at 1024 ranks, hundreds of MB)
-  s.ops = std::move(out);
+  s.ops = std::move(out);  // (the input's ops go now)
   return s;
 }
 

@@ -35,13 +35,23 @@ ir::Schedule stage_network(ir::Schedule s) {
   if (!s.topology) return s;
   const topology::Topology t = *s.topology;
   auto far = [&](int32_t a, int32_t b) { return a != b && t.link(a, b) == topology::Link::net; };
+  // The puts this adds, exactly as the loop below makes them (so that the
+  // new op list is allocated once: at 1024 ranks the schedule is hundreds of
+  // MB, and a growing or shrinking copy beside the input was the peak).
+  size_t added = 0;
   bool any = false;
-  for (const Op& op : s.ops)
-    for (const auto* list : {&op.srcs, &op.dsts})
-      for (const Ref& r : *list) any = any || (op.is_data() && r.buf == Buf::scratch && far(op.rank, r.rank));
-  if (!any) return s;
+  for (const Op& op : s.ops) {
+    if (!op.is_data() || op.kind == OpKind::put) continue;
+    for (const Ref& r : op.srcs) added += r.buf == Buf::scratch && far(op.rank, r.rank);
+    size_t dsts = 0;
+    for (const Ref& r : op.dsts) dsts += r.buf == Buf::scratch && far(op.rank, r.rank);
+    const bool becomes_put = op.kind == OpKind::copy && op.dsts.size() == 1 && dsts == 1;
+    added += becomes_put ? 0 : dsts;
+    any = any || becomes_put;
+  }
+  if (added == 0 && !any) return s;
   std::vector<Op> out;
-  out.reserve(s.ops.size() + s.ops.size() / 2);
+  out.reserve(s.ops.size() + added);
   int32_t next_id = s.next_id();
   std::vector<int32_t> next_slot(size_t(s.nranks), s.scratch);
   auto slot_on = [&](int32_t rank, int32_t count) {
@@ -86,8 +96,7 @@ ir::Schedule stage_network(ir::Schedule s) {
     out.push_back(std::move(op));
     for (Op& a : after) out.push_back(std::move(a));
   }
-  out.shrink_to_fit();  // it lives through the whole lowering
-  s.ops = std::move(out);
+  s.ops = std::move(out);  // (the input's ops go now)
   for (int32_t n : next_slot) s.scratch = std::max(s.scratch, n);
   return s;
 }
