@@ -10,10 +10,12 @@
 //  3. inside each node, a direct all-gather of every part.
 // Step 2 takes 2*ceil(log2(N+1))-2 network steps where the ring takes
 // 2(N-1): fewer latencies for small messages on many nodes; on bandwidth
-// the ring still moves fewer bytes per node for large ones.
-// Each chunk's sum is formed once, at its tree's root (own part first, then
-// the children's in order), and copied: every rank ends with bit-identical
-// results. One node: direct reduce-scatter + all-gather; one GPU per node:
+// the busiest node moves about 2 parts each way, the ring 2(N-1)/N, about
+// the same for many nodes.
+// Interior nodes add their children's partial sums to their own (own part
+// first, then the children's in order); each chunk's full sum is formed
+// once, at its tree's root, and copied down: every rank ends with
+// bit-identical results. One node: direct reduce-scatter + all-gather; one GPU per node:
 // trees across the nodes.
 // Step 2 crosses nodes: on NxG its transfers become puts (stage_network),
 // proved and simulated; kernels come with part 2 (NxG:direct compiles now).
@@ -23,17 +25,18 @@ using namespace mk::dsl;
 
 static void allreduce_hier_tree(Program& p) {
   const int N = p.nodes(), G = p.gpus_per_node(), n = p.ranks();
-  p.chunks(n);
   p.instances(2);
   if (n == 1) {
     p.copy(p.output(0, 0), p.input(0, 0));
     return;
   }
-  // part l of a rank's buffer: its N chunks from l*N
-  auto part = [&](Chunk c, int l) { return Chunk{c.rank, c.buf, l * N, N}; };
-  // scratch: local peer k's part at k*N (step 1); step 2: tree A's child k
-  // at G*N + k*half, tree B's child k at G*N + 2*half + k*(N-half)
-  const int up = G * N;
+  p.chunks(2 * n);  // two chunks a rank: each tree carries exactly half of a part
+  // part l of a rank's buffer: its P = 2N chunks from l*P
+  const int P = 2 * N;
+  auto part = [&](Chunk c, int l) { return Chunk{c.rank, c.buf, l * P, P}; };
+  // scratch: local peer k's part at k*P (step 1); step 2: child k's half at
+  // G*P + k*N, for both trees (no node is interior in both)
+  const int up = G * P;
 
   // 1. intra-node reduce-scatter; the partial sum of part l lands in output
   //    (or stays in the input when a node has one GPU)
@@ -41,15 +44,17 @@ static void allreduce_hier_tree(Program& p) {
     p.reduce_scatter(
         p.node_groups(), [&](int from, int to) { return part(p.input(from, 0), p.local(to)); },
         [&](int r) { return part(p.output(r, 0), p.local(r)); },
-        [&](int from, int to) { return p.scratch(to, p.local(from) * N, N); }, Program::Order::group);
+        [&](int from, int to) { return p.scratch(to, p.local(from) * P, P); }, Program::Order::group);
 
   // 2. two trees across nodes, per rail: the first half of part l goes up
   //    and down tree A (heap order: node v's children 2v+1 and 2v+2, root
   //    0), the second half tree B (the same heap over the nodes mirrored,
   //    v -> N-1-v, root N-1). Tree A's interior nodes are the lower half of
   //    the nodes, B's the upper half, so each node is interior in at most
-  //    one tree (NCCL's double binary tree idea): every node moves at most
-  //    about one and a half parts each way.
+  //    one tree (NCCL's double binary tree idea): a node interior in one
+  //    tree sends and receives four halves (two parts) each way, a node that
+  //    is a leaf in both (the middle one of an odd count) two halves; the
+  //    ring moves 2(N-1)/N parts.
   auto mine = [&](int r) { return part(p.output(r, 0), p.local(r)); };
   auto kids = [&](int w) {  // heap children of heap index w
     std::vector<int> c;
@@ -61,8 +66,7 @@ static void allreduce_hier_tree(Program& p) {
     bool mirrored;
     int first, count, slots;  // its chunks of a part, and its scratch at `slots`
   };
-  const int half = (N + 1) / 2;
-  const Tree trees[] = {{false, 0, half, up}, {true, half, N - half, up + 2 * half}};
+  const Tree trees[] = {{false, 0, N, up}, {true, N, N, up}};
   auto node_of = [&](const Tree& t, int w) { return t.mirrored ? N - 1 - w : w; };
   auto sub = [](Chunk c, const Tree& t) { return Chunk{c.rank, c.buf, c.index + t.first, t.count}; };
   // up, leaves first (children have larger heap indices than their parent)

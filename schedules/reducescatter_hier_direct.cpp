@@ -5,8 +5,9 @@
 //  1. inside each node, the handler of node-block j reduces the node's
 //     inputs of it (local order 0..G-1), whole: G chunks per op;
 //  2. across nodes, each handler sends its node's sum of node-block j to the
-//     GPU of the same local index on node j (rail-aligned): every GPU sends
-//     and receives about N/G node-blocks, all at once, not N-1 ring steps;
+//     GPU of the same local index on node j (rail-aligned): with N >= G
+//     nodes every GPU sends and receives about N/G node-blocks, all at once,
+//     not N-1 ring steps;
 //  3. on node j, each GPU sums the node-blocks it received (in order of
 //     distance), then a reduce-scatter inside the node (local order) gives
 //     chunk l of node-block j to GPU l.
@@ -15,10 +16,13 @@
 // node-block instead of a chunk: about 2N + 2G ops per rank instead of
 // reducescatter.hier's N x G (1024 ranks on 128x8: 1.2M ops there).
 // The price: GPU l's program differs from GPU m's (it handles other
-// distances), so a full plan has G rank classes (G kernels to compile, where
-// reducescatter.hier has one; a rank compiles only its own), and each GPU
-// talks to about N/G peers across nodes (the network proof's cost grows with
-// those connections: 17 s at 128x8 on the 2-core machine).
+// distances), so a full plan has up to G rank classes (G kernels to compile,
+// where reducescatter.hier has one; a rank compiles only its own), and each
+// GPU talks to about N/G peers across nodes (the network proof's cost grows
+// with those connections: 17 s at 128x8 on the 2-core machine). It is for
+// N >= G: with fewer nodes than GPUs per node, GPUs N..G-1 handle no
+// node-block and their NICs idle, and reducescatter.hier is faster (the
+// cost model picks it there).
 // One node: a direct reduce-scatter.
 // Step 2 crosses nodes: on NxG its transfers become puts (stage_network),
 // proved and simulated; kernels come with part 2 (NxG:direct compiles now).
@@ -43,10 +47,12 @@ static void reducescatter_hier_direct(Program& p) {
   auto mod = [](int x, int m) { return ((x % m) + m) % m; };
   const int Q = (N + G - 1) / G;  // node-blocks a GPU handles at most
   auto block = [&](int r, int j) { return Chunk{r, Buf::input, j * G, G}; };
-  // scratch (in chunks): step 1 from local peer l, the q-th handled block at
-  // (l*Q + q)*G; its sum at SUM + q*G; step 2 received at RCV + q*G; step 3's
-  // sum at ACC, and from local peer k at FIN + k
-  const int SUM = G * Q * G, RCV = (G + 1) * Q * G, ACC = (G + 2) * Q * G, FIN = ACC + G;
+  // scratch (in chunks): step 1 from the local peer `e` places after the
+  // handler (e = 0..G-2), the q-th handled block at (e*Q + q)*G; its sum at
+  // SUM + q*G; step 2 received at RCV + q*G; step 3's sum at ACC, and from
+  // local peer k at FIN + k
+  const int SUM = (G - 1) * Q * G, RCV = SUM + Q * G, ACC = RCV + Q * G, FIN = ACC + G;
+  auto from_peer = [&](int l, int k, int q) { return (mod(l - k - 1, G) * Q + q) * G; };
   auto slot = [&](int r, int at, int count) { return p.scratch(r, at, count); };
 
   // 1. per node i and distance d: GPU d % G reduces node-block (i + d) mod N
@@ -59,9 +65,9 @@ static void reducescatter_hier_direct(Program& p) {
       for (int i = 0; i < N; ++i) {
         const int j = mod(i + d, N), k = d % G, q = d / G, h = p.rank_of(i, k);
         for (int l = 0; l < G; ++l)
-          if (l != k) p.copy(slot(h, (l * Q + q) * G, G), block(p.rank_of(i, l), j));
+          if (l != k) p.copy(slot(h, from_peer(l, k, q), G), block(p.rank_of(i, l), j));
         std::vector<Chunk> srcs;
-        for (int l = 0; l < G; ++l) srcs.push_back(l == k ? block(h, j) : slot(h, (l * Q + q) * G, G));
+        for (int l = 0; l < G; ++l) srcs.push_back(l == k ? block(h, j) : slot(h, from_peer(l, k, q), G));
         p.reduce(partial(i, d), srcs);
       }
 

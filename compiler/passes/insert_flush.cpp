@@ -52,12 +52,12 @@ ir::Schedule insert_flush(ir::Schedule s) {
   // proof's peak memory).
   std::vector<Op> out;
   out.reserve(s.ops.size() + puts);
-  auto flush = [&](const Op& at, Lane& l) {
+  auto flush = [&](int32_t rank, int32_t tb, Lane& l) {
     Op f;
     f.id = next_id++;
     f.kind = OpKind::flush;
-    f.rank = at.rank;
-    f.tb = at.tb;
+    f.rank = rank;
+    f.tb = tb;
     f.loc = l.loc;
     out.push_back(std::move(f));
     l = Lane{};
@@ -75,7 +75,7 @@ ir::Schedule insert_flush(ir::Schedule s) {
         const bool far = op.peer != op.rank && t.link(op.rank, op.peer) == topology::Link::net;
         need = !far || l.peers.size() != 1 || *l.peers.begin() != op.peer;
       }
-      if (need) flush(op, l);
+      if (need) flush(op.rank, op.tb, l);
     }
     if (op.kind == OpKind::put) {
       const Ref& src = op.srcs[0];
@@ -84,9 +84,9 @@ ir::Schedule insert_flush(ir::Schedule s) {
       l.loc = op.loc;
     }
     const bool end = last[lane_of(op)] == i;
-    const Op copy_for_end = end ? op : Op{};
+    const int32_t rank = op.rank, tb = op.tb;
     out.push_back(std::move(op));
-    if (end && l.open()) flush(copy_for_end, l);
+    if (end && l.open()) flush(rank, tb, l);
   }
   s.ops = std::move(out);  // (the input's ops go now)
   return s;
