@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -505,7 +507,67 @@ sockaddr_in parse_addr(const std::string& text) {
   return sa;
 }
 
+std::string ipv4_text(uint32_t a) {
+  in_addr x{};
+  x.s_addr = a;
+  char buf[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &x, buf, sizeof buf);
+  return buf;
+}
+
 }  // namespace
+
+std::vector<NetIface> net_ifaces() {
+  std::vector<NetIface> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;  // none known: the caller falls back to loopback
+  for (const ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !i->ifa_name) continue;
+    NetIface f;
+    f.name = i->ifa_name;
+    f.ipv4 = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+    f.up = (i->ifa_flags & IFF_UP) != 0 && (i->ifa_flags & IFF_RUNNING) != 0;
+    f.loopback = (i->ifa_flags & IFF_LOOPBACK) != 0;
+    out.push_back(std::move(f));
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+uint32_t choose_bootstrap_ipv4(const std::vector<NetIface>& ifaces, const std::string& spec) {
+  auto starts = [](const std::string& name, const std::string& prefix) { return name.rfind(prefix, 0) == 0; };
+  if (spec.empty()) {
+    for (const NetIface& f : ifaces)
+      if (f.up && !f.loopback && !starts(f.name, "docker") && !starts(f.name, "virbr") && !starts(f.name, "veth"))
+        return f.ipv4;
+    return htonl(INADDR_LOOPBACK);
+  }
+  std::string list = spec;
+  const bool avoid = list[0] == '^';
+  if (avoid) list.erase(0, 1);
+  const bool exact = !list.empty() && list[0] == '=';
+  if (exact) list.erase(0, 1);
+  std::vector<std::string> names;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) names.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  if (names.empty())
+    fail(mkInvalidArgument, "MK_SOCKET_IFNAME='" + spec + "' names no interface (expected e.g. eth0, ^docker or =ib0)");
+  auto named = [&](const std::string& n) {
+    for (const std::string& x : names)
+      if (exact ? n == x : starts(n, x)) return true;
+    return false;
+  };
+  for (const NetIface& f : ifaces)
+    if (f.up && named(f.name) != avoid) return f.ipv4;
+  std::string have;
+  for (const NetIface& f : ifaces)
+    have += (have.empty() ? "" : ", ") + f.name + " (" + ipv4_text(f.ipv4) + (f.up ? "" : ", down") + ")";
+  fail(mkInvalidArgument, "MK_SOCKET_IFNAME='" + spec + "' matches no IPv4 interface that is up; this host has: " +
+                              (have.empty() ? std::string("none") : have));
+}
 
 int bootstrap_timeout_ms() { return env::bootstrap_timeout_ms(); }
 
@@ -515,8 +577,12 @@ void bootstrap_create_id(mkUniqueId* id) {
   random_bytes(c.secret.data(), c.secret.size());
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (const char* a = std::getenv("MK_BOOTSTRAP_ADDR"); a && *a) sa = parse_addr(a);
+  if (const char* a = std::getenv("MK_BOOTSTRAP_ADDR"); a && *a) {
+    sa = parse_addr(a);
+  } else {
+    const char* spec = std::getenv("MK_SOCKET_IFNAME");
+    sa.sin_addr.s_addr = choose_bootstrap_ipv4(net_ifaces(), spec ? spec : "");
+  }
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) fail(mkSystemError, "bootstrap: socket(): " + errno_text());
   int one = 1;

@@ -6,9 +6,14 @@
 // knows the secret (and checks that the server does: runtime/bootstrap/auth.hpp has the
 // handshake and the threat model), says who it is, and then uses the
 // connection for all-gathers of small host blobs (device info, memory
-// handles) during communicator setup. Address: 127.0.0.1 on an ephemeral port
-// unless MK_BOOTSTRAP_ADDR=host[:port] (multi-node needs a routable address;
-// the port, if given, is decimal digits only, 1..65535).
+// handles) during communicator setup. Address: MK_BOOTSTRAP_ADDR=host[:port]
+// when set (the port, if given, decimal digits only, 1..65535); else the
+// IPv4 address of this host's first interface that is up and not loopback
+// (nor docker*, virbr*, veth*), or of the interfaces MK_SOCKET_IFNAME names
+// (NCCL_SOCKET_IFNAME's syntax); 127.0.0.1 where there is none; an ephemeral
+// port. So ranks on other hosts can reach it (multi-node needs a routable
+// address: 127.0.0.1 in the id made every remote rank connect to itself).
+// The handshake below is what keeps other hosts' connections out.
 // Every wait is bounded (MK_BOOTSTRAP_TIMEOUT_MS, default 120000).
 //
 // Trust: the unique id is the capability. Whoever holds it can join the job,
@@ -130,5 +135,23 @@ class Bootstrap {
 };
 
 int bootstrap_timeout_ms();
+
+// One network interface as getifaddrs reports it (IPv4 only).
+struct NetIface {
+  std::string name;
+  uint32_t ipv4 = 0;  // network byte order
+  bool up = false;
+  bool loopback = false;
+};
+// This host's IPv4 interfaces, in getifaddrs order.
+std::vector<NetIface> net_ifaces();
+// The address the rendezvous listens on when MK_BOOTSTRAP_ADDR is unset:
+// `spec` (MK_SOCKET_IFNAME) is NCCL_SOCKET_IFNAME's syntax: comma-separated
+// name prefixes to use ("eth,ens"), or to avoid with a leading '^'
+// ("^docker,lo"), '=' before the list for exact names ("=eth0"). Empty: the
+// first up, non-loopback interface not named docker*, virbr* or veth*, else
+// 127.0.0.1. Only up interfaces count; loopback only when `spec` names it.
+// Throws mkInvalidArgument when `spec` matches none, naming what exists.
+uint32_t choose_bootstrap_ipv4(const std::vector<NetIface>& ifaces, const std::string& spec);
 
 }  // namespace mk::rt

@@ -49,12 +49,14 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 using mkt::ScopedEnv;
 
-int connect_tcp(uint16_t port_be) {
+// The rendezvous of `c`'s id listens on the host's routable address (or
+// 127.0.0.1 where there is none): connect where the id says.
+int connect_tcp(const rt::IdContents& c) {
   int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  sa.sin_port = port_be;
+  sa.sin_addr.s_addr = c.ipv4;
+  sa.sin_port = c.port;
   if (::connect(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
     ::close(s);
     return -1;
@@ -111,7 +113,7 @@ std::string hello_bytes(const rt::IdContents& c, int32_t nranks, int32_t rank) {
 // Connects and authenticates like a real rank would, without the Bootstrap class.
 int authenticated_raw(const mkUniqueId& id) {
   rt::IdContents c = rt::bootstrap_decode(id);
-  int s = connect_tcp(c.port);
+  int s = connect_tcp(c);
   REQUIRE(s >= 0);
   std::string why;
   REQUIRE(rt::client_handshake(s, c.secret, rt::Channel::kBootstrap, Clock::now() + std::chrono::seconds(5), &why) ==
@@ -242,8 +244,8 @@ TEST_CASE("bootstrap: idle and garbage connections do not delay the real ranks")
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
   rt::IdContents c = rt::bootstrap_decode(id);
   std::vector<int> idle;
-  for (int k = 0; k < 8; ++k) idle.push_back(connect_tcp(c.port));  // connect, then say nothing
-  int garbage = connect_tcp(c.port);
+  for (int k = 0; k < 8; ++k) idle.push_back(connect_tcp(c));  // connect, then say nothing
+  int garbage = connect_tcp(c);
   REQUIRE(garbage >= 0);
   std::string junk(4096, '\0');
   rt::random_bytes(junk.data(), junk.size());
@@ -262,7 +264,7 @@ TEST_CASE("bootstrap: more idle connections than the pending limit delay the ran
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
   rt::IdContents c = rt::bootstrap_decode(id);
   std::vector<int> idle;
-  for (int k = 0; k < rt::kMaxPendingConnections + 20; ++k) idle.push_back(connect_tcp(c.port));
+  for (int k = 0; k < rt::kMaxPendingConnections + 20; ++k) idle.push_back(connect_tcp(c));
   const auto t0 = Clock::now();
   CHECK(run_ranks(id, 2) == 2);
   CHECK(seconds_since(t0) < 8.0);
@@ -285,8 +287,8 @@ struct Flooder {
   std::atomic<bool> stop{false};
   std::atomic<long> opened{0};
   std::thread t;
-  Flooder(uint16_t port_be, Flood mode, size_t hold, double max_s = 15.0) {
-    t = std::thread([this, port_be, mode, hold, max_s] {
+  Flooder(const rt::IdContents& c, Flood mode, size_t hold, double max_s = 15.0) {
+    t = std::thread([this, ipv4 = c.ipv4, port_be = c.port, mode, hold, max_s] {
       const auto t0 = Clock::now();
       std::vector<int> held;
       auto reset = [](int s) {
@@ -296,7 +298,7 @@ struct Flooder {
       };
       sockaddr_in sa{};
       sa.sin_family = AF_INET;
-      sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      sa.sin_addr.s_addr = ipv4;
       sa.sin_port = port_be;
       while (!stop.load() && seconds_since(t0) < max_s) {
         int s = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -359,7 +361,7 @@ TEST_CASE("bootstrap: a sustained flood of unauthenticated connections delays th
     CAPTURE(what);
     mkUniqueId id;
     REQUIRE(mkGetUniqueId(&id) == mkSuccess);
-    Flooder flood(rt::bootstrap_decode(id).port, mode, hold);
+    Flooder flood(rt::bootstrap_decode(id), mode, hold);
     const auto f0 = Clock::now();  // the table is full before the ranks come
     while (flood.opened.load() < 4 * rt::kMaxPendingConnections && seconds_since(f0) < 3.0)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -502,11 +504,14 @@ TEST_CASE("bootstrap: a blob length over the limit is refused, not allocated") {
 }
 
 TEST_CASE("bootstrap: a server on the port that does not know the secret is refused") {
-  // A listener that plays the root's part without the secret.
+  // A listener that plays the root's part without the secret, on the
+  // address a real id names.
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
   int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_addr.s_addr = rt::bootstrap_decode(id).ipv4;
   REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
   REQUIRE(::listen(l, 4) == 0);
   socklen_t len = sizeof sa;
@@ -525,8 +530,6 @@ TEST_CASE("bootstrap: a server on the port that does not know the secret is refu
     closed_within(c, 3000);
     ::close(c);
   });
-  mkUniqueId id;
-  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
   std::memcpy(id.internal + 8, &sa.sin_port, 2);  // the id now points at the fake
   const auto t0 = Clock::now();
   CHECK_THROWS_WITH_AS(rt::Bootstrap(id, 2, 0), doctest::Contains("could not prove"), rt::RtError);
@@ -549,7 +552,7 @@ TEST_CASE("bootstrap: the rendezvous server ends after the ranks finish, and whe
   CHECK(rt::bootstrap_live_servers() == before + 1);
   CHECK(run_ranks(id, 3) == 3);
   CHECK(wait_for(before) <= before);
-  CHECK(connect_tcp(rt::bootstrap_decode(id).port) < 0);  // its socket is gone too
+  CHECK(connect_tcp(rt::bootstrap_decode(id)) < 0);  // its socket is gone too
 
   mkUniqueId unused;
   REQUIRE(mkGetUniqueId(&unused) == mkSuccess);
@@ -557,7 +560,7 @@ TEST_CASE("bootstrap: the rendezvous server ends after the ranks finish, and whe
   const auto t0 = Clock::now();
   CHECK(wait_for(before) <= before);
   CHECK(seconds_since(t0) < 3.0);
-  CHECK(connect_tcp(rt::bootstrap_decode(unused).port) < 0);
+  CHECK(connect_tcp(rt::bootstrap_decode(unused)) < 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -812,5 +815,58 @@ TEST_CASE("ipc: a squatter on the socket name cannot hand out a descriptor") {
     CHECK_THROWS_WITH_AS(rt::fetch_fd(name, 3000, ::getpid(), secret), doctest::Contains("prove"), rt::RtError);
     fake.join();
     ::close(l);
+  }
+}
+
+// The rendezvous must be reachable from other hosts: its id names this
+// host's routable address, not 127.0.0.1 (regression: every remote rank of
+// a multi-node job connected to its own loopback).
+TEST_CASE("bootstrap: the rendezvous address is a routable interface's, or MK_SOCKET_IFNAME's, else loopback") {
+  auto ip = [](const char* text) {
+    in_addr a{};
+    REQUIRE(::inet_pton(AF_INET, text, &a) == 1);
+    return a.s_addr;
+  };
+  const std::vector<rt::NetIface> host = {
+      {"lo", ip("127.0.0.1"), true, true},        {"docker0", ip("172.17.0.1"), true, false},
+      {"eth0", ip("10.0.0.5"), false, false},     {"ens5", ip("10.1.0.7"), true, false},
+      {"ib0", ip("192.168.10.7"), true, false},   {"veth1a2b", ip("169.254.1.1"), true, false},
+  };
+  CHECK(rt::choose_bootstrap_ipv4(host, "") == ip("10.1.0.7"));  // first up, not loopback, not docker (eth0 is down)
+  CHECK(rt::choose_bootstrap_ipv4(host, "ib") == ip("192.168.10.7"));
+  CHECK(rt::choose_bootstrap_ipv4(host, "eth,ib") == ip("192.168.10.7"));  // eth0 is down
+  CHECK(rt::choose_bootstrap_ipv4(host, "^ens,docker,lo") == ip("192.168.10.7"));
+  CHECK(rt::choose_bootstrap_ipv4(host, "=ens5") == ip("10.1.0.7"));
+  CHECK(rt::choose_bootstrap_ipv4(host, "lo") == ip("127.0.0.1"));  // named: loopback too
+  CHECK(rt::choose_bootstrap_ipv4({{"lo", ip("127.0.0.1"), true, true}}, "") == htonl(INADDR_LOOPBACK));
+  CHECK(rt::choose_bootstrap_ipv4({}, "") == htonl(INADDR_LOOPBACK));
+  for (const char* bad : {"=ens", "wlan", "^"}) {
+    CAPTURE(bad);
+    std::string what;
+    try {
+      rt::choose_bootstrap_ipv4(host, bad);
+    } catch (const rt::RtError& e) {
+      what = e.what();
+    }
+    CHECK(what.find(std::string("MK_SOCKET_IFNAME='") + bad + "'") != std::string::npos);
+  }
+  std::string what;
+  try {
+    rt::choose_bootstrap_ipv4(host, "wlan");
+  } catch (const rt::RtError& e) {
+    what = e.what();
+  }
+  CHECK(what.find("this host has: lo (127.0.0.1), docker0 (172.17.0.1), eth0 (10.0.0.5, down), ens5") != std::string::npos);
+  // and an id made here names what the chooser picks among this host's interfaces
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  CHECK(rt::bootstrap_decode(id).ipv4 == rt::choose_bootstrap_ipv4(rt::net_ifaces(), ""));
+  CHECK(run_ranks(id, 2) == 2);
+  {
+    ScopedEnv lo("MK_SOCKET_IFNAME", "lo");
+    mkUniqueId on_lo;
+    REQUIRE(mkGetUniqueId(&on_lo) == mkSuccess);
+    CHECK(rt::bootstrap_decode(on_lo).ipv4 == htonl(INADDR_LOOPBACK));
+    CHECK(run_ranks(on_lo, 2) == 2);
   }
 }
