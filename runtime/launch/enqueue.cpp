@@ -282,19 +282,17 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
   if (k.count > size_t(INT64_MAX) / es / size_t(c->nranks))
     fail(mkInvalidArgument, fmt::format("{}: count {} is too large", api, k.count));
   const size_t bytes = k.count * es;
-  Pending p{k,
-            std::move(cp),
-            reinterpret_cast<CUstream>(stream),
-            dt,
-            reduces ? (k.op >= mkNumOps ? RedOp::premulsum : RedOp(k.op)) : RedOp::sum,
-            int64_t(bytes),
-            size_t(input_blocks(k.coll, c->nranks)) * bytes,
-            size_t(output_blocks(k.coll, c->nranks)) * bytes,
-            has_input(k.coll, c->rank, k.root),
-            has_output(k.coll, c->rank, k.root),
-            false,
-            {},
-            {}};
+  Pending p{};
+  p.k = k;
+  p.c = std::move(cp);
+  p.stream = reinterpret_cast<CUstream>(stream);
+  p.dt = dt;
+  p.op = reduces ? (k.op >= mkNumOps ? RedOp::premulsum : RedOp(k.op)) : RedOp::sum;
+  p.bytes = int64_t(bytes);
+  p.in_bytes = size_t(input_blocks(k.coll, p.c->nranks)) * bytes;
+  p.out_bytes = size_t(output_blocks(k.coll, p.c->nranks)) * bytes;
+  p.need_send = has_input(k.coll, p.c->rank, k.root);
+  p.need_recv = has_output(k.coll, p.c->rank, k.root);
   if (k.fusion) validate_fusion(p);  // count 0 too: a bad fusion is an error, its operands are not read
   if (k.count == 0) return p;
   const size_t in_bytes = p.in_bytes, out_bytes = p.out_bytes;
