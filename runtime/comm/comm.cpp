@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <set>
 #include <fstream>
 #include <thread>
 
