@@ -34,7 +34,14 @@ using ir::Ref;
 ir::Schedule stage_network(ir::Schedule s) {
   if (!s.topology) return s;
   const topology::Topology t = *s.topology;
-  auto far = [&](int32_t a, int32_t b) { return a != b && t.link(a, b) == topology::Link::net; };
+  // A reference of `op` this pass turns into a put: a peer's scratch on another node.
+  auto crosses = [&](const Op& op, const Ref& r) {
+    return r.buf == Buf::scratch && r.rank != op.rank && t.link(op.rank, r.rank) == topology::Link::net;
+  };
+  // A copy to one such place becomes the put itself.
+  auto becomes_put = [&](const Op& op) {
+    return op.kind == OpKind::copy && op.dsts.size() == 1 && crosses(op, op.dsts[0]);
+  };
   // The puts this adds, exactly as the loop below makes them (so that the
   // new op list is allocated once: at 1024 ranks the schedule is hundreds of
   // MB, and a growing or shrinking copy beside the input was the peak).
@@ -42,12 +49,12 @@ ir::Schedule stage_network(ir::Schedule s) {
   bool any = false;
   for (const Op& op : s.ops) {
     if (!op.is_data() || op.kind == OpKind::put) continue;
-    for (const Ref& r : op.srcs) added += r.buf == Buf::scratch && far(op.rank, r.rank);
-    size_t dsts = 0;
-    for (const Ref& r : op.dsts) dsts += r.buf == Buf::scratch && far(op.rank, r.rank);
-    const bool becomes_put = op.kind == OpKind::copy && op.dsts.size() == 1 && dsts == 1;
-    added += becomes_put ? 0 : dsts;
-    any = any || becomes_put;
+    for (const Ref& r : op.srcs) added += crosses(op, r);
+    if (becomes_put(op)) {
+      any = true;
+      continue;
+    }
+    for (const Ref& r : op.dsts) added += crosses(op, r);
   }
   if (added == 0 && !any) return s;
   std::vector<Op> out;
@@ -75,20 +82,19 @@ ir::Schedule stage_network(ir::Schedule s) {
       continue;
     }
     for (Ref& r : op.srcs)
-      if (r.buf == Buf::scratch && far(op.rank, r.rank)) {
+      if (crosses(op, r)) {
         const Ref local = slot_on(op.rank, r.count);
         out.push_back(put(r, local, op.loc));
         r = local;
       }
-    const bool one_copy = op.kind == OpKind::copy && op.dsts.size() == 1;
-    if (one_copy && op.dsts[0].buf == Buf::scratch && far(op.rank, op.dsts[0].rank)) {
+    if (becomes_put(op)) {
       op.kind = OpKind::put;
       out.push_back(std::move(op));
       continue;
     }
     std::vector<Op> after;
     for (Ref& r : op.dsts)
-      if (r.buf == Buf::scratch && far(op.rank, r.rank)) {
+      if (crosses(op, r)) {
         const Ref local = slot_on(op.rank, r.count);
         after.push_back(put(local, r, op.loc));
         r = local;

@@ -697,7 +697,7 @@ int connect_root(const sockaddr_in& sa, int rank, Clock::time_point deadline, bo
     }
     if (ms_left(deadline) == 0)
       fail(mkSystemError, "rank " + std::to_string(rank) + ": cannot reach the rendezvous at " +
-                              inet_ntoa(sa.sin_addr) + ":" + std::to_string(ntohs(sa.sin_port)) + ": " + why +
+                              ipv4_text(sa.sin_addr.s_addr) + ":" + std::to_string(ntohs(sa.sin_port)) + ": " + why +
                               " (is the process that called mkGetUniqueId still alive?)");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -762,7 +762,7 @@ Bootstrap::Bootstrap(const mkUniqueId& id, int nranks, int rank, BootstrapCancel
   sa.sin_addr.s_addr = id_.ipv4;
   sa.sin_port = id_.port;
   const auto deadline = Clock::now() + std::chrono::milliseconds(bootstrap_timeout_ms());
-  const std::string where = std::string(inet_ntoa(sa.sin_addr)) + ":" + std::to_string(ntohs(sa.sin_port));
+  const std::string where = ipv4_text(sa.sin_addr.s_addr) + ":" + std::to_string(ntohs(sa.sin_port));
   auto aborted = [&] {
     close_fd();
     fail(mkInvalidUsage, "rank " + std::to_string(rank) + ": the communicator was aborted during init");

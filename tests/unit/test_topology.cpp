@@ -434,24 +434,37 @@ namespace {
 
 // rank 0 tb 0: copy 1 chunk into rank 1's scratch, signal rank 1;
 // rank 1 tb 0: wait, copy the chunk into its output (local).
-ir::Schedule two_hop() {
+// An all-gather schedule of `nranks` with no ops yet: 4096-byte tiles, one
+// chunk, one instance (the cost tests' hand-built schedules).
+ir::Schedule bare(const char* name, int32_t nranks) {
   ir::Schedule s;
-  s.name = "two_hop";
+  s.name = name;
   s.coll = Collective::allgather;
-  s.nranks = 2;
+  s.nranks = nranks;
   s.tile_bytes = 4096;
   s.chunks = 1;
   s.instances = 1;
+  return s;
+}
+
+// Appends an op of `kind` run by `rank` on thread block `tb`.
+ir::Op* add_op(ir::Schedule& s, ir::OpKind kind, int32_t rank, int32_t tb, std::vector<ir::Ref> dsts,
+               std::vector<ir::Ref> srcs) {
+  ir::Op op;
+  op.id = int32_t(s.ops.size());
+  op.kind = kind;
+  op.rank = rank;
+  op.tb = tb;
+  op.dsts = std::move(dsts);
+  op.srcs = std::move(srcs);
+  s.ops.push_back(op);
+  return &s.ops.back();
+}
+
+ir::Schedule two_hop() {
+  ir::Schedule s = bare("two_hop", 2);
   auto add = [&](ir::OpKind k, int32_t rank, std::vector<ir::Ref> dsts, std::vector<ir::Ref> srcs) {
-    ir::Op op;
-    op.id = int32_t(s.ops.size());
-    op.kind = k;
-    op.rank = rank;
-    op.tb = 0;
-    op.dsts = std::move(dsts);
-    op.srcs = std::move(srcs);
-    s.ops.push_back(op);
-    return &s.ops.back();
+    return add_op(s, k, rank, 0, std::move(dsts), std::move(srcs));
   };
   add(ir::OpKind::copy, 0, {ir::Ref{1, ir::Buf::scratch, 0, 1}}, {ir::Ref{0, ir::Buf::input, 0, 1}});
   auto* sig = add(ir::OpKind::signal, 0, {}, {});
@@ -523,23 +536,9 @@ TEST_CASE("cost: transfers that share a NIC take turns, and its busy time bounds
   // 2x2: rank 0 (node 0, rail 0) puts one tile to rank 2 and one to rank 3
   // (node 1) from two thread blocks: both hold rank 0's NIC, so the second
   // starts when the first ends. Inside a node (nvlink:4) they run at once.
-  ir::Schedule s;
-  s.name = "fan_out";
-  s.coll = Collective::allgather;
-  s.nranks = 4;
-  s.tile_bytes = 4096;
-  s.chunks = 1;
-  s.instances = 1;
-  for (int32_t to : {2, 3}) {
-    ir::Op op;
-    op.id = int32_t(s.ops.size());
-    op.kind = ir::OpKind::copy;
-    op.rank = 0;
-    op.tb = to - 2;
-    op.dsts = {ir::Ref{to, ir::Buf::scratch, 0, 1}};
-    op.srcs = {ir::Ref{0, ir::Buf::input, 0, 1}};
-    s.ops.push_back(op);
-  }
+  ir::Schedule s = bare("fan_out", 4);
+  for (int32_t to : {2, 3})
+    add_op(s, ir::OpKind::copy, 0, to - 2, {ir::Ref{to, ir::Buf::scratch, 0, 1}}, {ir::Ref{0, ir::Buf::input, 0, 1}});
   const double one = 0.2 + 4096 / 45e3;  // a tile over the network
   auto net = cost::step_timeline(s, topology::parse("2x2", 4), 4096);
   CHECK(net.step_us == doctest::Approx(2 * one).epsilon(1e-9));
