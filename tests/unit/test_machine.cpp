@@ -240,3 +240,11 @@ TEST_CASE("topology files: read back, and hostile ones refused naming the file a
   fs::remove(f);
   CHECK(contains(error_of([&] { topology::read_file(f.string(), 0); }), "cannot be read"));
 }
+
+TEST_CASE("mkc topo: a node count out of range is refused before the driver is asked") {
+  for (int nodes : {0, -1, 65537}) {
+    CAPTURE(nodes);
+    const std::string e = error_of([&] { (void)rt::local_machine_json(nodes); });
+    CHECK(contains(e, "--nodes " + std::to_string(nodes) + ": must be in 1..65536"));
+  }
+}
