@@ -25,6 +25,7 @@
 #include "runtime/bootstrap/crypto.hpp"
 #include "runtime/comm/env.hpp"
 #include "runtime/api/status.hpp"
+#include "runtime/transport/net/iface.hpp"
 
 namespace mk::rt {
 namespace {
@@ -535,33 +536,18 @@ std::vector<NetIface> net_ifaces() {
 }
 
 uint32_t choose_bootstrap_ipv4(const std::vector<NetIface>& ifaces, const std::string& spec) {
-  auto starts = [](const std::string& name, const std::string& prefix) { return name.rfind(prefix, 0) == 0; };
-  if (spec.empty()) {
-    for (const NetIface& f : ifaces)
-      if (f.up && !f.loopback && !starts(f.name, "docker") && !starts(f.name, "virbr") && !starts(f.name, "veth"))
-        return f.ipv4;
-    return htonl(INADDR_LOOPBACK);
-  }
-  std::string list = spec;
-  const bool avoid = list[0] == '^';
-  if (avoid) list.erase(0, 1);
-  const bool exact = !list.empty() && list[0] == '=';
-  if (exact) list.erase(0, 1);
-  std::vector<std::string> names;
-  for (size_t at = 0; at <= list.size();) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    if (comma > at) names.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  if (names.empty())
-    fail(mkInvalidArgument, "MK_SOCKET_IFNAME='" + spec + "' names no interface (expected e.g. eth0, ^docker or =ib0)");
-  auto named = [&](const std::string& n) {
-    for (const std::string& x : names)
-      if (exact ? n == x : starts(n, x)) return true;
-    return false;
+  const net::IfnameSpec allowed(spec, "MK_SOCKET_IFNAME");
+  auto as_iface = [](const NetIface& f) {
+    net::Iface x;
+    x.name = f.name;
+    x.family = AF_INET;
+    x.up = f.up;
+    x.loopback = f.loopback;
+    return x;
   };
   for (const NetIface& f : ifaces)
-    if (f.up && named(f.name) != avoid) return f.ipv4;
+    if (allowed.allows(as_iface(f))) return f.ipv4;
+  if (allowed.empty()) return htonl(INADDR_LOOPBACK);
   std::string have;
   for (const NetIface& f : ifaces)
     have += (have.empty() ? "" : ", ") + f.name + " (" + ipv4_text(f.ipv4) + (f.up ? "" : ", down") + ")";
