@@ -3,8 +3,10 @@
 # The CUDA toolkit (NVRTC, cuda.h, nccl.h) is expected under /usr/local/cuda.
 set -euo pipefail
 # python3-venv and python3-pip: the Python package's test builds the wheel and
-# installs it into a fresh virtualenv (offline).
-pkgs=(cmake ninja-build g++ nlohmann-json3-dev libfmt-dev doctest-dev libcli11-dev python3 python3-venv python3-pip)
+# installs it into a fresh virtualenv (offline). libibverbs-dev: rdma-core's headers
+# for the verbs transport (opened lazily, never linked) and its fake in tests.
+pkgs=(cmake ninja-build g++ nlohmann-json3-dev libfmt-dev doctest-dev libcli11-dev python3 python3-venv python3-pip
+      libibverbs-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -64,6 +64,19 @@ std::vector<Backend> backends() {
                    return load_nccl_plugin(MKT_NET_PLUGIN, v);
                  }});
 #endif
+#ifdef MKT_FAKE_IBVERBS
+  for (std::string link : {"ib", "roce"})  // the fake libibverbs (tests/fake_ibverbs): "fake verbs"
+    b.push_back({"verbs (fake, " + link + ")", [link] {
+                   setenv("MKFAKE_IB_LINK", link.c_str(), 1);
+                   setenv("MKFAKE_IB_DEVICES", "1", 1);
+                   setenv("MKFAKE_IB_NAME", ("mkt-ib-" + std::to_string(::getpid())).c_str(), 1);
+                   unsetenv("MKFAKE_IB_FAIL");
+                   setenv("MK_SOCKET_IFNAME", "=lo", 1);
+                   VerbsOptions o;
+                   o.lib = MKT_FAKE_IBVERBS;
+                   return make_verbs_net(o);
+                 }});
+#endif
   return b;
 }
 

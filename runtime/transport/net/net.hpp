@@ -120,4 +120,20 @@ void socket_set_seq_base(Net* net, uint64_t base);
 // when it cannot be loaded, exports none of them, or its init fails.
 std::unique_ptr<Net> load_nccl_plugin(const std::string& name, int version = 0);
 
+// The verbs backend (runtime/transport/net/verbs.cpp): RDMA over InfiniBand
+// and RoCE through libibverbs, opened with dlopen (never linked). Connection
+// setup runs over TCP on the interface MK_SOCKET_IFNAME / MK_SOCKET_FAMILY choose.
+struct VerbsOptions {
+  std::string lib = "libibverbs.so.1";  // MK_IBVERBS_LIB
+  std::string hca;                      // MK_IB_HCA: NCCL_IB_HCA's syntax (device[:port], comma list, ^ excludes, = exact)
+  int gid_index = -1;                   // MK_IB_GID_INDEX; -1: the RoCE v2 IPv4-mapped GID if any, else 0
+  int timeout_ms = 30000;               // bound on a connect and on the setup handshake
+};
+// Throws mkSystemError when the library cannot be loaded or has no device or
+// active port, mkInvalidArgument when MK_IB_HCA or MK_IB_GID_INDEX names
+// nothing usable (the message lists what this host has).
+std::unique_ptr<Net> make_verbs_net(const VerbsOptions& opts);
+// From the environment (MK_IBVERBS_LIB, MK_IB_HCA, MK_IB_GID_INDEX).
+VerbsOptions verbs_options_from_env();
+
 }  // namespace mk::rt::net
