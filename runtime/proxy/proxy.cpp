@@ -1,0 +1,393 @@
+#include "runtime/proxy/proxy.hpp"
+
+#include <sched.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "runtime/api/status.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "templates/net.cuh"
+
+namespace mk::rt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kWireMagic = 0x58504b4d;  // "MKPX"
+enum WireKind : uint32_t { kHello = 0, kPut = dev::kNetPut, kSignal = dev::kNetSignal };
+
+struct WireHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t seq;   // this connection's message number (the hello is 0)
+  uint64_t arg;   // put: destination offset; signal: value
+  uint32_t arg2;  // put: bytes; signal: flag index
+  int32_t rank;   // hello: the sender's rank
+  int32_t tb;     // hello: the sender's block
+  int32_t nranks; // hello: the sender's communicator size
+  uint8_t pad[24];
+};
+static_assert(sizeof(WireHeader) == dev::kNetHeaderBytes, "the wire header fills the staging prefix");
+
+std::string kind_name(uint32_t k) {
+  return k == kPut ? "put" : k == kSignal ? "signal" : k == kHello ? "hello" : "kind-" + std::to_string(k);
+}
+
+// Host-pinned memory mapped into the GPU.
+struct Pinned {
+  void* host = nullptr;
+  CUdeviceptr dev = 0;
+  void alloc(size_t bytes) {
+    MK_CU(cu().cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+          "proxy: allocating pinned host memory");
+    std::memset(host, 0, bytes);
+    MK_CU(cu().cuMemHostGetDevicePointer(&dev, host, 0), "proxy: mapping pinned host memory");
+  }
+  ~Pinned() {
+    if (host) cu().cuMemFreeHost(host);
+  }
+};
+
+}  // namespace
+
+struct Proxy::SendConn {
+  int tb = 0, peer = 0;
+  uint32_t index = 0;
+  net::Net* net = nullptr;
+  void* comm = nullptr;
+  Pinned fifo, staging, done;
+  CUdeviceptr posted = 0;
+  dev::NetConnDev view{};
+  uint64_t taken = 0;    // entries taken from the FIFO (sent or sending)
+  uint64_t finished = 0; // entries whose send completed (mirrors *done)
+  uint64_t wire_seq = 0; // messages posted on the wire (hello first)
+  bool hello_done = false;
+  net::Request* hello_req = nullptr;
+  WireHeader hello{};
+  struct InFlight {
+    net::Request* req;
+    uint64_t entry;
+  };
+  std::vector<InFlight> flight;  // in order
+  Clock::time_point last_progress = Clock::now();
+  ~SendConn() {
+    if (comm) net->close_send(comm);
+    if (posted) cu().cuMemFree(posted);
+  }
+};
+
+struct Proxy::RecvConn {
+  net::Net* net = nullptr;
+  void* comm = nullptr;
+  int rank = -1, tb = -1;  // learnt from the hello
+  uint64_t seq = 0;        // next message expected
+  std::vector<std::vector<char>> bufs;
+  std::vector<net::Request*> reqs;  // per buffer; posted in buffer order
+  size_t next = 0;                  // the buffer whose message comes next
+  ~RecvConn() {
+    if (comm) net->close_recv(comm);
+  }
+};
+
+Proxy::Proxy(net::Net& net, int dev, const ProxyConfig& cfg) : net_(net), dev_(dev), cfg_(cfg) {
+  if (cfg.entries < 2 || cfg.entries > 16 || (cfg.entries & (cfg.entries - 1)))
+    fail(mkInvalidArgument, "proxy: FIFO entries must be a power of two in 2..16, not " + std::to_string(cfg.entries));
+  if (cfg.flag_bytes > cfg.arena_bytes)
+    fail(mkInternalError, "proxy: the flag region is larger than the arena");
+  listen_ = net_.listen(dev_, &handle_);
+  {
+    CtxGuard g(cfg_.ctx);
+    MK_CU(cu().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "proxy: creating its stream");
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Proxy::~Proxy() {
+  stop();
+  CtxGuard g(cfg_.ctx);
+  std::lock_guard<std::mutex> lk(mu_);
+  sends_.clear();
+  recvs_.clear();
+  if (listen_) net_.close_listen(listen_);
+  if (stream_) cu().cuStreamDestroy(stream_);
+}
+
+void Proxy::stop() {
+  stop_.store(true);
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+void Proxy::set_peer_handles(std::vector<net::Handle> all) {
+  if (int(all.size()) != cfg_.nranks) fail(mkInternalError, "proxy: one handle per rank expected");
+  std::lock_guard<std::mutex> lk(mu_);
+  peers_ = std::move(all);
+}
+
+std::string Proxy::error() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
+}
+
+Proxy::Stats Proxy::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stats s = stats_;
+  s.send_conns = int(sends_.size());
+  s.recv_conns = int(recvs_.size());
+  return s;
+}
+
+dev::NetConnDev Proxy::add_send(int tb, int peer) {
+  net::Handle h;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_.empty()) fail(mkRemoteError, error_);
+    for (auto& c : sends_)
+      if (c->tb == tb && c->peer == peer) return c->view;
+    if (peer < 0 || peer >= int(peers_.size()) || peer == cfg_.rank)
+      fail(mkInternalError, "proxy: no handle for rank " + std::to_string(peer));
+    h = peers_[size_t(peer)];
+  }
+  auto c = std::make_unique<SendConn>();
+  c->tb = tb;
+  c->peer = peer;
+  c->net = &net_;
+  {
+    CtxGuard g(cfg_.ctx);
+    const uint64_t stride = dev::kNetHeaderBytes + ((cfg_.max_put_bytes + 63) & ~uint64_t(63));
+    c->fifo.alloc(sizeof(dev::NetDesc) * cfg_.entries);
+    c->staging.alloc(stride * cfg_.entries);
+    c->done.alloc(64);
+    MK_CU(cu().cuMemAlloc(&c->posted, 8), "proxy: allocating a connection's counter");
+    MK_CU(cu().cuMemsetD8(c->posted, 0, 8), "proxy: clearing a connection's counter");
+    c->view.fifo = reinterpret_cast<dev::NetDesc*>(c->fifo.dev);
+    c->view.staging = reinterpret_cast<char*>(c->staging.dev);
+    c->view.done = reinterpret_cast<const volatile uint64_t*>(c->done.dev);
+    c->view.posted = reinterpret_cast<uint64_t*>(c->posted);
+    c->view.stride = stride;
+    c->view.entries = cfg_.entries;
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (!(c->comm = net_.connect(dev_, h))) {
+    if (Clock::now() > deadline)
+      fail(mkRemoteError, "rank " + std::to_string(cfg_.rank) + ": proxy: connecting to rank " +
+                              std::to_string(peer) + " did not complete within 30 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  c->hello = WireHeader{kWireMagic, kHello, 0, 0, 0, cfg_.rank, tb, cfg_.nranks, {}};
+  c->wire_seq = 1;
+  std::lock_guard<std::mutex> lk(mu_);
+  c->index = uint32_t(sends_.size());
+  c->view.conn = c->index;
+  sends_.push_back(std::move(c));
+  return sends_.back()->view;
+}
+
+void Proxy::failed(const std::string& what) {
+  // Called with mu_ held, from the thread.
+  if (error_.empty()) {
+    error_ = "rank " + std::to_string(cfg_.rank) + ": network proxy: " + what;
+    debug_log(error_);
+  }
+  if (cfg_.abort_word) *cfg_.abort_word = 1;
+}
+
+bool Proxy::step_send(SendConn& c) {
+  bool moved = false;
+  const std::string who = "rank " + std::to_string(c.peer) + " (block " + std::to_string(c.tb) + ")";
+  try {
+    if (!c.hello_done) {
+      if (!c.hello_req) c.hello_req = net_.isend(c.comm, &c.hello, sizeof c.hello, 0, nullptr);
+      size_t n;
+      if (c.hello_req && net_.test(c.hello_req, &n)) {
+        c.hello_done = true;
+        moved = true;
+      }
+      if (!c.hello_done) return moved;
+    }
+    // Take newly committed entries (in order) while the wire takes them.
+    auto* fifo = static_cast<dev::NetDesc*>(c.fifo.host);
+    while (c.flight.size() < size_t(cfg_.entries)) {
+      dev::NetDesc& d = fifo[c.taken & (cfg_.entries - 1)];
+      const uint32_t tag = __atomic_load_n(&d.tag, __ATOMIC_ACQUIRE);
+      const uint32_t want = dev::net_tag(0, c.index, c.taken);
+      if ((tag & ~3u) != want) break;
+      const uint32_t kind = dev::net_tag_kind(tag);
+      char* slot = static_cast<char*>(c.staging.host) + (c.taken & (cfg_.entries - 1)) * c.view.stride;
+      auto* h = reinterpret_cast<WireHeader*>(slot);
+      *h = WireHeader{kWireMagic, kind, c.wire_seq, d.arg, d.arg2, cfg_.rank, c.tb, cfg_.nranks, {}};
+      size_t bytes = sizeof(WireHeader);
+      if (kind == kPut) {
+        if (d.arg2 > cfg_.max_put_bytes) {
+          failed("block " + std::to_string(c.tb) + " posted a put of " + std::to_string(d.arg2) + " bytes to " + who +
+                 ", above the largest (" + std::to_string(cfg_.max_put_bytes) + ")");
+          return false;
+        }
+        bytes += d.arg2;
+      } else if (kind != kSignal) {
+        failed("block " + std::to_string(c.tb) + " posted a trigger of unknown kind " + std::to_string(kind));
+        return false;
+      }
+      net::Request* r = net_.isend(c.comm, slot, bytes, 1, nullptr);
+      if (!r) break;  // the connection is full: later
+      c.flight.push_back({r, c.taken});
+      ++c.taken;
+      ++c.wire_seq;
+      moved = true;
+      if (kind == kPut) {
+        ++stats_.puts_sent;
+        stats_.bytes_sent += d.arg2;
+      } else {
+        ++stats_.signals_sent;
+      }
+    }
+    // Retire completed sends in order; each frees its FIFO entry.
+    while (!c.flight.empty()) {
+      size_t n;
+      if (!net_.test(c.flight.front().req, &n)) break;
+      c.flight.erase(c.flight.begin());
+      ++c.finished;
+      __atomic_store_n(static_cast<uint64_t*>(c.done.host), c.finished, __ATOMIC_RELEASE);
+      moved = true;
+    }
+  } catch (const std::exception& e) {
+    failed("sending to " + who + ": " + e.what());
+    return false;
+  }
+  const auto now = Clock::now();
+  if (moved || c.flight.empty()) {
+    c.last_progress = now;
+  } else if (cfg_.timeout_ms > 0 && now - c.last_progress > std::chrono::milliseconds(cfg_.timeout_ms)) {
+    failed("sending to " + who + ": no progress for " + std::to_string(cfg_.timeout_ms) +
+           " ms (the peer stopped reading; MK_TIMEOUT_MS)");
+  }
+  return moved;
+}
+
+bool Proxy::step_recv(RecvConn& c) {
+  bool moved = false;
+  auto who = [&] {
+    return c.rank < 0 ? std::string("a peer (before its hello)")
+                      : "rank " + std::to_string(c.rank) + " (block " + std::to_string(c.tb) + ")";
+  };
+  try {
+    if (c.rank < 0) {  // the hello: who this connection comes from
+      if (!c.reqs[0]) c.reqs[0] = net_.irecv(c.comm, c.bufs[0].data(), sizeof(WireHeader), 0, nullptr);
+      size_t n = 0;
+      if (!c.reqs[0] || !net_.test(c.reqs[0], &n)) return false;
+      c.reqs[0] = nullptr;
+      WireHeader h;
+      std::memcpy(&h, c.bufs[0].data(), sizeof h);
+      if (n != sizeof h || h.magic != kWireMagic || h.kind != kHello || h.seq != 0 || h.nranks != cfg_.nranks ||
+          h.rank < 0 || h.rank >= cfg_.nranks || h.rank == cfg_.rank || h.tb < 0) {
+        failed("a connection opened with a message that is not a hello of this communicator (" + std::to_string(n) +
+               " bytes)");
+        return false;
+      }
+      c.rank = h.rank;
+      c.tb = h.tb;
+      c.seq = 1;
+      moved = true;
+    }
+    for (size_t i = 0; i < c.bufs.size(); ++i)  // every buffer waits for a message
+      if (!c.reqs[i]) {
+        if (!(c.reqs[i] = net_.irecv(c.comm, c.bufs[i].data(), c.bufs[i].size(), 1, nullptr))) break;
+      }
+    for (;;) {
+      net::Request*& r = c.reqs[c.next];
+      size_t n = 0;
+      if (!r || !net_.test(r, &n)) break;
+      r = nullptr;
+      WireHeader h;
+      const char* buf = c.bufs[c.next].data();
+      std::memcpy(&h, buf, sizeof h);
+      auto refuse = [&](const std::string& why) {
+        failed("from " + who() + ": " + kind_name(h.kind) + " message " + std::to_string(c.seq) + ": " + why);
+      };
+      if (n < sizeof h || h.magic != kWireMagic || h.seq != c.seq) {
+        refuse("not the message due (" + std::to_string(n) + " bytes, sequence " + std::to_string(h.seq) + ")");
+        return false;
+      }
+      CtxGuard g(cfg_.ctx);
+      if (h.kind == kPut) {
+        const uint64_t bytes = n - sizeof h;
+        if (bytes != h.arg2 || h.arg < cfg_.flag_bytes || h.arg > cfg_.arena_bytes ||
+            bytes > cfg_.arena_bytes - h.arg) {
+          refuse("a put of " + std::to_string(h.arg2) + " bytes (" + std::to_string(bytes) + " arrived) at offset " +
+                 std::to_string(h.arg) + " lies outside this rank's scratch");
+          return false;
+        }
+        MK_CU(cu().cuMemcpyHtoDAsync(cfg_.arena + h.arg, buf + sizeof h, bytes, stream_), "proxy: landing a put");
+        ++stats_.puts_landed;
+      } else if (h.kind == kSignal) {
+        if (n != sizeof h || uint64_t(h.arg2) * 8 + 8 > cfg_.flag_bytes) {
+          refuse("flag word " + std::to_string(h.arg2) + " lies outside this rank's flags");
+          return false;
+        }
+        std::memcpy(c.bufs[c.next].data(), &h.arg, 8);  // the value, where the copy reads it
+        MK_CU(cu().cuMemcpyHtoDAsync(cfg_.arena + uint64_t(h.arg2) * 8, buf, 8, stream_), "proxy: landing a signal");
+        ++stats_.signals_landed;
+      } else {
+        refuse("unknown kind");
+        return false;
+      }
+      // The buffer is reposted only once the copy read it; data before signal (one stream).
+      MK_CU(cu().cuStreamSynchronize(stream_), "proxy: waiting for a copy into the arena");
+      ++c.seq;
+      r = net_.irecv(c.comm, c.bufs[c.next].data(), c.bufs[c.next].size(), 1, nullptr);
+      c.next = (c.next + 1) % c.bufs.size();
+      moved = true;
+    }
+  } catch (const std::exception& e) {
+    failed("receiving from " + who() + ": " + e.what());
+    return false;
+  }
+  return moved;
+}
+
+bool Proxy::accept_new() {
+  void* comm = nullptr;
+  try {
+    comm = net_.accept(listen_);
+  } catch (const std::exception& e) {
+    failed(std::string("accepting a connection: ") + e.what());
+    return false;
+  }
+  if (!comm) return false;
+  auto c = std::make_unique<RecvConn>();
+  c->net = &net_;
+  c->comm = comm;
+  c->bufs.resize(cfg_.entries);
+  for (auto& b : c->bufs) b.resize(dev::kNetHeaderBytes + cfg_.max_put_bytes);
+  c->reqs.assign(cfg_.entries, nullptr);
+  recvs_.push_back(std::move(c));
+  return true;
+}
+
+void Proxy::run() {
+  if (cfg_.ctx) cu().cuCtxSetCurrent(cfg_.ctx);
+  auto idle_since = Clock::now();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    bool moved = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (error_.empty()) {
+        moved |= accept_new();
+        for (auto& c : sends_)
+          if (error_.empty()) moved |= step_send(*c);
+        for (auto& c : recvs_)
+          if (error_.empty()) moved |= step_recv(*c);
+      }
+    }
+    const auto now = Clock::now();
+    if (moved) {
+      idle_since = now;
+    } else if (now - idle_since > std::chrono::seconds(1)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));  // long idle: give the core back
+    } else {
+      sched_yield();
+    }
+  }
+}
+
+}  // namespace mk::rt

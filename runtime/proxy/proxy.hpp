@@ -1,0 +1,125 @@
+// The network proxy: one thread per process and communicator rank that
+// carries kernels' puts and signals between nodes (templates/net.cuh is the
+// kernel's side). No host work per call: kernels write descriptors into
+// trigger FIFOs in host-pinned memory, the proxy polls them, moves the data
+// over any net::Net (socket, verbs, an NCCL net plugin) and, on the receiving
+// rank, writes the data and then the signal into that rank's arena, so that
+// graph replays work unchanged.
+//
+// Connections: a sending rank's thread block to one peer ((tb, peer): the
+// IR's connection). The sender makes it (add_send) when a plan that uses it
+// is loaded, connecting to the peer's one listen handle (exchanged at init);
+// the receiving proxy accepts it whenever it arrives and learns from its
+// first message (a hello) which rank and block it comes from. So plans load
+// without any collective step beyond what every rank does anyway.
+//
+// Wire: every message starts with a 64-byte header (kind, sequence number,
+// put: destination offset and bytes, signal: flag index and value), followed
+// by a put's data. The receiving proxy checks every message before it
+// touches memory: a put lands only in this rank's scratch (the arena past its
+// flag region), a signal only on a flag word; a hostile or broken peer's
+// message fails the connection (sticky error) instead of writing elsewhere.
+//
+// Without GPUDirect RDMA data is staged in host-pinned memory: the kernel
+// copies a put's tile into its FIFO entry's staging area; the receiving
+// proxy receives into pinned buffers and copies into the arena on a stream
+// of its own (non-blocking, so it never waits for the user's kernels).
+//
+// Failures (a peer gone, a connection reset, a peer that stops reading for
+// longer than the timeout, a message that breaks the rules) are recorded once
+// (error(): naming this rank, the peer, the block and the operation), the
+// abort word given in the config is set so that this rank's kernels stop in
+// their bounded waits, and the proxy stops moving data. stop() and the
+// destructor end the thread within milliseconds; nothing in the loop blocks.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/transport/net/net.hpp"
+
+namespace mk::dev {
+struct NetConnDev;
+}
+
+namespace mk::rt {
+
+struct ProxyConfig {
+  int rank = 0;
+  int nranks = 1;
+  CUcontext ctx = nullptr;          // for the copies into the arena
+  CUdeviceptr arena = 0;            // this rank's arena: flags first, then scratch
+  uint64_t arena_bytes = 0;
+  uint64_t flag_bytes = 0;          // the flag region at the arena's start
+  uint32_t entries = 8;             // FIFO entries per connection: a power of two, 2..16
+  uint64_t max_put_bytes = 0;       // the largest put (a plan's largest tile)
+  int64_t timeout_ms = 600000;      // a send with no progress this long fails (0: never)
+  volatile int32_t* abort_word = nullptr;  // set on a failure (may be null)
+};
+
+class Proxy {
+ public:
+  // Listens on `net`'s device `dev`; starts the thread. Throws RtError.
+  Proxy(net::Net& net, int dev, const ProxyConfig& cfg);
+  ~Proxy();
+  Proxy(const Proxy&) = delete;
+  Proxy& operator=(const Proxy&) = delete;
+
+  // This rank's listen handle: every rank learns every rank's at init.
+  const net::Handle& handle() const { return handle_; }
+  void set_peer_handles(std::vector<net::Handle> all);
+
+  // Makes this rank's connection from block `tb` to `peer` (another node) and
+  // returns what its kernels need (pointers into host-pinned and device
+  // memory, valid until the proxy is destroyed). One per (tb, peer): a second
+  // call returns the first connection's.
+  dev::NetConnDev add_send(int tb, int peer);
+
+  // The first failure ("" while none); the proxy moves nothing after it.
+  std::string error() const;
+  // Ends the thread (idempotent); connections stay open until destruction.
+  void stop();
+
+  // Counters for tests and MK_DEBUG.
+  struct Stats {
+    uint64_t puts_sent = 0, signals_sent = 0, puts_landed = 0, signals_landed = 0, bytes_sent = 0;
+    int send_conns = 0, recv_conns = 0;
+  };
+  Stats stats() const;
+
+  struct SendConn;
+  struct RecvConn;
+
+ private:
+  net::Net& net_;
+  int dev_;
+  ProxyConfig cfg_;
+  net::Handle handle_;
+  void* listen_ = nullptr;
+  CUstream stream_ = nullptr;
+  std::vector<net::Handle> peers_;
+
+  mutable std::mutex mu_;  // guards the lists below (the thread takes new connections under it)
+  std::vector<std::unique_ptr<SendConn>> sends_;
+  std::vector<std::unique_ptr<RecvConn>> recvs_;
+  std::string error_;
+  Stats stats_;
+
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  void run();
+  bool step_send(SendConn& c);
+  bool step_recv(RecvConn& c);
+  bool accept_new();
+  void failed(const std::string& what);
+};
+
+}  // namespace mk::rt
