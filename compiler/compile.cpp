@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
+#include <tuple>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -39,6 +41,23 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 // The ranks every bucket's kernel serves (buckets may class ranks
 // differently); empty: every rank.
+// The schedule's network connections (plan::Kernel::net): a block's puts,
+// and its signals to ranks on other nodes, by (rank, tb, peer).
+std::vector<plan::Kernel::NetConn> net_connections(const ir::Schedule& s) {
+  std::vector<plan::Kernel::NetConn> out;
+  if (!verify::has_network_ops(s)) return out;
+  const topology::Topology t = ir::topology_of(s);
+  std::map<std::tuple<int32_t, int32_t, int32_t>, bool> conns;
+  for (const ir::Op& op : s.ops) {
+    if (op.kind == ir::OpKind::put)
+      conns[{op.rank, op.tb, op.dsts[0].rank}] = true;
+    else if (op.kind == ir::OpKind::signal && t.node(op.peer) != t.node(op.rank))
+      conns.emplace(std::make_tuple(op.rank, op.tb, op.peer), false);
+  }
+  for (const auto& [k, puts] : conns) out.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), puts});
+  return out;
+}
+
 std::vector<int32_t> served_by_all(const std::vector<codegen::Unit>& units) {
   std::vector<int32_t> out;
   bool all = true;
@@ -235,6 +254,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
   std::vector<codegen::Unit> units;
   std::vector<jit::CompileResult> results;
   std::vector<double> started_ms, codegen_ms, nvrtc_ms;
+  std::vector<std::vector<plan::Kernel::NetConn>> nets;  // per bucket (the ops are freed after codegen)
   std::mutex sizing;  // the first bucket's worker sizes the vectors; each then writes its own
   LowerOptions lo = o.lower;
   lo.on_variant = [&](size_t b, size_t nb, ir::Schedule& v) {
@@ -246,6 +266,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
         started_ms.assign(nb, 0);
         codegen_ms.assign(nb, 0);
         nvrtc_ms.assign(nb, 0);
+        nets.resize(nb);
       }
     }
     started_ms[b] = ms_since(t0);
@@ -279,6 +300,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     units[b] = codegen::generate_one(v, b, nb, o.dtype, o.op, tag, lim, o.rank);
     codegen_ms[b] = ms_since(t);
     if (on_serves) on_serves(units[b].serves);
+    nets[b] = net_connections(v);  // before the ops go
     std::vector<ir::Op>().swap(v.ops);
     t = std::chrono::steady_clock::now();
     results[b] = jit::compile(units[b].source, units[b].kernel.name, o.arch, o.use_cache);
@@ -343,6 +365,7 @@ plan::Plan compile_plan(ir::Schedule built, const CompileOptions& o, CompileStat
     k.pdl = o.arch >= 90;
     k.one_pass = s.one_pass;  // codegen: every kernel starts with mk::dev::grid_dependency_wait()
     k.lamport = s.lamport;
+    k.net = std::move(nets[b]);
     k.cubin_file = k.name + ".sm_" + std::to_string(o.arch) + ".cubin";
     k.source_file = k.name + ".cu";
     k.cubin = std::move(results[b].cubin);

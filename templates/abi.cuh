@@ -14,6 +14,7 @@ enum ErrorCode : int32_t {
   kErrStopped = 3,      // gave up because another block, rank or the host aborted
   kErrZcMismatch = 4,   // zero-copy: a peer's call does not match this one (slot: what, see ZcWhat)
   kErrOnePassSteps = 5, // a one-pass kernel was launched for a size that needs more steps (have: the steps)
+  kErrNoConn = 6,       // a put or signal to a rank on another node has no network connection (peer: that rank)
 };
 
 // ErrorRecord::slot of a kErrStopped record written at kernel entry: the
@@ -28,6 +29,10 @@ constexpr int32_t kTailBarrierSlot = -4;
 // collective before the next one on the same blocks (have: the blocks that
 // arrived, want: the collective's grid).
 constexpr int32_t kChainBarrierSlot = -5;
+// ErrorRecord::slot of a kErrWaitTimeout while a put or signal to another
+// node waited for a free trigger FIFO entry (templates/net.cuh): the
+// proxy sent nothing for that long (peer: the rank on the other node).
+constexpr int32_t kNetFifoSlot = -6;
 
 // Zero-copy mismatches (ErrorRecord::slot).
 enum ZcWhat : int32_t {
@@ -110,6 +115,10 @@ struct Args {
   double epi_scalars[4];
   int64_t epi_row;
   int64_t epi_mode;
+  // Plans with network operations only (templates/net.cuh NetTable): this
+  // rank's connections to ranks on other nodes and where its scratch and
+  // flags lie in its arena (the same offsets on every rank). Null otherwise.
+  const void* net;
 };
 
 // A group kernel's argument (codegen group_source): one Args per member,
@@ -122,12 +131,12 @@ struct GroupArgs {
   Args a[N];
 };
 // Its size in bytes for n members (kernel parameters: at most 32764 bytes).
-MK_HD constexpr size_t group_args_bytes(int n) { return 16 + size_t(n) * 272; }
+MK_HD constexpr size_t group_args_bytes(int n) { return 16 + size_t(n) * 280; }
 
 // The host fills Args and the kernel reads it; both compile this file.
 static_assert(sizeof(ErrorRecord) == 64, "ErrorRecord is 64 bytes on host and device");
 static_assert(sizeof(ZcPeerWindow) == 16, "ZcPeerWindow is 16 bytes on host and device");
-static_assert(sizeof(Args) == 272, "Args is 272 bytes on host and device (fixed-width fields, explicit padding)");
+static_assert(sizeof(Args) == 280, "Args is 280 bytes on host and device (fixed-width fields, explicit padding)");
 static_assert(sizeof(GroupArgs<3>) == group_args_bytes(3), "GroupArgs is a header and the members' Args");
 static_assert(group_args_bytes(kMaxGroupMembers) <= 32764, "a group kernel's argument fits a kernel parameter");
 

@@ -19,6 +19,7 @@
 #pragma once
 #include "abi.cuh"
 #include "layout.cuh"
+#include "net.cuh"
 #include "prims.cuh"
 #include "prims_lamport.cuh"
 #include "prims_ll.cuh"
@@ -50,6 +51,7 @@ struct Shared {
   int claim;  // first failing thread of the block writes the error record
   int stop;   // the communicator was aborted before this launch
   int last;   // zero-copy: this block is the launch's last to finish
+  uint64_t net_seq;  // network plans: the FIFO entry thread 0 reserved for the block's put
 };
 
 // Writes block `bid`'s error record (the code last, so that the host never
@@ -74,7 +76,8 @@ MK_DEV void record_failure(ErrorRecord& e, int32_t rank, volatile int32_t* host_
   *reinterpret_cast<volatile int32_t*>(&e.code) = code;
   __threadfence_system();
   if (host_abort) host_abort[1] = 1;  // the host sees it at its next call
-  for (int32_t q = 0; q < nranks; ++q) st_release_sys(abort_of(q), 1);
+  for (int32_t q = 0; q < nranks; ++q)
+    if (uint64_t* w = abort_of(q)) st_release_sys(w, 1);  // null: a rank on another node (its proxy learns)
 }
 
 // Ctx::fail's work: the first failing thread of the block writes the record
@@ -92,7 +95,7 @@ __device__ __noinline__ void fail_record(ErrorRecord* errors, volatile int32_t* 
                                         int32_t instance, int32_t tb, int32_t slot, int32_t peer, int32_t op,
                                         uint64_t step, uint64_t have, uint64_t want, uint64_t waited) {
   auto abort_of = [&](int32_t q) {
-    return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(fl[q]) - flag_offset);
+    return fl[q] ? reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(fl[q]) - flag_offset) : nullptr;
   };
   const bool root_cause =
       *reinterpret_cast<const volatile uint64_t*>(abort_of(rank)) == 0 && !(host_abort && *host_abort != 0);
@@ -100,7 +103,8 @@ __device__ __noinline__ void fail_record(ErrorRecord* errors, volatile int32_t* 
     record_failure(errors[bid], rank, host_abort, N, abort_of, root_cause ? code : int32_t(kErrStopped), instance, tb,
                    slot, peer, op, step, have, want, waited);
   else  // tell every rank (and every block here) to stop waiting
-    for (int q = 0; q < N; ++q) st_release_sys(abort_of(q), 1);
+    for (int q = 0; q < N; ++q)
+      if (uint64_t* w = abort_of(q)) st_release_sys(w, 1);
 }
 
 // A rank's row of its class's table, in registers: what a one-pass
@@ -294,13 +298,85 @@ struct Ctx {
     return !__syncthreads_or(aborted);
   }
   // After the block's writes: thread i releases flag i.
+  // A signal to a rank on another node (no flag pointer: network plans)
+  // goes through the block's connection to it, by thread 0 in order, after
+  // the block's puts to that rank (templates/net.cuh).
   template <int CNT>
   MK_DEV void signal_all(const SignalSpec (&s)[CNT]) {
     static_assert(CNT <= NT, "more signals than threads");
     __syncthreads();
-    if (int(threadIdx.x) < CNT)
-      st_release_sys(sh.fl[peer(s[threadIdx.x].peer)] + int64_t(inst) * P::kSlots + s[threadIdx.x].slot,
-                     value());
+    if (int(threadIdx.x) < CNT) {
+      uint64_t* f = sh.fl[peer(s[threadIdx.x].peer)];
+      if (!P::kNet || f) st_release_sys(f + int64_t(inst) * P::kSlots + s[threadIdx.x].slot, value());
+    }
+    if constexpr (P::kNet) {
+      if (threadIdx.x == 0)
+        for (int k = 0; k < CNT && !aborted; ++k)
+          if (!sh.fl[peer(s[k].peer)]) net_signal(peer(s[k].peer), s[k].slot);
+    }
+  }
+
+  // ---- network (plans with puts: P::kNet) ---------------------------------
+  // Thread 0: this block's connection to rank p, with a free FIFO entry
+  // reserved (its sequence number in *seq); null after a failure.
+  // Out of line: NVRTC 13.0 crashed (about one compile in four, inside
+  // nvrtcCompileProgram) when this spin and its failure report were inlined
+  // into signal_all's loop; a wait that rarely spins loses nothing by a call.
+  __device__ __noinline__ const NetConnDev* net_reserve(int32_t p, int32_t op, uint64_t* seq) {
+    const NetTable* nt = static_cast<const NetTable*>(a.net);
+    const NetConnDev* cn = nt ? net_conns(nt)[(int64_t(inst) * P::kTbs + tb) * N + p] : nullptr;
+    if (!cn) {
+      fail(kErrNoConn, -1, p, op, 0, 0, 0);
+      return nullptr;
+    }
+    const uint64_t s = net_next(*cn);
+    uint64_t t0 = 0;
+    if (!bounded_spin([&] { return net_free(*cn, s); }, [&](uint64_t since) { return stop_requested(since); }, &t0)) {
+      fail(kErrWaitTimeout, kNetFifoSlot, p, op, net_load(cn->done), s, globaltimer() - t0);
+      return nullptr;
+    }
+    *seq = s;
+    return cn;
+  }
+  MK_DEV void net_signal(int32_t p, int32_t slot) {
+    uint64_t seq = 0;
+    if (const NetConnDev* cn = net_reserve(p, -1, &seq)) {
+      const NetTable* nt = static_cast<const NetTable*>(a.net);
+      net_commit(*cn, seq, kNetSignal, value(),
+                 uint32_t(nt->flag_off / 8 + int64_t(inst) * P::kSlots + slot));
+    }
+  }
+  // A put: the block copies (or reduces) the tile into the reserved entry's
+  // staging area, then thread 0 commits it for the proxy.
+  template <int NS, bool RED, bool FINAL, bool GEN>
+  MK_DEV void net_put(const uint64_t (&s)[NS], uint64_t d, int32_t p, int32_t pcode, int32_t op, unsigned sll) {
+    static_assert(!P::kLL, "network plans use the simple protocol");
+    const NetConnDev* cn = nullptr;
+    if (threadIdx.x == 0) {
+      uint64_t seq = 0;
+      cn = net_reserve(p, op, &seq);
+      sh.net_seq = seq;
+    }
+    if (__syncthreads_or(aborted)) return;
+    const NetTable* nt = static_cast<const NetTable*>(a.net);
+    cn = net_conns(nt)[(int64_t(inst) * P::kTbs + tb) * N + p];
+    const uint64_t seq = sh.net_seq;
+    T* src[NS];
+    T* dst[1] = {reinterpret_cast<T*>(net_data(*cn, seq))};
+    typename Comb::Pro pro = make_pro();
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      src[i] = decode(s[i]);
+      if (int(s[i] & 3u) == kRefIn) pro.mask |= 1u << i;
+    }
+    const int64_t n = len(decode_pos(pcode));
+    prim<NS, 1, RED, FINAL, GEN>(src, dst, n, op, pro, sll, 0u);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t off = nt->scratch_off + scratch_offset(kSlotBytes, P::kScratch, P::kDepth, inst,
+                                                           int64_t(base) + step, int32_t(d >> 32));
+      net_commit(*cn, seq, kNetPut, uint64_t(off), uint32_t(n > 0 ? n * int64_t(sizeof(T)) : 0));
+    }
   }
   MK_DEV bool barrier() { return !__syncthreads_or(aborted); }
 
@@ -343,6 +419,12 @@ struct Ctx {
   MK_DEV void run_op(const uint64_t (&s)[NS], const uint64_t (&d)[ND], int32_t pcode, int32_t op, unsigned sll,
                      unsigned dll) {
     static_assert(!(Comb::kPre && P::kZeroCopy), "kernels with a prologue read only their own input");
+    if constexpr (P::kNet) {  // a put: a destination in the scratch of a rank on another node
+      if (ND == 1 && int(d[0] & 3u) == kRefScratch) {
+        const int32_t p = peer(int32_t((d[0] >> 4) & 0xfffu));
+        if (!sh.sc[p]) return net_put<NS, RED, FINAL, GEN>(s, d[0], p, pcode, op, sll);
+      }
+    }
     T* src[NS];
     T* dst[ND];
     typename Comb::Pro pro = make_pro();
@@ -494,7 +576,7 @@ MK_DEV bool chain_barrier(const Args& a, int32_t bid, int32_t nbid) {
     uint64_t* const flags = a.flags[a.rank];
     uint64_t* const w = flags + int64_t(P::kInstances) * P::kSlots;
     auto abort_of = [&](int32_t q) {
-      return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.flags[q]) - a.flag_offset);
+      return a.flags[q] ? reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.flags[q]) - a.flag_offset) : nullptr;
     };
     // The device abort word only (mkCommAbort copies the host's flag into
     // it): host-mapped reads from every block queue on PCIe, about a

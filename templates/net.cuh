@@ -64,6 +64,25 @@ struct NetConnDev {
 };
 static_assert(sizeof(NetConnDev) == 48, "NetConnDev is 48 bytes on host and device");
 
+// What a kernel of a plan with network operations gets (Args::net, device
+// memory): where its scratch and flag regions lie in the arena (byte
+// offsets, equal on every rank: puts and signals name places on the peer by
+// them), and its connections, one per (instance, block, peer): conns[(inst *
+// tbs + tb) * nranks + peer], null where the plan has none.
+struct NetTable {
+  int64_t scratch_off;
+  int64_t flag_off;
+  // followed by const NetConnDev* conns[instances * tbs * nranks]
+};
+static_assert(sizeof(NetTable) == 16, "the connection pointers follow 16 bytes of header");
+MK_HD uint64_t net_table_bytes(int64_t conns) { return 16 + 8 * uint64_t(conns < 1 ? 1 : conns); }
+MK_HD const NetConnDev* const* net_conns(const NetTable* t) {
+  return reinterpret_cast<const NetConnDev* const*>(reinterpret_cast<const char*>(t) + sizeof(NetTable));
+}
+MK_HD const NetConnDev** net_conns(NetTable* t) {
+  return reinterpret_cast<const NetConnDev**>(reinterpret_cast<char*>(t) + sizeof(NetTable));
+}
+
 MK_HD void net_fence_system() {
 #if MK_DEVICE_CODE
   __threadfence_system();

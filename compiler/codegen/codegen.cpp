@@ -1172,15 +1172,27 @@ std::string print_classes(const RankClasses& rc) {
 
 Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedOp op, const std::string& tag,
                   const Limits& lim, int32_t rank) {
-  if (verify::has_network_ops(s))
-    throw Error(ErrId::jit_E008,
-                fmt::format("{} ({} ranks, topology {}) moves data between nodes with network operations (put, "
-                            "flush), which have no code generator yet: multi-node part 2 adds the transports and "
-                            "the GPU-driven proxy that run them",
-                            s.name, s.nranks, ir::topology_of(s).name()),
-                {},
-                "`mkc verify` and `mkc simulate` prove and run it on the CPU; a communicator spanning nodes runs on "
-                "NCCL meanwhile (docs/multi-node.md)");
+  // Network operations (templates/net.cuh): a put is a copy into the
+  // scratch of a rank on another node, which the kernel stages for the
+  // proxy; a flush has nothing left to wait for (the staging copy read the
+  // source); signals to such ranks go through the same connection.
+  const bool net = verify::has_network_ops(s);
+  if (net) {
+    if (s.proto != ir::Proto::simple || s.zero_copy || s.one_pass)
+      throw Error(ErrId::jit_E008,
+                  fmt::format("{} ({} ranks, topology {}): network operations need the simple protocol without "
+                              "zero-copy (this variant: {}{})",
+                              s.name, s.nranks, ir::topology_of(s).name(), ir::name(s.proto),
+                              s.zero_copy ? ", zero-copy" : ""),
+                  {}, "lower it with proto=simple across nodes");
+    for (const Op& op : s.ops)
+      if (op.kind == OpKind::put && (op.dsts.size() != 1 || op.srcs.size() != 1 || op.dsts[0].buf != Buf::scratch))
+        throw Error(ErrId::jit_E008,
+                    fmt::format("{}: put %{} must copy one chunk into one scratch slot (it has {} source(s) and {} "
+                                "destination(s))",
+                                s.name, op.id, op.srcs.size(), op.dsts.size()),
+                    op.loc);
+  }
   MK_CHECK(s.synced && s.tbs > 0 && s.tile_bytes > 0, "codegen needs lowered schedules");
   if (s.one_pass) {  // what the kernel relies on when it drops the waits (passes/one_pass.cpp)
     MK_CHECK(s.proto == ir::Proto::ll && s.tbs == 1 && s.depth >= 2 && !s.zero_copy, "codegen: not a one-pass schedule");
@@ -1243,7 +1255,7 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
       "  static constexpr long long kMaxTileBytes = {};\n"
       "  static constexpr int kLoads = {}, kLamportUnits = {};\n"
       "  static constexpr bool kLL = {}, kLamport = {}, kRooted = {}, kZeroCopy = {}, kPipeline = {}, kOnePass = {};\n"
-      "  static constexpr bool kInlineOps = {};\n}};\n\n",
+      "  static constexpr bool kInlineOps = {}, kNet = {};\n}};\n\n",
       b, dtype_device_name(dtype), int(op),
       user_pre ? fmt::format("::mk::dev::UserPre<mk_pro_b{}::Pro>", b) : std::string("::mk::dev::NoPre"), s.nranks,
       s.chunks, s.tbs, s.instances, s.depth,
@@ -1251,7 +1263,7 @@ Unit generate_one(const Schedule& s, size_t b, size_t buckets, DType dtype, RedO
       s.tile_bytes, std::max(lim.loads, 1), std::max(lim.lamport_units, 1), s.proto == ir::Proto::ll ? "true" : "false",
       s.lamport ? "true" : "false", rooted ? "true" : "false",
       s.zero_copy ? "true" : "false", lim.pipeline ? "true" : "false", s.one_pass ? "true" : "false",
-      e.inline_ops() ? "true" : "false");
+      e.inline_ops() ? "true" : "false", net ? "true" : "false");
   if (!lim.epilogue.source.empty()) {
     MK_CHECK(!s.zero_copy, "codegen: a fused epilogue on a zero-copy schedule (verify_epilogue refuses it)");
     MK_CHECK(lim.epilogue.operands.size() <= 6, "codegen: more than 6 epilogue operands");

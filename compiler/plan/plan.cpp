@@ -141,6 +141,32 @@ Kernel kernel_from_json(const json& k, const Plan& p, size_t i, const std::strin
     x.pdl = k["pdl"].get<bool>();
     if (x.pdl && p.arch < 90) bad(where, path + ".pdl", "programmatic dependent launch needs sm_90 or later");
   }
+  if (k.contains("net")) {
+    const json& n = k["net"];
+    if (!n.is_array() || n.size() > (size_t(1) << 22))
+      bad(where, path + ".net", "expected an array of at most 2^22 [rank, tb, peer, puts] entries");
+    for (size_t i = 0; i < n.size(); ++i) {
+      const std::string at = path + ".net[" + std::to_string(i) + "]";
+      const json& e = n[i];
+      if (!e.is_array() || e.size() != 4) bad(where, at, "expected [rank, tb, peer, puts]");
+      auto field = [&](size_t f, int64_t hi) {
+        if (!e[f].is_number_integer() || e[f].get<int64_t>() < 0 || e[f].get<int64_t>() > hi)
+          bad(where, at, fmt::format("field {} must be an integer in 0..{}", f, hi));
+        return int32_t(e[f].get<int64_t>());
+      };
+      Kernel::NetConn c;
+      c.rank = field(0, p.nranks - 1);
+      c.tb = field(1, x.tbs - 1);
+      c.peer = field(2, p.nranks - 1);
+      c.puts = field(3, 1) != 0;
+      if (c.peer == c.rank) bad(where, at, "a connection from a rank to itself");
+      if (!x.net.empty() && !(std::tie(x.net.back().rank, x.net.back().tb, x.net.back().peer) <
+                              std::tie(c.rank, c.tb, c.peer)))
+        bad(where, at, "entries must be sorted and unique by (rank, tb, peer)");
+      x.net.push_back(c);
+    }
+    if (!x.net.empty() && x.proto != "simple") bad(where, path + ".net", "network plans use the simple protocol");
+  }
   x.cubin_file = str(k, "cubin", where, path);
   x.source_file = opt_str(k, "source", where, path, "");
   if (!safe_file_name(x.cubin_file)) bad(where, path + ".cubin", "must be a plain file name");
@@ -292,6 +318,11 @@ json kernel_json(const Kernel& k) {
   if (k.pdl) j["pdl"] = true;
   if (k.one_pass) j["one_pass"] = true;
   if (k.lamport) j["lamport"] = true;
+  if (!k.net.empty()) {
+    json n = json::array();
+    for (const Kernel::NetConn& c : k.net) n.push_back({c.rank, c.tb, c.peer, c.puts ? 1 : 0});
+    j["net"] = std::move(n);
+  }
   return j;
 }
 

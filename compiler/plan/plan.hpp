@@ -45,6 +45,16 @@ struct Kernel {
   // scratch starts so); slots of one tile, not LL's two. Its scratch is never
   // shared with an LL kernel's (the resource key includes this field).
   bool lamport = false;
+  // Network connections (plans across nodes, templates/net.cuh): block `tb`
+  // of `rank` puts into or signals rank `peer` on another node; `puts`: it
+  // puts data (its FIFO needs staging), else it only signals. Every rank's,
+  // sorted; each instance of the block has a connection of its own.
+  struct NetConn {
+    int32_t rank = 0, tb = 0, peer = 0;
+    bool puts = false;
+    bool operator==(const NetConn&) const = default;
+  };
+  std::vector<NetConn> net;
   std::string cubin_file;     // relative to the plan directory
   std::string source_file;
 

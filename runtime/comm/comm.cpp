@@ -18,6 +18,7 @@
 #include "runtime/plans/schedules.hpp"
 #include "runtime/plans/select.hpp"
 #include "runtime/api/status.hpp"
+#include "templates/net.cuh"
 #include "templates/layout.cuh"
 
 namespace mk::rt {
@@ -150,6 +151,19 @@ std::unique_ptr<Transport> check_peers(Comm& c, const std::vector<RankInfo>& all
     c.topo = c.machine.topology();
     return std::move(transports[size_t(t)]);
   }
+  // The network (MK_NET, agreed by every rank): memory reaches the ranks of
+  // this node, the proxy the others. Schedules number ranks node by node;
+  // the permutation for other placements is not applied yet.
+  if (!env::net_transport().empty()) {
+    c.topo = c.machine.topology();  // unequal nodes: an error naming two of them
+    if (!c.machine.node_major())
+      fail(mkInvalidUsage, fmt::format("MK_NET={}: the ranks are not placed node by node (rank r on node r / {}), "
+                                       "which plans across nodes need for now; launch ranks node-major (torchrun "
+                                       "and Slurm's block distribution do)",
+                                       env::net_transport(), c.machine.ranks_per_node()));
+    c.spans_network = true;
+    return std::move(transports[0]);  // p2p: the ranks of this node
+  }
   const RankInfo& a = all[size_t(reach.a)];
   const RankInfo& b = all[size_t(reach.b)];
   const bool named = std::strncmp(a.boot_id, kHostIdBoot, sizeof a.boot_id) == 0 ||
@@ -225,6 +239,46 @@ void agree_on_settings(Comm& c) {
   }
 }
 
+// The network transport and the proxy: every rank listens, learns every
+// rank's handle through the bootstrap, and connects lazily when a plan
+// needs a connection (Comm::new_resources).
+void start_network(Comm& c) {
+  const std::string kind = env::net_transport();
+  if (kind == "socket")
+    c.net = net::make_socket_net(net::socket_options_from_env());
+  else if (kind == "verbs")
+    c.net = net::make_verbs_net(net::verbs_options_from_env());
+  else
+    c.net = net::load_nccl_plugin(*env::raw("MK_NET_PLUGIN"));
+  if (c.net->devices() < 1) fail(mkSystemError, "MK_NET=" + kind + ": the transport has no device");
+  ProxyConfig pc;
+  pc.rank = c.rank;
+  pc.nranks = c.nranks;
+  pc.ctx = c.ctx;
+  pc.arena = c.arena->base();
+  pc.arena_bytes = c.arena->size();
+  pc.flag_bytes = uint64_t(std::min<int64_t>(c.config.flag_bytes, int64_t(c.arena->size())));
+  pc.entries = 2;
+  pc.max_put_bytes = uint64_t(16) << 20;  // bounds a peer's puts (each connection announces its own largest)
+  pc.timeout_ms = int64_t(c.config.timeout_ns / 1000000);
+  pc.abort_word = &c.host->abort;
+  // A failed connection aborts the communicator: this node's ranks learn it
+  // through their abort words, the other nodes' as this rank's connections close.
+  pc.on_failure = [comm = &c] { comm->raise_abort(); };
+  c.proxy = std::make_unique<Proxy>(*c.net, 0, pc);
+  const auto all = c.boot->allgather(
+      std::string(reinterpret_cast<const char*>(c.proxy->handle().bytes), net::kHandleBytes));
+  std::vector<net::Handle> handles(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].size() != net::kHandleBytes) fail(mkRemoteError, fmt::format("rank {} sent no network handle", r));
+    std::memcpy(handles[r].bytes, all[r].data(), net::kHandleBytes);
+  }
+  c.proxy->set_peer_handles(std::move(handles));
+  debug_log(fmt::format("rank {}/{}: ranks on {} nodes: {} transport ({}) for the ranks of other nodes, through the "
+                        "network proxy",
+                        c.rank, c.nranks, c.nodes, kind, c.net->name()));
+}
+
 void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shared) {
   std::unique_ptr<Transport> transport = check_peers(c, all);
   if (c.bootstrap_only) {  // no transport: nothing runs on it but the bootstrap
@@ -233,10 +287,11 @@ void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shar
   }
   if (!c.config.net_name.empty() && c.config.net_name != "p2p")
     fail(mkInvalidArgument, fmt::format("config netName '{}' is not a transport of this build (p2p)", c.config.net_name));
-  if (shared) {  // the parent's transport already reaches every peer
+  if (shared) {  // the parent's transport already reaches every peer of its node
     if (shared->peer_base.size() != size_t(c.nranks)) fail(mkInternalError, "splitShare: peer table of the wrong size");
     c.transport = shared->transport;
     c.peer_base = shared->peer_base;
+    if (c.spans_network) start_network(c);
     return;
   }
   c.transport = std::move(transport);  // reaches every peer (check_peers)
@@ -251,8 +306,9 @@ void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shar
   s.timeout_ms = bootstrap_timeout_ms();
   c.transport->connect(s);
   c.peer_base.resize(size_t(c.nranks));
-  for (int r = 0; r < c.nranks; ++r)  // (this build's transport reaches every rank: check_peers)
+  for (int r = 0; r < c.nranks; ++r)  // 0: a rank on another node (the proxy reaches it)
     c.peer_base[size_t(r)] = c.transport->can_reach(all[size_t(c.rank)], all[size_t(r)]) ? c.transport->peer_base(r) : 0;
+  if (c.spans_network) start_network(c);
 }
 
 }  // namespace
@@ -474,6 +530,14 @@ mkResult_t Comm::poll_async_error() {
         }
       }
   }
+  // The proxy's failure names the peer and what broke: it comes first
+  // (the kernels' records then only say that they were stopped).
+  if (proxy) {
+    if (const std::string pe = proxy->error(); !pe.empty()) {
+      set_error(mkRemoteError, fmt::format("{}. The communicator is unusable; call mkCommAbort.", pe));
+      return mkResult_t(async_error.load());
+    }
+  }
   if (found.code == 0) return mkSuccess;
   const dev::ErrorRecord& e = found;
   std::string what;
@@ -511,6 +575,13 @@ mkResult_t Comm::poll_async_error() {
   else if (e.code == dev::kErrLLTimeout)
     what = fmt::format("{} waited {:.0f} ms at step {} for packets in scratch (source {}, LL or Lamport)", who,
                        double(e.waited_ns) / 1e6, e.step, e.slot);
+  else if (e.code == dev::kErrWaitTimeout && e.slot == dev::kNetFifoSlot)
+    what = fmt::format("{} waited {:.0f} ms at step {} for the network proxy to take a put or signal to rank {} "
+                       "(entries done {}, wanted {})",
+                       who, double(e.waited_ns) / 1e6, e.step, e.peer, e.have, e.want);
+  else if (e.code == dev::kErrNoConn)
+    what = fmt::format("{} has no network connection to rank {} (a plan and its connection tables disagree)", who,
+                       e.peer);
   else if (e.code == dev::kErrOnePassSteps)
     what = fmt::format("{} is a one-pass kernel (one step per launch) but this call needs {} steps: the plan's size "
                        "range does not match its kernel (a damaged or edited plan?); nothing was touched",
@@ -557,6 +628,8 @@ void Comm::raise_abort() {
   // stops at its next check of `closing`).
   if (state.load() == int(CommState::initializing)) return;
   if (host) host->abort = 1;  // this rank's kernels, at their next bounded-wait check
+  // Ranks on other nodes learn it when their proxies see the connections close.
+  if (proxy) proxy->abort();
   if (!side_stream || peer_base.empty()) return;
   // The comm-wide abort word of every rank (in its arena's flag part):
   // peers' kernels stop too, and every later launch there stops at entry.
@@ -926,12 +999,46 @@ Resources& Comm::new_resources(const std::string& key, const plan::Kernel& k) {
   MK_CU(d.cuMemcpyHtoDAsync(res->seq, zeros.data(), sizeof(uint64_t) * size_t(k.grid), side_stream),
         "zeroing step counters");
   MK_CU(d.cuStreamSynchronize(side_stream), "initialising plan tables");
+  if (!k.net.empty()) make_net_table(*res, k);
   alloc_error_records(*res);
   commit_regions(at);
   Resources* raw = res.get();
   std::lock_guard<std::mutex> lock(plans.res_mu);
   plans.resources.push_back(std::move(res));
   return *raw;
+}
+
+void Comm::make_net_table(Resources& res, const plan::Kernel& k) {
+  if (!proxy)
+    fail(mkInvalidUsage, fmt::format("plan kernel {} moves data between nodes, but this communicator has no network "
+                                     "transport (MK_NET)",
+                                     k.name));
+  const Driver& d = cu();
+  const int64_t slots = int64_t(k.instances) * k.tbs * nranks;
+  std::vector<dev::NetConnDev> views;
+  std::vector<std::pair<int64_t, size_t>> where;  // table slot -> view index
+  for (const plan::Kernel::NetConn& nc : k.net) {
+    if (nc.rank != rank) continue;
+    for (int32_t i = 0; i < k.instances; ++i) {
+      const int32_t block = i * k.tbs + nc.tb;
+      views.push_back(proxy->add_send(block, nc.peer, nc.puts ? uint64_t(k.max_tile_bytes) : 0));
+      where.emplace_back(int64_t(block) * nranks + nc.peer, views.size() - 1);
+    }
+  }
+  std::vector<char> table(dev::net_table_bytes(slots), 0);
+  auto* t = reinterpret_cast<dev::NetTable*>(table.data());
+  t->scratch_off = plans.scratch_base + res.scratch_offset;
+  t->flag_off = plans.flag_base + res.flag_offset;
+  if (!views.empty())
+    MK_CU(d.cuMemAlloc(&res.net_conns, sizeof(dev::NetConnDev) * views.size()), "allocating network connections");
+  for (const auto& [slot, v] : where)
+    dev::net_conns(t)[slot] = reinterpret_cast<const dev::NetConnDev*>(res.net_conns + v * sizeof(dev::NetConnDev));
+  MK_CU(d.cuMemAlloc(&res.net_table, table.size()), "allocating a network table");
+  if (!views.empty())
+    MK_CU(d.cuMemcpyHtoDAsync(res.net_conns, views.data(), sizeof(dev::NetConnDev) * views.size(), side_stream),
+          "copying network connections");
+  MK_CU(d.cuMemcpyHtoDAsync(res.net_table, table.data(), table.size(), side_stream), "copying a network table");
+  MK_CU(d.cuStreamSynchronize(side_stream), "initialising network tables");
 }
 
 dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, int64_t count, int32_t root,
@@ -952,6 +1059,7 @@ dev::Args Comm::args(const PlanInstance& inst, const void* input, void* output, 
   a.host_abort = reinterpret_cast<volatile int32_t*>(host_dev);
   a.timeout_ns = config.timeout_ns;
   a.flag_offset = res->flag_offset;
+  a.net = reinterpret_cast<const void*>(res->net_table);
   if (inst.plan->zero_copy) {
     a.windows = reinterpret_cast<const dev::ZcPeerWindow*>(regs.windows);
     a.max_windows = config.max_windows;
@@ -972,6 +1080,8 @@ Resources::~Resources() {
     if (scratch_ptrs) d.cuMemFree(scratch_ptrs);
     if (flag_ptrs) d.cuMemFree(flag_ptrs);
     if (seq) d.cuMemFree(seq);
+    if (net_table) d.cuMemFree(net_table);
+    if (net_conns) d.cuMemFree(net_conns);
     if (errors) d.cuMemFreeHost(errors);
   } catch (...) {
   }

@@ -33,7 +33,9 @@
 #include "mk/types.hpp"
 #include "runtime/bootstrap/bootstrap.hpp"
 #include "runtime/memory/memory.hpp"
+#include "runtime/proxy/proxy.hpp"
 #include "runtime/topology/machine.hpp"
+#include "runtime/transport/net/net.hpp"
 #include "runtime/transport/transport.hpp"
 #include "templates/abi.cuh"
 
@@ -57,6 +59,10 @@ struct Resources {
   CUdeviceptr scratch_ptrs = 0;  // device array [nranks]
   CUdeviceptr flag_ptrs = 0;     // device array [nranks]
   CUdeviceptr seq = 0;           // device array [grid]
+  // Plans with network operations: the kernel's dev::NetTable (Args::net)
+  // and the connections' device views it points to; 0 otherwise.
+  CUdeviceptr net_table = 0;
+  CUdeviceptr net_conns = 0;
   dev::ErrorRecord* errors = nullptr;  // host-mapped [grid]
   CUdeviceptr errors_dev = 0;
   std::atomic<const PlanInstance*> last{nullptr};  // the kernel launched last (for error reports)
@@ -278,6 +284,12 @@ struct CommPeers {
   HostFlags* host = nullptr;           // host-mapped: the host abort word kernels read, their error word
   CUdeviceptr host_dev = 0;
   CUstream side_stream = nullptr;  // table updates and abort words, never behind user work
+  // Ranks on other nodes (MK_NET): the network transport and the proxy that
+  // carries the kernels' puts and signals to them (runtime/proxy/proxy.hpp);
+  // null when memory reaches every peer. The proxy goes before the net.
+  bool spans_network = false;
+  std::unique_ptr<net::Net> net;
+  std::unique_ptr<Proxy> proxy;
 };
 
 // The order of this communicator's eager kernels: every launch is on a
@@ -455,6 +467,9 @@ class Comm : public CommLife, public CommIdentity, public CommPeers, public Comm
   Resources* find_resources(const std::string& key);  // null: none of that key yet
   // Allocates the resources of `key` for kernel `k` (flag and scratch
   // regions, tables, step counters, error records) and keeps them.
+  // Network plans: the kernel's connection table (Args::net), its
+  // connections made through the proxy. Caller holds `mu`.
+  void make_net_table(Resources& res, const plan::Kernel& k);
   Resources& new_resources(const std::string& key, const plan::Kernel& k);
   Resources* make_resource_copy(const PlanInstance& inst, int copy);  // resource_copy, uncached
   // Where the next flag and scratch regions of `flag_bytes` and

@@ -182,6 +182,18 @@ std::map<Collective, std::string> algo() {
   return v ? parse_algo(*v) : std::map<Collective, std::string>{};
 }
 
+std::string net_transport() {
+  const auto v = raw("MK_NET");
+  const auto plugin = raw("MK_NET_PLUGIN");
+  if (!v) return plugin ? "plugin" : "";
+  if (*v == "socket" || *v == "verbs" || *v == "plugin") {
+    if (*v == "plugin" && !plugin)
+      fail(mkInvalidArgument, "MK_NET=plugin needs MK_NET_PLUGIN (a path, a file name, or NAME for libnccl-net-NAME.so)");
+    return *v;
+  }
+  fail(mkInvalidArgument, fmt::format("MK_NET='{}': expected socket, verbs or plugin (with MK_NET_PLUGIN)", *v));
+}
+
 std::vector<std::pair<std::string, std::string>> plan_shaping_settings() {
   std::vector<std::pair<std::string, std::string>> s;
   // first: MK_ALGO and MK_SELECT_FILE may name what it loads
@@ -212,6 +224,8 @@ std::vector<std::pair<std::string, std::string>> plan_shaping_settings() {
   }
   s.emplace_back("MK_FAST_COMPILE", fast);
   s.emplace_back("compiler", jit::nvrtc_identity() + " templates " + jit::templates_hash());
+  // the network transport to other nodes' ranks (part of how a communicator is built: all or none)
+  s.emplace_back("MK_NET", net_transport() + (raw("MK_NET_PLUGIN") ? ":" + *raw("MK_NET_PLUGIN") : ""));
   return s;
 }
 

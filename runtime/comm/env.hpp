@@ -28,6 +28,12 @@
 
 namespace mk::rt::env {
 
+// MK_NET: the network transport to ranks on other nodes: "" (unset: none,
+// such communicators go to NCCL or fail as before), "socket", "verbs", or
+// "plugin" (MK_NET_PLUGIN names it; setting MK_NET_PLUGIN alone means
+// "plugin"). Throws mkInvalidArgument for anything else.
+std::string net_transport();
+
 // The value of `name`, or nullopt when it is unset or empty.
 std::optional<std::string> raw(const char* name);
 

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "runtime/api/status.hpp"
 #include "runtime/driver/cuda_driver.hpp"
 #include "templates/net.cuh"
@@ -54,6 +56,7 @@ struct Pinned {
 struct Proxy::SendConn {
   int tb = 0, peer = 0;
   uint32_t index = 0;
+  uint64_t max_put = 0;
   net::Net* net = nullptr;
   void* comm = nullptr;
   Pinned fifo, staging, done;
@@ -118,6 +121,28 @@ void Proxy::stop() {
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
+void Proxy::abort() {
+  stop();
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& c : sends_)
+    if (c->comm) {
+      try {
+        net_.close_send(c->comm);
+      } catch (...) {
+      }
+      c->comm = nullptr;
+    }
+  for (auto& c : recvs_)
+    if (c->comm) {
+      try {
+        net_.close_recv(c->comm);
+      } catch (...) {
+      }
+      c->comm = nullptr;
+    }
+  if (error_.empty()) error_ = "rank " + std::to_string(cfg_.rank) + ": network proxy: aborted (mkCommAbort)";
+}
+
 void Proxy::set_peer_handles(std::vector<net::Handle> all) {
   if (int(all.size()) != cfg_.nranks) fail(mkInternalError, "proxy: one handle per rank expected");
   std::lock_guard<std::mutex> lk(mu_);
@@ -137,13 +162,13 @@ Proxy::Stats Proxy::stats() const {
   return s;
 }
 
-dev::NetConnDev Proxy::add_send(int tb, int peer) {
+dev::NetConnDev Proxy::add_send(int tb, int peer, uint64_t max_put) {
+  if (max_put > cfg_.max_put_bytes)
+    fail(mkInternalError, fmt::format("proxy: puts of {} bytes, above the largest ({})", max_put, cfg_.max_put_bytes));
   net::Handle h;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_.empty()) fail(mkRemoteError, error_);
-    for (auto& c : sends_)
-      if (c->tb == tb && c->peer == peer) return c->view;
     if (peer < 0 || peer >= int(peers_.size()) || peer == cfg_.rank)
       fail(mkInternalError, "proxy: no handle for rank " + std::to_string(peer));
     h = peers_[size_t(peer)];
@@ -154,7 +179,8 @@ dev::NetConnDev Proxy::add_send(int tb, int peer) {
   c->net = &net_;
   {
     CtxGuard g(cfg_.ctx);
-    const uint64_t stride = dev::kNetHeaderBytes + ((cfg_.max_put_bytes + 63) & ~uint64_t(63));
+    const uint64_t stride = dev::kNetHeaderBytes + ((max_put + 63) & ~uint64_t(63));
+    c->max_put = max_put;
     c->fifo.alloc(sizeof(dev::NetDesc) * cfg_.entries);
     c->staging.alloc(stride * cfg_.entries);
     c->done.alloc(64);
@@ -174,7 +200,7 @@ dev::NetConnDev Proxy::add_send(int tb, int peer) {
                               std::to_string(peer) + " did not complete within 30 s");
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  c->hello = WireHeader{kWireMagic, kHello, 0, 0, 0, cfg_.rank, tb, cfg_.nranks, {}};
+  c->hello = WireHeader{kWireMagic, kHello, 0, 0, uint32_t(max_put), cfg_.rank, tb, cfg_.nranks, {}};
   c->wire_seq = 1;
   std::lock_guard<std::mutex> lk(mu_);
   c->index = uint32_t(sends_.size());
@@ -218,9 +244,9 @@ bool Proxy::step_send(SendConn& c) {
       *h = WireHeader{kWireMagic, kind, c.wire_seq, d.arg, d.arg2, cfg_.rank, c.tb, cfg_.nranks, {}};
       size_t bytes = sizeof(WireHeader);
       if (kind == kPut) {
-        if (d.arg2 > cfg_.max_put_bytes) {
+        if (d.arg2 > c.max_put) {
           failed("block " + std::to_string(c.tb) + " posted a put of " + std::to_string(d.arg2) + " bytes to " + who +
-                 ", above the largest (" + std::to_string(cfg_.max_put_bytes) + ")");
+                 ", above its connection's largest (" + std::to_string(c.max_put) + ")");
           return false;
         }
         bytes += d.arg2;
@@ -279,7 +305,7 @@ bool Proxy::step_recv(RecvConn& c) {
       WireHeader h;
       std::memcpy(&h, c.bufs[0].data(), sizeof h);
       if (n != sizeof h || h.magic != kWireMagic || h.kind != kHello || h.seq != 0 || h.nranks != cfg_.nranks ||
-          h.rank < 0 || h.rank >= cfg_.nranks || h.rank == cfg_.rank || h.tb < 0) {
+          h.rank < 0 || h.rank >= cfg_.nranks || h.rank == cfg_.rank || h.tb < 0 || h.arg2 > cfg_.max_put_bytes) {
         failed("a connection opened with a message that is not a hello of this communicator (" + std::to_string(n) +
                " bytes)");
         return false;
@@ -287,6 +313,7 @@ bool Proxy::step_recv(RecvConn& c) {
       c.rank = h.rank;
       c.tb = h.tb;
       c.seq = 1;
+      c.bufs.assign(cfg_.entries, std::vector<char>(dev::kNetHeaderBytes + h.arg2));  // its largest put
       moved = true;
     }
     for (size_t i = 0; i < c.bufs.size(); ++i)  // every buffer waits for a message
@@ -357,8 +384,7 @@ bool Proxy::accept_new() {
   auto c = std::make_unique<RecvConn>();
   c->net = &net_;
   c->comm = comm;
-  c->bufs.resize(cfg_.entries);
-  for (auto& b : c->bufs) b.resize(dev::kNetHeaderBytes + cfg_.max_put_bytes);
+  c->bufs.assign(1, std::vector<char>(dev::kNetHeaderBytes));  // the hello; then buffers for its puts
   c->reqs.assign(cfg_.entries, nullptr);
   recvs_.push_back(std::move(c));
   return true;
@@ -378,6 +404,16 @@ void Proxy::run() {
         for (auto& c : recvs_)
           if (error_.empty()) moved |= step_recv(*c);
       }
+    }
+    bool tell = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      tell = !error_.empty() && !told_;
+    }
+    if (tell) {
+      told_ = true;
+      if (cfg_.on_failure) cfg_.on_failure();
+      continue;  // (it may have stopped the loop)
     }
     const auto now = Clock::now();
     if (moved) {

@@ -37,6 +37,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,6 +63,10 @@ struct ProxyConfig {
   uint64_t max_put_bytes = 0;       // the largest put (a plan's largest tile)
   int64_t timeout_ms = 600000;      // a send with no progress this long fails (0: never)
   volatile int32_t* abort_word = nullptr;  // set on a failure (may be null)
+  // Called once, from the proxy's thread with no lock held, after the first
+  // failure was recorded (the communicator aborts: its node's ranks and, as
+  // its connections close, the other nodes' learn it). May call abort().
+  std::function<void()> on_failure;
 };
 
 class Proxy {
@@ -76,16 +81,20 @@ class Proxy {
   const net::Handle& handle() const { return handle_; }
   void set_peer_handles(std::vector<net::Handle> all);
 
-  // Makes this rank's connection from block `tb` to `peer` (another node) and
-  // returns what its kernels need (pointers into host-pinned and device
-  // memory, valid until the proxy is destroyed). One per (tb, peer): a second
-  // call returns the first connection's.
-  dev::NetConnDev add_send(int tb, int peer);
+  // Makes a connection from this rank's block `tb` to `peer` (another node)
+  // for puts of at most `max_put` bytes (0: signals only; at most the
+  // config's max_put_bytes) and returns what its kernels need (pointers into
+  // host-pinned and device memory, valid until the proxy is destroyed). Each
+  // call makes a new one: a connection has one producer.
+  dev::NetConnDev add_send(int tb, int peer, uint64_t max_put);
 
   // The first failure ("" while none); the proxy moves nothing after it.
   std::string error() const;
   // Ends the thread (idempotent); connections stay open until destruction.
   void stop();
+  // mkCommAbort: ends the thread and closes every connection now, so that
+  // the peers' proxies fail at once (and stop their ranks' kernels).
+  void abort();
 
   // Counters for tests and MK_DEBUG.
   struct Stats {
@@ -113,6 +122,7 @@ class Proxy {
   Stats stats_;
 
   std::atomic<bool> stop_{false};
+  bool told_ = false;  // on_failure was called (the thread's own)
   std::thread thread_;
 
   void run();

@@ -13,7 +13,7 @@ struct P0 {
   static constexpr long long kMaxTileBytes = 4096;
   static constexpr int kLoads = 16, kLamportUnits = 1;
   static constexpr bool kLL = true, kLamport = false, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = false;
-  static constexpr bool kInlineOps = true;
+  static constexpr bool kInlineOps = true, kNet = false;
 };
 
 static __device__ __forceinline__ void b0_c0_tb0(mk::dev::Ctx<P0>& c) {

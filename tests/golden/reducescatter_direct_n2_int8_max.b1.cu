@@ -13,7 +13,7 @@ struct P1 {
   static constexpr long long kMaxTileBytes = 262144;
   static constexpr int kLoads = 16, kLamportUnits = 1;
   static constexpr bool kLL = false, kLamport = false, kRooted = false, kZeroCopy = false, kPipeline = false, kOnePass = false;
-  static constexpr bool kInlineOps = true;
+  static constexpr bool kInlineOps = true, kNet = false;
 };
 
 static __device__ __forceinline__ void b1_c0_tb0(mk::dev::Ctx<P1>& c) {

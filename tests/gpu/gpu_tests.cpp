@@ -1263,6 +1263,27 @@ void share_gpu_large(World& w) {
 
 // One call per collective (odd counts, rooted at 1): for worlds whose ranks
 // share one GPU across processes (time-sliced, slow).
+// Across (MK_HOST_ID) nodes through the network proxy: every collective,
+// fp32 and bf16, small to large, in and out of place, against the float64
+// reference (run_checked).
+void net_calls(World& w) {
+  for (Collective c : all_collectives())
+    for (DType t : {DType::fp32, DType::bf16})
+      for (int64_t count : {int64_t(2), int64_t(777), int64_t(1) << 18, g_quick ? int64_t(0) : int64_t(16) << 20})
+        for (bool inplace : {false, true}) {
+          if (count == 0 || (inplace && c == Collective::alltoall)) continue;
+          CallSpec s;
+          s.coll = c;
+          s.dtype = t;
+          s.op = RedOp::sum;
+          s.count = count;
+          s.inplace = inplace;
+          s.root = (c == Collective::broadcast || c == Collective::reduce) ? (w.nranks - 1) : 0;
+          s.seed = uint64_t(count * 7 + int(t) * 5 + int(c)) + 991;
+          run_checked(w, s);
+        }
+}
+
 void one_each(World& w) {
   for (int i = 0; i < 6; ++i) {
     CallSpec s;
@@ -1983,6 +2004,9 @@ struct Scenario {
   std::function<void(World&)> body;
   int devices_mode = 0;  // 0: rank r on GPU r % ngpu; 1: every rank on GPU 0
   bool shareable = true;  // with fewer GPUs than min_gpus: run with every rank on GPU 0
+  // Processes standing in for this many nodes (MK_HOST_ID node-K, ranks node
+  // by node): the ranks of other nodes are reached through MK_NET.
+  int nodes = 0;
 };
 
 std::vector<Scenario> scenarios() {
@@ -2055,6 +2079,21 @@ std::vector<Scenario> scenarios() {
   v.push_back({"bad_input_1rank", 1, false, 1, {}, bad_input});
   v.push_back({"wrong_arch_plan", 1, false, 1, {}, wrong_plan});
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});
+  // Two (MK_HOST_ID) nodes through the socket transport on loopback and the
+  // network proxy, ranks as processes sharing the GPUs there are.
+  // (Few instances and one stream per connection: every (instance, block,
+  // peer) FIFO is a TCP connection of its own until they are multiplexed.)
+  const std::map<std::string, std::string> net_env = {{"MK_NET", "socket"},
+                                                      {"MK_SOCKET_IFNAME", "=lo"},
+                                                      {"MK_SOCKET_NSTREAMS", "1"},
+                                                      {"MK_TUNE", "simple_instances=4"},
+                                                      {"MK_TIMEOUT_MS", "60000"}};
+  v.push_back({"net_2x1_2proc", 2, true, 1, net_env, net_calls, 0, true, 2});
+  v.push_back({"net_2x2_4proc", 4, true, 1, net_env, net_calls, 0, true, 2});
+  auto net_fault_env = net_env;
+  net_fault_env["MK_TIMEOUT_MS"] = "3000";
+  v.push_back({"net_killed_peer_2proc", 2, true, 1, net_fault_env, killed_peer, 0, true, 2});
+  v.push_back({"net_abort_tells_peer_2proc", 2, true, 1, net_env, abort_tells_peer, 0, true, 2});
   v.push_back({"stalled_rank_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, stalled_rank});
   v.push_back({"host_time_1rank", 1, false, 1, {}, host_time});
   // The runtime-trust scenarios (abort, sticky errors, first use in capture),
@@ -2152,6 +2191,8 @@ int run_rank(const Scenario& sc, const mkUniqueId& id, int rank, int ngpu) {
 
 int child_main(const Scenario& sc, int ngpu, const mkUniqueId* id, int rank) {
   for (auto& [k, v] : sc.env) setenv(k.c_str(), v.c_str(), 1);
+  if (sc.nodes > 1 && sc.multiprocess)
+    setenv("MK_HOST_ID", ("node-" + std::to_string(rank * sc.nodes / sc.nranks)).c_str(), 1);
   int rc = 0;
   try {
     if (sc.multiprocess) {

@@ -868,6 +868,70 @@ int split_peer_exit(int rank, int nranks, const mkUniqueId& id) {
 // bootstrap-only communicator that refuses what needs a transport, clearly;
 // its bootstrap works; a split by node gives full communicators that run
 // collectives; nothing leaks.
+// Ranks on two (MK_HOST_ID) nodes with MK_NET=socket: a full communicator
+// whose ranks of the other node are reached through the network proxy. The
+// fake driver runs no kernel, so this checks the wiring: init, a plan across
+// nodes compiled and loaded with its connections made, Args::net set, the
+// peers' connections accepted, an abort reaching the other node's proxy
+// (loopback TCP; a GPU moves the data, tests/gpu).
+int net_span(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  if (use_gpu(rank)) return 1;
+  CUstream stream = nullptr;
+  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  int nodes = 0, only = 1;
+  CHILD_CHECK(mkCommNodeCount(comm, &nodes) == mkSuccess && nodes == 2);
+  CHILD_CHECK(mkCommIsBootstrapOnly(comm, &only) == mkSuccess && only == 0);
+  auto c = mk::rt::acquire(comm);
+  CHILD_CHECK(c->spans_network && c->proxy != nullptr);
+  CHILD_CHECK(c->topo.nodes == 2 && c->topo.gpus_per_node == nranks / 2);
+  const int local = nranks / 2;
+  for (int r = 0; r < nranks; ++r)  // memory reaches this node's ranks only
+    CHILD_CHECK((c->peer_base[size_t(r)] != 0) == (r / local == rank / local));
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 20) == CUDA_SUCCESS);
+  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(buf)), reinterpret_cast<void*>(uintptr_t(buf)), 1 << 18,
+                          mkFloat32, mkSum, comm, stream) == mkSuccess);
+  mkfake_launch l{};
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(l.args.net != nullptr);  // a plan across nodes, with its connection table
+  const auto st = c->proxy->stats();
+  CHILD_CHECK(st.send_conns > 0);
+  // Every rank's connections arrive at their peers (the other node's ranks).
+  const auto t0 = std::chrono::steady_clock::now();
+  while (c->proxy->stats().recv_conns == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHILD_CHECK(c->proxy->stats().recv_conns > 0);
+  CHILD_CHECK(c->proxy->error().empty());
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, &nodes, sizeof nodes, 0) == mkSuccess);  // everyone got this far
+  if (rank == 0) {
+    CHILD_CHECK(mkCommAbort(comm) == mkSuccess);
+    return 0;
+  }
+  // Rank 0's abort reaches every rank within seconds: its node's ranks
+  // through their abort words, its peer on the other node as its connections
+  // close (that rank's proxy fails naming rank 0 and aborts in turn), the
+  // rest of that node through their abort words. A call shows it (the fake
+  // driver's kernels stop at entry on a raised abort word).
+  mkResult_t async = mkSuccess;
+  const auto t1 = std::chrono::steady_clock::now();
+  while (async == mkSuccess && std::chrono::steady_clock::now() - t1 < std::chrono::seconds(10)) {
+    mkAllReduce(reinterpret_cast<void*>(uintptr_t(buf)), reinterpret_cast<void*>(uintptr_t(buf)), 1 << 18, mkFloat32,
+                mkSum, comm, stream);
+    CHILD_CHECK(mkCommGetAsyncError(comm, &async) == mkSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHILD_CHECK(async == mkRemoteError);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+  std::fprintf(stderr, "rank %d learnt of rank 0's abort after %.0f ms: %s\n", rank, ms, mkGetLastError(comm));
+  if (rank == local)  // rank 0's peer across nodes: its proxy names rank 0
+    CHILD_CHECK(std::string(mkGetLastError(comm)).find("rank 0") != std::string::npos);
+  mkCommAbort(comm);
+  return 0;
+}
+
 int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   g_rank = rank;
   mkfake_counts before{};
@@ -1367,6 +1431,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "bcast") return bootstrap_broadcast(rank, nranks, id);
   if (scenario == "machine_links") return machine_links(rank, nranks, id);
   if (scenario == "span_bootstrap") return span_bootstrap(rank, nranks, id);
+  if (scenario == "net_span") return net_span(rank, nranks, id);
   if (scenario == "span_differs") return span_differs(rank, nranks, id);
   if (scenario == "split_peer_exit") return split_peer_exit(rank, nranks, id);
   if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
@@ -1492,6 +1557,16 @@ TEST_CASE("two processes: the links inside a node are learnt at init and shape s
 // What a communicator spanning nodes becomes when its init asks for it
 // (spanNodes): bootstrap-only on every rank, split into full communicators
 // per node. Four processes, two "nodes" of two.
+TEST_CASE("ranks on two nodes with MK_NET=socket: a full communicator whose plans reach the other node through the proxy") {
+  MKT_REQUIRE_FAKE();
+  auto env = [](const char* node) {
+    return std::vector<std::string>{std::string("MK_HOST_ID=") + node, "MK_NET=socket", "MK_SOCKET_IFNAME==lo",
+                                    "MK_SCRATCH_BYTES=67108864", "MK_TUNE=simple_instances=2"};
+  };
+  run_ranks(2, "net_span", {env("node-a"), env("node-b")});
+  run_ranks(4, "net_span", {env("node-a"), env("node-a"), env("node-b"), env("node-b")});
+}
+
 TEST_CASE("four processes on two nodes: spanNodes makes a bootstrap-only communicator whose split by node runs") {
   MKT_REQUIRE_FAKE();
   const std::vector<std::string> a = {"MK_HOST_ID=node-a"}, b = {"MK_HOST_ID=node-b"};

@@ -156,8 +156,8 @@ int exchange(Rank& me, int tiles) {
   for (int peer = 0; peer < n; ++peer) {
     if (peer == me.rank) continue;
     // block `peer` sends to `peer`; block n + peer receives from `peer` and returns credits.
-    const dev::NetConnDev out = me.proxy->add_send(peer, peer);
-    const dev::NetConnDev back = me.proxy->add_send(n + peer, peer);
+    const dev::NetConnDev out = me.proxy->add_send(peer, peer, kMaxPut);
+    const dev::NetConnDev back = me.proxy->add_send(n + peer, peer, kMaxPut);
     blocks.emplace_back([&, peer, out] {
       std::vector<uint8_t> tile(kMaxPut);
       for (uint64_t k = 1; k <= uint64_t(tiles); ++k) {
@@ -222,7 +222,7 @@ TEST_CASE("proxy: a killed peer fails the survivor's proxy naming it and sets th
   REQUIRE(::pipe(go) == 0);
   const pid_t victim = fork_rank([&] {
     Rank me(id, 1, 2);
-    const dev::NetConnDev out = me.proxy->add_send(0, 0);
+    const dev::NetConnDev out = me.proxy->add_send(0, 0, kMaxPut);
     std::vector<uint8_t> x(64, 1);
     dev_put(out, x.data(), 64, kFlagBytes, &me.abort_word);
     dev_signal(out, 9, 1, &me.abort_word);
@@ -233,7 +233,7 @@ TEST_CASE("proxy: a killed peer fails the survivor's proxy naming it and sets th
   });
   const pid_t survivor = fork_rank([&] {
     Rank me(id, 0, 2);
-    const dev::NetConnDev out = me.proxy->add_send(0, 1);
+    const dev::NetConnDev out = me.proxy->add_send(0, 1, kMaxPut);
     dev_signal(out, 9, 1, &me.abort_word);
     if (!dev_wait(me, 9, 1)) return 2;
     char c;
@@ -272,7 +272,7 @@ TEST_CASE("proxy: a peer that stops reading fails the sender within the timeout 
   const pid_t sender = fork_rank([&] {
     Rank me(id, 0, 2, 300);
     me.boot->barrier();
-    const dev::NetConnDev out = me.proxy->add_send(0, 1);
+    const dev::NetConnDev out = me.proxy->add_send(0, 1, kMaxPut);
     std::vector<uint8_t> tile(kMaxPut, 7);
     const auto t0 = Clock::now();
     while (!me.abort_word && Clock::now() - t0 < std::chrono::seconds(20))
@@ -339,7 +339,7 @@ TEST_CASE("proxy: a hostile peer's messages cannot write outside this rank's scr
         uint32_t arg2;
         int32_t rank, tb, nranks;
         uint8_t pad[24];
-      } hello{0x58504b4d, 0, 0, 0, 0, 1, 0, 2, {}}, msg{0x58504b4d, k.kind, 1, k.arg, k.arg2, 1, 0, 2, {}};
+      } hello{0x58504b4d, 0, 0, 0, 65536, 1, 0, 2, {}}, msg{0x58504b4d, k.kind, 1, k.arg, k.arg2, 1, 0, 2, {}};
       std::vector<char> wire(sizeof msg + k.data, 0x55);
       std::memcpy(wire.data(), &msg, sizeof msg);
       size_t b;
@@ -363,7 +363,7 @@ TEST_CASE("proxy: destroying it with connections live and requests pending retur
   for (int r = 0; r < 2; ++r)
     pids.push_back(fork_rank([&, r] {
       Rank me(id, r, 2);
-      const dev::NetConnDev out = me.proxy->add_send(0, 1 - r);
+      const dev::NetConnDev out = me.proxy->add_send(0, 1 - r, kMaxPut);
       std::vector<uint8_t> tile(kMaxPut, 1);
       for (int k = 0; k < 4; ++k) dev_put(out, tile.data(), uint32_t(kMaxPut), kFlagBytes, &me.abort_word);
       me.boot->barrier();

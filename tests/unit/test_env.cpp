@@ -317,7 +317,7 @@ TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
   CHECK(names == std::vector<std::string>{"MK_SCHEDULES", "MK_ALGO", "MK_TUNE", "MK_ZERO_COPY",
                                           "MK_ZERO_COPY_MIN_BYTES", "MK_SCRATCH_BYTES", "MK_FLAG_BYTES",
                                           "MK_MAX_REGISTRATIONS", "MK_PLAN_DIR", "MK_SELECT_FILE", "mkernel version",
-                                          "MK_FAST_COMPILE", "compiler"});
+                                          "MK_FAST_COMPILE", "compiler", "MK_NET"});
   // first, so that MK_ALGO and MK_SELECT_FILE can name what it loads; unset here
   CHECK(all[0].second == "");
   const std::vector<std::pair<std::string, std::string>> v(all.begin() + 1, all.end());
@@ -344,6 +344,20 @@ TEST_CASE("env: plan_shaping_settings, normalised, in a fixed order") {
     CHECK(rt::env::plan_shaping_settings()[11].second == (v == 0 || v >= 12080 ? "mid" : "0"));
     mkt::ScopedEnv bad_fc("MK_FAST_COMPILE", "fastest");
     CHECK(contains(invalid([] { rt::env::plan_shaping_settings(); }), "mk.jit.E007"));
+  }
+  CHECK(v[12].second == "");  // MK_NET unset: no network transport
+  {
+    mkt::ScopedEnv n("MK_NET", "socket");
+    CHECK(rt::env::plan_shaping_settings()[13].second == "socket");
+    mkt::ScopedEnv np("MK_NET_PLUGIN", "aws-ofi");
+    CHECK(rt::env::plan_shaping_settings()[13].second == "socket:aws-ofi");
+    mkt::ScopedEnv bad_net("MK_NET", "infiniband");
+    CHECK(contains(invalid([] { rt::env::plan_shaping_settings(); }), "MK_NET='infiniband'"));
+  }
+  {
+    mkt::ScopedEnv n("MK_NET", "plugin");
+    mkt::ScopedEnv np("MK_NET_PLUGIN", nullptr);
+    CHECK(contains(invalid([] { rt::env::plan_shaping_settings(); }), "MK_NET=plugin needs MK_NET_PLUGIN"));
   }
   mkt::ScopedEnv bad("MK_FLAG_BYTES", "1M");
   CHECK(contains(invalid([] { rt::env::plan_shaping_settings(); }), "MK_FLAG_BYTES='1M'"));

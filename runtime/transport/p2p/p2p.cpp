@@ -94,9 +94,9 @@ class P2pTransport final : public Transport {
           check_peer_access(s.cudev, CUdevice(p.device));
           local_devices.push_back(CUdevice(p.device));
         }
-      } else {
+      } else if (same_node(p, me)) {
         ++remote_;
-      }
+      }  // (a rank on another node: the network reaches it, base 0)
     }
     {
       CtxGuard g(s.ctx);
@@ -129,7 +129,7 @@ class P2pTransport final : public Transport {
         fail(r == s.rank ? mkSystemError : mkRemoteError, fmt::format("rank {}: {}", r, up[size_t(r)]));
     CtxGuard g(s.ctx);
     for (int r = 0; r < s.nranks; ++r) {
-      if (all[size_t(r)].token == me.token) continue;
+      if (all[size_t(r)].token == me.token || !same_node(all[size_t(r)], me)) continue;
       const int peer_fd =
           fetch_fd(ipc_socket_name(id.secret, id.nonce, r), s.timeout_ms, pid_t(all[size_t(r)].pid), id.secret);
       auto m = std::make_unique<PeerMapping>();
