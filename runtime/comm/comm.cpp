@@ -951,7 +951,7 @@ Resources* Comm::make_resource_copy(const PlanInstance& inst, int copy) {
     return nullptr;
   RelaxedCapture relaxed;  // as for a first use inside stream capture (instance)
   CtxGuard g(ctx);
-  return &new_resources(key, k);
+  return &new_resources(key, k, collective_rooted(inst.plan->coll));
 }
 
 Resources* Comm::find_resources(const std::string& key) {
@@ -966,10 +966,10 @@ Resources& Comm::resources_for(const plan::Plan& p, const plan::Kernel& k) {
   // (The compiler version too: another one may place synchronisation elsewhere.)
   const std::string key = plan::resource_key(p, k);
   if (Resources* r = find_resources(key)) return *r;
-  return new_resources(key, k);
+  return new_resources(key, k, collective_rooted(p.coll));
 }
 
-Resources& Comm::new_resources(const std::string& key, const plan::Kernel& k) {
+Resources& Comm::new_resources(const std::string& key, const plan::Kernel& k, bool rooted) {
   const Driver& d = cu();
   // Built completely before it is published: a failure part-way (a GPU full
   // because a framework's caching allocator holds it) frees what was taken
@@ -999,7 +999,7 @@ Resources& Comm::new_resources(const std::string& key, const plan::Kernel& k) {
   MK_CU(d.cuMemcpyHtoDAsync(res->seq, zeros.data(), sizeof(uint64_t) * size_t(k.grid), side_stream),
         "zeroing step counters");
   MK_CU(d.cuStreamSynchronize(side_stream), "initialising plan tables");
-  if (!k.net.empty()) make_net_table(*res, k);
+  if (!k.net.empty()) make_net_table(*res, k, rooted);
   alloc_error_records(*res);
   commit_regions(at);
   Resources* raw = res.get();
@@ -1008,23 +1008,32 @@ Resources& Comm::new_resources(const std::string& key, const plan::Kernel& k) {
   return *raw;
 }
 
-void Comm::make_net_table(Resources& res, const plan::Kernel& k) {
+void Comm::make_net_table(Resources& res, const plan::Kernel& k, bool rooted) {
   if (!proxy)
     fail(mkInvalidUsage, fmt::format("plan kernel {} moves data between nodes, but this communicator has no network "
                                      "transport (MK_NET)",
                                      k.name));
   const Driver& d = cu();
   const int64_t slots = int64_t(k.instances) * k.tbs * nranks;
+  // This rank's connections by (block, actual peer). A rooted plan is built
+  // for root 0 and runs relabelled (rank r plays r - root), so its table
+  // holds what this rank needs under every root; one (block, peer) is one
+  // connection whatever the root (launches on one resource set are ordered).
+  std::map<std::pair<int32_t, int32_t>, bool> mine;  // (tb, peer) -> puts
+  for (int32_t root = 0; root < (rooted ? nranks : 1); ++root)
+    for (const plan::Kernel::NetConn& nc : k.net) {
+      if ((nc.rank + root) % nranks != rank) continue;
+      bool& puts = mine[{nc.tb, (nc.peer + root) % nranks}];
+      puts = puts || nc.puts;
+    }
   std::vector<dev::NetConnDev> views;
   std::vector<std::pair<int64_t, size_t>> where;  // table slot -> view index
-  for (const plan::Kernel::NetConn& nc : k.net) {
-    if (nc.rank != rank) continue;
+  for (const auto& [at, puts] : mine)
     for (int32_t i = 0; i < k.instances; ++i) {
-      const int32_t block = i * k.tbs + nc.tb;
-      views.push_back(proxy->add_send(block, nc.peer, nc.puts ? uint64_t(k.max_tile_bytes) : 0));
-      where.emplace_back(int64_t(block) * nranks + nc.peer, views.size() - 1);
+      const int32_t block = i * k.tbs + at.first;
+      views.push_back(proxy->add_send(block, at.second, puts ? uint64_t(k.max_tile_bytes) : 0));
+      where.emplace_back(int64_t(block) * nranks + at.second, views.size() - 1);
     }
-  }
   std::vector<char> table(dev::net_table_bytes(slots), 0);
   auto* t = reinterpret_cast<dev::NetTable*>(table.data());
   t->scratch_off = plans.scratch_base + res.scratch_offset;

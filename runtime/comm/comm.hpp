@@ -469,8 +469,9 @@ class Comm : public CommLife, public CommIdentity, public CommPeers, public Comm
   // regions, tables, step counters, error records) and keeps them.
   // Network plans: the kernel's connection table (Args::net), its
   // connections made through the proxy. Caller holds `mu`.
-  void make_net_table(Resources& res, const plan::Kernel& k);
-  Resources& new_resources(const std::string& key, const plan::Kernel& k);
+  // `rooted`: the plan runs relabelled by root (connections for every root).
+  void make_net_table(Resources& res, const plan::Kernel& k, bool rooted);
+  Resources& new_resources(const std::string& key, const plan::Kernel& k, bool rooted);
   Resources* make_resource_copy(const PlanInstance& inst, int copy);  // resource_copy, uncached
   // Where the next flag and scratch regions of `flag_bytes` and
   // `scratch_bytes` go: after what is in use, 256-byte aligned (offsets from

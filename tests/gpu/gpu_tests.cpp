@@ -1966,6 +1966,41 @@ void killed_peer(World& w) {
   r.comm = nullptr;
 }
 
+// Across (MK_HOST_ID) nodes: both ranks run a collective (its connections
+// made), then rank 1 dies; rank 0's next collective must fail within the
+// timeout with an error naming rank 1 (its proxy sees the connection close,
+// or its kernel's wait times out), never hang; abort returns promptly.
+void net_killed_peer(World& w) {
+  Rank& r = w.local[0];
+  CK_CUDA(cudaSetDevice(r.device));
+  float* buf;
+  CK_CUDA(cudaMalloc(&buf, 1 << 20));
+  CK_CUDA(cudaMemset(buf, 0, 1 << 20));
+  CK_CUDA(cudaDeviceSynchronize());
+  CK_MK(mkAllReduce(buf, buf, 100000, mkFloat32, mkSum, r.comm, r.stream), r.comm);
+  CK_CUDA(cudaStreamSynchronize(r.stream));
+  int x = 0;
+  CK_MK(mkCommBootstrapBroadcast(r.comm, &x, sizeof x, 0), r.comm);  // both warm
+  if (r.rank == 1) ::kill(::getpid(), SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  mkResult_t err = mkAllReduce(buf, buf, 100000, mkFloat32, mkSum, r.comm, r.stream);  // may fail at once
+  while (err == mkSuccess) {
+    CK_MK(mkCommGetAsyncError(r.comm, &err), r.comm);
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) throw Failure("no error after 60 s: hang");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT(err == mkRemoteError, mkGetErrorString(err));
+  const std::string msg = mkGetLastError(r.comm);
+  EXPECT(msg.find("rank 1") != std::string::npos, msg.c_str());
+  std::printf("    rank 0 saw the dead peer on the other node after %.2f s: %s\n", secs, msg.c_str());
+  const auto a0 = std::chrono::steady_clock::now();
+  CK_MK(mkCommAbort(r.comm), nullptr);
+  std::printf("    mkCommAbort took %.3f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - a0).count());
+  r.comm = nullptr;
+}
+
 // Rank 1 stalls (never calls); rank 0 times out, then rank 1 joins late and
 // sees the abort too.
 void stalled_rank(World& w) {
@@ -2092,7 +2127,7 @@ std::vector<Scenario> scenarios() {
   v.push_back({"net_2x2_4proc", 4, true, 1, net_env, net_calls, 0, true, 2});
   auto net_fault_env = net_env;
   net_fault_env["MK_TIMEOUT_MS"] = "3000";
-  v.push_back({"net_killed_peer_2proc", 2, true, 1, net_fault_env, killed_peer, 0, true, 2});
+  v.push_back({"net_killed_peer_2proc", 2, true, 1, net_fault_env, net_killed_peer, 0, true, 2});
   v.push_back({"net_abort_tells_peer_2proc", 2, true, 1, net_env, abort_tells_peer, 0, true, 2});
   v.push_back({"stalled_rank_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, stalled_rank});
   v.push_back({"host_time_1rank", 1, false, 1, {}, host_time});
