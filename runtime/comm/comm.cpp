@@ -1154,6 +1154,15 @@ PlanInstance::~PlanInstance() {
 
 void Comm::release() {
   CtxGuard g(ctx);
+  // The proxy first (our kernels are done): what they committed goes out,
+  // each connection ends with a goodbye (a peer's proxy then takes its close
+  // as the end, not a failure), and its thread stops before the memory it
+  // writes (host flags, arena) goes.
+  if (proxy) {
+    proxy->finish(2000);
+    proxy.reset();
+  }
+  net.reset();
   release_registrations(*this);
   plans.instances.clear();
   for (auto& f : plans.fast)
@@ -1202,7 +1211,13 @@ void Comm::abandon() {
     for (auto& r : plans.resources) (void)r.release();
   }
   // Leaked on purpose (a kernel may still use what they map); children that
-  // share this memory keep their own references.
+  // share this memory keep their own references. The proxy's FIFOs too: its
+  // thread stops, its memory stays.
+  if (proxy) {
+    proxy->abort();
+    (void)proxy.release();
+    (void)net.release();
+  }
   new std::shared_ptr<Transport>(std::move(transport));
   new std::shared_ptr<Arena>(std::move(arena));
 }

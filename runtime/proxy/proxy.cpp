@@ -17,7 +17,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kWireMagic = 0x58504b4d;  // "MKPX"
-enum WireKind : uint32_t { kHello = 0, kPut = dev::kNetPut, kSignal = dev::kNetSignal };
+enum WireKind : uint32_t { kHello = 0, kPut = dev::kNetPut, kSignal = dev::kNetSignal, kBye = 3 };
 
 struct WireHeader {
   uint32_t magic;
@@ -33,7 +33,7 @@ struct WireHeader {
 static_assert(sizeof(WireHeader) == dev::kNetHeaderBytes, "the wire header fills the staging prefix");
 
 std::string kind_name(uint32_t k) {
-  return k == kPut ? "put" : k == kSignal ? "signal" : k == kHello ? "hello" : "kind-" + std::to_string(k);
+  return k == kPut ? "put" : k == kSignal ? "signal" : k == kHello ? "hello" : k == kBye ? "goodbye" : "kind-" + std::to_string(k);
 }
 
 // Host-pinned memory mapped into the GPU.
@@ -68,6 +68,10 @@ struct Proxy::SendConn {
   bool hello_done = false;
   net::Request* hello_req = nullptr;
   WireHeader hello{};
+  net::Request* bye_req = nullptr;
+  bool bye_done = false;
+  net::MemHandle* mh_staging = nullptr;  // the transport's registrations (NCCL plugins need them)
+  net::MemHandle* mh_hello = nullptr;
   struct InFlight {
     net::Request* req;
     uint64_t entry;
@@ -75,7 +79,12 @@ struct Proxy::SendConn {
   std::vector<InFlight> flight;  // in order
   Clock::time_point last_progress = Clock::now();
   ~SendConn() {
-    if (comm) net->close_send(comm);
+    try {  // a plugin's close may fail: never from a destructor
+      if (comm && mh_staging) net->dereg_mr(comm, mh_staging);
+      if (comm && mh_hello) net->dereg_mr(comm, mh_hello);
+      if (comm) net->close_send(comm);
+    } catch (...) {
+    }
     if (posted) cu().cuMemFree(posted);
   }
 };
@@ -86,10 +95,24 @@ struct Proxy::RecvConn {
   int rank = -1, tb = -1;  // learnt from the hello
   uint64_t seq = 0;        // next message expected
   std::vector<std::vector<char>> bufs;
-  std::vector<net::Request*> reqs;  // per buffer; posted in buffer order
-  size_t next = 0;                  // the buffer whose message comes next
+  std::vector<net::MemHandle*> mhs;  // per buffer: the transport's registrations
+  std::vector<net::Request*> reqs;   // per buffer; posted in ring order from `next`
+  size_t next = 0;                   // the buffer whose message comes next
+  size_t posted = 0;                 // buffers posted ahead, from `next` on
+  bool ended = false;                // the peer said goodbye
+  void dereg() {
+    for (net::MemHandle*& m : mhs)
+      if (m && comm) {
+        net->dereg_mr(comm, m);
+        m = nullptr;
+      }
+  }
   ~RecvConn() {
-    if (comm) net->close_recv(comm);
+    try {
+      dereg();
+      if (comm) net->close_recv(comm);
+    } catch (...) {
+    }
   }
 };
 
@@ -119,6 +142,22 @@ Proxy::~Proxy() {
 void Proxy::stop() {
   stop_.store(true);
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+void Proxy::finish(int64_t bound_ms) {
+  finishing_.store(true);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(bound_ms);
+  while (thread_.joinable() && Clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!error_.empty()) break;
+      bool all = true;
+      for (auto& c : sends_) all = all && c->bye_done;
+      if (all) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  stop();
 }
 
 void Proxy::abort() {
@@ -185,7 +224,9 @@ dev::NetConnDev Proxy::add_send(int tb, int peer, uint64_t max_put) {
     c->staging.alloc(stride * cfg_.entries);
     c->done.alloc(64);
     MK_CU(cu().cuMemAlloc(&c->posted, 8), "proxy: allocating a connection's counter");
-    MK_CU(cu().cuMemsetD8(c->posted, 0, 8), "proxy: clearing a connection's counter");
+    // On the proxy's stream: never behind the user's kernels (the legacy stream would be)
+    MK_CU(cu().cuMemsetD8Async(c->posted, 0, 8, stream_), "proxy: clearing a connection's counter");
+    MK_CU(cu().cuStreamSynchronize(stream_), "proxy: clearing a connection's counter");
     c->view.fifo = reinterpret_cast<dev::NetDesc*>(c->fifo.dev);
     c->view.staging = reinterpret_cast<char*>(c->staging.dev);
     c->view.done = reinterpret_cast<const volatile uint64_t*>(c->done.dev);
@@ -201,6 +242,9 @@ dev::NetConnDev Proxy::add_send(int tb, int peer, uint64_t max_put) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   c->hello = WireHeader{kWireMagic, kHello, 0, 0, uint32_t(max_put), cfg_.rank, tb, cfg_.nranks, {}};
+  // Registered once (NCCL plugins need a registration for every send).
+  c->mh_staging = net_.reg_mr(c->comm, c->staging.host, c->view.stride * cfg_.entries, net::kPtrHost);
+  c->mh_hello = net_.reg_mr(c->comm, &c->hello, sizeof c->hello, net::kPtrHost);
   c->wire_seq = 1;
   std::lock_guard<std::mutex> lk(mu_);
   c->index = uint32_t(sends_.size());
@@ -223,7 +267,7 @@ bool Proxy::step_send(SendConn& c) {
   const std::string who = "rank " + std::to_string(c.peer) + " (block " + std::to_string(c.tb) + ")";
   try {
     if (!c.hello_done) {
-      if (!c.hello_req) c.hello_req = net_.isend(c.comm, &c.hello, sizeof c.hello, 0, nullptr);
+      if (!c.hello_req) c.hello_req = net_.isend(c.comm, &c.hello, sizeof c.hello, 0, c.mh_hello);
       size_t n;
       if (c.hello_req && net_.test(c.hello_req, &n)) {
         c.hello_done = true;
@@ -254,7 +298,7 @@ bool Proxy::step_send(SendConn& c) {
         failed("block " + std::to_string(c.tb) + " posted a trigger of unknown kind " + std::to_string(kind));
         return false;
       }
-      net::Request* r = net_.isend(c.comm, slot, bytes, 1, nullptr);
+      net::Request* r = net_.isend(c.comm, slot, bytes, 1, c.mh_staging);
       if (!r) break;  // the connection is full: later
       c.flight.push_back({r, c.taken});
       ++c.taken;
@@ -276,6 +320,23 @@ bool Proxy::step_send(SendConn& c) {
       __atomic_store_n(static_cast<uint64_t*>(c.done.host), c.finished, __ATOMIC_RELEASE);
       moved = true;
     }
+    // finish(): once everything committed went out, a goodbye (in the
+    // hello's buffer, long sent).
+    if (finishing_.load() && !c.bye_done && c.flight.empty()) {
+      dev::NetDesc& d = fifo[c.taken & (cfg_.entries - 1)];
+      const bool pending = (__atomic_load_n(&d.tag, __ATOMIC_ACQUIRE) & ~3u) == dev::net_tag(0, c.index, c.taken);
+      if (!pending) {
+        if (!c.bye_req) {
+          c.hello = WireHeader{kWireMagic, kBye, c.wire_seq, 0, 0, cfg_.rank, c.tb, cfg_.nranks, {}};
+          c.bye_req = net_.isend(c.comm, &c.hello, sizeof c.hello, 1, c.mh_hello);
+        }
+        size_t n;
+        if (c.bye_req && net_.test(c.bye_req, &n)) {
+          c.bye_done = true;
+          moved = true;
+        }
+      }
+    }
   } catch (const std::exception& e) {
     failed("sending to " + who + ": " + e.what());
     return false;
@@ -291,16 +352,22 @@ bool Proxy::step_send(SendConn& c) {
 }
 
 bool Proxy::step_recv(RecvConn& c) {
+  if (c.ended) return false;
   bool moved = false;
   auto who = [&] {
     return c.rank < 0 ? std::string("a peer (before its hello)")
                       : "rank " + std::to_string(c.rank) + " (block " + std::to_string(c.tb) + ")";
   };
+  auto post = [&](size_t i, int tag = 1) {  // buffer i for the next message in ring order (the hello: tag 0)
+    if (!c.mhs[i]) c.mhs[i] = net_.reg_mr(c.comm, c.bufs[i].data(), c.bufs[i].size(), net::kPtrHost);
+    c.reqs[i] = net_.irecv(c.comm, c.bufs[i].data(), c.bufs[i].size(), tag, c.mhs[i]);
+    return c.reqs[i] != nullptr;
+  };
   try {
     if (c.rank < 0) {  // the hello: who this connection comes from
-      if (!c.reqs[0]) c.reqs[0] = net_.irecv(c.comm, c.bufs[0].data(), sizeof(WireHeader), 0, nullptr);
+      if (!c.reqs[0] && !post(0, 0)) return false;
       size_t n = 0;
-      if (!c.reqs[0] || !net_.test(c.reqs[0], &n)) return false;
+      if (!net_.test(c.reqs[0], &n)) return false;
       c.reqs[0] = nullptr;
       WireHeader h;
       std::memcpy(&h, c.bufs[0].data(), sizeof h);
@@ -313,18 +380,22 @@ bool Proxy::step_recv(RecvConn& c) {
       c.rank = h.rank;
       c.tb = h.tb;
       c.seq = 1;
+      c.dereg();
       c.bufs.assign(cfg_.entries, std::vector<char>(dev::kNetHeaderBytes + h.arg2));  // its largest put
+      c.mhs.assign(cfg_.entries, nullptr);
+      c.next = c.posted = 0;
       moved = true;
     }
-    for (size_t i = 0; i < c.bufs.size(); ++i)  // every buffer waits for a message
-      if (!c.reqs[i]) {
-        if (!(c.reqs[i] = net_.irecv(c.comm, c.bufs[i].data(), c.bufs[i].size(), 1, nullptr))) break;
-      }
-    for (;;) {
+    // Every buffer waits for a message, posted strictly in ring order: the
+    // n-th receive posted gets the n-th message (a transport may refuse one
+    // for now: the rest wait behind it).
+    while (c.posted < c.bufs.size() && post((c.next + c.posted) % c.bufs.size())) ++c.posted;
+    while (c.posted > 0) {
       net::Request*& r = c.reqs[c.next];
       size_t n = 0;
-      if (!r || !net_.test(r, &n)) break;
+      if (!net_.test(r, &n)) break;
       r = nullptr;
+      --c.posted;
       WireHeader h;
       const char* buf = c.bufs[c.next].data();
       std::memcpy(&h, buf, sizeof h);
@@ -334,6 +405,10 @@ bool Proxy::step_recv(RecvConn& c) {
       if (n < sizeof h || h.magic != kWireMagic || h.seq != c.seq) {
         refuse("not the message due (" + std::to_string(n) + " bytes, sequence " + std::to_string(h.seq) + ")");
         return false;
+      }
+      if (h.kind == kBye) {  // the peer ends cleanly: its close is no failure
+        c.ended = true;
+        return true;
       }
       CtxGuard g(cfg_.ctx);
       if (h.kind == kPut) {
@@ -361,8 +436,8 @@ bool Proxy::step_recv(RecvConn& c) {
       // The buffer is reposted only once the copy read it; data before signal (one stream).
       MK_CU(cu().cuStreamSynchronize(stream_), "proxy: waiting for a copy into the arena");
       ++c.seq;
-      r = net_.irecv(c.comm, c.bufs[c.next].data(), c.bufs[c.next].size(), 1, nullptr);
       c.next = (c.next + 1) % c.bufs.size();
+      while (c.posted < c.bufs.size() && post((c.next + c.posted) % c.bufs.size())) ++c.posted;
       moved = true;
     }
   } catch (const std::exception& e) {
@@ -385,6 +460,7 @@ bool Proxy::accept_new() {
   c->net = &net_;
   c->comm = comm;
   c->bufs.assign(1, std::vector<char>(dev::kNetHeaderBytes));  // the hello; then buffers for its puts
+  c->mhs.assign(1, nullptr);
   c->reqs.assign(cfg_.entries, nullptr);
   recvs_.push_back(std::move(c));
   return true;
@@ -412,7 +488,7 @@ void Proxy::run() {
     }
     if (tell) {
       told_ = true;
-      if (cfg_.on_failure) cfg_.on_failure();
+      if (cfg_.on_failure && !finishing_.load()) cfg_.on_failure();
       continue;  // (it may have stopped the loop)
     }
     const auto now = Clock::now();

@@ -95,6 +95,12 @@ class Proxy {
   // mkCommAbort: ends the thread and closes every connection now, so that
   // the peers' proxies fail at once (and stop their ranks' kernels).
   void abort();
+  // A clean end (destroy, after this rank's kernels finished): sends what
+  // the kernels committed, then a goodbye on every connection (a peer's
+  // proxy retires a connection that said goodbye instead of failing when it
+  // closes), waits at most `bound_ms` for that, and ends the thread. No
+  // on_failure call after it starts.
+  void finish(int64_t bound_ms);
 
   // Counters for tests and MK_DEBUG.
   struct Stats {
@@ -122,6 +128,7 @@ class Proxy {
   Stats stats_;
 
   std::atomic<bool> stop_{false};
+  std::atomic<bool> finishing_{false};  // finish(): goodbyes go out, on_failure stays quiet
   bool told_ = false;  // on_failure was called (the thread's own)
   std::thread thread_;
 

@@ -932,6 +932,39 @@ int net_span(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// A plain destroy on one node is no failure for the other: its proxy sends
+// what was committed and a goodbye on every connection, so the peer's proxy
+// retires them instead of reporting a closed connection.
+int net_destroy(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  if (use_gpu(rank)) return 1;
+  CUstream stream = nullptr;
+  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 20) == CUDA_SUCCESS);
+  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(buf)), reinterpret_cast<void*>(uintptr_t(buf)), 1 << 18,
+                          mkFloat32, mkSum, comm, stream) == mkSuccess);
+  auto c = mk::rt::acquire(comm);
+  const auto t0 = std::chrono::steady_clock::now();  // every rank's connections are up
+  while (c->proxy->stats().recv_conns == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  c.reset();
+  int x = 0;
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, &x, sizeof x, 0) == mkSuccess);
+  if (rank == 0) {
+    CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+    return 0;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // rank 0 is gone by now
+  mkResult_t async = mkInProgress;
+  CHILD_CHECK(mkCommGetAsyncError(comm, &async) == mkSuccess);
+  CHILD_CHECK(async == mkSuccess);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  return 0;
+}
+
 int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   g_rank = rank;
   mkfake_counts before{};
@@ -1432,6 +1465,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "machine_links") return machine_links(rank, nranks, id);
   if (scenario == "span_bootstrap") return span_bootstrap(rank, nranks, id);
   if (scenario == "net_span") return net_span(rank, nranks, id);
+  if (scenario == "net_destroy") return net_destroy(rank, nranks, id);
   if (scenario == "span_differs") return span_differs(rank, nranks, id);
   if (scenario == "split_peer_exit") return split_peer_exit(rank, nranks, id);
   if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
@@ -1565,6 +1599,7 @@ TEST_CASE("ranks on two nodes with MK_NET=socket: a full communicator whose plan
   };
   run_ranks(2, "net_span", {env("node-a"), env("node-b")});
   run_ranks(4, "net_span", {env("node-a"), env("node-a"), env("node-b"), env("node-b")});
+  run_ranks(2, "net_destroy", {env("node-a"), env("node-b")});  // a plain destroy is no failure for the other node
 }
 
 TEST_CASE("four processes on two nodes: spanNodes makes a bootstrap-only communicator whose split by node runs") {

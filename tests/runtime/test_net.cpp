@@ -435,6 +435,44 @@ TEST_CASE("net contract: four processes exchange with each other at once") {
   }
 }
 
+TEST_CASE("net socket: a burst of connections is accepted whole") {
+  auto net = make_socket_net(loopback(2));
+  Handle h;
+  ListenComm* l = net->listen(0, &h);
+  const int kConns = 80;  // 160 streams arrive before the first accept
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  const pid_t pid = child([&] {
+    std::vector<SendComm*> out;
+    for (int i = 0; i < kConns; ++i) out.push_back(connect_to(*net, h));
+    for (int i = 0; i < kConns; ++i) {
+      uint32_t x = uint32_t(i);
+      wait_done(*net, post([&] { return net->isend(out[size_t(i)], &x, 4, 0, nullptr); }));
+    }
+    char c;
+    return ::read(go[0], &c, 1) == 1 ? 0 : 3;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the burst sits in the backlog
+  std::vector<RecvComm*> in;
+  for (int i = 0; i < kConns; ++i) {
+    RecvComm* r = accept_from(*net, l, 10000);
+    REQUIRE(r != nullptr);
+    in.push_back(r);
+  }
+  int got = 0;
+  for (RecvComm* r : in) {
+    uint32_t x = ~0u;
+    if (wait_done(*net, post([&] { return net->irecv(r, &x, 4, 0, nullptr); })) == 4 && x < uint32_t(kConns)) ++got;
+  }
+  CHECK(got == kConns);
+  REQUIRE(::write(go[1], "x", 1) == 1);
+  CHECK(join(pid) == 0);
+  for (RecvComm* r : in) net->close_recv(r);
+  ::close(go[0]);
+  ::close(go[1]);
+  net->close_listen(l);
+}
+
 TEST_CASE("net socket: strangers cannot take a connection slot or inject data") {
   auto net = make_socket_net(loopback(2));
   Handle h;

@@ -227,6 +227,7 @@ TEST_CASE("proxy: a killed peer fails the survivor's proxy naming it and sets th
     dev_put(out, x.data(), 64, kFlagBytes, &me.abort_word);
     dev_signal(out, 9, 1, &me.abort_word);
     if (!dev_wait(me, 9, 1)) return 2;  // the survivor's signal: both connections are up
+    if (!spin([&] { return dev::net_load(out.done) >= 2; }, &me.abort_word)) return 3;  // ours left too
     (void)!::write(up[1], "r", 1);
     ::pause();
     return 0;
@@ -304,7 +305,7 @@ TEST_CASE("proxy: a hostile peer's messages cannot write outside this rank's scr
       {"a put whose size lies", dev::kNetPut, kFlagBytes, 4096, 64, "outside this rank's scratch"},
       {"a put with a wrapping offset", dev::kNetPut, ~uint64_t(0) - 8, 64, 64, "outside this rank's scratch"},
       {"a signal past the flags", dev::kNetSignal, 1, uint32_t(kFlagBytes / 8), 0, "outside this rank's flags"},
-      {"an unknown kind", 3, 0, 0, 0, "unknown kind"},
+      {"an unknown kind", 7, 0, 0, 0, "unknown kind"},
   };
   for (const Case& k : cases) {
     CAPTURE(k.name);

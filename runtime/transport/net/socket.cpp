@@ -53,7 +53,8 @@ constexpr char kHandleMagic[4] = {'M', 'K', 'S', 'N'};
 constexpr char kHelloMagic[4] = {'M', 'K', 'S', 'H'};
 constexpr uint8_t kWireVersion = 1;
 constexpr int kHelloMs = 5000;
-constexpr size_t kMaxPending = 64;
+constexpr size_t kMaxPending = 1024;
+constexpr int kGroupMs = 30000;  // a connection's streams all arrive within this
 constexpr size_t kMinPart = size_t(64) << 10;  // below 2 parts of this, one stream carries a message
 
 struct WireHandle {
@@ -271,6 +272,7 @@ struct Listen {
   std::deque<Pending> pending;                       // unauthenticated
   std::map<uint64_t, std::vector<int>> groups;       // connection id -> stream fds by index
   std::map<uint64_t, std::string> group_peer;
+  std::map<uint64_t, Clock::time_point> group_deadline;  // incomplete groups are dropped after it
   ~Listen() {
     if (fd >= 0) ::close(fd);
     for (Pending& p : pending) ::close(p.fd);
@@ -441,7 +443,10 @@ class SocketNet final : public Net {
                h.index >= h.nstreams;
         if (!drop) {
           auto& g = l->groups[h.conn_id];
-          if (g.empty()) g.assign(h.nstreams, -1);
+          if (g.empty()) {
+            g.assign(h.nstreams, -1);
+            l->group_deadline[h.conn_id] = now + std::chrono::milliseconds(kGroupMs);
+          }
           if (g[h.index] >= 0) {
             drop = true;  // a second stream with the same index
           } else {
@@ -464,6 +469,17 @@ class SocketNet final : public Net {
         ++i;
       }
     }
+    for (auto it = l->groups.begin(); it != l->groups.end();) {  // a connector that died between its streams
+      if (std::count(it->second.begin(), it->second.end(), -1) && now > l->group_deadline[it->first]) {
+        for (int f : it->second)
+          if (f >= 0) ::close(f);
+        l->group_peer.erase(it->first);
+        l->group_deadline.erase(it->first);
+        it = l->groups.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (auto it = l->groups.begin(); it != l->groups.end(); ++it) {
       if (std::count(it->second.begin(), it->second.end(), -1)) continue;
       auto c = std::make_unique<Conn>();
@@ -477,6 +493,7 @@ class SocketNet final : public Net {
         c->streams.push_back(s);
       }
       l->group_peer.erase(it->first);
+      l->group_deadline.erase(it->first);
       l->groups.erase(it);
       return c.release();
     }
