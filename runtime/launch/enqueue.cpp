@@ -277,6 +277,15 @@ Pending validate(const Call& k, std::shared_ptr<Comm> cp, cudaStream_t stream) {
   const bool rooted = collective_rooted(k.coll);
   if (rooted && (k.root < 0 || k.root >= c->nranks))
     fail(mkInvalidArgument, fmt::format("{}: root {} is not a rank of {}", api, k.root, c->nranks));
+  // Rooted plans are built for root 0 and run relabelled (rank r plays r -
+  // root); across nodes that keeps the machine's shape only for a root on a
+  // node's first GPU (a shift by whole nodes). Other roots would need plans
+  // of their own (not built yet): refused here rather than failing in the kernel.
+  if (rooted && c->spans_network && c->topo.gpus_per_node > 1 && k.root % c->topo.gpus_per_node != 0)
+    fail(mkInvalidUsage, fmt::format("{}: root {} across nodes: this build runs rooted collectives on a communicator "
+                                     "spanning nodes only with a root on a node's first rank (a multiple of {}, "
+                                     "the ranks per node)",
+                                     api, k.root, c->topo.gpus_per_node));
   const DType dt = DType(k.dtype);
   const size_t es = dtype_size(dt);
   if (k.count > size_t(INT64_MAX) / es / size_t(c->nranks))

@@ -897,6 +897,11 @@ int net_span(int rank, int nranks, const mkUniqueId& id) {
   mkfake_launch l{};
   CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
   CHILD_CHECK(l.args.net != nullptr);  // a plan across nodes, with its connection table
+  if (local > 1) {  // a root that is not a node's first rank: refused clearly (relabelling would break the shape)
+    CHILD_CHECK(mkBroadcast(reinterpret_cast<void*>(uintptr_t(buf)), reinterpret_cast<void*>(uintptr_t(buf)), 16,
+                            mkFloat32, 1, comm, stream) == mkInvalidUsage);
+    CHILD_CHECK(std::string(mkGetLastError(comm)).find("a root on a node's first rank") != std::string::npos);
+  }
   const auto st = c->proxy->stats();
   CHILD_CHECK(st.send_conns > 0);
   // Every rank's connections arrive at their peers (the other node's ranks).
