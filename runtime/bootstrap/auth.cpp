@@ -14,13 +14,31 @@
 namespace mk::rt {
 namespace {
 
-std::string_view magic(Channel ch) { return ch == Channel::kBootstrap ? "MKB1" : "MKI1"; }
+std::string_view magic(Channel ch) {
+  return ch == Channel::kBootstrap ? "MKB1" : ch == Channel::kPeer ? "MKP1" : "MKI1";
+}
+
+std::string_view channel_name(Channel ch) {
+  return ch == Channel::kBootstrap ? "mkernel bootstrap" : ch == Channel::kPeer ? "mkernel bootstrap peer" : "mkernel ipc";
+}
+
+std::string_view bytes(const uint8_t* p, size_t n) { return std::string_view(reinterpret_cast<const char*>(p), n); }
 
 Digest proof(const Secret& s, const uint8_t* challenge, Channel ch, bool server) {
-  std::string_view role = ch == Channel::kBootstrap ? (server ? "mkernel bootstrap server" : "mkernel bootstrap client")
-                                                    : (server ? "mkernel ipc server" : "mkernel ipc client");
-  return hmac_sha256(s.data(), s.size(),
-                     {std::string_view(reinterpret_cast<const char*>(challenge), kChallengeBytes), role});
+  const std::string role = std::string(channel_name(ch)) + (server ? " server" : " client");
+  return hmac_sha256(s.data(), s.size(), {bytes(challenge, kChallengeBytes), role});
+}
+
+// Both directions' keys from the secret and both challenges: fresh per
+// connection, bound to its channel, never sent.
+SessionKeys derive_keys(const Secret& s, Channel ch, const uint8_t* client_challenge,
+                        const uint8_t* server_challenge, bool server) {
+  const std::string label = std::string(channel_name(ch)) + " session keys";
+  const Digest base = hmac_sha256(s.data(), s.size(), {label, bytes(client_challenge, kChallengeBytes),
+                                                       bytes(server_challenge, kChallengeBytes)});
+  const Digest c2s = hmac_sha256(base.data(), base.size(), {"client to server"});
+  const Digest s2c = hmac_sha256(base.data(), base.size(), {"server to client"});
+  return server ? SessionKeys{s2c, c2s} : SessionKeys{c2s, s2c};
 }
 
 // Waits until `fd` is ready for `events` or the deadline passes.
@@ -88,21 +106,45 @@ bool write_full(int fd, const void* buf, size_t n, Clock::time_point deadline, s
   return true;
 }
 
-ClientAuth client_handshake(int fd, const Secret& secret, Channel ch, Clock::time_point deadline, std::string* why) {
-  uint8_t hello[kClientHelloBytes];
-  std::memcpy(hello, magic(ch).data(), 4);
-  uint8_t* mine = hello + 4;
-  random_bytes(mine, kChallengeBytes);
-  uint8_t reply[kServerReplyBytes];
-  if (!write_full(fd, hello, sizeof hello, deadline, why) || !read_full(fd, reply, sizeof reply, deadline, why))
-    return ClientAuth::kIoError;
-  Digest expect = proof(secret, mine, ch, /*server=*/true);
+ClientHandshake::ClientHandshake(const Secret& secret, Channel ch) : secret_(secret), ch_(ch) {
+  uint8_t mine[kChallengeBytes];
+  random_bytes(mine, sizeof mine);
+  hello_ = std::string(magic(ch));
+  hello_.append(bytes(mine, sizeof mine));
+}
+
+std::string ClientHandshake::feed(const uint8_t* reply) {
+  if (state_ != State::kReply) return {};
+  const auto* mine = reinterpret_cast<const uint8_t*>(hello_.data()) + 4;
+  Digest expect = proof(secret_, mine, ch_, /*server=*/true);
   if (!equal_constant_time(expect.data(), reply + kChallengeBytes, kProofBytes)) {
+    state_ = State::kFailed;
+    return {};
+  }
+  std::memcpy(theirs_, reply, kChallengeBytes);
+  state_ = State::kDone;
+  Digest answer = proof(secret_, reply, ch_, /*server=*/false);
+  return std::string(reinterpret_cast<const char*>(answer.data()), answer.size());
+}
+
+SessionKeys ClientHandshake::keys() const {
+  return derive_keys(secret_, ch_, reinterpret_cast<const uint8_t*>(hello_.data()) + 4, theirs_, /*server=*/false);
+}
+
+ClientAuth client_handshake(int fd, const Secret& secret, Channel ch, Clock::time_point deadline, std::string* why,
+                            SessionKeys* keys) {
+  ClientHandshake hs(secret, ch);
+  uint8_t reply[kServerReplyBytes];
+  if (!write_full(fd, hs.hello().data(), hs.hello().size(), deadline, why) ||
+      !read_full(fd, reply, sizeof reply, deadline, why))
+    return ClientAuth::kIoError;
+  const std::string answer = hs.feed(reply);
+  if (hs.failed()) {
     *why = "the server could not prove it knows the unique id's secret";
     return ClientAuth::kServerUnproven;
   }
-  Digest answer = proof(secret, reply, ch, /*server=*/false);
   if (!write_full(fd, answer.data(), answer.size(), deadline, why)) return ClientAuth::kIoError;
+  if (keys) *keys = hs.keys();
   return ClientAuth::kOk;
 }
 
@@ -121,6 +163,7 @@ std::string ServerHandshake::feed(const uint8_t* data) {
       return {};
     }
     random_bytes(mine_, sizeof mine_);
+    std::memcpy(theirs_, data + 4, sizeof theirs_);
     Digest p = proof(secret_, data + 4, ch_, /*server=*/true);
     state_ = State::kProof;
     std::string reply(reinterpret_cast<const char*>(mine_), sizeof mine_);
@@ -133,6 +176,8 @@ std::string ServerHandshake::feed(const uint8_t* data) {
   }
   return {};
 }
+
+SessionKeys ServerHandshake::keys() const { return derive_keys(secret_, ch_, theirs_, mine_, /*server=*/true); }
 
 bool NbConn::read_some(std::string* why) {
   while (in.size() < want) {

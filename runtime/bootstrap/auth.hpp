@@ -1,5 +1,7 @@
-// Mutual authentication of the job's own connections (bootstrap TCP and the
-// local fd-passing socket), and the deadline-bounded socket I/O both use.
+// Mutual authentication of the job's own connections (bootstrap TCP to the
+// rendezvous and between ranks, and the local fd-passing socket), the keys
+// that protect the bootstrap's messages after it (frame.hpp), and the
+// deadline-bounded socket I/O they use.
 //
 // Threat model. Trusted: processes of the same user that know the unique id
 // (it carries a 32-byte secret from the kernel's CSPRNG; the id is passed
@@ -14,10 +16,17 @@
 //
 // The role and the channel are part of every proof, so neither side can be made
 // to answer the other's challenge (reflection), and a bootstrap proof never
-// opens the IPC channel. Proofs are compared in constant time. Not covered:
-// confidentiality and integrity of the bytes after the handshake against an
-// on-path network attacker (an authenticated stream can still be hijacked by
-// someone who can inject TCP segments); run multi-node jobs on a trusted fabric.
+// opens the IPC channel or a rank's peer listener. Proofs are compared in
+// constant time. Both challenges and the secret give each bootstrap
+// connection two keys of its own, one per direction (session_keys); every
+// message after the handshake carries a MAC under them with a sequence
+// number (frame.hpp), so bytes an on-path attacker injects, alters, replays
+// or reorders fail the bootstrap with an integrity error instead of being
+// used. Not covered: confidentiality (the bytes are readable on the wire:
+// addresses, device info, memory handles, never the secret) and availability
+// against someone who can reset or drop the job's TCP connections; the local
+// IPC channel (a Unix socket no network attacker sees) has no per-message
+// MACs. Run multi-node jobs on a fabric you trust with what the bootstrap says.
 #pragma once
 
 #include <array>
@@ -27,12 +36,16 @@
 #include <memory>
 #include <string>
 
+#include "runtime/bootstrap/crypto.hpp"
+
 namespace mk::rt {
 
 using Secret = std::array<uint8_t, 32>;
 using Clock = std::chrono::steady_clock;
 
-enum class Channel { kBootstrap, kIpc };
+// kBootstrap: a rank to the rendezvous; kPeer: a rank to another rank's
+// listener (runtime/bootstrap/peers.hpp); kIpc: the local fd server.
+enum class Channel { kBootstrap, kIpc, kPeer };
 
 constexpr size_t kChallengeBytes = 32;
 constexpr size_t kProofBytes = 32;
@@ -49,11 +62,39 @@ int ms_left(Clock::time_point deadline);
 bool read_full(int fd, void* buf, size_t n, Clock::time_point deadline, std::string* why);
 bool write_full(int fd, const void* buf, size_t n, Clock::time_point deadline, std::string* why);
 
+// One connection's MAC keys, as one side sees them.
+struct SessionKeys {
+  Digest send{}, recv{};
+};
+
 enum class ClientAuth { kOk, kIoError, kServerUnproven };
 // The client side, blocking until `deadline`: sends a challenge, checks the
 // server's proof (kServerUnproven: whoever listens does not know the secret),
-// then proves the secret itself.
-ClientAuth client_handshake(int fd, const Secret& secret, Channel ch, Clock::time_point deadline, std::string* why);
+// then proves the secret itself. `keys` (may be null): the connection's keys.
+ClientAuth client_handshake(int fd, const Secret& secret, Channel ch, Clock::time_point deadline, std::string* why,
+                            SessionKeys* keys = nullptr);
+
+// The client side as a state machine without I/O, for poll loops: send
+// hello(), feed the server's reply (want() bytes) and send what feed()
+// returns; failed(): the server could not prove the secret.
+class ClientHandshake {
+ public:
+  ClientHandshake(const Secret& secret, Channel ch);
+  const std::string& hello() const { return hello_; }
+  size_t want() const { return state_ == State::kReply ? kServerReplyBytes : 0; }
+  std::string feed(const uint8_t* reply);
+  bool done() const { return state_ == State::kDone; }
+  bool failed() const { return state_ == State::kFailed; }
+  SessionKeys keys() const;  // once done()
+
+ private:
+  enum class State { kReply, kDone, kFailed };
+  Secret secret_;
+  Channel ch_;
+  State state_ = State::kReply;
+  std::string hello_;
+  uint8_t theirs_[kChallengeBytes] = {};
+};
 
 // The server side as a state machine without I/O, for poll loops: feed it
 // exactly want() bytes at a time and send what feed() returns. want() is 0 once
@@ -65,6 +106,7 @@ class ServerHandshake {
   std::string feed(const uint8_t* data);
   bool done() const { return state_ == State::kDone; }
   bool failed() const { return state_ == State::kFailed; }
+  SessionKeys keys() const;  // once done()
 
  private:
   enum class State { kChallenge, kProof, kDone, kFailed };
@@ -72,6 +114,7 @@ class ServerHandshake {
   Channel ch_;
   State state_ = State::kChallenge;
   uint8_t mine_[kChallengeBytes] = {};
+  uint8_t theirs_[kChallengeBytes] = {};
 };
 
 // A nonblocking socket in a poll loop: an input target of `want` bytes and a

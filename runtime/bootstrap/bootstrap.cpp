@@ -1,511 +1,69 @@
 #include "runtime/bootstrap/bootstrap.hpp"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <cstdlib>
-#include <chrono>
-#include <cstring>
 #include <thread>
 
-#include "compiler/common/env_parse.hpp"
-#include "runtime/bootstrap/crypto.hpp"
-#include "runtime/comm/env.hpp"
 #include "runtime/api/status.hpp"
+#include "runtime/bootstrap/crypto.hpp"
+#include "runtime/bootstrap/peers.hpp"
+#include "runtime/bootstrap/protocol.hpp"
+#include "runtime/bootstrap/rendezvous.hpp"
+#include "runtime/comm/env.hpp"
 #include "runtime/transport/net/iface.hpp"
 
 namespace mk::rt {
 namespace {
 
+using namespace proto;
+
 constexpr char kMagic[4] = {'M', 'K', 'I', 'D'};
-constexpr uint32_t kHello = 0x4d4b4845;  // "MKHE"
+// The direct all-gather's groups: at most this many ranks of one host each
+// (direct_allgather). 16, 32 and 64 measured alike at 1024 ranks on 2 cores
+// (bench/results/2026-12-07-bootstrap-scale.md), one group of all 1024 10% slower.
+constexpr int kGroupRanks = 64;
+std::atomic<int> g_group_ranks{kGroupRanks};
+constexpr uint8_t kIdFamilyIpv6 = 6;
+constexpr uint8_t kIdFlagCommId = 1;
 
-// Status a rank reads after its hello.
-constexpr int32_t kJoined = 0, kMismatch = -1, kDuplicate = -2, kOutOfRange = -3;
-
-// After the rendezvous every message starts with a 64-bit length; two values
-// far above kMaxBlobBytes are marks instead (a peer of an older version
-// reads them as a length over the limit and fails, which is also right).
-// kAbortMark, rank -> root, between two of the rank's messages: the rank
-// aborted its communicator (mkCommAbort). kGoneMark, root -> rank, then int32
-// rank and int32 Gone: that rank left, so no all-gather of the job can
-// complete any more; the root sends it to every rank still connected, once,
-// between two of its broadcasts, and reads nothing more from them.
-constexpr uint64_t kAbortMark = 0x21544f4241424b4dull;  // "MKABORT!"
-constexpr uint64_t kGoneMark = 0x2121454e4f474b4dull;   // "MKGONE!!"
-enum Gone : int32_t { kGoneDropped = 0, kGoneClosed = 1, kGoneAborted = 2 };
-
-std::atomic<int> g_live_servers{0};
-// Rendezvous servers with work in hand: not blocked in poll(), or holding
-// bytes not yet written to a rank. The server is a thread of the process
-// that made the id; at that process's exit (wait_for_servers) the others may
-// still be reading a round it has answered only in part.
-std::atomic<int> g_busy_servers{0};
-
-void wait_for_servers() {
-  const auto t0 = std::chrono::steady_clock::now();
-  while (g_busy_servers.load() > 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2))
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
+// Bootstraps of this process made from an MK_COMM_ID id (bootstrap_create_id).
+std::atomic<int> g_comm_id_boots{0};
 
 std::string errno_text() { return std::strerror(errno); }
 
-struct Hello {
-  uint32_t magic;
-  int32_t nranks;
-  int32_t rank;
-  uint8_t nonce[16];
-};
-
-// The rendezvous server: one poll loop over the listening socket and every
-// connection, so that no connection (idle, slow, garbage) can hold up another.
-// Phases of a connection: handshake -> hello -> joined (waits for the others)
-// -> all-gather rounds. The loop ends when every rank has gone after the
-// rendezvous, or at the deadline before it.
-class Rendezvous {
- public:
-  Rendezvous(int listen_fd, const IdContents& id, int timeout_ms)
-      : listen_fd_(listen_fd), id_(id), timeout_(timeout_ms),
-        handshake_ms_(handshake_timeout_ms(timeout_)), deadline_(Clock::now() + std::chrono::milliseconds(timeout_)) {
-    if (!set_nonblocking(listen_fd_)) throw std::runtime_error("fcntl(O_NONBLOCK): " + errno_text());
+// A listening socket on `a` (port 0: an ephemeral one, written back).
+// Returns -1 with *why set.
+int listen_on(SockAddr* a, int backlog, std::string* why) {
+  int fd = ::socket(a->family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = "socket(): " + errno_text();
+    return -1;
   }
-  ~Rendezvous() {
-    set_busy(false);
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    for (auto& p : peers_) ::close(p->c.fd);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, a->sa(), a->len()) != 0 || ::listen(fd, backlog) != 0) {
+    *why = errno_text();
+    ::close(fd);
+    return -1;
   }
-  Rendezvous(const Rendezvous&) = delete;
-  Rendezvous& operator=(const Rendezvous&) = delete;
-
-  void run() {
-    while (started_ ? !peers_.empty() : Clock::now() < deadline_) {
-      poll_once();
-      if (!started_ && nranks_ > 0 && joined_ == nranks_) start();
-      if (started_ && !broken_) maybe_broadcast();
-      reap();
-    }
-    if (!started_)
-      debug_log("bootstrap: the rendezvous did not complete within MK_BOOTSTRAP_TIMEOUT_MS; closing (" +
-                std::to_string(evicted_) + " unauthenticated connection(s) evicted)");
-  }
-
- private:
-  enum class Phase { kHandshake, kHello, kJoined, kLength, kBlob, kHaveBlob };
-  struct Peer {
-    NbConn c;
-    ServerHandshake hs;
-    Phase phase = Phase::kHandshake;
-    Clock::time_point deadline;  // until the hello is read
-    int rank = -1;
-    bool dead = false;
-    bool close_after_flush = false;
-    bool notified = false;  // sent kGoneMark: its input is read and dropped until it closes
-    std::string tail;       // what a waiting rank sent (kJoined, kHaveBlob): at most a mark
-    Peer(const Secret& s) : hs(s, Channel::kBootstrap) {}
-    // Not yet authenticated and has not even sent its whole challenge (a
-    // real rank sends it with its connect).
-    bool silent() const { return phase == Phase::kHandshake && hs.want() == kClientHelloBytes; }
-  };
-
-  void set_busy(bool b) {
-    if (b == busy_) return;
-    busy_ = b;
-    if (b)
-      g_busy_servers.fetch_add(1);
-    else
-      g_busy_servers.fetch_sub(1);
-  }
-
-  void poll_once() {
-    std::vector<pollfd> fds;
-    // Before the rendezvous the root always accepts: a full table evicts
-    // (accept_new), so the kernel's backlog never fills with connections
-    // that would wait behind a flood.
-    const bool listening = !started_ && Clock::now() >= listen_pause_until_;
-    if (listening) fds.push_back({listen_fd_, POLLIN, 0});
-    Clock::time_point wake = started_ ? Clock::time_point::max() : deadline_;
-    for (auto& p : peers_) {
-      short ev = wants_input(*p) ? POLLIN : 0;
-      if (!p->c.out.empty()) ev |= POLLOUT;
-      fds.push_back({p->c.fd, ev, 0});
-      if (p->phase == Phase::kHandshake || p->phase == Phase::kHello) wake = std::min(wake, p->deadline);
-    }
-    if (!started_ && !listening) wake = std::min(wake, listen_pause_until_);
-    int timeout = wake == Clock::time_point::max() ? -1 : std::max(1, ms_left(wake));
-    bool pending = false;  // bytes a rank still waits for
-    for (auto& p : peers_) pending = pending || (!p->dead && !p->c.out.empty());
-    set_busy(pending);
-    int r = ::poll(fds.data(), nfds_t(fds.size()), timeout);
-    set_busy(true);
-    if (r < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text());
-    const size_t first = listening ? 1 : 0, polled = fds.size() - first;  // accept_new appends after these
-    if (listening && r > 0 && (fds[0].revents & POLLIN)) accept_new();
-    for (size_t k = 0; k < polled && r > 0; ++k) {
-      Peer& p = *peers_[k];
-      const short rev = fds[first + k].revents;
-      if (p.dead) continue;
-      if (rev & (POLLIN | POLLHUP | POLLERR)) on_readable(p);
-      if (!p.dead && (rev & POLLOUT)) on_writable(p);
-    }
-    const auto now = Clock::now();
-    for (auto& p : peers_)
-      if ((p->phase == Phase::kHandshake || p->phase == Phase::kHello) && now >= p->deadline)
-        drop(*p, "did not authenticate in time");
-  }
-
-  bool wants_input(const Peer& p) const {
-    // A rank that waits (for the rendezvous or for a round) sends nothing but
-    // the abort mark; polling it still tells us when it goes away (before the
-    // rendezvous its slot is then free again; after it, the job is broken).
-    return !p.close_after_flush;
-  }
-
-  // Accepts at most a quarter of the table a round, so that a new connection
-  // is read at least once before newer ones can evict it, and reads what
-  // each one already sent (a real rank's challenge comes with its connect).
-  // A connection that has not authenticated costs the real ranks at most its
-  // handshake deadline: when such connections fill the table, the oldest
-  // that has not sent its whole challenge goes first, then the oldest that
-  // waits for its proof. A flood of idle, slow or garbage connections thus
-  // evicts only its own, and a rank that is evicted anyway connects again.
-  void accept_new() {
-    for (int k = 0; k < kMaxPendingConnections / 4; ++k) {
-      int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (c < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return;
-        // Out of descriptors (EMFILE, ENFILE) or memory: free one of ours
-        // if we can, and do not spin on a backlog we cannot take.
-        if (!evict_one()) listen_pause_until_ = Clock::now() + std::chrono::milliseconds(20);
-        return;
-      }
-      if (unauthenticated_ >= kMaxPendingConnections) evict_one();
-      int one = 1;
-      ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      auto p = std::make_unique<Peer>(id_.secret);
-      p->c.fd = c;
-      p->c.expect(p->hs.want());
-      p->deadline = Clock::now() + std::chrono::milliseconds(handshake_ms_);
-      Peer& q = *p;
-      peers_.push_back(std::move(p));
-      unauth_.push_back(&q);
-      ++unauthenticated_;
-      on_readable(q);
-    }
-  }
-
-  // Frees a place in the table of unauthenticated connections (see
-  // accept_new); false if there is none to free. A candidate's bytes that
-  // already arrived are read first: a real rank whose challenge or proof is
-  // waiting moves on instead of being evicted.
-  bool evict_one() {
-    for (const bool silent_only : {true, false})
-      for (size_t i = 0; i < unauth_.size(); ++i) {
-        Peer& p = *unauth_[i];
-        auto candidate = [&] { return !p.dead && p.phase == Phase::kHandshake && (!silent_only || p.silent()); };
-        if (!candidate()) continue;
-        on_readable(p);
-        if (p.dead || p.phase != Phase::kHandshake) return true;  // it failed, left or authenticated: a place is free
-        if (!candidate()) continue;                                // it sent its challenge: spare it this pass
-        ++evicted_;
-        evicting_ = true;
-        drop(p, "was evicted: the table of unauthenticated connections was full");
-        evicting_ = false;
-        return true;
-      }
-    return false;
-  }
-
-  void on_writable(Peer& p) {
-    std::string why;
-    if (!p.c.flush(&why)) drop(p, why, kGoneClosed);
-  }
-
-  // A waiting rank (kJoined, kHaveBlob) became readable: it left, aborted
-  // (kAbortMark, only after the rendezvous) or broke the protocol.
-  void read_tail(Peer& p) {
-    for (;;) {
-      char buf[sizeof(uint64_t)];
-      const ssize_t got = ::recv(p.c.fd, buf, sizeof buf - p.tail.size(), MSG_DONTWAIT);
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      if (got <= 0) {
-        const std::string why = got == 0 ? std::string("connection closed") : errno_text();
-        return drop(p, started_ ? why : "left before the rendezvous completed (" + why + ")", kGoneClosed);
-      }
-      p.tail.append(buf, size_t(got));
-      if (p.tail.size() < sizeof(uint64_t)) continue;
-      uint64_t mark = 0;
-      std::memcpy(&mark, p.tail.data(), sizeof mark);
-      if (started_ && mark == kAbortMark) return drop(p, "aborted its communicator", kGoneAborted);
-      return drop(p, started_ ? "sent bytes while it waited for a round" : "sent bytes before the rendezvous completed");
-    }
-  }
-
-  // A rank told that the job broke: its bytes mean nothing now; it is done
-  // when it closes its connection.
-  void discard(Peer& p) {
-    char buf[16384];
-    for (;;) {
-      const ssize_t got = ::recv(p.c.fd, buf, sizeof buf, MSG_DONTWAIT);
-      if (got > 0 || (got < 0 && errno == EINTR)) continue;
-      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      p.dead = true;
-      return;
-    }
-  }
-
-  // Tells a rank that the job broke (see kGoneMark), after whatever it was
-  // already sent.
-  void notify(Peer& p) {
-    std::string m(sizeof(uint64_t) + 2 * sizeof(int32_t), '\0');
-    std::memcpy(m.data(), &kGoneMark, sizeof kGoneMark);
-    std::memcpy(m.data() + 8, &gone_rank_, sizeof gone_rank_);
-    std::memcpy(m.data() + 12, &gone_cause_, sizeof gone_cause_);
-    p.notified = true;
-    p.c.send(std::move(m));
-    on_writable(p);
-  }
-
-  void on_readable(Peer& p) {
-    std::string why;
-    if (p.notified) return discard(p);
-    if (p.close_after_flush) {
-      // Nothing is expected now: the peer left (or broke the protocol).
-      drop(p, "left before the rendezvous completed");
-      return;
-    }
-    if (p.phase == Phase::kJoined || p.phase == Phase::kHaveBlob) return read_tail(p);
-    if (!p.c.read_some(&why)) {
-      drop(p, why, kGoneClosed);
-      return;
-    }
-    if (!p.c.complete()) return;
-    const auto* bytes = reinterpret_cast<const uint8_t*>(p.c.in.data());
-    switch (p.phase) {
-      case Phase::kHandshake: {
-        std::string reply = p.hs.feed(bytes);
-        if (p.hs.failed()) return drop(p, "failed the secret challenge");
-        if (!reply.empty()) p.c.send(std::move(reply));
-        if (p.hs.done()) {
-          --unauthenticated_;
-          p.phase = Phase::kHello;
-          p.c.expect(sizeof(Hello));
-        } else {
-          p.c.expect(p.hs.want());
-        }
-        on_writable(p);
-        return;
-      }
-      case Phase::kHello: return on_hello(p, bytes);
-      case Phase::kLength: return on_length(p, bytes);
-      case Phase::kBlob: p.phase = Phase::kHaveBlob; return;
-      default: return;
-    }
-  }
-
-  void refuse(Peer& p, int32_t status) {
-    p.c.send(std::string(reinterpret_cast<const char*>(&status), sizeof status));
-    p.close_after_flush = true;
-    on_writable(p);
-  }
-
-  void on_hello(Peer& p, const uint8_t* bytes) {
-    Hello h;
-    std::memcpy(&h, bytes, sizeof h);
-    if (h.magic != kHello || std::memcmp(h.nonce, id_.nonce, 16) != 0) return drop(p, "sent a malformed hello");
-    if (h.nranks < 1 || h.nranks > kMaxRanks || h.rank < 0 || h.rank >= h.nranks) return refuse(p, kOutOfRange);
-    if (nranks_ > 0 && h.nranks != nranks_) return refuse(p, kMismatch);
-    if (nranks_ < 0) {
-      nranks_ = h.nranks;
-      slots_.assign(size_t(nranks_), nullptr);
-    }
-    if (slots_[size_t(h.rank)]) return refuse(p, kDuplicate);
-    slots_[size_t(h.rank)] = &p;
-    p.rank = h.rank;
-    p.phase = Phase::kJoined;
-    ++joined_;
-    deadline_ = Clock::now() + std::chrono::milliseconds(timeout_);  // progress: give the rest time
-  }
-
-  void on_length(Peer& p, const uint8_t* bytes) {
-    uint64_t len = 0;
-    std::memcpy(&len, bytes, sizeof len);
-    if (len == kAbortMark) return drop(p, "aborted its communicator", kGoneAborted);
-    if (len > kMaxBlobBytes) return drop(p, "sent a blob length over the " + std::to_string(kMaxBlobBytes) + "-byte limit");
-    round_bytes_ += len;
-    if (round_bytes_ > kMaxRoundBytes) return drop(p, "all-gather round over the " + std::to_string(kMaxRoundBytes) + "-byte limit");
-    p.phase = len ? Phase::kBlob : Phase::kHaveBlob;
-    p.c.expect(len);
-  }
-
-  void start() {
-    started_ = true;
-    if (evicted_ > 0)
-      debug_log("bootstrap: " + std::to_string(evicted_) +
-                " unauthenticated connection(s) were evicted while the ranks joined (a flood of connections "
-                "that do not know the secret?)");
-    ::close(listen_fd_);
-    listen_fd_ = -1;
-    for (auto& p : peers_)
-      if (p->phase != Phase::kJoined) p->dead = true;  // late arrivals that never authenticated
-    for (Peer* p : slots_) {
-      int32_t ok = kJoined;
-      p->c.send(std::string(reinterpret_cast<const char*>(&ok), sizeof ok));
-      p->phase = Phase::kLength;
-      p->c.expect(sizeof(uint64_t));
-      on_writable(*p);
-    }
-  }
-
-  void maybe_broadcast() {
-    for (Peer* p : slots_)
-      if (p->phase != Phase::kHaveBlob) return;
-    std::string out;
-    out.reserve(round_bytes_ + slots_.size() * sizeof(uint64_t));
-    for (Peer* p : slots_) {
-      uint64_t len = p->c.in.size();
-      out.append(reinterpret_cast<const char*>(&len), sizeof len);
-      out += p->c.in;
-    }
-    auto shared = std::make_shared<const std::string>(std::move(out));
-    round_bytes_ = 0;
-    for (Peer* p : slots_) {
-      p->c.out.push_back(shared);
-      p->phase = Phase::kLength;
-      p->c.expect(sizeof(uint64_t));
-      on_writable(*p);
-    }
-  }
-
-  // Marks a connection for closing; a joined rank's slot is free again. A rank
-  // that goes after the rendezvous breaks the job (see reap()); the first one
-  // and `cause` are what the others are told.
-  void drop(Peer& p, const std::string& why, Gone cause = kGoneDropped) {
-    if (p.dead) return;
-    p.dead = true;
-    if (p.phase == Phase::kHandshake) --unauthenticated_;
-    if (debug_enabled() && !(evicting_ && evicted_ > 1))  // under a flood, one line for all evictions (start())
-      debug_log(p.rank >= 0 ? "bootstrap: rank " + std::to_string(p.rank) + " connection closed: " + why
-                            : "bootstrap: dropped a connection that " + why);
-    if (p.rank >= 0 && !started_) {
-      slots_[size_t(p.rank)] = nullptr;
-      --joined_;
-    }
-    if (p.rank >= 0 && started_ && !broken_) {
-      broken_ = true;
-      gone_rank_ = p.rank;
-      gone_cause_ = cause;
-    }
-  }
-
-  // Closes what is done. Once the job is broken, every rank still connected
-  // is told which rank left and why (notify()): one waiting in a round that
-  // can no longer complete fails now instead of at its timeout, one that is
-  // idle fails at its next all-gather (a rank that only destroys its
-  // communicator never reads it). They close their own connections.
-  void reap() {
-    if (broken_)
-      for (Peer* q : slots_)
-        if (!q->dead && !q->notified) notify(*q);
-    for (auto& p : peers_)
-      if (p->close_after_flush && p->c.out.empty()) p->dead = true;
-    unauth_.erase(std::remove_if(unauth_.begin(), unauth_.end(),
-                                 [](const Peer* p) { return p->dead || p->phase != Phase::kHandshake; }),
-                  unauth_.end());
-    for (size_t k = 0; k < peers_.size();) {
-      if (!peers_[k]->dead) {
-        ++k;
-        continue;
-      }
-      if (started_)
-        for (Peer*& s : slots_)
-          if (s == peers_[k].get()) s = nullptr;
-      ::close(peers_[k]->c.fd);
-      peers_[k] = std::move(peers_.back());
-      peers_.pop_back();
-    }
-    if (started_) slots_.erase(std::remove(slots_.begin(), slots_.end(), nullptr), slots_.end());
-  }
-
-  int listen_fd_;
-  IdContents id_;
-  int timeout_, handshake_ms_;
-  Clock::time_point deadline_;
-  std::vector<std::unique_ptr<Peer>> peers_;
-  // By rank; after the rendezvous, the ranks still connected (in rank order,
-  // which matters only until one leaves: then no round completes).
-  std::vector<Peer*> slots_;
-  // Connections still in the handshake, oldest first (dead ones until reap()).
-  std::vector<Peer*> unauth_;
-  int unauthenticated_ = 0;  // live ones among them
-  long evicted_ = 0;
-  bool evicting_ = false;
-  Clock::time_point listen_pause_until_;
-  int nranks_ = -1, joined_ = 0;
-  bool started_ = false, broken_ = false;
-  int32_t gone_rank_ = -1, gone_cause_ = kGoneDropped;  // the first rank that left after the rendezvous
-  uint64_t round_bytes_ = 0;
-  bool busy_ = false;  // counted in g_busy_servers
-};
-
-void serve(int listen_fd, IdContents id, int timeout_ms) {
-  struct Live {
-    ~Live() { --g_live_servers; }
-  } live;
-  try {
-    Rendezvous(listen_fd, id, timeout_ms).run();
-  } catch (const std::exception& e) {
-    debug_log(std::string("bootstrap: rendezvous server stopped: ") + e.what());
-  } catch (...) {
-    debug_log("bootstrap: rendezvous server stopped by an unknown exception");
-  }
-}
-
-// MK_BOOTSTRAP_ADDR: "host" (an ephemeral port) or "host:port", the host an
-// IPv4 address or a name that resolves to one, the port 1 to 5 decimal
-// digits in 1..65535 and nothing else (no sign, space or suffix). Throws
-// mkInvalidArgument naming the variable, its value and what is accepted.
-sockaddr_in parse_addr(const std::string& text) {
-  static const char* accepted =
-      "expected host or host:port, the host an IPv4 address or a name that resolves to one, the port a decimal "
-      "number in 1..65535 (digits only); leave the port out for an ephemeral one";
-  auto refuse = [&](const std::string& what) {
-    fail(mkInvalidArgument, "MK_BOOTSTRAP_ADDR='" + text + "': " + what + "; " + accepted);
-  };
-  const auto colon = text.rfind(':');
-  const std::string host = colon == std::string::npos ? text : text.substr(0, colon);
-  int64_t port = 0;
-  if (colon != std::string::npos) {
-    const std::string p = text.substr(colon + 1);
-    if (p.size() > 5 || !env_parse::parse_int(p, 1, 65535, &port))
-      refuse("the port '" + p + "' is not a number in 1..65535");
-  }
-  if (host.empty()) refuse("the host is empty");
-  for (unsigned char ch : host)
-    if (ch <= ' ' || ch >= 0x7f) refuse("the host '" + host + "' has a space or control character");
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || !res)
-    refuse("the host '" + host + "' is not an IPv4 address or resolvable name (" + gai_strerror(rc) + ")");
-  sockaddr_in sa = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
-  ::freeaddrinfo(res);
-  sa.sin_port = htons(uint16_t(port));
-  return sa;
+  socklen_t len = sizeof a->ss;
+  ::getsockname(fd, a->sa(), &len);
+  return fd;
 }
 
 std::string ipv4_text(uint32_t a) {
@@ -516,7 +74,96 @@ std::string ipv4_text(uint32_t a) {
   return buf;
 }
 
+int hex_digit(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+// With MK_COMM_ID every process makes its own id: the nonce must be the same
+// on every rank without being passed, so it derives from the secret and the
+// address (it only needs to differ between jobs, and it does where they
+// differ in either).
+void comm_id_nonce(const Secret& s, const SockAddr& a, uint8_t* nonce) {
+  const WireAddr w = to_wire(a);
+  const Digest d = hmac_sha256(s.data(), s.size(), {"mkernel MK_COMM_ID nonce", bytes_of(&w, sizeof w)});
+  std::memcpy(nonce, d.data(), 16);
+}
+
+void encode_id(const IdContents& c, mkUniqueId* id) {
+  std::memset(id->internal, 0, sizeof id->internal);
+  auto* b = reinterpret_cast<uint8_t*>(id->internal);
+  std::memcpy(b, kMagic, 4);
+  std::memcpy(b + 8, &c.port, 2);
+  std::memcpy(b + 16, c.nonce, 16);
+  if (!c.comm_id) std::memcpy(b + 32, c.secret.data(), c.secret.size());
+  if (c.ipv6) {
+    b[64] = kIdFamilyIpv6;
+    const uint32_t scope = htonl(c.scope_id);
+    std::memcpy(b + 68, &scope, 4);
+    std::memcpy(b + 80, c.ipv6_addr, 16);
+  } else {
+    std::memcpy(b + 4, &c.ipv4, 4);
+  }
+  if (c.comm_id) b[65] = kIdFlagCommId;
+}
+
+void set_address(IdContents* c, const SockAddr& a) {
+  if (a.family() == AF_INET6) {
+    const auto* s = reinterpret_cast<const sockaddr_in6*>(&a.ss);
+    c->ipv6 = true;
+    std::memcpy(c->ipv6_addr, &s->sin6_addr, 16);
+    c->scope_id = s->sin6_scope_id;
+    c->port = s->sin6_port;
+  } else {
+    const auto* s = reinterpret_cast<const sockaddr_in*>(&a.ss);
+    c->ipv4 = s->sin_addr.s_addr;
+    c->port = s->sin_port;
+  }
+}
+
+// Where the rendezvous listens when MK_BOOTSTRAP_ADDR is unset.
+SockAddr default_listen_address() {
+  const char* spec = std::getenv("MK_SOCKET_IFNAME");
+  const char* fam = std::getenv("MK_SOCKET_FAMILY");
+  SockAddr a;
+  if (net::parse_family(fam ? fam : "", "MK_SOCKET_FAMILY") == AF_INET6) {
+    const net::Iface f = net::choose_iface(net::list_ifaces(), net::IfnameSpec(spec ? spec : "", "MK_SOCKET_IFNAME"),
+                                           AF_INET6);
+    a = SockAddr::of(reinterpret_cast<const sockaddr*>(&f.addr));
+  } else {
+    auto* s = reinterpret_cast<sockaddr_in*>(&a.ss);
+    s->sin_family = AF_INET;
+    s->sin_addr.s_addr = choose_bootstrap_ipv4(net_ifaces(), spec ? spec : "");
+  }
+  a.set_port(0);
+  return a;
+}
+
+int socket_family_setting() {
+  const char* fam = std::getenv("MK_SOCKET_FAMILY");
+  return net::parse_family(fam ? fam : "", "MK_SOCKET_FAMILY");
+}
+
 }  // namespace
+
+SockAddr IdContents::address() const {
+  SockAddr a;
+  if (ipv6) {
+    auto* s = reinterpret_cast<sockaddr_in6*>(&a.ss);
+    s->sin6_family = AF_INET6;
+    std::memcpy(&s->sin6_addr, ipv6_addr, 16);
+    s->sin6_scope_id = scope_id;
+    s->sin6_port = port;
+  } else {
+    auto* s = reinterpret_cast<sockaddr_in*>(&a.ss);
+    s->sin_family = AF_INET;
+    s->sin_addr.s_addr = ipv4;
+    s->sin_port = port;
+  }
+  return a;
+}
 
 std::vector<NetIface> net_ifaces() {
   std::vector<NetIface> out;
@@ -557,66 +204,85 @@ uint32_t choose_bootstrap_ipv4(const std::vector<NetIface>& ifaces, const std::s
 
 int bootstrap_timeout_ms() { return env::bootstrap_timeout_ms(); }
 
-void bootstrap_create_id(mkUniqueId* id) {
-  IdContents c;  // the random parts first: nothing to clean up if there is no randomness
-  random_bytes(c.nonce, sizeof c.nonce);
-  random_bytes(c.secret.data(), c.secret.size());
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  if (const char* a = std::getenv("MK_BOOTSTRAP_ADDR"); a && *a) {
-    sa = parse_addr(a);
-  } else {
-    const char* spec = std::getenv("MK_SOCKET_IFNAME");
-    sa.sin_addr.s_addr = choose_bootstrap_ipv4(net_ifaces(), spec ? spec : "");
+Secret comm_secret_from_env() {
+  static const char* how =
+      "; give every rank the same 64 hex characters (32 random bytes), e.g. MK_COMM_SECRET=$(openssl rand -hex 32), "
+      "passed to the ranks the way the job's other secrets are";
+  const char* v = std::getenv("MK_COMM_SECRET");
+  if (!v || !*v) fail(mkInvalidArgument, std::string("MK_COMM_ID is set, so MK_COMM_SECRET must be too: the unique id "
+                                                      "cannot carry the job's secret when no id passes between "
+                                                      "processes") + how);
+  const std::string t = v;
+  if (t.size() != 64)
+    fail(mkInvalidArgument, "MK_COMM_SECRET has " + std::to_string(t.size()) + " characters, not 64" + how);
+  Secret s;
+  for (size_t i = 0; i < 32; ++i) {
+    const int hi = hex_digit(t[2 * i]), lo = hex_digit(t[2 * i + 1]);
+    if (hi < 0 || lo < 0)
+      fail(mkInvalidArgument, "MK_COMM_SECRET has a character that is not a hex digit at position " +
+                                  std::to_string(hi < 0 ? 2 * i + 1 : 2 * i + 2) + how);
+    s[i] = uint8_t(hi << 4 | lo);
   }
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) fail(mkSystemError, "bootstrap: socket(): " + errno_text());
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 1024) != 0) {
-    std::string e = errno_text();
-    ::close(fd);
-    fail(mkSystemError, "bootstrap: cannot listen on the rendezvous address: " + e);
-  }
-  socklen_t len = sizeof sa;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  c.ipv4 = sa.sin_addr.s_addr;
-  c.port = sa.sin_port;
-  std::memset(id->internal, 0, sizeof id->internal);
-  std::memcpy(id->internal, kMagic, 4);
-  std::memcpy(id->internal + 4, &c.ipv4, 4);
-  std::memcpy(id->internal + 8, &c.port, 2);
-  std::memcpy(id->internal + 16, c.nonce, 16);
-  std::memcpy(id->internal + 32, c.secret.data(), c.secret.size());
-  ++g_live_servers;
-  // At exit this process waits (at most 2 s) until its servers have written
-  // every round they answered: a rank that exits right after its
-  // communicator's init must not cut its peers off in the middle of it.
-  static std::once_flag at_exit;
-  std::call_once(at_exit, [] {
-    std::atexit(wait_for_servers);
-    // a forked child has none of the servers (threads do not survive fork)
-    pthread_atfork(nullptr, nullptr, [] { g_busy_servers.store(0); });
-  });
-  try {
-    std::thread(serve, fd, c, bootstrap_timeout_ms()).detach();
-  } catch (...) {
-    --g_live_servers;
-    ::close(fd);
-    throw;
-  }
+  if (s == Secret{}) fail(mkInvalidArgument, std::string("MK_COMM_SECRET is all zeros") + how);
+  return s;
 }
 
-int bootstrap_live_servers() { return g_live_servers.load(); }
+void bootstrap_create_id(mkUniqueId* id) {
+  IdContents c;  // the random parts first: nothing to clean up if there is no randomness
+  const int family = socket_family_setting();
+  if (const char* cid = std::getenv("MK_COMM_ID"); cid && *cid && g_comm_id_boots.load() == 0) {
+    const SockAddr a = parse_host_port(cid, "MK_COMM_ID", /*port_required=*/true, family);
+    c.secret = comm_secret_from_env();
+    c.comm_id = true;
+    set_address(&c, a);
+    comm_id_nonce(c.secret, a, c.nonce);
+    encode_id(c, id);
+    return;
+  }
+  random_bytes(c.nonce, sizeof c.nonce);
+  random_bytes(c.secret.data(), c.secret.size());
+  SockAddr a;
+  if (const char* v = std::getenv("MK_BOOTSTRAP_ADDR"); v && *v)
+    a = parse_host_port(v, "MK_BOOTSTRAP_ADDR", /*port_required=*/false, family);
+  else
+    a = default_listen_address();
+  std::string why;
+  const int fd = listen_on(&a, 1024, &why);
+  if (fd < 0) fail(mkSystemError, "bootstrap: cannot listen on the rendezvous address " + a.text() + ": " + why);
+  set_address(&c, a);
+  encode_id(c, id);
+  start_server(fd, c);
+}
+
+void bootstrap_group_ranks_for_tests(int ranks) { g_group_ranks.store(ranks > 0 ? ranks : kGroupRanks); }
 
 IdContents bootstrap_decode(const mkUniqueId& id) {
-  if (std::memcmp(id.internal, kMagic, 4) != 0)
+  const auto* b = reinterpret_cast<const uint8_t*>(id.internal);
+  if (std::memcmp(b, kMagic, 4) != 0 || (b[64] != 0 && b[64] != kIdFamilyIpv6) || (b[65] & ~kIdFlagCommId) != 0)
     fail(mkInvalidArgument, "the unique id was not made by mkGetUniqueId (or was corrupted in transit)");
   IdContents c;
-  std::memcpy(&c.ipv4, id.internal + 4, 4);
-  std::memcpy(&c.port, id.internal + 8, 2);
-  std::memcpy(c.nonce, id.internal + 16, 16);
-  std::memcpy(c.secret.data(), id.internal + 32, c.secret.size());
+  std::memcpy(&c.port, b + 8, 2);
+  std::memcpy(c.nonce, b + 16, 16);
+  c.ipv6 = b[64] == kIdFamilyIpv6;
+  if (c.ipv6) {
+    uint32_t scope = 0;
+    std::memcpy(&scope, b + 68, 4);
+    c.scope_id = ntohl(scope);
+    std::memcpy(c.ipv6_addr, b + 80, 16);
+  } else {
+    std::memcpy(&c.ipv4, b + 4, 4);
+  }
+  c.comm_id = (b[65] & kIdFlagCommId) != 0;
+  if (!c.comm_id) {
+    std::memcpy(c.secret.data(), b + 32, c.secret.size());
+    return c;
+  }
+  c.secret = comm_secret_from_env();
+  uint8_t nonce[16];
+  comm_id_nonce(c.secret, c.address(), nonce);
+  if (!equal_constant_time(nonce, c.nonce, sizeof nonce))
+    fail(mkInvalidArgument, "this MK_COMM_ID unique id was made with another MK_COMM_SECRET than this process has; "
+                            "give every rank the same MK_COMM_SECRET");
   return c;
 }
 
@@ -635,9 +301,9 @@ namespace {
 // One connect, bounded by `deadline` (a blocking connect to a listener
 // whose backlog is full would wait for SYN retries, up to minutes). Returns 0
 // or the errno, with *why set.
-int connect_once(int fd, const sockaddr_in& sa, Clock::time_point deadline, std::string* why) {
+int connect_once(int fd, const SockAddr& sa, Clock::time_point deadline, std::string* why) {
   int err = 0;
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0) return 0;
+  if (::connect(fd, sa.sa(), sa.len()) == 0) return 0;
   if (errno != EINPROGRESS && errno != EINTR) {
     err = errno;
   } else {
@@ -664,11 +330,11 @@ int connect_once(int fd, const sockaddr_in& sa, Clock::time_point deadline, std:
 // Connects to the root, retrying until `deadline` (it may not listen yet).
 // `again`: we were connected before, so a refusal means that the rendezvous
 // is gone; returns -1 then, with *refused set to why.
-int connect_root(const sockaddr_in& sa, int rank, Clock::time_point deadline, bool again = false,
+int connect_root(const SockAddr& sa, int rank, Clock::time_point deadline, bool again = false,
                  std::string* refused = nullptr) {
   std::string why;
   for (;;) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int fd = ::socket(sa.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) fail(mkSystemError, "bootstrap: socket(): " + errno_text());
     const int err = connect_once(fd, sa, deadline, &why);
     if (err == 0) {
@@ -682,20 +348,60 @@ int connect_root(const sockaddr_in& sa, int rank, Clock::time_point deadline, bo
       return -1;
     }
     if (ms_left(deadline) == 0)
-      fail(mkSystemError, "rank " + std::to_string(rank) + ": cannot reach the rendezvous at " +
-                              ipv4_text(sa.sin_addr.s_addr) + ":" + std::to_string(ntohs(sa.sin_port)) + ": " + why +
-                              " (is the process that called mkGetUniqueId still alive?)");
+      fail(mkSystemError, "rank " + std::to_string(rank) + ": cannot reach the rendezvous at " + sa.text() + ": " +
+                              why + " (is the process that called mkGetUniqueId, or rank 0 with MK_COMM_ID, alive?)");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
-std::string refusal_text(int32_t status, int rank, int nranks) {
+std::string refusal_text(int32_t status, int rank, int nranks, const std::string& where) {
   if (status == kDuplicate) return "rank " + std::to_string(rank) + " joined twice with the same unique id";
   if (status == kOutOfRange)
     return "the rendezvous refused rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
            ": nranks must be 1.." + std::to_string(kMaxRanks) + " and rank in 0..nranks-1";
+  if (status == kRelayMismatch)
+    return "the rendezvous rejected rank " + std::to_string(rank) +
+           ": MK_BOOTSTRAP_RELAY differs from what another rank said; set it alike on every rank";
+  if (status == kCorrupted)
+    return "rank " + std::to_string(rank) + ": our hello reached the rendezvous at " + where +
+           " altered (it failed its integrity check): something between this host and the rendezvous changes "
+           "bytes (a faulty device, or an attacker on the network)";
   return "the rendezvous rejected rank " + std::to_string(rank) + ": nranks=" + std::to_string(nranks) +
          " differs from what another rank said; pass the same nranks on every rank";
+}
+
+// "a message from rank 3 to rank 5", "a message from the rendezvous to rank 5"
+std::string message_between(int32_t from, int32_t to) {
+  auto name = [](int32_t r) { return r < 0 ? std::string("the rendezvous") : "rank " + std::to_string(r); };
+  return "a message from " + name(from) + " to " + name(to);
+}
+
+constexpr const char* kAltered =
+    " failed its integrity check: something on the way altered it (a faulty device, or an attacker on the network)";
+
+// What a kGone message says.
+std::string gone_text(int32_t rank, int32_t cause, int32_t seen_by) {
+  const std::string peer = "rank " + std::to_string(rank);
+  if (cause == kGoneAborted) return peer + " aborted its communicator";
+  if (cause == kGoneClosed) return peer + "'s connection closed (process ended or communicator destroyed)";
+  if (cause == kGoneIntegrity) return message_between(rank, seen_by) + kAltered;
+  return peer + (seen_by < 0 ? " was dropped by the rendezvous" : " was reported by rank " + std::to_string(seen_by)) +
+         " (it broke the bootstrap protocol)";
+}
+
+// The address a rank's peers reach it on: MK_SOCKET_IFNAME's interface of the
+// root's family when set, else the address this rank reaches the root from.
+SockAddr peer_listen_address(int root_fd, int family) {
+  SockAddr a;
+  if (const char* spec = std::getenv("MK_SOCKET_IFNAME"); spec && *spec) {
+    const net::Iface f = net::choose_iface(net::list_ifaces(), net::IfnameSpec(spec, "MK_SOCKET_IFNAME"), family);
+    a = SockAddr::of(reinterpret_cast<const sockaddr*>(&f.addr));
+  } else {
+    socklen_t len = sizeof a.ss;
+    if (::getsockname(root_fd, a.sa(), &len) != 0) fail(mkSystemError, "bootstrap: getsockname: " + errno_text());
+  }
+  a.set_port(0);
+  return a;
 }
 
 }  // namespace
@@ -704,19 +410,19 @@ void BootstrapCancel::cancel() {
   std::lock_guard<std::mutex> lock(mu_);
   cancelled_ = true;
   if (fd_ < 0) return;
-  if (boundary_) {
+  if (boundary_ && !abort_.empty()) {
     // Tell the rendezvous first (best effort, never blocks): it tells the
     // other ranks that this one aborted, also those waiting in a round now.
-    const uint64_t mark = kAbortMark;
-    (void)::send(fd_, &mark, sizeof mark, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)::send(fd_, abort_.data(), abort_.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     boundary_ = false;
   }
-  ::shutdown(fd_, SHUT_RDWR);  // a blocked read or write returns now
+  ::shutdown(fd_, SHUT_RDWR);  // a blocked read or write returns now, and every wait polls this socket
 }
 
-void BootstrapCancel::at_boundary(bool yes) {
+void BootstrapCancel::at_boundary(bool yes, std::string abort_message) {
   std::lock_guard<std::mutex> lock(mu_);
   boundary_ = yes && fd_ >= 0 && !cancelled_;
+  abort_ = boundary_ ? std::move(abort_message) : std::string();
 }
 
 bool BootstrapCancel::cancelled() {
@@ -728,9 +434,15 @@ bool BootstrapCancel::watch(int fd) {
   std::lock_guard<std::mutex> lock(mu_);
   fd_ = fd;
   boundary_ = false;
+  abort_.clear();
   if (cancelled_ && fd >= 0) ::shutdown(fd, SHUT_RDWR);
   return !cancelled_;
 }
+
+struct Bootstrap::Verdict {
+  int32_t rank, cause, count;
+  std::string text;
+};
 
 void Bootstrap::close_fd() {
   if (cancel_) cancel_->watch(-1);  // before the number can be reused
@@ -743,45 +455,83 @@ Bootstrap::Bootstrap(const mkUniqueId& id, int nranks, int rank, BootstrapCancel
   if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks)
     fail(mkInvalidArgument, "bootstrap: rank " + std::to_string(rank) + " of nranks " + std::to_string(nranks) +
                                 " is out of range (nranks 1.." + std::to_string(kMaxRanks) + ", rank 0..nranks-1)");
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = id_.ipv4;
-  sa.sin_port = id_.port;
+  relay_ = env::get_bool("MK_BOOTSTRAP_RELAY", false);
+  const SockAddr root = id_.address();
+  const std::string where = root.text();
+  if (id_.comm_id && rank == 0) {  // MK_COMM_ID: the root is ours to start, exactly there
+    SockAddr a = root;
+    std::string why;
+    const int fd = listen_on(&a, 1024, &why);
+    if (fd < 0)
+      fail(mkSystemError, "rank 0: cannot start the rendezvous on MK_COMM_ID's address " + where + ": " + why +
+                              " (is it an address of this host, and is no other job's rendezvous on that port?)");
+    start_server(fd, id_);
+  }
+  try {
+    join(root, where);
+  } catch (...) {
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    listen_fd_ = -1;
+    close_fd();
+    throw;
+  }
+  if (id_.comm_id) ++g_comm_id_boots;
+}
+
+void Bootstrap::join(const SockAddr& root, const std::string& where) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(bootstrap_timeout_ms());
-  const std::string where = ipv4_text(sa.sin_addr.s_addr) + ":" + std::to_string(ntohs(sa.sin_port));
   auto aborted = [&] {
     close_fd();
-    fail(mkInvalidUsage, "rank " + std::to_string(rank) + ": the communicator was aborted during init");
+    fail(mkInvalidUsage, "rank " + std::to_string(rank_) + ": the communicator was aborted during init");
   };
   auto failed = [&](const std::string& why) {
     close_fd();
-    fail(mkSystemError, "rank " + std::to_string(rank) + ": bootstrap rendezvous at " + where + " failed: " + why +
-                            " (did every rank of " + std::to_string(nranks) + " call mkCommInitRank with this id?)");
+    fail(mkSystemError, "rank " + std::to_string(rank_) + ": bootstrap rendezvous at " + where + " failed: " + why +
+                            " (did every rank of " + std::to_string(nranks_) + " call mkCommInitRank with this id?)");
   };
-  Hello h{kHello, nranks, rank, {}};
+  HelloBody h;
+  h.nranks = nranks_;
+  h.rank = rank_;
+  h.flags = relay_ ? kHelloRelay : 0;
   std::memcpy(h.nonce, id_.nonce, 16);
   std::string why;
-  int32_t status = 0;
+  uint8_t head[kFrameHeadBytes];
   for (int attempt = 1;; ++attempt) {
     if (attempt == 1) {
-      fd_ = connect_root(sa, rank, deadline);
+      fd_ = connect_root(root, rank_, deadline);
     } else {
       std::string refused;
-      fd_ = connect_root(sa, rank, deadline, /*again=*/true, &refused);
+      fd_ = connect_root(root, rank_, deadline, /*again=*/true, &refused);
       if (fd_ < 0) failed(why + "; connecting again: " + refused + " (the rendezvous has ended)");
     }
+    if (listen_fd_ < 0) {
+      SockAddr a = peer_listen_address(fd_, root.family());
+      listen_fd_ = listen_on(&a, 512, &why);
+      if (listen_fd_ < 0) {
+        close_fd();
+        fail(mkSystemError, "rank " + std::to_string(rank_) + ": cannot listen for the other ranks on " + a.text() +
+                                ": " + why);
+      }
+      h.listener = to_wire(a);
+    }
     if (cancel_ && !cancel_->watch(fd_)) aborted();
-    const ClientAuth auth = client_handshake(fd_, id_.secret, Channel::kBootstrap, deadline, &why);
+    SessionKeys keys;
+    const ClientAuth auth = client_handshake(fd_, id_.secret, Channel::kBootstrap, deadline, &why, &keys);
     if (cancel_ && cancel_->cancelled()) aborted();
     if (auth == ClientAuth::kServerUnproven) {
       close_fd();
-      fail(mkRemoteError, "rank " + std::to_string(rank) + ": the rendezvous at " + where +
-                              " could not prove it knows this unique id's secret: another process owns that port, or "
-                              "the id is stale or from another job; get a fresh id from mkGetUniqueId");
+      fail(mkRemoteError, "rank " + std::to_string(rank_) + ": the rendezvous at " + where +
+                              " could not prove it knows this unique id's secret: another process owns that port, or " +
+                              (id_.comm_id ? "MK_COMM_SECRET differs between the ranks (give every rank the same one)"
+                                           : "the id is stale or from another job; get a fresh id from mkGetUniqueId"));
     }
-    if (auth == ClientAuth::kOk && write_full(fd_, &h, sizeof h, deadline, &why) &&
-        read_full(fd_, &status, sizeof status, deadline, &why))
-      break;
+    if (auth == ClientAuth::kOk) {
+      root_ = Link(keys);
+      const std::string hello = root_.seal(kHello, 0, 0, 0, bytes_of(&h, sizeof h));
+      if (write_full(fd_, hello.data(), hello.size(), deadline, &why) &&
+          read_full(fd_, head, sizeof head, deadline, &why))
+        break;
+    }
     if (cancel_ && cancel_->cancelled()) aborted();
     if (ms_left(deadline) == 0) failed(why);
     // The root closed the connection before we joined. Under a flood of
@@ -790,68 +540,402 @@ Bootstrap::Bootstrap(const mkUniqueId& id, int nranks, int rank, BootstrapCancel
     // has ended refuses the connection, and we fail then).
     close_fd();
     if (debug_enabled() && (attempt == 1 || attempt % 100 == 0))
-      debug_log("bootstrap: rank " + std::to_string(rank) + ": the rendezvous at " + where +
+      debug_log("bootstrap: rank " + std::to_string(rank_) + ": the rendezvous at " + where +
                 " closed the connection before we joined (" + why + "), attempt " + std::to_string(attempt) +
                 "; connecting again");
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(attempt, 20)));
   }
-  if (status != kJoined) {
+  FrameHeader st;
+  if (!root_.open_head(head, &st)) root_altered();
+  if (st.type != kStatus) failed("it answered our hello with message type " + std::to_string(st.type));
+  if (st.a != kJoined) {
     close_fd();
-    fail(status == kOutOfRange ? mkInvalidArgument : mkInvalidUsage, refusal_text(status, rank, nranks));
+    fail(st.a == kOutOfRange ? mkInvalidArgument : st.a == kCorrupted ? mkRemoteError : mkInvalidUsage,
+         refusal_text(st.a, rank_, nranks_, where));
   }
-  if (cancel_) cancel_->at_boundary(true);
+  if (st.len != uint64_t(nranks_) * sizeof(WireAddr)) failed("its table of the ranks' addresses has the wrong size");
+  std::string table(st.len, '\0');
+  if (!read_full(fd_, table.data(), table.size(), deadline, &why)) failed(why);
+  if (!Link::payload_ok(st, table)) root_altered();
+  std::vector<SockAddr> addrs(static_cast<size_t>(nranks_));
+  for (int r = 0; r < nranks_; ++r) {
+    WireAddr w;
+    std::memcpy(&w, table.data() + size_t(r) * sizeof w, sizeof w);
+    if (!from_wire(w, &addrs[size_t(r)])) failed("rank " + std::to_string(r) + "'s address is malformed");
+  }
+  // The all-gather's groups (direct_allgather): ranks of one host address,
+  // in rank order, at most kGroupRanks a group; the same on every rank.
+  std::map<std::string, int> open;  // host address -> its group still taking ranks
+  group_of_.assign(size_t(nranks_), -1);
+  for (int r = 0; r < nranks_; ++r) {
+    WireAddr w;
+    std::memcpy(&w, table.data() + size_t(r) * sizeof w, sizeof w);
+    w.port = 0;
+    const std::string host(reinterpret_cast<const char*>(&w), sizeof w);
+    auto it = open.find(host);
+    if (it == open.end() || groups_[size_t(it->second)].size() >= size_t(g_group_ranks.load())) {
+      groups_.emplace_back();
+      open[host] = int(groups_.size()) - 1;
+    }
+    const int gi = open[host];
+    groups_[size_t(gi)].push_back(r);
+    group_of_[size_t(r)] = gi;
+  }
+  peers_ = std::make_unique<PeerMesh>(id_, nranks_, rank_, listen_fd_, std::move(addrs), fd_, [this] { on_root(); },
+                                      [this] { return cancel_ && cancel_->cancelled(); });
+  listen_fd_ = -1;
+  arm_abort();
 }
 
-Bootstrap::~Bootstrap() { close_fd(); }
+Bootstrap::~Bootstrap() {
+  if (cancel_) cancel_->at_boundary(false);
+  // A goodbye first, with the all-gathers this rank completed: the others
+  // then finish what it took part in and fail what it did not.
+  if (fd_ >= 0 && !(cancel_ && cancel_->cancelled())) {
+    const std::string bye = root_.seal(kBye, 0, 0, ops_);
+    std::string why;  // whole or not at all (a part would read as an altered message): bounded, best effort
+    (void)write_full(fd_, bye.data(), bye.size(), Clock::now() + std::chrono::milliseconds(200), &why);
+  }
+  peers_.reset();
+  close_fd();
+  if (id_.comm_id) --g_comm_id_boots;
+}
 
-void Bootstrap::on_gone(Clock::time_point deadline) {
-  int32_t who[2] = {-1, kGoneDropped};
+// The abort message cancel() sends: this rank's next message to the root,
+// with the all-gathers it completed.
+void Bootstrap::arm_abort() {
+  if (!cancel_ || fd_ < 0) return;
+  Link next = root_;
+  cancel_->at_boundary(true, next.seal(kAbort, 0, 0, ops_));
+}
+
+void Bootstrap::report_fault(int32_t sender, int32_t cause) {
+  if (fd_ < 0) return;
+  if (cancel_) cancel_->at_boundary(false);
+  const std::string m = root_.seal(kFault, sender, cause, ops_);
   std::string why;
-  const bool read = read_full(fd_, who, sizeof who, deadline, &why);
-  const std::string peer = "rank " + std::to_string(who[0]);
-  std::string what;
-  if (!read)
-    what = "a rank left the job (" + why + ")";
-  else if (who[1] == kGoneAborted)
-    what = peer + " aborted its communicator";
-  else if (who[1] == kGoneClosed)
-    what = peer + "'s connection closed (process ended or communicator destroyed)";
-  else
-    what = peer + " was dropped by the rendezvous (it broke the bootstrap protocol)";
-  gone_ = "rank " + std::to_string(rank_) + ": " + what +
-          ", so this communicator's bootstrap exchanges (mkCommSplit, mkCommRegister, mkCommDeregister, "
-          "mkCommBootstrapBroadcast) can no longer complete; destroy or abort it";
-  close_fd();  // the rendezvous reads nothing more from us
-  fail(mkRemoteError, gone_);
+  (void)write_full(fd_, m.data(), m.size(), Clock::now() + std::chrono::seconds(1), &why);  // best effort
+  arm_abort();
+}
+
+void Bootstrap::broken(mkResult_t code, const std::string& what) {
+  gone_ = what;
+  gone_code_ = code;
+  fail(code, what);
+}
+
+void Bootstrap::root_altered() {
+  report_fault(-1, kGoneIntegrity);
+  const std::string what = "rank " + std::to_string(rank_) + ": " + message_between(-1, rank_) + kAltered;
+  if (!peers_) {  // still joining
+    close_fd();
+    fail(mkRemoteError, what);
+  }
+  broken(mkRemoteError, what);
+}
+
+void Bootstrap::begin(bool collective, int peer) {
+  if (!gone_.empty()) fail(gone_code_, gone_);
+  op_ = {collective, peer, Clock::now() + std::chrono::milliseconds(bootstrap_timeout_ms())};
+  if (cancel_ && cancel_->cancelled())
+    broken(mkInvalidUsage, "rank " + std::to_string(rank_) + ": the communicator was aborted");
+  drain_root();
+  check_verdict();
+}
+
+// Reads what the rendezvous has sent so far without waiting for more.
+void Bootstrap::drain_root() {
+  for (;;) {
+    if (fd_ < 0) return;
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) return;
+    on_root();
+  }
+}
+
+// The rendezvous's socket is readable: a verdict (a rank left or broke the
+// job), its end, or our own abort (cancel() shut the socket down). Throws
+// when the call in progress cannot complete any more.
+void Bootstrap::on_root() {
+  if (cancel_ && cancel_->cancelled())
+    broken(mkInvalidUsage, "rank " + std::to_string(rank_) + ": the communicator was aborted");
+  uint8_t head[kFrameHeadBytes];
+  std::string why;
+  const auto until = std::min(op_.deadline, Clock::now() + std::chrono::seconds(5));
+  FrameHeader h;
+  if (read_full(fd_, head, sizeof head, until, &why)) {
+    if (!root_.open_head(head, &h)) root_altered();
+    if (h.type != kGone)
+      broken(mkRemoteError, "rank " + std::to_string(rank_) + ": the rendezvous sent message type " +
+                                std::to_string(h.type) + " out of turn");
+    if (take_verdict(h, until)) return check_verdict();
+  } else {
+    why = "rendezvous closed its connection (" + why + ")";
+  }
+  // The rendezvous ended (its process did): nothing tells us any more who
+  // leaves, so no later all-gather is safe to wait for. The one in progress
+  // may still complete (the process may have ended normally right after
+  // it), within a short grace: if it crashed mid-way, its peers fail here
+  // soon instead of at the timeout.
+  if (peers_) peers_->forget_root();
+  close_fd();
+  const int32_t count = op_.collective ? ops_ + 1 : ops_;
+  if (!verdict_ || verdict_->count > count)
+    verdict_.reset(new Verdict{-1, kGoneClosed, count,
+                               "rank " + std::to_string(rank_) + ": the " + why +
+                                   ": the process that made the unique id (rank 0's with MK_COMM_ID) ended, so this "
+                                   "communicator's bootstrap exchanges can no longer complete; destroy or abort it"});
+  op_.deadline = std::min(op_.deadline, Clock::now() + std::chrono::seconds(2));
+  check_verdict();
+}
+
+// The rest of a kGone message: keeps it when it fails more all-gathers than
+// the one kept. False when the socket closed first.
+bool Bootstrap::take_verdict(const FrameHeader& h, Clock::time_point until) {
+  int32_t seen_by = -1;
+  std::string payload(sizeof seen_by, '\0'), why;
+  if (h.len != payload.size())
+    broken(mkRemoteError, "rank " + std::to_string(rank_) + ": the rendezvous sent a malformed message");
+  if (!read_full(fd_, payload.data(), payload.size(), until, &why)) return false;
+  if (!Link::payload_ok(h, payload)) root_altered();
+  std::memcpy(&seen_by, payload.data(), sizeof seen_by);
+  if (!verdict_ || h.c < verdict_->count)
+    verdict_.reset(new Verdict{h.a, h.b, h.c,
+                               "rank " + std::to_string(rank_) + ": " + gone_text(h.a, h.b, seen_by) +
+                                   ", so this communicator's bootstrap exchanges (mkCommSplit, mkCommRegister, "
+                                   "mkCommDeregister, mkCommBootstrapBroadcast) can no longer complete; destroy or "
+                                   "abort it"});
+  return true;
+}
+
+// An all-gather fails when the rank that left had not completed it (count:
+// how many it completed; -1 unknown). Point-to-point calls fail only when
+// their own peer is gone (PeerMesh says so: its messages come first).
+void Bootstrap::check_verdict() {
+  if (verdict_ && op_.collective && ops_ + 1 > verdict_->count) broken(mkRemoteError, verdict_->text);
+}
+
+void Bootstrap::on_peer_error(const std::exception& ex) {
+  const auto* e = dynamic_cast<const PeerMesh::Error*>(&ex);
+  if (!e) throw;
+  const std::string me = "rank " + std::to_string(rank_) + ": ";
+  const std::string peer = e->peer >= 0 ? "rank " + std::to_string(e->peer) : std::string("the other ranks");
+  switch (e->kind) {
+    case PeerMesh::Error::kLost: {
+      // The rendezvous names the cause (aborted, destroyed, ended) within
+      // about a round trip of the departure: wait for its word a little.
+      const auto until = std::min(op_.deadline, Clock::now() + std::chrono::seconds(2));
+      while (fd_ >= 0 && !(verdict_ && verdict_->rank == e->peer)) {
+        pollfd p{fd_, POLLIN, 0};
+        const int r = ::poll(&p, 1, ms_left(until));
+        if (r == 0) break;
+        if (r < 0 && errno != EINTR) break;
+        if (r > 0) on_root();  // closes fd_ when the rendezvous ended
+      }
+      if (verdict_ && verdict_->rank == e->peer) broken(mkRemoteError, verdict_->text);
+      broken(mkRemoteError, me + peer + "'s connection closed (process ended or communicator destroyed): " + e->why +
+                                ", so this communicator's bootstrap exchanges can no longer complete; destroy or "
+                                "abort it");
+    }
+    case PeerMesh::Error::kIntegrity:
+      report_fault(e->peer, kGoneIntegrity);
+      broken(mkRemoteError, me + message_between(e->peer, rank_) + kAltered);
+    case PeerMesh::Error::kProtocol:
+      report_fault(e->peer, kGoneDropped);
+      broken(mkRemoteError, me + peer + " broke the bootstrap protocol: " + e->why);
+    case PeerMesh::Error::kTimeout:
+    default:
+      if (verdict_ && verdict_->rank < 0) broken(mkRemoteError, verdict_->text);  // the rendezvous ended meanwhile
+      broken(mkRemoteError, me + "waiting for " + peer + " during setup: timed out after " +
+                                std::to_string(bootstrap_timeout_ms()) + " ms (MK_BOOTSTRAP_TIMEOUT_MS)");
+  }
 }
 
 std::vector<std::string> Bootstrap::allgather(const std::string& mine) {
   if (mine.size() > kMaxBlobBytes)
     fail(mkInvalidArgument, "bootstrap all-gather: " + std::to_string(mine.size()) + " bytes exceed the limit of " +
                                 std::to_string(kMaxBlobBytes) + " bytes per rank");
-  if (!gone_.empty()) fail(mkRemoteError, gone_);
-  std::string why;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(bootstrap_timeout_ms());
-  uint64_t len = mine.size();
-  if (cancel_) cancel_->at_boundary(false);  // an abort now only shuts the socket down
-  if (!write_full(fd_, &len, sizeof len, deadline, &why) || !write_full(fd_, mine.data(), mine.size(), deadline, &why))
-    fail(mkSystemError, "rank " + std::to_string(rank_) + ": bootstrap send failed: " + why);
-  if (cancel_) cancel_->at_boundary(true);
-  std::vector<std::string> all(static_cast<size_t>(nranks_));
-  for (int r = 0; r < nranks_; ++r) {
-    uint64_t n = 0;
-    if (!read_full(fd_, &n, sizeof n, deadline, &why))
-      fail(mkRemoteError, "rank " + std::to_string(rank_) + ": waiting for the other ranks during setup: " + why);
-    if (n == kGoneMark) on_gone(deadline);
-    if (n > kMaxBlobBytes)
-      fail(mkRemoteError, "rank " + std::to_string(rank_) + ": the rendezvous sent a " + std::to_string(n) +
-                              "-byte blob for rank " + std::to_string(r) + ", over the " +
-                              std::to_string(kMaxBlobBytes) + "-byte limit");
-    all[size_t(r)].resize(n);
-    if (n && !read_full(fd_, all[size_t(r)].data(), n, deadline, &why))
-      fail(mkRemoteError, "rank " + std::to_string(rank_) + ": waiting for the other ranks during setup: " + why);
+  begin(/*collective=*/true, -1);
+  std::vector<std::string> all;
+  if (nranks_ == 1) {
+    all = {mine};
+  } else {
+    try {
+      all = relay_ ? relay_allgather(mine) : direct_allgather(mine);
+    } catch (const PeerMesh::Error& e) {
+      on_peer_error(e);
+    }
   }
+  ++ops_;
+  arm_abort();
   return all;
+}
+
+namespace {
+
+enum Phase : int32_t { kUp = 0, kAcross = 1, kDown = 2 };  // the c field of kGather messages
+
+// Takes `count` parts out of an all-gather message from `who`, checked to be
+// of the phase and step due.
+void take_parts(const PeerMesh::Frame& f, int who, int32_t phase, int32_t step, int count,
+                std::vector<std::string>* into, uint64_t* bytes) {
+  auto bad = [&](const std::string& why) { throw PeerMesh::Error(PeerMesh::Error::kProtocol, who, why); };
+  if (f.h.type != kGather || f.h.c != phase || f.h.a != step || f.h.b != count)
+    bad("it sent message type " + std::to_string(f.h.type) + " (phase " + std::to_string(f.h.c) + ", step " +
+        std::to_string(f.h.a) + ", " + std::to_string(f.h.b) + " parts) where phase " + std::to_string(phase) +
+        ", step " + std::to_string(step) + " of an all-gather with " + std::to_string(count) +
+        " parts was due (do all ranks make the same bootstrap calls?)");
+  const std::string wrong = parse_parts(f.payload, count, into, bytes);
+  if (!wrong.empty()) bad(wrong);
+}
+
+}  // namespace
+
+// The direct all-gather, in three phases over rank-to-rank connections:
+//   up      each rank sends its part to its group's leader (a group: at
+//           most kGroupRanks ranks that announced the same host address,
+//           in rank order; the leader is the lowest);
+//   across  the leaders run Bruck's all-gather on whole groups: in step k
+//           (distance d = 2^k) leader l sends the groups it holds, those of
+//           leaders l .. l+d-1, to leader l-d and receives those of l+d ..
+//           l+2d-1 from leader l+d (mod L leaders; the last step only what
+//           is missing);
+//   down    each leader sends every part to its group, one buffer.
+// Why: the cost of the bootstrap's small all-gathers (a few hundred bytes a
+// rank) is sequential messages and process wake-ups, not bytes. Bruck alone
+// over all n ranks takes ceil(log2 n) rounds in which every process wakes
+// (a ring: n-1): at n = 1024 on one host that is 10 wake-ups of 1024
+// processes sharing its CPUs, where the groups need 2 for most ranks. Across
+// hosts only leaders talk, in ceil(log2 L) rounds, and no socket carries
+// more than a group's share (a leader sends n parts to each of its at most
+// kGroupRanks ranks), where the root relay sent all n^2 through one.
+std::vector<std::string> Bootstrap::direct_allgather(const std::string& mine) {
+  const int n = nranks_;
+  const int g = group_of_[size_t(rank_)];
+  const std::vector<int>& group = groups_[size_t(g)];
+  uint64_t bytes = mine.size();
+  if (rank_ != group[0]) {
+    std::string up;
+    append_parts(&up, {mine});
+    peers_->post(group[0], kGather, 0, 1, kUp, std::move(up));
+    const PeerMesh::Frame f = peers_->next(group[0], op_.deadline);
+    std::vector<std::string> all;
+    all.reserve(size_t(n));
+    take_parts(f, group[0], kDown, 0, n, &all, &bytes);
+    peers_->flush(op_.deadline);
+    return all;
+  }
+  const std::vector<int> members(group.begin() + 1, group.end());
+  const int nl = int(groups_.size());
+  std::vector<std::vector<std::string>> held(1);  // held[i]: the parts of group (g + i) % nl, in rank order
+  held[0].push_back(mine);
+  const std::vector<PeerMesh::Frame> ups = peers_->next_each(members, op_.deadline);
+  for (size_t j = 0; j < ups.size(); ++j) take_parts(ups[j], members[j], kUp, 0, 1, &held[0], &bytes);
+  for (int k = 0, d = 1; d < nl; ++k, d *= 2) {
+    const int to = (g - d + nl) % nl, from = (g + d) % nl, count = std::min(d, nl - d);
+    std::string out;
+    int sent = 0, due = 0;
+    for (int i = 0; i < count; ++i) {
+      append_parts(&out, held[size_t(i)]);
+      sent += int(held[size_t(i)].size());
+      due += int(groups_[size_t((from + i) % nl)].size());
+    }
+    peers_->post(groups_[size_t(to)][0], kGather, k, sent, kAcross, std::move(out));
+    const PeerMesh::Frame f = peers_->next(groups_[size_t(from)][0], op_.deadline);
+    std::vector<std::string> parts;
+    take_parts(f, groups_[size_t(from)][0], kAcross, k, due, &parts, &bytes);
+    size_t at = 0;
+    for (int i = 0; i < count; ++i) {
+      const size_t size = groups_[size_t((from + i) % nl)].size();
+      held.emplace_back(std::make_move_iterator(parts.begin() + long(at)),
+                        std::make_move_iterator(parts.begin() + long(at + size)));
+      at += size;
+    }
+  }
+  std::vector<std::string> all(static_cast<size_t>(n));
+  for (int i = 0; i < nl; ++i) {
+    const std::vector<int>& ranks = groups_[size_t((g + i) % nl)];
+    for (size_t j = 0; j < ranks.size(); ++j) all[size_t(ranks[j])] = std::move(held[size_t(i)][j]);
+  }
+  if (!members.empty()) {
+    std::string down;
+    append_parts(&down, all);
+    const Digest digest = sha256(down.data(), down.size());
+    auto shared = std::make_shared<const std::string>(std::move(down));
+    for (int m : members) peers_->post(m, kGather, 0, n, kDown, shared, digest);
+  }
+  peers_->flush(op_.deadline);  // what this rank sent reaches its peers also if it leaves now
+  return all;
+}
+
+// MK_BOOTSTRAP_RELAY=1: this rank's part to the root, every part back from it.
+std::vector<std::string> Bootstrap::relay_allgather(const std::string& mine) {
+  std::string why;
+  const std::string me = "rank " + std::to_string(rank_) + ": ";
+  if (cancel_) cancel_->at_boundary(false);  // an abort now only shuts the socket down
+  const std::string blob = root_.seal(kBlob, 0, 0, 0, mine);
+  if (!write_full(fd_, blob.data(), blob.size(), op_.deadline, &why))
+    broken(mkSystemError, me + "bootstrap send failed: " + why);
+  arm_abort();
+  uint8_t head[kFrameHeadBytes];
+  for (;;) {
+    if (!read_full(fd_, head, sizeof head, op_.deadline, &why)) {
+      if (cancel_ && cancel_->cancelled()) broken(mkInvalidUsage, me + "the communicator was aborted");
+      broken(mkRemoteError, me + "waiting for the other ranks during setup: " + why);
+    }
+    FrameHeader h;
+    if (!root_.open_head(head, &h)) root_altered();
+    if (h.type == kGone) {  // the rest of it, then the verdict fails this call
+      if (!take_verdict(h, op_.deadline)) broken(mkRemoteError, me + "a rank left the job (" + why + ")");
+      check_verdict();
+    }
+    if (h.type != kRound || h.len > kMaxRoundBytes + uint64_t(nranks_) * 8)
+      broken(mkRemoteError, me + "the rendezvous sent message type " + std::to_string(h.type) + " of " +
+                                std::to_string(h.len) + " bytes where an all-gather round was due");
+    std::string round(h.len, '\0');
+    if (!read_full(fd_, round.data(), round.size(), op_.deadline, &why))
+      broken(mkRemoteError, me + "waiting for the other ranks during setup: " + why);
+    if (!Link::payload_ok(h, round)) root_altered();
+    std::vector<std::string> all;
+    all.reserve(size_t(nranks_));
+    uint64_t bytes = 0;
+    const std::string wrong = parse_parts(round, nranks_, &all, &bytes);
+    if (!wrong.empty()) broken(mkRemoteError, me + "the rendezvous sent " + wrong);
+    return all;
+  }
+}
+
+void Bootstrap::send(int peer, const std::string& bytes) {
+  if (peer < 0 || peer >= nranks_ || peer == rank_)
+    fail(mkInvalidArgument, "bootstrap send: peer " + std::to_string(peer) + " is not another rank of " +
+                                std::to_string(nranks_));
+  if (bytes.size() > kMaxBlobBytes)
+    fail(mkInvalidArgument, "bootstrap send: " + std::to_string(bytes.size()) + " bytes exceed the limit of " +
+                                std::to_string(kMaxBlobBytes));
+  begin(/*collective=*/false, peer);
+  try {
+    peers_->post(peer, kSend, 0, 0, 0, bytes);
+    peers_->flush(op_.deadline);
+  } catch (const PeerMesh::Error& e) {
+    on_peer_error(e);
+  }
+}
+
+std::string Bootstrap::recv(int peer) {
+  if (peer < 0 || peer >= nranks_ || peer == rank_)
+    fail(mkInvalidArgument, "bootstrap recv: peer " + std::to_string(peer) + " is not another rank of " +
+                                std::to_string(nranks_));
+  begin(/*collective=*/false, peer);
+  try {
+    PeerMesh::Frame f = peers_->next(peer, op_.deadline);
+    if (f.h.type != kSend)
+      throw PeerMesh::Error(PeerMesh::Error::kProtocol, peer,
+                            "it sent an all-gather message where this rank expected its send (do both ranks make the "
+                            "same bootstrap calls?)");
+    return std::move(f.payload);
+  } catch (const PeerMesh::Error& e) {
+    on_peer_error(e);
+  }
 }
 
 }  // namespace mk::rt

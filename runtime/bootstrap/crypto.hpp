@@ -2,6 +2,8 @@
 // the job's own processes from everybody else: SHA-256 (FIPS 180-4),
 // HMAC-SHA256 (RFC 2104), bytes from the kernel's CSPRNG and a constant-time
 // comparison. No dependency on OpenSSL; tested against the standard vectors.
+// SHA-256 runs on the CPU's SHA extensions where it has them (x86 SHA-NI,
+// checked at run time), else on portable code; both give the same digests.
 #pragma once
 
 #include <array>
@@ -22,7 +24,7 @@ class Sha256 {
   Digest finish();
 
  private:
-  void block(const uint8_t* p);
+  void blocks(const uint8_t* p, size_t n);
   uint32_t h_[8];
   uint8_t buf_[64];
   size_t buffered_ = 0;
@@ -30,6 +32,10 @@ class Sha256 {
 };
 
 Digest sha256(const void* data, size_t n);
+// Whether SHA-256 uses the CPU's SHA extensions now.
+bool sha256_accelerated();
+// For tests: the portable code even where the extensions exist.
+void sha256_force_portable(bool on);
 // HMAC-SHA256 of the concatenation of `parts` under `key` (any key length).
 Digest hmac_sha256(const void* key, size_t key_len, std::initializer_list<std::string_view> parts);
 

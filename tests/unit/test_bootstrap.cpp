@@ -25,6 +25,7 @@
 #include "runtime/memory/ipc.hpp"
 #include "runtime/api/status.hpp"
 #include "tests/scoped.hpp"
+#include "tests/unit/test_bootstrap_util.hpp"
 
 using namespace mk;
 using Clock = std::chrono::steady_clock;
@@ -99,26 +100,15 @@ int run_ranks(const mkUniqueId& id, int n, int skip = -1) {
   return ok.load();
 }
 
-// The protocol's hello (a wire format: magic "MKHE", nranks, rank, nonce).
-std::string hello_bytes(const rt::IdContents& c, int32_t nranks, int32_t rank) {
-  std::string h(4 + 4 + 4 + 16, '\0');
-  uint32_t magic = 0x4d4b4845;
-  std::memcpy(h.data(), &magic, 4);
-  std::memcpy(h.data() + 4, &nranks, 4);
-  std::memcpy(h.data() + 8, &rank, 4);
-  std::memcpy(h.data() + 12, c.nonce, 16);
-  return h;
-}
-
-// Connects and authenticates like a real rank would, without the Bootstrap class.
-int authenticated_raw(const mkUniqueId& id) {
-  rt::IdContents c = rt::bootstrap_decode(id);
-  int s = connect_tcp(c);
-  REQUIRE(s >= 0);
-  std::string why;
-  REQUIRE(rt::client_handshake(s, c.secret, rt::Channel::kBootstrap, Clock::now() + std::chrono::seconds(5), &why) ==
-          rt::ClientAuth::kOk);
-  return s;
+// Connects and authenticates like a real rank would, without the Bootstrap
+// class, and sends the hello of rank `rank` of `nranks` (its peer listener:
+// `listener`, never served).
+mkt::boot::RawConn raw_rank(const mkUniqueId& id, int32_t nranks, int32_t rank, const rt::SockAddr& listener,
+                            uint32_t flags = 0) {
+  const rt::IdContents c = rt::bootstrap_decode(id);
+  mkt::boot::RawConn conn(c.address(), c.secret, rt::Channel::kBootstrap);
+  REQUIRE(conn.send(rt::proto::kHello, 0, 0, 0, mkt::boot::hello_payload(c, nranks, rank, listener, flags)));
+  return conn;
 }
 
 bool send_all(int s, const std::string& bytes) {
@@ -427,14 +417,16 @@ TEST_CASE("bootstrap: a hello with nranks = 2^30 is refused without taking a slo
   ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "10000");
   mkUniqueId id;
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
-  int s = authenticated_raw(id);
-  REQUIRE(send_all(s, hello_bytes(rt::bootstrap_decode(id), int32_t(1) << 30, 0)));
-  int32_t status = 0;
-  std::string why;
-  REQUIRE(rt::read_full(s, &status, sizeof status, Clock::now() + std::chrono::seconds(3), &why));
-  CHECK(status != 0);
-  CHECK(closed_within(s, 2000));
-  ::close(s);
+  rt::SockAddr unused;
+  const int l = mkt::boot::loopback_listener(&unused);
+  mkt::boot::RawConn s = raw_rank(id, int32_t(1) << 30, 0, unused);
+  rt::FrameHeader h;
+  std::string payload;
+  REQUIRE(s.read(&h, &payload, 3000));
+  CHECK(h.type == rt::proto::kStatus);
+  CHECK(h.a == rt::proto::kOutOfRange);
+  CHECK(closed_within(s.fd, 2000));
+  ::close(l);
   CHECK(run_ranks(id, 2) == 2);
   // The client side checks the same bound before connecting.
   CHECK_THROWS_WITH_AS(rt::Bootstrap(id, 1 << 30, 0), doctest::Contains("65536"), rt::RtError);
@@ -462,39 +454,70 @@ TEST_CASE("bootstrap: ranks that disagree on nranks are told so, and the job sti
 }
 
 TEST_CASE("bootstrap: a blob length over the limit is refused, not allocated") {
+  // A member of the job (it has the id) that announces a huge part of an
+  // all-gather: relayed, at the root; direct, at the rank it sends to. Both
+  // refuse the length before allocating (the old root allocated up to 1 GiB
+  // and waited for the bytes) and the other rank fails at once, not at its
+  // timeout.
   ScopedEnv env("MK_BOOTSTRAP_TIMEOUT_MS", "5000");
-  for (uint64_t len : {uint64_t(512) << 20, uint64_t(1) << 40}) {
-    CAPTURE(len);
-    mkUniqueId id;
-    REQUIRE(mkGetUniqueId(&id) == mkSuccess);
-    const auto t0 = Clock::now();
-    std::thread rank1([&] {
-      try {
-        rt::Bootstrap b(id, 2, 1);
-        CHECK_THROWS_AS(b.allgather("x"), rt::RtError);  // rank 0 misbehaved: the job fails, it does not hang
-      } catch (const std::exception& e) {
-        FAIL_CHECK("rank 1: " << std::string(e.what()));
+  for (const bool relay : {true, false})
+    for (uint64_t len : {uint64_t(512) << 20, uint64_t(1) << 40}) {
+      CAPTURE(relay);
+      CAPTURE(len);
+      ScopedEnv relaying("MK_BOOTSTRAP_RELAY", relay ? "1" : "0");
+      mkUniqueId id;
+      REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+      const auto t0 = Clock::now();
+      std::string rank1_error;
+      std::thread rank1([&] {
+        try {
+          rt::Bootstrap b(id, 2, 1);
+          b.allgather("x");  // rank 0 misbehaved: the job fails, it does not hang
+        } catch (const std::exception& e) {
+          rank1_error = e.what();
+        }
+      });
+      struct Join {
+        std::thread& t;
+        ~Join() {
+          if (t.joinable()) t.join();  // also when a REQUIRE below fails
+        }
+      } join{rank1};
+      rt::SockAddr unused;
+      const int l = mkt::boot::loopback_listener(&unused);
+      mkt::boot::RawConn s = raw_rank(id, 2, 0, unused, relay ? rt::proto::kHelloRelay : 0);
+      rt::FrameHeader h;
+      std::string table;
+      REQUIRE(s.read(&h, &table, 3000));
+      REQUIRE(h.type == rt::proto::kStatus);
+      REQUIRE(h.a == rt::proto::kJoined);
+      REQUIRE(table.size() == 2 * sizeof(rt::WireAddr));
+      const rt::Digest any{};
+      if (relay) {
+        REQUIRE(s.send_bytes(s.link.seal_head(rt::proto::kBlob, 0, 0, 0, len, any) + "some bytes"));
+        CHECK(closed_within(s.fd, 2000));
+      } else {
+        // rank 1's listener, as the root told us; rank 0 sends to rank 1 first (Bruck's step 0)
+        rt::WireAddr w;
+        std::memcpy(&w, table.data() + sizeof w, sizeof w);
+        rt::SockAddr at;
+        REQUIRE(rt::from_wire(w, &at));
+        mkt::boot::RawConn peer(at, rt::bootstrap_decode(id).secret, rt::Channel::kPeer);
+        const rt::IdContents c = rt::bootstrap_decode(id);
+        REQUIRE(peer.send(rt::proto::kPeerHello, 0, 2, 0, std::string(reinterpret_cast<const char*>(c.nonce), 16)));
+        REQUIRE(peer.read(&h, &table, 3000));
+        CHECK(h.type == rt::proto::kPeerWelcome);
+        REQUIRE(peer.send_bytes(peer.link.seal_head(rt::proto::kGather, 0, 1, 0, len, any) + "some bytes"));
+        rank1.join();  // before `peer` closes: it fails on the length, not on the end of the connection
       }
-    });
-    struct Join {
-      std::thread& t;
-      ~Join() {
-        if (t.joinable()) t.join();  // also when a REQUIRE below fails
-      }
-    } join{rank1};
-    int s = authenticated_raw(id);
-    REQUIRE(send_all(s, hello_bytes(rt::bootstrap_decode(id), 2, 0)));
-    int32_t status = -1;
-    std::string why;
-    REQUIRE(rt::read_full(s, &status, sizeof status, Clock::now() + std::chrono::seconds(3), &why));
-    REQUIRE(status == 0);
-    std::string prefix(reinterpret_cast<const char*>(&len), sizeof len);
-    REQUIRE(send_all(s, prefix + "some bytes"));
-    CHECK(closed_within(s, 2000));  // the old root allocated up to 1 GiB and waited for the bytes
-    ::close(s);
-    rank1.join();
-    CHECK(seconds_since(t0) < 4.0);
-  }
+      if (rank1.joinable()) rank1.join();
+      ::close(l);
+      CHECK(seconds_since(t0) < 4.0);
+      // relayed, the root drops rank 0 and tells rank 1 so; direct, rank 1 refused it itself
+      CHECK_MESSAGE(rank1_error.find(relay ? "rank 0 was dropped by the rendezvous" : "over the limit") !=
+                        std::string::npos,
+                    rank1_error);
+    }
   // A rank cannot send more than the limit either.
   mkUniqueId id;
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
