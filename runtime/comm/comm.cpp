@@ -264,7 +264,7 @@ void start_network(Comm& c) {
   pc.abort_word = &c.host->abort;
   // A failed connection aborts the communicator: this node's ranks learn it
   // through their abort words, the other nodes' as this rank's connections close.
-  pc.on_failure = [comm = &c] { comm->raise_abort(); };
+  pc.on_failure = [comm = &c] { comm->stop_kernels(); };
   c.proxy = std::make_unique<Proxy>(*c.net, 0, pc);
   const auto all = c.boot->allgather(
       std::string(reinterpret_cast<const char*>(c.proxy->handle().bytes), net::kHandleBytes));
@@ -624,6 +624,10 @@ mkResult_t Comm::poll_async_error() {
 
 void Comm::raise_abort() {
   boot_cancel.cancel();  // a call or init blocked in the bootstrap returns now
+  stop_kernels();
+}
+
+void Comm::stop_kernels() {
   // While a nonblocking init runs, its thread owns the fields below (it
   // stops at its next check of `closing`).
   if (state.load() == int(CommState::initializing)) return;

@@ -407,6 +407,10 @@ class Comm : public CommLife, public CommIdentity, public CommPeers, public Comm
   // entry; and interrupts a bootstrap wait. Bounded; best effort (a peer may
   // be gone). Safe while a nonblocking init is still running.
   void raise_abort();
+  // raise_abort without interrupting the bootstrap: what the network proxy
+  // does when a connection fails (the bootstrap fails by itself, naming the
+  // rank, if that rank left; a rank still in a bootstrap exchange finishes it).
+  void stop_kernels();
   // Waits until this communicator's kernels are done, at most `bound_ms`
   // (<0: no bound). False if the bound passed.
   bool wait_idle(int64_t bound_ms);

@@ -217,9 +217,11 @@ TEST_CASE("proxy: a killed peer fails the survivor's proxy naming it and sets th
   if (!mkt::use_fake()) return;
   mkUniqueId id;
   REQUIRE(mkGetUniqueId(&id) == mkSuccess);
-  int up[2], go[2];  // victim -> parent: connected; parent -> survivor: the victim is dead
+  int up[2], go[2], got[2];  // victim -> parent: its messages left; parent -> survivor: the victim is dead;
+                             // survivor -> parent: the victim's messages arrived (a kill could drop them)
   REQUIRE(::pipe(up) == 0);
   REQUIRE(::pipe(go) == 0);
+  REQUIRE(::pipe(got) == 0);
   const pid_t victim = fork_rank([&] {
     Rank me(id, 1, 2);
     const dev::NetConnDev out = me.proxy->add_send(0, 0, kMaxPut);
@@ -237,6 +239,7 @@ TEST_CASE("proxy: a killed peer fails the survivor's proxy naming it and sets th
     const dev::NetConnDev out = me.proxy->add_send(0, 1, kMaxPut);
     dev_signal(out, 9, 1, &me.abort_word);
     if (!dev_wait(me, 9, 1)) return 2;
+    (void)!::write(got[1], "s", 1);
     char c;
     if (::read(go[0], &c, 1) != 1) return 3;
     const auto t0 = Clock::now();  // keep sending until the proxy notices
@@ -252,11 +255,12 @@ TEST_CASE("proxy: a killed peer fails the survivor's proxy naming it and sets th
   });
   char c;
   REQUIRE(::read(up[0], &c, 1) == 1);
+  REQUIRE(::read(got[0], &c, 1) == 1);
   ::kill(victim, SIGKILL);
   join(victim);
   (void)!::write(go[1], "r", 1);
   CHECK(join(survivor) == 0);
-  for (int fd : {up[0], up[1], go[0], go[1]}) ::close(fd);
+  for (int fd : {up[0], up[1], go[0], go[1], got[0], got[1]}) ::close(fd);
 }
 
 TEST_CASE("proxy: a peer that stops reading fails the sender within the timeout instead of hanging it") {

@@ -619,7 +619,10 @@ TEST_CASE("bootstrap: ranks that disagree on MK_BOOTSTRAP_RELAY are told so") {
     const auto t0 = Clock::now();
     while (counter.bytes(0) < 68 + 128 && seconds_since(t0) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     REQUIRE(counter.bytes(0) >= 68 + 128);  // its handshake and hello
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // The root must have taken that hello before rank 1's (else rank 1 fixes
+    // the mode and rank 0 is the one refused, and rank 1 waits): generous on
+    // a loaded machine (20 ms failed once on CI's 2 cores).
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   CHECK_THROWS_WITH_AS(rt::Bootstrap(id, 2, 1), doctest::Contains("MK_BOOTSTRAP_RELAY differs"), rt::RtError);
   {
