@@ -470,14 +470,17 @@ void PeerMesh::accept_new() {
         listen_pause_until_ = Clock::now() + std::chrono::milliseconds(20);
       return;
     }
+    // Only connections still in the handshake count and go: one that proved
+    // the secret (waiting for its hello) is a rank's, never evicted (a
+    // group's leader takes up to 63 members and its Bruck partners at once).
     size_t live = 0;
-    for (auto& p : pending_) live += p && p->st != Conn::St::kDead;
+    for (auto& p : pending_) live += p && p->st == Conn::St::kServerHs;
     if (live >= size_t(kMaxPendingPeers)) {
       Conn* victim = nullptr;
       for (auto& p : pending_)
         if (p && p->st == Conn::St::kServerHs && p->shs->want() == kClientHelloBytes && !victim) victim = p.get();
       for (auto& p : pending_)
-        if (p && p->st != Conn::St::kDead && !victim) victim = p.get();
+        if (p && p->st == Conn::St::kServerHs && !victim) victim = p.get();
       if (victim) drop_pending(*victim, "was evicted: too many connections had not authenticated");
     }
     int one = 1;

@@ -41,7 +41,7 @@ namespace mk::rt {
 
 struct IdContents;
 
-constexpr int kMaxPendingPeers = 64;
+constexpr int kMaxPendingPeers = 256;
 
 class PeerMesh {
  public:
