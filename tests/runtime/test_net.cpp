@@ -23,6 +23,7 @@
 #include "runtime/api/status.hpp"
 #include "runtime/transport/net/iface.hpp"
 #include "runtime/transport/net/net.hpp"
+#include "tests/runtime/forked.hpp"
 
 namespace {
 
@@ -120,37 +121,8 @@ Request* post(const std::function<Request*()>& f) {
   }
 }
 
-// Runs `body` in a child process; its exit status (0: passed) comes back
-// from join(). Exceptions in the child print and exit 1.
-pid_t child(const std::function<int()>& body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int rc = 1;
-    try {
-      rc = body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child: %s\n", e.what());
-    }
-    std::fflush(stderr);
-    _exit(rc);
-  }
-  REQUIRE(pid > 0);
-  return pid;
-}
-
-int join(pid_t pid, int ms = 60000) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
-  int st = 0;
-  while (::waitpid(pid, &st, WNOHANG) != pid) {
-    if (Clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &st, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+pid_t child(const std::function<int()>& body) { return mkt::fork_child(body, "child"); }
+int join(pid_t pid, int ms = 60000) { return mkt::join_child(pid, ms); }
 
 // The error a failing call throws: its code and text.
 struct Thrown {

@@ -20,6 +20,7 @@
 #include "runtime/driver/cuda_driver.hpp"
 #include "runtime/proxy/proxy.hpp"
 #include "runtime/transport/net/net.hpp"
+#include "tests/runtime/forked.hpp"
 #include "templates/net.cuh"
 #include "tests/runtime/fake.hpp"
 
@@ -113,35 +114,8 @@ bool dev_wait(Rank& r, uint32_t idx, uint64_t value, int ms = 20000) {
               &r.abort_word, ms);
 }
 
-pid_t fork_rank(const std::function<int()>& body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int rc = 1;
-    try {
-      rc = body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "rank process: %s\n", e.what());
-    }
-    std::fflush(stderr);
-    _exit(rc);
-  }
-  REQUIRE(pid > 0);
-  return pid;
-}
-
-int join(pid_t pid, int ms = 60000) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
-  int st = 0;
-  while (::waitpid(pid, &st, WNOHANG) != pid) {
-    if (Clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &st, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+pid_t fork_rank(const std::function<int()>& body) { return mkt::fork_child(body, "rank process"); }
+int join(pid_t pid, int ms = 60000) { return mkt::join_child(pid, ms); }
 
 // Flag words: 8 + r (data from rank r landed: the tile number), 16 + r
 // (credit from rank r: it consumed that tile). Scratch: two slots per sender.
