@@ -90,7 +90,7 @@ RankInfo local_info(const Comm& c) {
   RankInfo me{};
   std::optional<std::string> id;
   try {
-    id = env::host_id();
+    id = env::host_id(c.rank, c.nranks);
   } catch (const RtError&) {
     // a bad MK_HOST_ID fails init on every rank (settings_of, in the exchange of settings)
   }
@@ -177,11 +177,11 @@ std::unique_ptr<Transport> check_peers(Comm& c, const std::vector<RankInfo>& all
     return nullptr;
   }
   fail(mkInvalidUsage, fmt::format("the ranks sit on {} nodes: rank {} runs on host '{:.64}' and rank {} on "
-                                   "'{:.64}'{}, which no transport of this build connects (p2p reaches one node); "
-                                   "communicators spanning nodes need the network transport, which this build does "
-                                   "not include yet (the NCCL-compatible library and mkernel.torch hand them to "
-                                   "NCCL; with the C API, give config spanNodes = MK_SPAN_NODES_BOOTSTRAP for a "
-                                   "bootstrap-only communicator)",
+                                   "'{:.64}'{}, and memory (p2p) reaches one node: set MK_NET=socket (or verbs, or "
+                                   "MK_NET_PLUGIN=...) alike on every rank for the network transport "
+                                   "(docs/multi-node.md); without it the NCCL-compatible library and mkernel.torch "
+                                   "hand such communicators to NCCL, and with the C API config spanNodes = "
+                                   "MK_SPAN_NODES_BOOTSTRAP gives a bootstrap-only communicator",
                                    c.nodes, reach.a, a.host, reach.b, b.host, named ? " (MK_HOST_ID)" : ""));
 }
 
@@ -189,7 +189,7 @@ std::unique_ptr<Transport> check_peers(Comm& c, const std::vector<RankInfo>& all
 // (MK_SCHEDULES, then its config's list), so that MK_ALGO and MK_SELECT_FILE
 // can name them, and proved for its rank count after. Throws RtError.
 std::vector<std::pair<std::string, std::string>> settings_of(const CommConfig& cfg, int nranks) {
-  (void)env::host_id();  // a bad MK_HOST_ID (not agreed: it differs between nodes by design)
+  (void)env::host_id(0, nranks);  // a bad MK_HOST_ID (not agreed: it differs between nodes by design)
   env_schedules();
   const std::string own = config_schedules(cfg.schedules);
   auto s = env::plan_shaping_settings();
@@ -258,7 +258,7 @@ void start_network(Comm& c) {
   pc.arena = c.arena->base();
   pc.arena_bytes = c.arena->size();
   pc.flag_bytes = uint64_t(std::min<int64_t>(c.config.flag_bytes, int64_t(c.arena->size())));
-  pc.entries = 2;
+  pc.entries = uint32_t(env::net_depth());
   pc.max_put_bytes = uint64_t(16) << 20;  // bounds a peer's puts (each connection announces its own largest)
   pc.timeout_ms = int64_t(c.config.timeout_ns / 1000000);
   pc.abort_word = &c.host->abort;
@@ -266,6 +266,7 @@ void start_network(Comm& c) {
   // through their abort words, the other nodes' as this rank's connections close.
   pc.on_failure = [comm = &c] { comm->stop_kernels(); };
   c.proxy = std::make_unique<Proxy>(*c.net, 0, pc);
+  if (!c.boot) return;  // ranks of one process (comm_init_all): it hands the handles round
   const auto all = c.boot->allgather(
       std::string(reinterpret_cast<const char*>(c.proxy->handle().bytes), net::kHandleBytes));
   std::vector<net::Handle> handles(all.size());
@@ -438,6 +439,11 @@ void comm_init_all(const std::vector<std::shared_ptr<Comm>>& comms, const std::v
   std::vector<RankInfo> all;
   for (auto& c : comms) all.push_back(local_info(*c));
   for (int r = 0; r < n; ++r) connect(*comms[size_t(r)], all, shared ? &(*shared)[size_t(r)] : nullptr);
+  if (n > 0 && comms[0]->spans_network) {  // ranks of one process on several nodes (MK_HOST_ID=a,b,...)
+    std::vector<net::Handle> handles;
+    for (auto& c : comms) handles.push_back(c->proxy->handle());
+    for (auto& c : comms) c->proxy->set_peer_handles(handles);
+  }
   auto clique = std::make_shared<Clique>();
   for (auto& c : comms) clique->members.push_back(c.get());
   for (auto& c : comms) {

@@ -115,11 +115,34 @@ int32_t bootstrap_timeout_ms() {
 std::optional<std::string> host_id() {
   const auto v = raw("MK_HOST_ID");
   if (!v || v->empty()) return std::nullopt;
-  if (v->size() > 63) invalid("MK_HOST_ID", v->substr(0, 80) + "...", "at most 63 characters");
-  for (char ch : *v)
-    if (ch <= ' ' || ch > '~')
-      invalid("MK_HOST_ID", *v, "expected printable ASCII characters without spaces (a node's name)");
+  if (v->size() > 4096) invalid("MK_HOST_ID", v->substr(0, 80) + "...", "at most 4096 characters");
+  size_t at = 0;
+  do {  // one name, or a list of names separated by commas (one per rank)
+    const size_t comma = std::min(v->find(',', at), v->size());
+    const std::string name = v->substr(at, comma - at);
+    if (name.empty() || name.size() > 63)
+      invalid("MK_HOST_ID", *v, "expected node names of 1..63 characters (one, or one per rank separated by commas)");
+    for (char ch : name)
+      if (ch <= ' ' || ch > '~')
+        invalid("MK_HOST_ID", *v, "expected printable ASCII characters without spaces (a node's name)");
+    at = comma + 1;
+  } while (at <= v->size());
   return v;
+}
+std::optional<std::string> host_id(int rank, int nranks) {
+  auto v = host_id();
+  if (!v || v->find(',') == std::string::npos) return v;
+  std::vector<std::string> names;
+  for (size_t at = 0; at <= v->size();) {
+    const size_t comma = std::min(v->find(',', at), v->size());
+    names.push_back(v->substr(at, comma - at));
+    at = comma + 1;
+  }
+  if (int(names.size()) != nranks)
+    invalid("MK_HOST_ID", v->size() > 80 ? v->substr(0, 80) + "..." : *v,
+            "a list names one node per rank: " + std::to_string(names.size()) + " names for a communicator of " +
+                std::to_string(nranks) + " ranks");
+  return names[size_t(rank)];
 }
 bool zero_copy() { return get_bool("MK_ZERO_COPY", true); }
 bool pdl() { return get_bool("MK_PDL", true); }
@@ -192,6 +215,12 @@ std::string net_transport() {
     return *v;
   }
   fail(mkInvalidArgument, fmt::format("MK_NET='{}': expected socket, verbs or plugin (with MK_NET_PLUGIN)", *v));
+}
+
+int net_depth() {
+  const int64_t d = get_int("MK_NET_DEPTH", 8, 2, 16);
+  if (d & (d - 1)) invalid("MK_NET_DEPTH", std::to_string(d), "expected a power of two in 2..16");
+  return int(d);
 }
 
 std::vector<std::pair<std::string, std::string>> plan_shaping_settings() {

@@ -33,6 +33,10 @@ namespace mk::rt::env {
 // "plugin" (MK_NET_PLUGIN names it; setting MK_NET_PLUGIN alone means
 // "plugin"). Throws mkInvalidArgument for anything else.
 std::string net_transport();
+// MK_NET_DEPTH: a network connection's puts in flight (the trigger FIFO's
+// entries and the receiver's buffers): a power of two in 2..16, default 8.
+// Rank-local (each side sizes its own end).
+int net_depth();
 
 // The value of `name`, or nullopt when it is unset or empty.
 std::optional<std::string> raw(const char* name);
@@ -57,7 +61,14 @@ int32_t bootstrap_timeout_ms();
 // boot id (ranks with different ids are on different nodes: processes of one
 // machine stand in for nodes in tests). 1..63 printable ASCII characters, no
 // spaces; unset or empty: nullopt. Throws for anything else.
+// MK_HOST_ID=a,a,b,b: a list, one node name per rank (rank r of a
+// communicator of that many ranks counts as node list[r]): ranks of one
+// process, or one launcher environment for every process, as nodes.
+// host_id() checks the syntax and returns the whole value;
+// host_id(rank, nranks) returns the rank's name (a list of another length
+// throws).
 std::optional<std::string> host_id();
+std::optional<std::string> host_id(int rank, int nranks);
 bool zero_copy();
 int64_t zero_copy_min_bytes();
 bool pdl();

@@ -1462,7 +1462,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "host_ids_differ")  // processes of one machine standing in for two nodes
     return expect_init_failure(rank, nranks, id, mkInvalidUsage,
                                {"the ranks sit on 2 nodes: rank 0 runs on host 'node-a' and rank 1 on 'node-b' (MK_HOST_ID)",
-                                "communicators spanning nodes need the network", "MK_SPAN_NODES_BOOTSTRAP"});
+                                "set MK_NET=socket", "MK_SPAN_NODES_BOOTSTRAP"});
   if (scenario == "host_id_bad")
     return expect_init_failure(rank, nranks, id, rank == 1 ? mkInvalidArgument : mkInvalidUsage,
                                {"rank 1:", "MK_HOST_ID='node b'", "without spaces"});
@@ -1571,7 +1571,7 @@ TEST_CASE("two processes: a malformed setting on one rank fails init on both, wi
 }
 
 // MK_HOST_ID: processes of one machine stand in for nodes. Ranks of two
-// "nodes" fail init on every rank, naming both (no network transport yet);
+// "nodes" fail init on every rank without MK_NET, naming both and MK_NET;
 // ranks of one id are one node; a bad id fails init on every rank, with the
 // message of the rank that has it (never a wait for it).
 TEST_CASE("two processes: MK_HOST_ID places ranks on nodes and two nodes fail init on both ranks clearly") {

@@ -6,7 +6,13 @@
 #include <string>
 #include <vector>
 
+#include <chrono>
+#include <thread>
+
 #include "compiler/compile.hpp"
+#include "runtime/api/handles.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/proxy/proxy.hpp"
 #include "compiler/plan/plan.hpp"
 #include "mk/dsl.hpp"
 #include "mk/mk.hpp"
@@ -104,6 +110,73 @@ TEST_CASE("mkCommInitAll: two GPUs, a grouped all-reduce launches one kernel per
 TEST_CASE("mkCommInitAll: two ranks sharing one GPU launch two kernels, no leaks") {
   MKT_REQUIRE_FAKE();
   init_all_allreduce({0, 0});
+}
+
+// Ranks of one process as nodes (MK_HOST_ID, one name per rank): the GPU
+// host's way to run several "nodes" with concurrent kernels. The handles go
+// round without a bootstrap; every rank's plan gets its connections and they
+// reach the other node's proxies.
+TEST_CASE("mkCommInitAll with MK_HOST_ID=a,a,b,b and MK_NET=socket: ranks of one process on two nodes") {
+  MKT_REQUIRE_FAKE();
+  mkt::ScopedEnv host("MK_HOST_ID", "node-a,node-a,node-b,node-b");
+  mkt::ScopedEnv net("MK_NET", "socket");
+  mkt::ScopedEnv ifname("MK_SOCKET_IFNAME", "=lo");
+  mkt::ScopedEnv scratch("MK_SCRATCH_BYTES", "67108864");
+  mkt::ScopedEnv tune("MK_TUNE", "simple_instances=2");
+  const mkfake_counts before = mkt::counts();
+  {
+    const std::vector<int> devlist = {0, 0, 0, 0};
+    const int n = 4;
+    std::vector<std::unique_ptr<mkt::Device>> devs;
+    std::vector<std::unique_ptr<mkt::Buffer>> bufs;
+    for (int d : devlist) {
+      devs.push_back(std::make_unique<mkt::Device>(d));
+      bufs.push_back(std::make_unique<mkt::Buffer>(*devs.back(), 1 << 20));
+    }
+    std::vector<mkComm_t> comms(size_t(n), nullptr);
+    REQUIRE_MESSAGE(mkCommInitAll(comms.data(), n, devlist.data()) == mkSuccess, mkGetLastError(nullptr));
+    for (int r = 0; r < n; ++r) {
+      int nodes = 0;
+      CHECK(mkCommNodeCount(comms[size_t(r)], &nodes) == mkSuccess);
+      CHECK(nodes == 2);
+    }
+    REQUIRE(mkGroupStart() == mkSuccess);
+    for (int r = 0; r < n; ++r)
+      CHECK(mkAllReduce(bufs[size_t(r)]->ptr(), bufs[size_t(r)]->ptr(), 1 << 18, mkFloat32, mkSum, comms[size_t(r)],
+                        devs[size_t(r)]->stream) == mkSuccess);
+    REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, mkGetLastError(nullptr));
+    CHECK(mkt::last_launch().args.net != nullptr);  // a plan across nodes, with its connection table
+    // Memory reaches this node's ranks only; every rank's connections
+    // arrive at the other node's proxies.
+    for (int r = 0; r < n; ++r) {
+      auto c = mk::rt::acquire(comms[size_t(r)]);
+      REQUIRE(c->proxy != nullptr);
+      for (int p = 0; p < n; ++p) CHECK((c->peer_base[size_t(p)] != 0) == (p / 2 == r / 2));
+      CHECK(c->proxy->stats().send_conns > 0);
+      const auto t0 = std::chrono::steady_clock::now();
+      while (c->proxy->stats().recv_conns == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      CHECK(c->proxy->stats().recv_conns > 0);
+      CHECK_MESSAGE(c->proxy->error().empty(), c->proxy->error());
+    }
+    for (mkComm_t c : comms) CHECK(mkCommDestroy(c) == mkSuccess);
+  }
+  const std::string leaked = mkt::leaks(before, mkt::counts());
+  CHECK_MESSAGE(leaked.empty(), leaked);
+}
+
+TEST_CASE("MK_HOST_ID listing another number of nodes than the communicator has ranks fails init naming both") {
+  MKT_REQUIRE_FAKE();
+  mkt::ScopedEnv host("MK_HOST_ID", "node-a,node-b,node-c");
+  std::vector<mkComm_t> comms(2, nullptr);
+  const std::vector<int> devlist = {0, 0};
+  CHECK(mkCommInitAll(comms.data(), 2, devlist.data()) == mkInvalidArgument);
+  const std::string e = mkGetLastError(nullptr);
+  CHECK_MESSAGE(e.find("MK_HOST_ID") != std::string::npos, e);
+  CHECK_MESSAGE(e.find("3 names for a communicator of 2 ranks") != std::string::npos, e);
+  mkt::ScopedEnv bad("MK_HOST_ID", "node-a,,node-b");
+  CHECK(mkCommInitAll(comms.data(), 2, devlist.data()) == mkInvalidArgument);
+  CHECK(std::string(mkGetLastError(nullptr)).find("1..63 characters") != std::string::npos);
 }
 
 TEST_CASE("a kernel's error record makes mkCommGetAsyncError report the rank, block and peer") {
