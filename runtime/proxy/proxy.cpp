@@ -94,25 +94,32 @@ struct Proxy::RecvConn {
   void* comm = nullptr;
   int rank = -1, tb = -1;  // learnt from the hello
   uint64_t seq = 0;        // next message expected
-  std::vector<std::vector<char>> bufs;
+  std::vector<char> hello;  // the first message's buffer
+  net::MemHandle* mh_hello = nullptr;
+  net::Request* hello_req = nullptr;
+  // After the hello: a ring of pinned buffers, message k in buffer k % n.
+  // Receives are posted in ring order (the n-th receive posted gets the
+  // n-th message); a received message is copied into the arena on the
+  // proxy's stream and its buffer is posted again once its event says the
+  // copy read it. landed <= received <= posted <= landed + n.
+  uint64_t stride = 0;
+  Pinned bufs;
   std::vector<net::MemHandle*> mhs;  // per buffer: the transport's registrations
-  std::vector<net::Request*> reqs;   // per buffer; posted in ring order from `next`
-  size_t next = 0;                   // the buffer whose message comes next
-  size_t posted = 0;                 // buffers posted ahead, from `next` on
-  bool ended = false;                // the peer said goodbye
-  void dereg() {
-    for (net::MemHandle*& m : mhs)
-      if (m && comm) {
-        net->dereg_mr(comm, m);
-        m = nullptr;
-      }
-  }
+  std::vector<net::Request*> reqs;   // per buffer
+  std::vector<CUevent> evs;          // per buffer: its copy into the arena
+  uint64_t posted = 0, received = 0, landed = 0;
+  bool ended = false;  // the peer said goodbye
+  char* buf(uint64_t k) { return static_cast<char*>(bufs.host) + (k % reqs.size()) * stride; }
   ~RecvConn() {
     try {
-      dereg();
+      if (comm && mh_hello) net->dereg_mr(comm, mh_hello);
+      for (net::MemHandle* m : mhs)
+        if (m && comm) net->dereg_mr(comm, m);
       if (comm) net->close_recv(comm);
     } catch (...) {
     }
+    for (CUevent e : evs)
+      if (e) cu().cuEventDestroy(e);
   }
 };
 
@@ -358,19 +365,16 @@ bool Proxy::step_recv(RecvConn& c) {
     return c.rank < 0 ? std::string("a peer (before its hello)")
                       : "rank " + std::to_string(c.rank) + " (block " + std::to_string(c.tb) + ")";
   };
-  auto post = [&](size_t i, int tag = 1) {  // buffer i for the next message in ring order (the hello: tag 0)
-    if (!c.mhs[i]) c.mhs[i] = net_.reg_mr(c.comm, c.bufs[i].data(), c.bufs[i].size(), net::kPtrHost);
-    c.reqs[i] = net_.irecv(c.comm, c.bufs[i].data(), c.bufs[i].size(), tag, c.mhs[i]);
-    return c.reqs[i] != nullptr;
-  };
   try {
     if (c.rank < 0) {  // the hello: who this connection comes from
-      if (!c.reqs[0] && !post(0, 0)) return false;
+      if (!c.mh_hello) c.mh_hello = net_.reg_mr(c.comm, c.hello.data(), c.hello.size(), net::kPtrHost);
+      if (!c.hello_req) c.hello_req = net_.irecv(c.comm, c.hello.data(), c.hello.size(), 0, c.mh_hello);
+      if (!c.hello_req) return false;
       size_t n = 0;
-      if (!net_.test(c.reqs[0], &n)) return false;
-      c.reqs[0] = nullptr;
+      if (!net_.test(c.hello_req, &n)) return false;
+      c.hello_req = nullptr;
       WireHeader h;
-      std::memcpy(&h, c.bufs[0].data(), sizeof h);
+      std::memcpy(&h, c.hello.data(), sizeof h);
       if (n != sizeof h || h.magic != kWireMagic || h.kind != kHello || h.seq != 0 || h.nranks != cfg_.nranks ||
           h.rank < 0 || h.rank >= cfg_.nranks || h.rank == cfg_.rank || h.tb < 0 || h.arg2 > cfg_.max_put_bytes) {
         failed("a connection opened with a message that is not a hello of this communicator (" + std::to_string(n) +
@@ -380,24 +384,41 @@ bool Proxy::step_recv(RecvConn& c) {
       c.rank = h.rank;
       c.tb = h.tb;
       c.seq = 1;
-      c.dereg();
-      c.bufs.assign(cfg_.entries, std::vector<char>(dev::kNetHeaderBytes + h.arg2));  // its largest put
+      CtxGuard g(cfg_.ctx);
+      c.stride = dev::kNetHeaderBytes + ((uint64_t(h.arg2) + 63) & ~uint64_t(63));  // its largest put
+      c.bufs.alloc(c.stride * cfg_.entries);
       c.mhs.assign(cfg_.entries, nullptr);
-      c.next = c.posted = 0;
+      c.reqs.assign(cfg_.entries, nullptr);
+      c.evs.assign(cfg_.entries, nullptr);
+      for (CUevent& e : c.evs) MK_CU(cu().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "proxy: creating an event");
       moved = true;
     }
-    // Every buffer waits for a message, posted strictly in ring order: the
-    // n-th receive posted gets the n-th message (a transport may refuse one
-    // for now: the rest wait behind it).
-    while (c.posted < c.bufs.size() && post((c.next + c.posted) % c.bufs.size())) ++c.posted;
-    while (c.posted > 0) {
-      net::Request*& r = c.reqs[c.next];
+    const uint64_t n_bufs = c.reqs.size();
+    // Buffers whose copy finished are free again (copies finish in order: one stream).
+    while (c.landed < c.received) {
+      const CUresult r = cu().cuEventQuery(c.evs[c.landed % n_bufs]);
+      if (r == CUDA_ERROR_NOT_READY) break;
+      MK_CU(r, "proxy: waiting for a copy into the arena");
+      ++c.landed;
+      moved = true;
+    }
+    // Every free buffer waits for a message, in ring order (a transport may
+    // refuse one for now: the rest wait behind it).
+    while (c.posted < c.landed + n_bufs) {
+      const size_t i = c.posted % n_bufs;
+      if (!c.mhs[i]) c.mhs[i] = net_.reg_mr(c.comm, c.buf(c.posted), c.stride, net::kPtrHost);
+      c.reqs[i] = net_.irecv(c.comm, c.buf(c.posted), c.stride, 1, c.mhs[i]);
+      if (!c.reqs[i]) break;
+      ++c.posted;
+    }
+    CtxGuard g(cfg_.ctx);
+    while (c.received < c.posted) {
+      const size_t i = c.received % n_bufs;
       size_t n = 0;
-      if (!net_.test(r, &n)) break;
-      r = nullptr;
-      --c.posted;
+      if (!net_.test(c.reqs[i], &n)) break;
+      c.reqs[i] = nullptr;
       WireHeader h;
-      const char* buf = c.bufs[c.next].data();
+      char* buf = c.buf(c.received);
       std::memcpy(&h, buf, sizeof h);
       auto refuse = [&](const std::string& why) {
         failed("from " + who() + ": " + kind_name(h.kind) + " message " + std::to_string(c.seq) + ": " + why);
@@ -410,7 +431,6 @@ bool Proxy::step_recv(RecvConn& c) {
         c.ended = true;
         return true;
       }
-      CtxGuard g(cfg_.ctx);
       if (h.kind == kPut) {
         const uint64_t bytes = n - sizeof h;
         if (bytes != h.arg2 || h.arg < cfg_.flag_bytes || h.arg > cfg_.arena_bytes ||
@@ -426,18 +446,18 @@ bool Proxy::step_recv(RecvConn& c) {
           refuse("flag word " + std::to_string(h.arg2) + " lies outside this rank's flags");
           return false;
         }
-        std::memcpy(c.bufs[c.next].data(), &h.arg, 8);  // the value, where the copy reads it
+        std::memcpy(buf, &h.arg, 8);  // the value, where the copy reads it
         MK_CU(cu().cuMemcpyHtoDAsync(cfg_.arena + uint64_t(h.arg2) * 8, buf, 8, stream_), "proxy: landing a signal");
         ++stats_.signals_landed;
       } else {
         refuse("unknown kind");
         return false;
       }
-      // The buffer is reposted only once the copy read it; data before signal (one stream).
-      MK_CU(cu().cuStreamSynchronize(stream_), "proxy: waiting for a copy into the arena");
+      // One stream: a put's data lands before any later signal (of any
+      // connection). The buffer is posted again once the copy read it.
+      MK_CU(cu().cuEventRecord(c.evs[i], stream_), "proxy: recording a copy's event");
       ++c.seq;
-      c.next = (c.next + 1) % c.bufs.size();
-      while (c.posted < c.bufs.size() && post((c.next + c.posted) % c.bufs.size())) ++c.posted;
+      ++c.received;
       moved = true;
     }
   } catch (const std::exception& e) {
@@ -459,9 +479,7 @@ bool Proxy::accept_new() {
   auto c = std::make_unique<RecvConn>();
   c->net = &net_;
   c->comm = comm;
-  c->bufs.assign(1, std::vector<char>(dev::kNetHeaderBytes));  // the hello; then buffers for its puts
-  c->mhs.assign(1, nullptr);
-  c->reqs.assign(cfg_.entries, nullptr);
+  c->hello.assign(dev::kNetHeaderBytes, 0);  // the hello; then pinned buffers for its puts
   recvs_.push_back(std::move(c));
   return true;
 }
