@@ -1285,6 +1285,26 @@ void net_calls(World& w) {
         }
 }
 
+// Across nodes, 8 B to 256 MiB: the reducing collectives' sizes where the
+// network carries most (fp32 and bf16, in and out of place).
+void net_sizes(World& w) {
+  for (Collective c : {Collective::allreduce, Collective::reducescatter, Collective::allgather})
+    for (DType t : {DType::fp32, DType::bf16})
+      for (int64_t bytes = 8; bytes <= (int64_t(256) << 20); bytes *= g_quick ? 64 : 8)
+        for (bool inplace : {false, true}) {
+          CallSpec s;
+          s.coll = c;
+          s.dtype = t;
+          s.op = RedOp::sum;
+          // the larger buffer is `bytes`
+          const int64_t blocks = c == Collective::allreduce ? 1 : w.nranks;
+          s.count = std::max<int64_t>(1, bytes / int64_t(dtype_size(t)) / blocks);
+          s.inplace = inplace;
+          s.seed = uint64_t(bytes * 3 + int(t) * 5 + int(c)) + 17;
+          run_checked(w, s);
+        }
+}
+
 void one_each(World& w) {
   for (int i = 0; i < 6; ++i) {
     CallSpec s;
@@ -2126,6 +2146,25 @@ std::vector<Scenario> scenarios() {
                                                       {"MK_TIMEOUT_MS", "60000"}};
   v.push_back({"net_2x1_2proc", 2, true, 1, net_env, net_calls, 0, true, 2});
   v.push_back({"net_2x2_4proc", 4, true, 1, net_env, net_calls, 0, true, 2});
+  // Ranks of one process as the nodes (MK_HOST_ID=node-0,node-1,...): their
+  // kernels run concurrently on the one GPU; eager calls and CUDA graphs.
+  auto net_all = [](World& w) {
+    net_calls(w);
+    graphs(w);
+  };
+  v.push_back({"net_2x1_1proc", 2, false, 1, net_env, net_all, 1, true, 2});
+  v.push_back({"net_2x2_1proc", 4, false, 1, net_env, net_all, 1, true, 2});
+  v.push_back({"net_sizes_2x1_1proc", 2, false, 1, net_env, net_sizes, 1, true, 2});
+  v.push_back({"net_sizes_2x2_1proc", 4, false, 1, net_env, net_sizes, 1, true, 2});
+  // What one node has, across nodes: PreMulSum, fused epilogues and
+  // prologues, groups as one kernel, composites.
+  v.push_back({"net_premulsum_2x1_1proc", 2, false, 1, net_env, premulsum, 1, true, 2});
+  v.push_back({"net_fused_2x2_1proc", 4, false, 1, net_env, fused, 1, true, 2});
+  v.push_back({"net_prologue_2x1_1proc", 2, false, 1, net_env, prologue, 1, true, 2});
+  auto net_group_env = net_env;
+  net_group_env["MK_GROUP_FUSE"] = "1";
+  v.push_back({"net_group_fused_2x1_1proc", 2, false, 1, net_group_env, grouped, 1, true, 2});
+  v.push_back({"net_composite_2x1_1proc", 2, false, 1, net_env, composites, 1, true, 2});
   auto net_fault_env = net_env;
   net_fault_env["MK_TIMEOUT_MS"] = "3000";
   v.push_back({"net_killed_peer_2proc", 2, true, 1, net_fault_env, net_killed_peer, 0, true, 2});
@@ -2229,6 +2268,11 @@ int child_main(const Scenario& sc, int ngpu, const mkUniqueId* id, int rank) {
   for (auto& [k, v] : sc.env) setenv(k.c_str(), v.c_str(), 1);
   if (sc.nodes > 1 && sc.multiprocess)
     setenv("MK_HOST_ID", ("node-" + std::to_string(rank * sc.nodes / sc.nranks)).c_str(), 1);
+  if (sc.nodes > 1 && !sc.multiprocess) {  // ranks of this process as nodes: one name per rank
+    std::string ids;
+    for (int r = 0; r < sc.nranks; ++r) ids += (r ? ",node-" : "node-") + std::to_string(r * sc.nodes / sc.nranks);
+    setenv("MK_HOST_ID", ids.c_str(), 1);
+  }
   int rc = 0;
   try {
     if (sc.multiprocess) {

@@ -1,0 +1,410 @@
+// mk_net_bench: the ceilings and unit costs of mKernel's network path, for
+// `mk_bench`'s multi-node tables and the cost model (docs/multi-node.md,
+// "Speed").
+//
+//   mk_net_bench socket [--sizes 64K,1M,4M] [--mib 1024] [--depth 8] [--rounds 2000]
+//     The raw rate of the transport the proxy uses (MK_NET=socket; its
+//     settings from the environment: MK_SOCKET_NSTREAMS, MK_SOCKET_IFNAME,
+//     ...), between two ranks of this process, each with its own Net and
+//     thread like two proxies: one direction, then both at once (what an
+//     all-reduce across two nodes needs), per message size; and the 8-byte
+//     round trip (ping-pong). No GPU.
+//   mk_net_bench gpu [--mib 256] [--rounds 2000]
+//     GPU stores into host-pinned memory mapped into the GPU (what a put's
+//     staging copy does), against the same kernel storing into device
+//     memory; and the trigger round trip: a kernel's thread writes a word
+//     into pinned memory, a host thread polling it (as the proxy polls its
+//     FIFOs) writes an answer into pinned memory, the kernel waits for it.
+//
+// Medians over runs; every number is of this machine's loopback and PCIe.
+#include <cuda_runtime.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compiler/jit/jit.hpp"
+#include "mk_git_commit.hpp"
+#include "runtime/transport/net/net.hpp"
+
+using namespace mk;
+namespace net = mk::rt::net;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "mk_net_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+#define CK(x)                                                                                             \
+  do {                                                                                                    \
+    cudaError_t e_ = (x);                                                                                 \
+    if (e_ != cudaSuccess) die(std::string(#x) + ": " + cudaGetErrorString(e_));                          \
+  } while (0)
+
+int64_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  int64_t mult = 1;
+  if (*end == 'K' || *end == 'k') mult = 1 << 10;
+  if (*end == 'M' || *end == 'm') mult = 1 << 20;
+  if (*end == 'G' || *end == 'g') mult = int64_t(1) << 30;
+  if (end == s.c_str() || v <= 0) die("bad size '" + s + "'");
+  return int64_t(v * double(mult));
+}
+
+std::string human(int64_t b) {
+  if (b >= (1 << 20) && b % (1 << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+double pct(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, size_t(p * double(v.size())))];
+}
+
+// ---- socket ----------------------------------------------------------------------
+
+struct Side {
+  std::unique_ptr<net::Net> net;  // NOLINT
+  net::ListenComm* listen = nullptr;
+  net::Handle handle{};
+  net::SendComm* send = nullptr;
+  net::RecvComm* recv = nullptr;
+};
+
+void wait_req(net::Net& n, net::Request* r) {
+  size_t bytes;
+  while (!n.test(r, &bytes)) {
+  }
+}
+
+// Sends (or receives) `count` messages of `msg` bytes with up to `depth` outstanding.
+void pump(Side& s, std::vector<char>& buf, int64_t msg, int64_t count, int depth, bool send) {
+  void* comm = send ? static_cast<void*>(s.send) : static_cast<void*>(s.recv);
+  net::MemHandle* mh = s.net->reg_mr(comm, buf.data(), buf.size(), net::kPtrHost);
+  std::vector<net::Request*> q;
+  int64_t posted = 0, done = 0;
+  size_t head = 0;
+  while (done < count) {
+    while (posted < count && int64_t(q.size()) - int64_t(head) < depth) {
+      char* p = buf.data() + (posted % depth) * msg;
+      net::Request* r = send ? s.net->isend(s.send, p, size_t(msg), 1, mh) : s.net->irecv(s.recv, p, size_t(msg), 1, mh);
+      if (!r) break;
+      q.push_back(r);
+      ++posted;
+    }
+    size_t n;
+    if (head < q.size() && s.net->test(q[head], &n)) {
+      if (!send && n != size_t(msg))
+        die("a message of " + std::to_string(n) + " bytes, " + std::to_string(msg) + " expected");
+      ++head;
+      ++done;
+    }
+  }
+  s.net->dereg_mr(comm, mh);
+}
+
+// Both directions on one thread (the proxy's shape: one thread per rank
+// sends and receives).
+void pump_duplex(Side& s, std::vector<char>& sbuf, std::vector<char>& rbuf, int64_t msg, int64_t count, int depth) {
+  net::MemHandle* ms = s.net->reg_mr(s.send, sbuf.data(), sbuf.size(), net::kPtrHost);
+  net::MemHandle* mr = s.net->reg_mr(s.recv, rbuf.data(), rbuf.size(), net::kPtrHost);
+  std::vector<net::Request*> sq, rq;
+  int64_t sposted = 0, sdone = 0, rposted = 0, rdone = 0;
+  size_t sh = 0, rh = 0;
+  while (sdone < count || rdone < count) {
+    while (rposted < count && int64_t(rq.size()) - int64_t(rh) < depth) {
+      net::Request* r = s.net->irecv(s.recv, rbuf.data() + (rposted % depth) * msg, size_t(msg), 1, mr);
+      if (!r) break;
+      rq.push_back(r);
+      ++rposted;
+    }
+    while (sposted < count && int64_t(sq.size()) - int64_t(sh) < depth) {
+      net::Request* r = s.net->isend(s.send, sbuf.data() + (sposted % depth) * msg, size_t(msg), 1, ms);
+      if (!r) break;
+      sq.push_back(r);
+      ++sposted;
+    }
+    size_t n;
+    if (sh < sq.size() && s.net->test(sq[sh], &n)) {
+      ++sh;
+      ++sdone;
+    }
+    if (rh < rq.size() && s.net->test(rq[rh], &n)) {
+      if (n != size_t(msg)) die("a message of " + std::to_string(n) + " bytes, " + std::to_string(msg) + " expected");
+      ++rh;
+      ++rdone;
+    }
+  }
+  s.net->dereg_mr(s.send, ms);
+  s.net->dereg_mr(s.recv, mr);
+}
+
+int socket_mode(const std::vector<int64_t>& sizes, int64_t total, int depth, int rounds) {
+  const net::SocketOptions opts = net::socket_options_from_env();
+  Side a, b;
+  a.net = net::make_socket_net(opts);
+  b.net = net::make_socket_net(opts);
+  a.listen = a.net->listen(0, &a.handle);
+  b.listen = b.net->listen(0, &b.handle);
+  auto link = [](Side& from, Side& to) {
+    while (!(from.send = from.net->connect(0, to.handle))) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    while (!(to.recv = to.net->accept(to.listen))) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  };
+  link(a, b);
+  link(b, a);
+  std::printf("# mk_net_bench socket (loopback TCP; MK_SOCKET_NSTREAMS=%d, %s), commit %s\n\n", opts.nstreams,
+              a.net->name().c_str(), MK_GIT_COMMIT);
+  std::printf("| message | one direction GB/s | both directions, one thread per side (the proxy's shape) GB/s each | "
+              "both directions, a thread per direction GB/s each |\n|---:|---:|---:|---:|\n");
+  for (int64_t msg : sizes) {
+    std::vector<char> sa(size_t(msg * depth), 1), ra(size_t(msg * depth)), sb(size_t(msg * depth), 2),
+        rb(size_t(msg * depth));
+    const int64_t count = std::max<int64_t>(total / msg, 4 * depth);
+    auto once = [&](int how) {  // 0: one direction; 1: both, a thread per side; 2: both, a thread per direction
+      const auto t0 = Clock::now();
+      std::vector<std::thread> ts;
+      if (how == 1) {
+        ts.emplace_back([&] { pump_duplex(a, sa, ra, msg, count, depth); });
+        ts.emplace_back([&] { pump_duplex(b, sb, rb, msg, count, depth); });
+      } else {
+        ts.emplace_back([&] { pump(a, sa, msg, count, depth, true); });
+        ts.emplace_back([&] { pump(b, rb, msg, count, depth, false); });
+        if (how == 2) {
+          ts.emplace_back([&] { pump(b, sb, msg, count, depth, true); });
+          ts.emplace_back([&] { pump(a, ra, msg, count, depth, false); });
+        }
+      }
+      for (auto& t : ts) t.join();
+      return double(msg) * double(count) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
+    };
+    once(0);  // warm-up
+    std::vector<double> one, duplex, two;
+    for (int r = 0; r < 3; ++r) {
+      one.push_back(once(0));
+      duplex.push_back(once(1));
+      two.push_back(once(2));
+    }
+    std::printf("| %s | %.2f | %.2f | %.2f |\n", human(msg).c_str(), median(one), median(duplex), median(two));
+    std::fflush(stdout);
+  }
+  // Ping-pong: 8 bytes there and back, one at a time.
+  std::vector<char> pa(8), pb(8);
+  net::MemHandle* m1 = a.net->reg_mr(a.send, pa.data(), 8, net::kPtrHost);
+  net::MemHandle* m2 = b.net->reg_mr(b.recv, pb.data(), 8, net::kPtrHost);
+  net::MemHandle* m3 = b.net->reg_mr(b.send, pb.data(), 8, net::kPtrHost);
+  net::MemHandle* m4 = a.net->reg_mr(a.recv, pa.data(), 8, net::kPtrHost);
+  std::atomic<bool> go{true};
+  std::thread echo([&] {
+    for (int i = 0; i < rounds + 100; ++i) {
+      net::Request* r;
+      while (!(r = b.net->irecv(b.recv, pb.data(), 8, 1, m2))) {
+      }
+      wait_req(*b.net, r);
+      while (!(r = b.net->isend(b.send, pb.data(), 8, 1, m3))) {
+      }
+      wait_req(*b.net, r);
+    }
+    (void)go;
+  });
+  std::vector<double> rtt;
+  for (int i = 0; i < rounds + 100; ++i) {
+    const auto t0 = Clock::now();
+    net::Request* r;
+    while (!(r = a.net->isend(a.send, pa.data(), 8, 1, m1))) {
+    }
+    net::Request* q;
+    while (!(q = a.net->irecv(a.recv, pa.data(), 8, 1, m4))) {
+    }
+    wait_req(*a.net, r);
+    wait_req(*a.net, q);
+    if (i >= 100) rtt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  echo.join();
+  std::printf("\n8-byte round trip (ping-pong, %d rounds after 100 of warm-up): p10 %.1f us, median %.1f us, p90 %.1f us\n",
+              rounds, pct(rtt, 0.1), median(rtt), pct(rtt, 0.9));
+  a.net->dereg_mr(a.send, m1);
+  b.net->dereg_mr(b.recv, m2);
+  b.net->dereg_mr(b.send, m3);
+  a.net->dereg_mr(a.recv, m4);
+  a.net->close_send(a.send);
+  b.net->close_send(b.send);
+  a.net->close_recv(a.recv);
+  b.net->close_recv(b.recv);
+  a.net->close_listen(a.listen);
+  b.net->close_listen(b.listen);
+  return 0;
+}
+
+// ---- GPU ------------------------------------------------------------------------
+
+const char* kKernels = R"(
+extern "C" __global__ void mkn_store(uint4* dst, long long n16, int reps) {
+  const uint4 v = make_uint4(threadIdx.x, blockIdx.x, 7u, 9u);
+  for (int r = 0; r < reps; ++r)
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n16; i += (long long)gridDim.x * blockDim.x)
+      dst[i] = v;
+}
+// One thread: `rounds` triggers, each answered by the host.
+extern "C" __global__ void mkn_ping(volatile unsigned long long* trig, volatile unsigned long long* ans, int rounds,
+                                    unsigned long long* ns) {
+  unsigned long long t0 = 0;
+  for (int i = 1; i <= rounds; ++i) {
+    if (i == 101) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    *trig = i;
+    __threadfence_system();
+    while (*ans != (unsigned long long)i) {
+    }
+  }
+  unsigned long long t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  *ns = t1 - t0;
+}
+)";
+
+int gpu_mode(int64_t bytes, int rounds) {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const int arch = prop.major * 10 + prop.minor;
+  jit::CompileResult r;
+  try {
+    r = jit::compile(std::string("typedef unsigned long long uint64_t;\n") + kKernels, "mk_net_bench", arch);
+  } catch (const std::exception& e) {
+    die(std::string("compiling: ") + e.what());
+  }
+  cudaLibrary_t lib;
+  CK(cudaLibraryLoadData(&lib, r.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  cudaKernel_t store, ping;
+  CK(cudaLibraryGetKernel(&store, lib, "mkn_store"));
+  CK(cudaLibraryGetKernel(&ping, lib, "mkn_ping"));
+  std::printf("# mk_net_bench gpu (%s), commit %s\n\n", prop.name, MK_GIT_COMMIT);
+  void* host = nullptr;
+  void* hdev = nullptr;
+  void* dmem = nullptr;
+  CK(cudaHostAlloc(&host, size_t(bytes), cudaHostAllocMapped | cudaHostAllocPortable));
+  CK(cudaHostGetDevicePointer(&hdev, host, 0));
+  CK(cudaMalloc(&dmem, size_t(bytes)));
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  auto time_store = [&](void* dst, int blocks) {
+    long long n16 = bytes / 16;
+    int reps = 1;
+    void* args[] = {&dst, &n16, &reps};
+    CK(cudaLaunchKernel(reinterpret_cast<const void*>(store), dim3(unsigned(blocks)), dim3(512), args, 0, st));
+    std::vector<double> gbs;
+    for (int i = 0; i < 10; ++i) {
+      CK(cudaEventRecord(e0, st));
+      CK(cudaLaunchKernel(reinterpret_cast<const void*>(store), dim3(unsigned(blocks)), dim3(512), args, 0, st));
+      CK(cudaEventRecord(e1, st));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      gbs.push_back(double(bytes) / (double(ms) * 1e6));
+    }
+    return median(gbs);
+  };
+  std::printf("| stores of %s by | into pinned host memory GB/s | into device memory GB/s |\n|---|---:|---:|\n",
+              human(bytes).c_str());
+  for (int blocks : {1, 4, 16, 132}) {
+    std::printf("| %d block(s) of 512 threads | %.2f | %.1f |\n", blocks, time_store(hdev, blocks),
+                time_store(dmem, blocks));
+    std::fflush(stdout);
+  }
+  // The trigger round trip.
+  auto* words = static_cast<volatile unsigned long long*>(host);
+  words[0] = 0;
+  words[8] = 0;
+  unsigned long long* trig_d = static_cast<unsigned long long*>(hdev);
+  unsigned long long* ans_d = trig_d + 8;
+  unsigned long long* ns_d = nullptr;
+  CK(cudaMalloc(&ns_d, 8));
+  std::atomic<bool> stop{false};
+  std::thread host_side([&] {
+    unsigned long long seen = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const unsigned long long t = __atomic_load_n(const_cast<unsigned long long*>(&words[0]), __ATOMIC_ACQUIRE);
+      if (t != seen) {
+        seen = t;
+        __atomic_store_n(const_cast<unsigned long long*>(&words[8]), t, __ATOMIC_RELEASE);
+      }
+    }
+  });
+  int total = rounds + 100;
+  void* args[] = {&trig_d, &ans_d, &total, &ns_d};
+  CK(cudaLaunchKernel(reinterpret_cast<const void*>(ping), dim3(1), dim3(1), args, 0, st));
+  CK(cudaStreamSynchronize(st));
+  stop.store(true);
+  host_side.join();
+  unsigned long long ns = 0;
+  CK(cudaMemcpy(&ns, ns_d, 8, cudaMemcpyDeviceToHost));
+  std::printf("\ntrigger round trip (a kernel's store into pinned memory, seen by a polling host thread, answered "
+              "into pinned memory, seen by the kernel): %.2f us (mean of %d after 100 of warm-up)\n",
+              double(ns) / 1e3 / rounds, rounds);
+  CK(cudaFreeHost(host));
+  CK(cudaFree(dmem));
+  CK(cudaFree(ns_d));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || (std::string(argv[1]) != "socket" && std::string(argv[1]) != "gpu")) {
+    std::fprintf(stderr,
+                 "usage: mk_net_bench socket [--sizes 64K,1M,4M] [--mib 1024] [--depth 8] [--rounds 2000]\n"
+                 "       mk_net_bench gpu [--mib 256] [--rounds 2000]\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  std::vector<int64_t> sizes = {64 << 10, 256 << 10, 1 << 20, 4 << 20};
+  int64_t mib = mode == "socket" ? 1024 : 256;
+  int depth = 8, rounds = 2000;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) die(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--sizes") {
+      sizes.clear();
+      std::string v = next();
+      for (size_t at = 0; at <= v.size();) {
+        const size_t c = std::min(v.find(',', at), v.size());
+        sizes.push_back(parse_size(v.substr(at, c - at)));
+        at = c + 1;
+      }
+    } else if (a == "--mib") {
+      mib = std::atoll(next().c_str());
+    } else if (a == "--depth") {
+      depth = std::atoi(next().c_str());
+    } else if (a == "--rounds") {
+      rounds = std::atoi(next().c_str());
+    } else {
+      die("unknown option " + a);
+    }
+  }
+  if (mib < 1 || depth < 1 || depth > 32 || rounds < 1) die("--mib, --depth (1..32) and --rounds must be positive");
+  try {
+    return mode == "socket" ? socket_mode(sizes, mib << 20, depth, rounds) : gpu_mode(mib << 20, rounds);
+  } catch (const std::exception& e) {
+    die(e.what());
+  }
+}
