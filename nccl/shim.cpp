@@ -523,7 +523,7 @@ bool nccl_whole(ncclComm_t c) {
     stats_at_exit();
     g_whole.fetch_add(1);
     g_mk.CommNodeCount(c->mk, &nodes);
-    debug("comm %p rank %d/%d: its ranks span %d nodes: NCCL runs it whole (mKernel has no network transport yet)",
+    debug("comm %p rank %d/%d: its ranks span %d nodes: NCCL runs it whole (MK_NET is not set)",
           static_cast<void*>(c), c->rank, c->nranks, nodes);
   }
   return c->whole.load() == 1;

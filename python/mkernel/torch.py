@@ -524,8 +524,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
                 self._whole = self._mk.mk.bootstrap_only
                 if _debug():
                     if self._whole:
-                        print("mkernel.torch: rank %d: the group spans %d nodes: NCCL runs it whole (mKernel has "
-                              "no network transport yet)" % (self._rank_, self._mk.mk.nodes))
+                        print("mkernel.torch: rank %d: the group spans %d nodes: NCCL runs it whole (MK_NET is "
+                              "not set)" % (self._rank_, self._mk.mk.nodes))
                     else:
                         print("mkernel.torch: rank %d: mKernel communicator on %s" % (self._rank_, t.device))
             elif self._mk.device != t.device:

@@ -120,7 +120,7 @@ RankInfo local_info(const Comm& c) {
 // Checks what every rank must agree on; counts the ranks on this GPU and the
 // nodes. Each peer gets the first transport that reaches it
 // (choose_transports); a communicator with a rank none reaches (ranks on
-// several nodes: no network transport yet) fails init on every rank, or,
+// several nodes without MK_NET) fails init on every rank, or,
 // with spanNodes = MK_SPAN_NODES_BOOTSTRAP, becomes bootstrap-only on every
 // rank: decided from `all`, which every rank has alike, never from a
 // rank-local fact. Returns the transport that reaches every peer (null when
@@ -511,7 +511,8 @@ void Comm::check_serves(const char* api) {
   check_usable(api);
   if (bootstrap_only)
     fail(mkInvalidUsage, fmt::format("{}: the communicator spans {} nodes and is bootstrap-only (config spanNodes): "
-                                     "mKernel has no network transport yet, so it runs nothing on it",
+                                     "it runs nothing on mKernel (with MK_NET set alike on every rank it would be a full "
+                                     "communicator)",
                                      api, nodes));
 }
 
