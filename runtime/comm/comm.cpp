@@ -244,13 +244,29 @@ void agree_on_settings(Comm& c) {
 // needs a connection (Comm::new_resources).
 void start_network(Comm& c) {
   const std::string kind = env::net_transport();
-  if (kind == "socket")
-    c.net = net::make_socket_net(net::socket_options_from_env());
-  else if (kind == "verbs")
-    c.net = net::make_verbs_net(net::verbs_options_from_env());
-  else
-    c.net = net::load_nccl_plugin(*env::raw("MK_NET_PLUGIN"));
-  if (c.net->devices() < 1) fail(mkSystemError, "MK_NET=" + kind + ": the transport has no device");
+  std::string why_not_verbs;
+  if (kind == "socket") {
+    c.nets.push_back(net::make_socket_net(net::socket_options_from_env()));
+  } else if (kind == "verbs") {
+    c.nets.push_back(net::make_verbs_net(net::verbs_options_from_env()));
+  } else if (kind == "auto") {
+    // verbs where this host has an RDMA device (a connection uses it when
+    // both ends do), the socket transport for every other connection
+    try {
+      c.nets.push_back(net::make_verbs_net(net::verbs_options_from_env()));
+      if (c.nets.back()->devices() < 1) throw RtError(mkSystemError, "verbs transport: no device");
+    } catch (const RtError& e) {
+      if (e.code() != mkSystemError) throw;  // bad settings stay errors
+      why_not_verbs = e.what();
+      c.nets.clear();
+      c.nets.push_back(nullptr);
+    }
+    c.nets.push_back(net::make_socket_net(net::socket_options_from_env()));
+  } else {
+    c.nets.push_back(net::load_nccl_plugin(*env::raw("MK_NET_PLUGIN")));
+  }
+  for (const auto& n : c.nets)
+    if (n && n->devices() < 1) fail(mkSystemError, "MK_NET=" + kind + ": the transport has no device");
   ProxyConfig pc;
   pc.rank = c.rank;
   pc.nranks = c.nranks;
@@ -265,19 +281,27 @@ void start_network(Comm& c) {
   // A failed connection aborts the communicator: this node's ranks learn it
   // through their abort words, the other nodes' as this rank's connections close.
   pc.on_failure = [comm = &c] { comm->stop_kernels(); };
-  c.proxy = std::make_unique<Proxy>(*c.net, 0, pc);
+  std::vector<net::Net*> nets;
+  for (const auto& n : c.nets) nets.push_back(n.get());
+  c.proxy = std::make_unique<Proxy>(nets, 0, pc);
+  std::string names;
+  for (const auto& n : c.nets) names += std::string(names.empty() ? "" : ", ") + (n ? n->name() : "(none)");
+  debug_log(fmt::format("rank {}/{}: ranks on {} nodes: MK_NET={} ({}{}) for the ranks of other nodes, through the "
+                        "network proxy",
+                        c.rank, c.nranks, c.nodes, kind, names,
+                        why_not_verbs.empty() ? "" : "; no verbs on this rank: " + why_not_verbs));
   if (!c.boot) return;  // ranks of one process (comm_init_all): it hands the handles round
-  const auto all = c.boot->allgather(
-      std::string(reinterpret_cast<const char*>(c.proxy->handle().bytes), net::kHandleBytes));
-  std::vector<net::Handle> handles(all.size());
+  const auto& mine = c.proxy->handles();
+  std::string blob;
+  for (const net::Handle& h : mine) blob.append(reinterpret_cast<const char*>(h.bytes), net::kHandleBytes);
+  const auto all = c.boot->allgather(blob);
+  std::vector<std::vector<net::Handle>> handles(all.size(), std::vector<net::Handle>(mine.size()));
   for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].size() != net::kHandleBytes) fail(mkRemoteError, fmt::format("rank {} sent no network handle", r));
-    std::memcpy(handles[r].bytes, all[r].data(), net::kHandleBytes);
+    if (all[r].size() != blob.size()) fail(mkRemoteError, fmt::format("rank {} sent no network handle", r));
+    for (size_t k = 0; k < mine.size(); ++k)
+      std::memcpy(handles[r][k].bytes, all[r].data() + k * net::kHandleBytes, net::kHandleBytes);
   }
   c.proxy->set_peer_handles(std::move(handles));
-  debug_log(fmt::format("rank {}/{}: ranks on {} nodes: {} transport ({}) for the ranks of other nodes, through the "
-                        "network proxy",
-                        c.rank, c.nranks, c.nodes, kind, c.net->name()));
 }
 
 void connect(Comm& c, const std::vector<RankInfo>& all, const ParentMemory* shared) {
@@ -440,8 +464,8 @@ void comm_init_all(const std::vector<std::shared_ptr<Comm>>& comms, const std::v
   for (auto& c : comms) all.push_back(local_info(*c));
   for (int r = 0; r < n; ++r) connect(*comms[size_t(r)], all, shared ? &(*shared)[size_t(r)] : nullptr);
   if (n > 0 && comms[0]->spans_network) {  // ranks of one process on several nodes (MK_HOST_ID=a,b,...)
-    std::vector<net::Handle> handles;
-    for (auto& c : comms) handles.push_back(c->proxy->handle());
+    std::vector<std::vector<net::Handle>> handles;
+    for (auto& c : comms) handles.push_back(c->proxy->handles());
     for (auto& c : comms) c->proxy->set_peer_handles(handles);
   }
   auto clique = std::make_shared<Clique>();
@@ -1173,7 +1197,7 @@ void Comm::release() {
     proxy->finish(2000);
     proxy.reset();
   }
-  net.reset();
+  nets.clear();
   release_registrations(*this);
   plans.instances.clear();
   for (auto& f : plans.fast)
@@ -1227,7 +1251,7 @@ void Comm::abandon() {
   if (proxy) {
     proxy->abort();
     (void)proxy.release();
-    (void)net.release();
+    for (auto& n : nets) (void)n.release();
   }
   new std::shared_ptr<Transport>(std::move(transport));
   new std::shared_ptr<Arena>(std::move(arena));

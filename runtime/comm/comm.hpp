@@ -286,9 +286,11 @@ struct CommPeers {
   CUstream side_stream = nullptr;  // table updates and abort words, never behind user work
   // Ranks on other nodes (MK_NET): the network transport and the proxy that
   // carries the kernels' puts and signals to them (runtime/proxy/proxy.hpp);
-  // null when memory reaches every peer. The proxy goes before the net.
+  // null when memory reaches every peer. The proxy goes before the nets.
+  // nets: in order of preference (MK_NET=auto: verbs, or null on a rank
+  // without an RDMA device, then socket); one for the other settings.
   bool spans_network = false;
-  std::unique_ptr<net::Net> net;
+  std::vector<std::unique_ptr<net::Net>> nets;
   std::unique_ptr<Proxy> proxy;
 };
 

@@ -209,12 +209,13 @@ std::string net_transport() {
   const auto v = raw("MK_NET");
   const auto plugin = raw("MK_NET_PLUGIN");
   if (!v) return plugin ? "plugin" : "";
-  if (*v == "socket" || *v == "verbs" || *v == "plugin") {
+  if (*v == "socket" || *v == "verbs" || *v == "auto" || *v == "plugin") {
     if (*v == "plugin" && !plugin)
       fail(mkInvalidArgument, "MK_NET=plugin needs MK_NET_PLUGIN (a path, a file name, or NAME for libnccl-net-NAME.so)");
     return *v;
   }
-  fail(mkInvalidArgument, fmt::format("MK_NET='{}': expected socket, verbs or plugin (with MK_NET_PLUGIN)", *v));
+  fail(mkInvalidArgument, fmt::format("MK_NET='{}': expected socket, verbs, auto (verbs between ranks that both have an RDMA device, "
+                                      "socket otherwise) or plugin (with MK_NET_PLUGIN)", *v));
 }
 
 int net_depth() {

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -55,6 +56,7 @@ struct Pinned {
 
 struct Proxy::SendConn {
   int tb = 0, peer = 0;
+  int kind = 0;  // the transport (index into the proxy's list)
   uint32_t index = 0;
   uint64_t max_put = 0;
   net::Net* net = nullptr;
@@ -123,12 +125,20 @@ struct Proxy::RecvConn {
   }
 };
 
-Proxy::Proxy(net::Net& net, int dev, const ProxyConfig& cfg) : net_(net), dev_(dev), cfg_(cfg) {
+Proxy::Proxy(net::Net& net, int dev, const ProxyConfig& cfg) : Proxy(std::vector<net::Net*>{&net}, dev, cfg) {}
+
+Proxy::Proxy(std::vector<net::Net*> nets, int dev, const ProxyConfig& cfg)
+    : nets_(std::move(nets)), dev_(dev), cfg_(cfg) {
   if (cfg.entries < 2 || cfg.entries > 16 || (cfg.entries & (cfg.entries - 1)))
     fail(mkInvalidArgument, "proxy: FIFO entries must be a power of two in 2..16, not " + std::to_string(cfg.entries));
   if (cfg.flag_bytes > cfg.arena_bytes)
     fail(mkInternalError, "proxy: the flag region is larger than the arena");
-  listen_ = net_.listen(dev_, &handle_);
+  if (std::none_of(nets_.begin(), nets_.end(), [](net::Net* n) { return n != nullptr; }))
+    fail(mkInternalError, "proxy: no transport");
+  listens_.assign(nets_.size(), nullptr);
+  handles_.assign(nets_.size(), net::Handle{});
+  for (size_t k = 0; k < nets_.size(); ++k)
+    if (nets_[k]) listens_[k] = nets_[k]->listen(dev_, &handles_[k]);
   {
     CtxGuard g(cfg_.ctx);
     MK_CU(cu().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "proxy: creating its stream");
@@ -142,7 +152,8 @@ Proxy::~Proxy() {
   std::lock_guard<std::mutex> lk(mu_);
   sends_.clear();
   recvs_.clear();
-  if (listen_) net_.close_listen(listen_);
+  for (size_t k = 0; k < nets_.size(); ++k)
+    if (listens_[k]) nets_[k]->close_listen(listens_[k]);
   if (stream_) cu().cuStreamDestroy(stream_);
 }
 
@@ -173,7 +184,7 @@ void Proxy::abort() {
   for (auto& c : sends_)
     if (c->comm) {
       try {
-        net_.close_send(c->comm);
+        c->net->close_send(c->comm);
       } catch (...) {
       }
       c->comm = nullptr;
@@ -181,7 +192,7 @@ void Proxy::abort() {
   for (auto& c : recvs_)
     if (c->comm) {
       try {
-        net_.close_recv(c->comm);
+        c->net->close_recv(c->comm);
       } catch (...) {
       }
       c->comm = nullptr;
@@ -190,9 +201,30 @@ void Proxy::abort() {
 }
 
 void Proxy::set_peer_handles(std::vector<net::Handle> all) {
-  if (int(all.size()) != cfg_.nranks) fail(mkInternalError, "proxy: one handle per rank expected");
+  std::vector<std::vector<net::Handle>> by_rank;
+  for (const net::Handle& h : all) by_rank.push_back({h});
+  set_peer_handles(std::move(by_rank));
+}
+
+void Proxy::set_peer_handles(std::vector<std::vector<net::Handle>> all) {
+  if (int(all.size()) != cfg_.nranks) fail(mkInternalError, "proxy: one handle list per rank expected");
+  for (const auto& h : all)
+    if (h.size() != nets_.size()) fail(mkInternalError, "proxy: one handle per transport expected");
   std::lock_guard<std::mutex> lk(mu_);
   peers_ = std::move(all);
+}
+
+namespace {
+bool present(const net::Handle& h) {
+  return std::any_of(std::begin(h.bytes), std::end(h.bytes), [](auto b) { return b != 0; });
+}
+}  // namespace
+
+std::vector<std::pair<int, int>> Proxy::send_transports() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::pair<int, int>> v;
+  for (const auto& c : sends_) v.emplace_back(c->peer, c->kind);
+  return v;
 }
 
 std::string Proxy::error() const {
@@ -212,17 +244,26 @@ dev::NetConnDev Proxy::add_send(int tb, int peer, uint64_t max_put) {
   if (max_put > cfg_.max_put_bytes)
     fail(mkInternalError, fmt::format("proxy: puts of {} bytes, above the largest ({})", max_put, cfg_.max_put_bytes));
   net::Handle h;
+  int kind = -1;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_.empty()) fail(mkRemoteError, error_);
     if (peer < 0 || peer >= int(peers_.size()) || peer == cfg_.rank)
       fail(mkInternalError, "proxy: no handle for rank " + std::to_string(peer));
-    h = peers_[size_t(peer)];
+    // The first transport both ends have (the list is in order of preference).
+    for (size_t k = 0; k < nets_.size() && kind < 0; ++k)
+      if (nets_[k] && present(peers_[size_t(peer)][k])) kind = int(k);
+    if (kind < 0)
+      fail(mkInvalidUsage, "rank " + std::to_string(cfg_.rank) + ": proxy: rank " + std::to_string(peer) +
+                               " has none of this rank's network transports");
+    h = peers_[size_t(peer)][size_t(kind)];
   }
   auto c = std::make_unique<SendConn>();
   c->tb = tb;
   c->peer = peer;
-  c->net = &net_;
+  c->kind = kind;
+  c->net = nets_[size_t(kind)];
+  net::Net& net_ = *c->net;
   {
     CtxGuard g(cfg_.ctx);
     const uint64_t stride = dev::kNetHeaderBytes + ((max_put + 63) & ~uint64_t(63));
@@ -274,9 +315,9 @@ bool Proxy::step_send(SendConn& c) {
   const std::string who = "rank " + std::to_string(c.peer) + " (block " + std::to_string(c.tb) + ")";
   try {
     if (!c.hello_done) {
-      if (!c.hello_req) c.hello_req = net_.isend(c.comm, &c.hello, sizeof c.hello, 0, c.mh_hello);
+      if (!c.hello_req) c.hello_req = c.net->isend(c.comm, &c.hello, sizeof c.hello, 0, c.mh_hello);
       size_t n;
-      if (c.hello_req && net_.test(c.hello_req, &n)) {
+      if (c.hello_req && c.net->test(c.hello_req, &n)) {
         c.hello_done = true;
         moved = true;
       }
@@ -305,7 +346,7 @@ bool Proxy::step_send(SendConn& c) {
         failed("block " + std::to_string(c.tb) + " posted a trigger of unknown kind " + std::to_string(kind));
         return false;
       }
-      net::Request* r = net_.isend(c.comm, slot, bytes, 1, c.mh_staging);
+      net::Request* r = c.net->isend(c.comm, slot, bytes, 1, c.mh_staging);
       if (!r) break;  // the connection is full: later
       c.flight.push_back({r, c.taken});
       ++c.taken;
@@ -321,7 +362,7 @@ bool Proxy::step_send(SendConn& c) {
     // Retire completed sends in order; each frees its FIFO entry.
     while (!c.flight.empty()) {
       size_t n;
-      if (!net_.test(c.flight.front().req, &n)) break;
+      if (!c.net->test(c.flight.front().req, &n)) break;
       c.flight.erase(c.flight.begin());
       ++c.finished;
       __atomic_store_n(static_cast<uint64_t*>(c.done.host), c.finished, __ATOMIC_RELEASE);
@@ -335,10 +376,10 @@ bool Proxy::step_send(SendConn& c) {
       if (!pending) {
         if (!c.bye_req) {
           c.hello = WireHeader{kWireMagic, kBye, c.wire_seq, 0, 0, cfg_.rank, c.tb, cfg_.nranks, {}};
-          c.bye_req = net_.isend(c.comm, &c.hello, sizeof c.hello, 1, c.mh_hello);
+          c.bye_req = c.net->isend(c.comm, &c.hello, sizeof c.hello, 1, c.mh_hello);
         }
         size_t n;
-        if (c.bye_req && net_.test(c.bye_req, &n)) {
+        if (c.bye_req && c.net->test(c.bye_req, &n)) {
           c.bye_done = true;
           moved = true;
         }
@@ -367,11 +408,11 @@ bool Proxy::step_recv(RecvConn& c) {
   };
   try {
     if (c.rank < 0) {  // the hello: who this connection comes from
-      if (!c.mh_hello) c.mh_hello = net_.reg_mr(c.comm, c.hello.data(), c.hello.size(), net::kPtrHost);
-      if (!c.hello_req) c.hello_req = net_.irecv(c.comm, c.hello.data(), c.hello.size(), 0, c.mh_hello);
+      if (!c.mh_hello) c.mh_hello = c.net->reg_mr(c.comm, c.hello.data(), c.hello.size(), net::kPtrHost);
+      if (!c.hello_req) c.hello_req = c.net->irecv(c.comm, c.hello.data(), c.hello.size(), 0, c.mh_hello);
       if (!c.hello_req) return false;
       size_t n = 0;
-      if (!net_.test(c.hello_req, &n)) return false;
+      if (!c.net->test(c.hello_req, &n)) return false;
       c.hello_req = nullptr;
       WireHeader h;
       std::memcpy(&h, c.hello.data(), sizeof h);
@@ -406,8 +447,8 @@ bool Proxy::step_recv(RecvConn& c) {
     // refuse one for now: the rest wait behind it).
     while (c.posted < c.landed + n_bufs) {
       const size_t i = c.posted % n_bufs;
-      if (!c.mhs[i]) c.mhs[i] = net_.reg_mr(c.comm, c.buf(c.posted), c.stride, net::kPtrHost);
-      c.reqs[i] = net_.irecv(c.comm, c.buf(c.posted), c.stride, 1, c.mhs[i]);
+      if (!c.mhs[i]) c.mhs[i] = c.net->reg_mr(c.comm, c.buf(c.posted), c.stride, net::kPtrHost);
+      c.reqs[i] = c.net->irecv(c.comm, c.buf(c.posted), c.stride, 1, c.mhs[i]);
       if (!c.reqs[i]) break;
       ++c.posted;
     }
@@ -415,7 +456,7 @@ bool Proxy::step_recv(RecvConn& c) {
     while (c.received < c.posted) {
       const size_t i = c.received % n_bufs;
       size_t n = 0;
-      if (!net_.test(c.reqs[i], &n)) break;
+      if (!c.net->test(c.reqs[i], &n)) break;
       c.reqs[i] = nullptr;
       WireHeader h;
       char* buf = c.buf(c.received);
@@ -468,20 +509,25 @@ bool Proxy::step_recv(RecvConn& c) {
 }
 
 bool Proxy::accept_new() {
-  void* comm = nullptr;
-  try {
-    comm = net_.accept(listen_);
-  } catch (const std::exception& e) {
-    failed(std::string("accepting a connection: ") + e.what());
-    return false;
+  bool any = false;
+  for (size_t k = 0; k < nets_.size(); ++k) {
+    if (!nets_[k]) continue;
+    void* comm = nullptr;
+    try {
+      comm = nets_[k]->accept(listens_[k]);
+    } catch (const std::exception& e) {
+      failed(std::string("accepting a connection (") + nets_[k]->name() + "): " + e.what());
+      return false;
+    }
+    if (!comm) continue;
+    auto c = std::make_unique<RecvConn>();
+    c->net = nets_[k];
+    c->comm = comm;
+    c->hello.assign(dev::kNetHeaderBytes, 0);  // the hello; then pinned buffers for its puts
+    recvs_.push_back(std::move(c));
+    any = true;
   }
-  if (!comm) return false;
-  auto c = std::make_unique<RecvConn>();
-  c->net = &net_;
-  c->comm = comm;
-  c->hello.assign(dev::kNetHeaderBytes, 0);  // the hello; then pinned buffers for its puts
-  recvs_.push_back(std::move(c));
-  return true;
+  return any;
 }
 
 void Proxy::run() {

@@ -73,13 +73,22 @@ class Proxy {
  public:
   // Listens on `net`'s device `dev`; starts the thread. Throws RtError.
   Proxy(net::Net& net, int dev, const ProxyConfig& cfg);
+  // Several transports in order of preference (a null entry: one this rank
+  // lacks); a connection takes the first that both ends have (MK_NET=auto:
+  // verbs between ranks that both have an RDMA device, socket otherwise).
+  Proxy(std::vector<net::Net*> nets, int dev, const ProxyConfig& cfg);
   ~Proxy();
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
 
-  // This rank's listen handle: every rank learns every rank's at init.
-  const net::Handle& handle() const { return handle_; }
-  void set_peer_handles(std::vector<net::Handle> all);
+  // This rank's listen handles, one per transport (all zero for a null
+  // one): every rank learns every rank's at init.
+  const net::Handle& handle() const { return handles_[0]; }
+  const std::vector<net::Handle>& handles() const { return handles_; }
+  void set_peer_handles(std::vector<net::Handle> all);               // one transport
+  void set_peer_handles(std::vector<std::vector<net::Handle>> all);  // by rank, by transport
+  // (peer, transport index) of every connection this rank made, in order.
+  std::vector<std::pair<int, int>> send_transports() const;
 
   // Makes a connection from this rank's block `tb` to `peer` (another node)
   // for puts of at most `max_put` bytes (0: signals only; at most the
@@ -113,13 +122,13 @@ class Proxy {
   struct RecvConn;
 
  private:
-  net::Net& net_;
+  std::vector<net::Net*> nets_;
   int dev_;
   ProxyConfig cfg_;
-  net::Handle handle_;
-  void* listen_ = nullptr;
+  std::vector<net::Handle> handles_;
+  std::vector<void*> listens_;
   CUstream stream_ = nullptr;
-  std::vector<net::Handle> peers_;
+  std::vector<std::vector<net::Handle>> peers_;  // by rank, by transport
 
   mutable std::mutex mu_;  // guards the lists below (the thread takes new connections under it)
   std::vector<std::unique_ptr<SendConn>> sends_;

@@ -970,6 +970,47 @@ int net_destroy(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// MK_NET=auto: ranks whose env says MKT_VERBS=1 have a (fake) RDMA device;
+// a connection uses verbs when both ends have one, the socket transport
+// otherwise. One rank per node; the connections are what an all-reduce's
+// plan makes (its goodbyes on destroy cross both kinds).
+int net_auto(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  if (use_gpu(rank)) return 1;
+  CUstream stream = nullptr;
+  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 20) == CUDA_SUCCESS);
+  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(buf)), reinterpret_cast<void*>(uintptr_t(buf)), 1 << 18,
+                          mkFloat32, mkSum, comm, stream) == mkSuccess);
+  auto has_verbs = [](int r) { return std::string(std::getenv("MKT_VERBS_RANKS")).find(char('0' + r)) != std::string::npos; };
+  auto c = mk::rt::acquire(comm);
+  CHILD_CHECK(c->nets.size() == 2 && (c->nets[0] != nullptr) == has_verbs(rank) && c->nets[1] != nullptr);
+  const auto kinds = c->proxy->send_transports();
+  CHILD_CHECK(!kinds.empty());
+  for (auto [peer, kind] : kinds) {
+    std::fprintf(stderr, "rank %d -> rank %d: %s\n", rank, peer, kind == 0 ? "verbs" : "socket");
+    CHILD_CHECK(kind == (has_verbs(rank) && has_verbs(peer) ? 0 : 1));
+  }
+  const auto t0 = std::chrono::steady_clock::now();  // every rank's connections arrive
+  while (c->proxy->stats().recv_conns == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHILD_CHECK(c->proxy->stats().recv_conns > 0);
+  CHILD_CHECK(c->proxy->error().empty());
+  c.reset();
+  int x = 0;
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, &x, sizeof x, 0) == mkSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the hellos have landed everywhere
+  mkResult_t async = mkInProgress;
+  CHILD_CHECK(mkCommGetAsyncError(comm, &async) == mkSuccess);
+  CHILD_CHECK(async == mkSuccess);
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, &x, sizeof x, 0) == mkSuccess);
+  CHILD_CHECK(mkCommDestroy(comm) == mkSuccess);
+  return 0;
+}
+
 int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   g_rank = rank;
   mkfake_counts before{};
@@ -1471,6 +1512,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "span_bootstrap") return span_bootstrap(rank, nranks, id);
   if (scenario == "net_span") return net_span(rank, nranks, id);
   if (scenario == "net_destroy") return net_destroy(rank, nranks, id);
+  if (scenario == "net_auto") return net_auto(rank, nranks, id);
   if (scenario == "span_differs") return span_differs(rank, nranks, id);
   if (scenario == "split_peer_exit") return split_peer_exit(rank, nranks, id);
   if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
@@ -1606,6 +1648,25 @@ TEST_CASE("ranks on two nodes with MK_NET=socket: a full communicator whose plan
   run_ranks(4, "net_span", {env("node-a"), env("node-a"), env("node-b"), env("node-b")});
   run_ranks(2, "net_destroy", {env("node-a"), env("node-b")});  // a plain destroy is no failure for the other node
 }
+
+#ifdef MKT_FAKE_IBVERBS
+// One communicator, two transports: nodes a and b have a (fake) RDMA
+// device, node c has none; with MK_NET=auto a-b connections run on verbs,
+// those with c on the socket transport (NCCL picks one for the whole job).
+TEST_CASE("three nodes with MK_NET=auto: verbs between the nodes that both have an RDMA device, socket with the one that has none") {
+  MKT_REQUIRE_FAKE();
+  const std::string fabric = "MKFAKE_IB_NAME=mkt-ib-auto-" + std::to_string(::getpid());
+  auto env = [&](const char* node, const char* devices) {
+    return std::vector<std::string>{std::string("MK_HOST_ID=") + node, "MK_NET=auto", "MK_SOCKET_IFNAME==lo",
+                                    "MK_SCRATCH_BYTES=67108864", "MK_TUNE=simple_instances=2",
+                                    std::string("MK_IBVERBS_LIB=") + MKT_FAKE_IBVERBS, "MKFAKE_IB_LINK=roce",
+                                    std::string("MKFAKE_IB_DEVICES=") + devices, fabric, "MKT_VERBS_RANKS=01"};
+  };
+  run_ranks(3, "net_auto", {env("node-a", "1"), env("node-b", "1"), env("node-c", "0")});
+}
+#else
+TEST_CASE("three nodes with MK_NET=auto: skipped") { MESSAGE("SKIPPED: the fake libibverbs was not built (no infiniband/verbs.h)"); }
+#endif
 
 TEST_CASE("four processes on two nodes: spanNodes makes a bootstrap-only communicator whose split by node runs") {
   MKT_REQUIRE_FAKE();

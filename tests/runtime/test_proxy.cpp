@@ -42,10 +42,12 @@ struct Rank {
   CUdeviceptr arena = 0;
   volatile int32_t abort_word = 0;
   std::unique_ptr<rt::net::Net> net;
+  std::unique_ptr<rt::net::Net> verbs;  // `verbs_lib`: (fake) verbs first where this rank has it, then socket
   std::unique_ptr<rt::Proxy> proxy;
   std::unique_ptr<rt::Bootstrap> boot;
 
-  Rank(const mkUniqueId& id, int r, int n, int64_t timeout_ms = 20000) : rank(r), nranks(n) {
+  Rank(const mkUniqueId& id, int r, int n, int64_t timeout_ms = 20000, const char* verbs_lib = nullptr)
+      : rank(r), nranks(n) {
     const auto& d = rt::cu();
     CUdevice dev;
     MK_CU(d.cuDeviceGet(&dev, r % 4), "device");
@@ -67,14 +69,26 @@ struct Rank {
     cfg.max_put_bytes = kMaxPut;
     cfg.timeout_ms = timeout_ms;
     cfg.abort_word = &abort_word;
-    proxy = std::make_unique<rt::Proxy>(*net, 0, cfg);
+    std::vector<rt::net::Net*> nets = {net.get()};
+    if (verbs_lib) {
+      rt::net::VerbsOptions vo;
+      vo.lib = verbs_lib;
+      try {
+        verbs = rt::net::make_verbs_net(vo);
+      } catch (const rt::RtError&) {  // no device on this rank
+      }
+      nets.insert(nets.begin(), verbs.get());
+    }
+    proxy = std::make_unique<rt::Proxy>(nets, 0, cfg);
     boot = std::make_unique<rt::Bootstrap>(id, n, r);
-    const std::string mine(reinterpret_cast<const char*>(proxy->handle().bytes), rt::net::kHandleBytes);
-    std::vector<rt::net::Handle> all(static_cast<size_t>(n));
+    std::string mine;
+    for (const auto& h : proxy->handles()) mine.append(reinterpret_cast<const char*>(h.bytes), rt::net::kHandleBytes);
+    std::vector<std::vector<rt::net::Handle>> all(static_cast<size_t>(n), std::vector<rt::net::Handle>(nets.size()));
     const auto got = boot->allgather(mine);
     for (int i = 0; i < n; ++i) {
-      if (got[size_t(i)].size() != rt::net::kHandleBytes) throw std::runtime_error("a rank sent no handle");
-      std::memcpy(all[size_t(i)].bytes, got[size_t(i)].data(), rt::net::kHandleBytes);
+      if (got[size_t(i)].size() != mine.size()) throw std::runtime_error("a rank sent no handle");
+      for (size_t k = 0; k < nets.size(); ++k)
+        std::memcpy(all[size_t(i)][k].bytes, got[size_t(i)].data() + k * rt::net::kHandleBytes, rt::net::kHandleBytes);
     }
     proxy->set_peer_handles(all);
   }
@@ -186,6 +200,43 @@ TEST_CASE("proxy: ranks on two and four fake nodes exchange tiles with signals a
     for (pid_t p : pids) CHECK(join(p) == 0);
   }
 }
+
+#ifdef MKT_FAKE_IBVERBS
+// The proxy over two transports at once: ranks 0-2 have a (fake) RDMA
+// device, rank 3 none; pairs that both have one run on verbs, the rest on
+// the socket transport; the same tiles, signals and credits arrive.
+TEST_CASE("proxy: four fake nodes, three with verbs, exchange tiles over verbs and socket connections at once") {
+  if (!mkt::use_fake()) return;
+  const int n = 4;
+  setenv("MKFAKE_IB_NAME", ("mkt-ib-proxy-" + std::to_string(::getpid())).c_str(), 1);
+  setenv("MKFAKE_IB_LINK", "roce", 1);
+  setenv("MK_SOCKET_IFNAME", "=lo", 1);
+  mkUniqueId id;
+  REQUIRE(mkGetUniqueId(&id) == mkSuccess);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r)
+    pids.push_back(fork_rank([&, r] {
+      setenv("MKFAKE_IB_DEVICES", r < 3 ? "1" : "0", 1);
+      Rank me(id, r, n, 20000, MKT_FAKE_IBVERBS);
+      if ((me.verbs != nullptr) != (r < 3)) return 4;
+      const int rc = exchange(me, 40);
+      for (auto [peer, kind] : me.proxy->send_transports())
+        if (kind != (r < 3 && peer < 3 ? 0 : 1)) return 5;  // 0: verbs, 1: socket
+      const bool counted = spin(
+          [&] {
+            const auto st = me.proxy->stats();
+            return st.puts_landed == uint64_t(40 * (n - 1)) && st.signals_landed == uint64_t(80 * (n - 1));
+          },
+          nullptr, 10000);
+      const bool ok = counted && me.proxy->error().empty();
+      if (!ok) std::fprintf(stderr, "rank %d: %s\n", r, me.proxy->error().c_str());
+      me.boot->barrier();
+      return rc ? rc : ok ? 0 : 3;
+    }));
+  for (pid_t p : pids) CHECK(join(p) == 0);
+  unsetenv("MKFAKE_IB_DEVICES");
+}
+#endif
 
 TEST_CASE("proxy: a killed peer fails the survivor's proxy naming it and sets the abort word") {
   if (!mkt::use_fake()) return;
