@@ -184,6 +184,19 @@ mkResult_t mkCommInitRankConfig(mkComm_t* comm, int nranks, mkUniqueId commId, i
  * from one thread inside mkGroupStart/End (mkGroupEnd waits and returns the
  * split's error). Aborting comm ends a split in progress. */
 mkResult_t mkCommSplit(mkComm_t comm, int color, int key, mkComm_t* newcomm, const mkConfig_t* config);
+/* mkCommShrink flags (NCCL_SHRINK_*'s values). */
+#define MK_SHRINK_DEFAULT 0x00 /* shrink: the parent's kernels are left as they are */
+#define MK_SHRINK_ABORT 0x01   /* stop the parent's kernels first (after a failure: they may wait on a dead rank) */
+/* A communicator of comm's ranks without excludeRanksList[0..count) (ranks
+ * of comm, e.g. ranks that died or hang), called by every remaining rank and
+ * by none of the excluded ones (ncclCommShrink's semantics). The remaining
+ * ranks keep their order; the new one inherits comm's configuration, `config`
+ * (may be NULL) overrides it. It works on a communicator that failed (a peer
+ * died: mkCommGetAsyncError reports it): only the remaining ranks talk.
+ * Blocking. Ranks of one process (mkCommInitAll) cannot shrink yet
+ * (mkInvalidUsage). comm stays to be destroyed or aborted by the caller. */
+mkResult_t mkCommShrink(mkComm_t comm, int* excludeRanksList, int excludeRanksCount, mkComm_t* newcomm,
+                        const mkConfig_t* config, int shrinkFlags);
 /* Waits (bounded) for every collective issued on comm to complete; afterwards
  * only mkCommDestroy is allowed. */
 mkResult_t mkCommFinalize(mkComm_t comm);

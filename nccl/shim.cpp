@@ -99,6 +99,7 @@ struct Mk {
   decltype(&mkCommBootstrapBroadcast) CommBootstrapBroadcast;
   decltype(&mkCommNodeCount) CommNodeCount;
   decltype(&mkCommIsBootstrapOnly) CommIsBootstrapOnly;
+  decltype(&mkCommShrink) CommShrink;
   decltype(&mkGetLastError) GetLastError;
   decltype(&mkAllReduce) AllReduce;
   decltype(&mkBroadcast) Broadcast;
@@ -217,7 +218,7 @@ bool load_mk_locked() {
             sym(h, "mkCommUserRank", &m.CommUserRank) && sym(h, "mkCommRegister", &m.CommRegister) &&
             sym(h, "mkCommDeregister", &m.CommDeregister) &&
             sym(h, "mkCommBootstrapBroadcast", &m.CommBootstrapBroadcast) &&
-            sym(h, "mkCommNodeCount", &m.CommNodeCount) && sym(h, "mkCommIsBootstrapOnly", &m.CommIsBootstrapOnly) &&
+            sym(h, "mkCommNodeCount", &m.CommNodeCount) && sym(h, "mkCommIsBootstrapOnly", &m.CommIsBootstrapOnly) && sym(h, "mkCommShrink", &m.CommShrink) &&
             sym(h, "mkGetLastError", &m.GetLastError) && sym(h, "mkAllReduce", &m.AllReduce) &&
             sym(h, "mkBroadcast", &m.Broadcast) && sym(h, "mkReduce", &m.Reduce) &&
             sym(h, "mkAllGather", &m.AllGather) && sym(h, "mkReduceScatter", &m.ReduceScatter) &&
@@ -1058,12 +1059,25 @@ MK_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclC
   return ncclResult_t(r);
 }
 
-// mKernel has no shrink: the new communicator is the real NCCL's alone.
+// A communicator mKernel runs shrinks on mKernel (mkCommShrink: only the
+// remaining ranks talk); one NCCL runs whole shrinks in NCCL.
 MK_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                        ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
   if (ncclResult_t r = check_comm(comm, "ncclCommShrink")) return r;
   if (!newcomm) return fail(ncclInvalidArgument, "ncclCommShrink: newcomm is NULL");
   *newcomm = nullptr;
+  if (ncclResult_t r = check_config(config, "ncclCommShrink")) return r;
+  if (comm->mk && !nccl_whole(comm)) {
+    mkConfig_t local = MK_CONFIG_INITIALIZER;
+    to_mk_config(config, &local);
+    local.blocking = 1;  // mkCommShrink is blocking
+    mkComm_t child = nullptr;
+    const mkResult_t r =
+        g_mk.CommShrink(comm->mk, excludeRanksList, excludeRanksCount, &child, &local, shrinkFlags);
+    if (r != mkSuccess) return fail(ncclResult_t(r), "ncclCommShrink: %s", g_mk.GetLastError(comm->mk));
+    *newcomm = new_comm(child, comm->fallback);
+    return ncclSuccess;
+  }
   if (ncclResult_t r = ensure_real(comm, "ncclCommShrink")) return r;
   if (!g_real.CommShrink) return fail(ncclInvalidUsage, "ncclCommShrink: the real NCCL (%s) has no ncclCommShrink", g_real.path);
   ncclComm_t child = nullptr;

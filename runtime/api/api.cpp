@@ -152,6 +152,15 @@ mkResult_t mkCommSplit(mkComm_t comm, int color, int key, mkComm_t* newcomm, con
   return r == mkSuccess && in_progress ? mkInProgress : r;
 }
 
+mkResult_t mkCommShrink(mkComm_t comm, int* excludeRanksList, int excludeRanksCount, mkComm_t* newcomm,
+                        const mkConfig_t* config, int shrinkFlags) {
+  return guard(comm, [&] {
+    if (!newcomm) fail(mkInvalidArgument, "mkCommShrink: newcomm is NULL");
+    *newcomm = nullptr;
+    *newcomm = lifecycle_shrink(comm, excludeRanksList, excludeRanksCount, config, shrinkFlags);
+  });
+}
+
 mkResult_t mkCommFinalize(mkComm_t comm) {
   return guard(comm, [&] { lifecycle_finalize(comm); });
 }

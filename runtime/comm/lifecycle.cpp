@@ -372,6 +372,66 @@ void split_body(const std::shared_ptr<Comm>& parent, const SplitEntry& mine, con
 
 }  // namespace
 
+mkComm_t lifecycle_shrink(mkComm_t h, const int* exclude, int nexclude, const mkConfig_t* config, int flags) {
+  std::shared_ptr<Comm> parent = acquire(h);
+  // A failed communicator may shrink (that is what it is for): only one
+  // being made or destroyed may not.
+  if (parent->state.load() == int(CommState::initializing))
+    fail(mkInvalidUsage, "mkCommShrink: the communicator is still being initialised (nonblocking init)");
+  if (parent->closing.load()) fail(mkInvalidUsage, "mkCommShrink: the communicator is being destroyed");
+  if (flags != MK_SHRINK_DEFAULT && flags != MK_SHRINK_ABORT)
+    fail(mkInvalidArgument, fmt::format("mkCommShrink: shrinkFlags {} is not MK_SHRINK_DEFAULT or MK_SHRINK_ABORT", flags));
+  if (nexclude < 0 || (nexclude > 0 && !exclude))
+    fail(mkInvalidArgument, fmt::format("mkCommShrink: {} excluded ranks{}", nexclude, nexclude > 0 ? " but the list is NULL" : ""));
+  std::vector<bool> out(size_t(parent->nranks), false);
+  for (int i = 0; i < nexclude; ++i) {
+    const int r = exclude[i];
+    if (r < 0 || r >= parent->nranks)
+      fail(mkInvalidArgument, fmt::format("mkCommShrink: excluded rank {} is outside 0..{}", r, parent->nranks - 1));
+    if (out[size_t(r)]) fail(mkInvalidArgument, fmt::format("mkCommShrink: rank {} is excluded twice", r));
+    out[size_t(r)] = true;
+  }
+  if (out[size_t(parent->rank)])
+    fail(mkInvalidArgument, fmt::format("mkCommShrink: rank {} calls it but is in its own exclude list (excluded ranks "
+                                        "do not call mkCommShrink)",
+                                        parent->rank));
+  if (parent->clique)
+    fail(mkInvalidUsage, "mkCommShrink: ranks of one process (mkCommInitAll) cannot shrink yet; make a new "
+                         "communicator of the remaining ranks with mkCommInitAll");
+  CommConfig cfg = parent->config;
+  apply_user_config(&cfg, config);
+  cfg.split_share = 0;  // the parent's memory may be in use by kernels that never end: not shared
+  if (flags == MK_SHRINK_ABORT) parent->stop_kernels();
+  std::vector<int> keep;
+  for (int r = 0; r < parent->nranks; ++r)
+    if (!out[size_t(r)]) keep.push_back(r);
+  const int newrank = int(std::find(keep.begin(), keep.end(), parent->rank) - keep.begin());
+  // The first remaining rank makes the new communicator's id and hands it
+  // to the others point to point (an all-gather would wait for the
+  // excluded ranks).
+  mkUniqueId id{};
+  if (keep.size() > 1) {
+    if (!parent->boot) fail(mkInternalError, "mkCommShrink: the communicator has no bootstrap");
+    if (newrank == 0) {
+      bootstrap_create_id(&id);
+      for (size_t i = 1; i < keep.size(); ++i)
+        parent->boot->send(keep[i], std::string(id.internal, sizeof id.internal));
+    } else {
+      const std::string got = parent->boot->recv(keep[0]);
+      if (got.size() != sizeof id.internal)
+        fail(mkRemoteError, fmt::format("mkCommShrink: rank {} sent no id for the new communicator", keep[0]));
+      std::memcpy(id.internal, got.data(), sizeof id.internal);
+    }
+  }
+  auto child = std::make_shared<Comm>();
+  child->config = cfg;
+  comm_init_rank(*child, int(keep.size()), id, newrank, parent->device, nullptr);
+  child->state.store(int(CommState::ready));
+  debug_log(fmt::format("mkCommShrink: rank {}/{} is rank {}/{} of the new communicator ({} excluded)", parent->rank,
+                        parent->nranks, newrank, keep.size(), nexclude));
+  return publish(std::move(child));
+}
+
 mkComm_t lifecycle_split(mkComm_t h, int color, int key, const mkConfig_t* config, bool* in_progress) {
   std::shared_ptr<Comm> parent = acquire(h);
   parent->check_usable("mkCommSplit");

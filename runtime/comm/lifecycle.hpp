@@ -22,6 +22,7 @@ void lifecycle_finalize(mkComm_t h);
 // returns the ready child. Nonblocking: the child at once, built on a thread
 // (*in_progress set); the parent takes no calls until that thread is done.
 mkComm_t lifecycle_split(mkComm_t parent, int color, int key, const mkConfig_t* config, bool* in_progress);
+mkComm_t lifecycle_shrink(mkComm_t parent, const int* exclude, int nexclude, const mkConfig_t* config, int flags);
 mkResult_t lifecycle_async_error(mkComm_t h, std::string* message);
 
 }  // namespace mk::rt

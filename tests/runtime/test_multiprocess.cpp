@@ -1011,6 +1011,49 @@ int net_auto(int rank, int nranks, const mkUniqueId& id) {
   return 0;
 }
 
+// mkCommShrink: the last rank leaves without a word (its process ends);
+// the others get a communicator without it, which runs, and bad exclude
+// lists are refused without touching anyone.
+int shrink(int rank, int nranks, const mkUniqueId& id) {
+  g_rank = rank;
+  if (use_gpu(rank)) return 1;
+  CUstream stream = nullptr;
+  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  mkComm_t comm = nullptr;
+  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
+  int x = 0;
+  CHILD_CHECK(mkCommBootstrapBroadcast(comm, &x, sizeof x, 0) == mkSuccess);
+  const int gone = nranks - 1;
+  if (rank == gone) _exit(0);  // dies: no destroy, no goodbye
+  mkComm_t bad = reinterpret_cast<mkComm_t>(uintptr_t(1));
+  int self[1] = {rank}, outside[1] = {nranks}, twice[2] = {gone, gone}, list[1] = {gone};
+  CHILD_CHECK(mkCommShrink(comm, self, 1, &bad, nullptr, MK_SHRINK_DEFAULT) == mkInvalidArgument);
+  CHILD_CHECK(std::string(mkGetLastError(comm)).find("in its own exclude list") != std::string::npos);
+  CHILD_CHECK(bad == nullptr);
+  CHILD_CHECK(mkCommShrink(comm, outside, 1, &bad, nullptr, MK_SHRINK_DEFAULT) == mkInvalidArgument);
+  CHILD_CHECK(mkCommShrink(comm, twice, 2, &bad, nullptr, MK_SHRINK_DEFAULT) == mkInvalidArgument);
+  CHILD_CHECK(mkCommShrink(comm, list, 1, &bad, nullptr, 7) == mkInvalidArgument);
+  CHILD_CHECK(mkCommShrink(comm, nullptr, 1, &bad, nullptr, MK_SHRINK_DEFAULT) == mkInvalidArgument);
+  mkComm_t small = nullptr;
+  CHILD_CHECK(mkCommShrink(comm, list, 1, &small, nullptr, MK_SHRINK_ABORT) == mkSuccess);
+  int n = 0, me = -1;
+  CHILD_CHECK(mkCommCount(small, &n) == mkSuccess && n == nranks - 1);
+  CHILD_CHECK(mkCommUserRank(small, &me) == mkSuccess && me == rank);
+  x = rank == 0 ? 4242 : 0;
+  CHILD_CHECK(mkCommBootstrapBroadcast(small, &x, sizeof x, 0) == mkSuccess && x == 4242);
+  CUdeviceptr buf = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 20) == CUDA_SUCCESS);
+  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(buf)), reinterpret_cast<void*>(uintptr_t(buf)), 1 << 16,
+                          mkFloat32, mkSum, small, stream) == mkSuccess);
+  mkfake_launch l{};
+  CHILD_CHECK(mkfake_fn<decltype(mkfake_last_launch)>("mkfake_last_launch")(&l) == 1);
+  CHILD_CHECK(l.args.rank == rank);
+  CHILD_CHECK(mkCommBootstrapBroadcast(small, &x, sizeof x, 0) == mkSuccess);
+  CHILD_CHECK(mkCommDestroy(small) == mkSuccess);
+  mkCommAbort(comm);
+  return 0;
+}
+
 int span_bootstrap(int rank, int nranks, const mkUniqueId& id) {
   g_rank = rank;
   mkfake_counts before{};
@@ -1167,6 +1210,41 @@ std::string fake_nccl_log() {
   void* fake = dlopen(MKT_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
   auto log = fake ? reinterpret_cast<const char* (*)(int)>(dlsym(fake, "mkt_fake_nccl_log")) : nullptr;
   return log ? log(0) : "(mkt_fake_nccl_log not found)";
+}
+
+// ncclCommShrink through mKernel's libnccl.so.2: the last rank dies, the
+// others shrink on mKernel (the real NCCL is never asked: it would need
+// every rank) and run an all-reduce on the new communicator.
+int shim_shrink(int rank, int nranks, const mkUniqueId& id) {
+  void* h = nullptr;
+  ncclComm_t comm = nullptr;
+  if (open_shim_comm(rank, nranks, id, &h, &comm) != 0) return 1;
+  using Shrink = ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
+  using AllReduce = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+  using Count = ncclResult_t (*)(const ncclComm_t, int*);
+  using Destroy = ncclResult_t (*)(ncclComm_t);
+  auto shrink = reinterpret_cast<Shrink>(dlsym(h, "ncclCommShrink"));
+  auto allreduce = reinterpret_cast<AllReduce>(dlsym(h, "ncclAllReduce"));
+  auto count = reinterpret_cast<Count>(dlsym(h, "ncclCommCount"));
+  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
+  auto abort_ = reinterpret_cast<Destroy>(dlsym(h, "ncclCommAbort"));
+  CHILD_CHECK(shrink && allreduce && count && destroy && abort_);
+  CUdeviceptr b = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&b, 4096) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(b));
+  CHILD_CHECK(allreduce(p, p, 16, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess);
+  const int gone = nranks - 1;
+  if (rank == gone) _exit(0);
+  int list[1] = {gone};
+  ncclComm_t small = nullptr;
+  CHILD_CHECK(shrink(comm, list, 1, &small, nullptr, NCCL_SHRINK_ABORT) == ncclSuccess);
+  int n = 0;
+  CHILD_CHECK(count(small, &n) == ncclSuccess && n == nranks - 1);
+  CHILD_CHECK(allreduce(p, p, 16, ncclFloat32, ncclSum, small, nullptr) == ncclSuccess);
+  CHILD_CHECK(fake_nccl_log().find("CommShrink") == std::string::npos);  // never NCCL's
+  CHILD_CHECK(destroy(small) == ncclSuccess);
+  abort_(comm);
+  return 0;
 }
 
 // mKernel's libnccl.so.2 in two processes: a send needs the real NCCL, whose
@@ -1513,6 +1591,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "net_span") return net_span(rank, nranks, id);
   if (scenario == "net_destroy") return net_destroy(rank, nranks, id);
   if (scenario == "net_auto") return net_auto(rank, nranks, id);
+  if (scenario == "shrink") return shrink(rank, nranks, id);
   if (scenario == "span_differs") return span_differs(rank, nranks, id);
   if (scenario == "split_peer_exit") return split_peer_exit(rank, nranks, id);
   if (scenario == "copy_engine") return copy_engine(rank, nranks, id);
@@ -1553,6 +1632,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "shim") return shim_fallback(rank, nranks, id);
   if (scenario == "shim_eager") return shim_eager(rank, nranks, id);
   if (scenario == "shim_two_nodes") return shim_two_nodes(rank, nranks, id);
+  if (scenario == "shim_shrink") return shim_shrink(rank, nranks, id);
   if (scenario == "shim_group_nodes") return shim_group_nodes(rank, nranks, id);
   if (scenario == "shim_no_real_on_one") return shim_no_real_on_one(rank, nranks, id);
 #endif
@@ -1667,6 +1747,16 @@ TEST_CASE("three nodes with MK_NET=auto: verbs between the nodes that both have 
 #else
 TEST_CASE("three nodes with MK_NET=auto: skipped") { MESSAGE("SKIPPED: the fake libibverbs was not built (no infiniband/verbs.h)"); }
 #endif
+
+TEST_CASE("mkCommShrink: the ranks left after one died make a communicator without it, on one node and across nodes") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(3, "shrink", {});
+  auto env = [](const char* node) {
+    return std::vector<std::string>{std::string("MK_HOST_ID=") + node, "MK_NET=socket", "MK_SOCKET_IFNAME==lo",
+                                    "MK_SCRATCH_BYTES=67108864", "MK_TUNE=simple_instances=2"};
+  };
+  run_ranks(3, "shrink", {env("node-a"), env("node-b"), env("node-c")});
+}
 
 TEST_CASE("four processes on two nodes: spanNodes makes a bootstrap-only communicator whose split by node runs") {
   MKT_REQUIRE_FAKE();
@@ -1852,6 +1942,13 @@ TEST_CASE("three processes: rank 0's process ends during a split, the others' sp
 TEST_CASE("two processes: nccl shim creates the real NCCL communicator for a send, its id shared by mKernel") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "shim", {});
+}
+#endif
+
+#ifdef MKT_SHIM
+TEST_CASE("three processes: ncclCommShrink through the NCCL-compatible library leaves out a dead rank on mKernel") {
+  MKT_REQUIRE_FAKE();
+  run_ranks(3, "shim_shrink", {});
 }
 #endif
 
