@@ -427,6 +427,19 @@ class Communicator:
              ctypes.byref(cfg), comm=self._h)
         return Communicator(0, 0, None, _handle=h) if h.value else None
 
+    def shrink(self, exclude, abort=False, max_ctas=None, name=None):
+        """mkCommShrink: a communicator of this one's ranks without the ranks
+        in `exclude` (dead or hung ones), called by every remaining rank and
+        by none of the excluded; works after a failure. abort=True stops this
+        communicator's kernels first (MK_SHRINK_ABORT)."""
+        ranks = [int(r) for r in exclude]
+        arr = (ctypes.c_int * max(1, len(ranks)))(*ranks)
+        h = ctypes.c_void_p()
+        cfg = make_config(max_ctas=max_ctas, name=name)
+        call("mkCommShrink", self._live(), arr, len(ranks), ctypes.byref(h), ctypes.byref(cfg), 1 if abort else 0,
+             comm=self._h)
+        return Communicator(0, 0, None, _handle=h)
+
     def finalize(self):
         call("mkCommFinalize", self._live(), comm=self._h)
 

@@ -97,6 +97,7 @@ _SIGNATURES = {
     "mkCommInitRankConfig": [_c.POINTER(_P), _c.c_int, UniqueId, _c.c_int, _c.POINTER(Config)],
     "mkCommInitAll": [_c.POINTER(_P), _c.c_int, _c.POINTER(_c.c_int)],
     "mkCommSplit": [_P, _c.c_int, _c.c_int, _c.POINTER(_P), _c.POINTER(Config)],
+    "mkCommShrink": [_P, _c.POINTER(_c.c_int), _c.c_int, _c.POINTER(_P), _c.POINTER(Config), _c.c_int],
     "mkCommFinalize": [_P],
     "mkCommDestroy": [_P],
     "mkCommAbort": [_P],

@@ -455,6 +455,54 @@ class Package(unittest.TestCase):
             self.assertIn("rank %d hello from 0 ok" % r, o)
         self.assertIn("in progress: mkInProgress", outs[0])
 
+    def test_shrink_leaves_out_a_dead_rank(self):
+        # Three processes; rank 2 ends without a word after init; ranks 0 and
+        # 1 shrink and run on the new communicator.
+        cache = os.path.join(TMP, "c-shrink")
+        script = os.path.join(TMP, "shrink.py")
+        with open(script, "w") as f:
+            f.write(ALLOC + textwrap.dedent("""
+                import os, sys, time
+                rank, uidfile = int(sys.argv[1]), sys.argv[2]
+                if rank == 0:
+                    uid = mkernel.get_unique_id()
+                    with open(uidfile + ".tmp", "wb") as f:
+                        f.write(uid)
+                    os.rename(uidfile + ".tmp", uidfile)
+                else:
+                    while not os.path.exists(uidfile):
+                        time.sleep(0.01)
+                    uid = open(uidfile, "rb").read()
+                comm = mkernel.Communicator(3, rank, uid, device=rank)
+                comm.bootstrap_broadcast(b"x", root=0)
+                if rank == 2:
+                    os._exit(0)
+                try:
+                    comm.shrink([rank])
+                except mkernel.MkError as e:
+                    print("rank", rank, "refused:", e.name)
+                small = comm.shrink([2], abort=True)
+                s = dalloc(1 << 16, rank)
+                small.all_reduce(s, s, 1 << 10, "fp32", "sum")
+                got = small.bootstrap_broadcast(b"from zero" if rank == 0 else b"x" * 9, root=0)
+                print("rank", rank, "size", small.size, "rank", small.rank, got.decode())
+                small.destroy()
+                comm.abort()
+            """))
+        uid = os.path.join(TMP, "uid-shrink")
+        e = dict(os.environ)
+        e.update(fake_env(cache))
+        for k in ("MK_PREBUILT_DIR", "PYTHONPATH"):
+            e.pop(k, None)
+        ps = [subprocess.Popen([PY, script, str(r), uid], cwd=TMP, env=e, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for r in (0, 1, 2)]
+        outs = [p.communicate(timeout=300)[0] for p in ps]
+        for r, (p, o) in enumerate(zip(ps, outs)):
+            self.assertEqual(p.returncode, 0, o)
+            if r < 2:
+                self.assertIn("rank %d refused: mkInvalidArgument" % r, o)
+                self.assertIn("rank %d size 2 rank %d from zero" % (r, r), o)
+
     def test_two_nodes_span_nodes(self):
         # Two processes claiming two nodes (MK_HOST_ID): by default init fails
         # on both, naming the hosts; span_nodes="bootstrap" gives a
