@@ -312,7 +312,7 @@ void Proxy::failed(const std::string& what) {
 
 bool Proxy::step_send(SendConn& c) {
   bool moved = false;
-  const std::string who = "rank " + std::to_string(c.peer) + " (block " + std::to_string(c.tb) + ")";
+  auto who = [&] { return "rank " + std::to_string(c.peer) + " (block " + std::to_string(c.tb) + ")"; };  // errors only
   try {
     if (!c.hello_done) {
       if (!c.hello_req) c.hello_req = c.net->isend(c.comm, &c.hello, sizeof c.hello, 0, c.mh_hello);
@@ -337,7 +337,7 @@ bool Proxy::step_send(SendConn& c) {
       size_t bytes = sizeof(WireHeader);
       if (kind == kPut) {
         if (d.arg2 > c.max_put) {
-          failed("block " + std::to_string(c.tb) + " posted a put of " + std::to_string(d.arg2) + " bytes to " + who +
+          failed("block " + std::to_string(c.tb) + " posted a put of " + std::to_string(d.arg2) + " bytes to " + who() +
                  ", above its connection's largest (" + std::to_string(c.max_put) + ")");
           return false;
         }
@@ -386,14 +386,14 @@ bool Proxy::step_send(SendConn& c) {
       }
     }
   } catch (const std::exception& e) {
-    failed("sending to " + who + ": " + e.what());
+    failed("sending to " + who() + ": " + e.what());
     return false;
   }
   const auto now = Clock::now();
   if (moved || c.flight.empty()) {
     c.last_progress = now;
   } else if (cfg_.timeout_ms > 0 && now - c.last_progress > std::chrono::milliseconds(cfg_.timeout_ms)) {
-    failed("sending to " + who + ": no progress for " + std::to_string(cfg_.timeout_ms) +
+    failed("sending to " + who() + ": no progress for " + std::to_string(cfg_.timeout_ms) +
            " ms (the peer stopped reading; MK_TIMEOUT_MS)");
   }
   return moved;
