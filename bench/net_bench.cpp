@@ -79,8 +79,10 @@ double pct(std::vector<double> v, double p) {
 
 // ---- socket ----------------------------------------------------------------------
 
+// One end: a transport instance for its sending connection and one for its
+// receiving connection (a thread per direction never shares a Net).
 struct Side {
-  std::unique_ptr<net::Net> net;  // NOLINT
+  std::unique_ptr<net::Net> ns, nr;
   net::ListenComm* listen = nullptr;
   net::Handle handle{};
   net::SendComm* send = nullptr;
@@ -96,80 +98,82 @@ void wait_req(net::Net& n, net::Request* r) {
 // Sends (or receives) `count` messages of `msg` bytes with up to `depth` outstanding.
 void pump(Side& s, std::vector<char>& buf, int64_t msg, int64_t count, int depth, bool send) {
   void* comm = send ? static_cast<void*>(s.send) : static_cast<void*>(s.recv);
-  net::MemHandle* mh = s.net->reg_mr(comm, buf.data(), buf.size(), net::kPtrHost);
+  net::Net& n = send ? *s.ns : *s.nr;
+  net::MemHandle* mh = n.reg_mr(comm, buf.data(), buf.size(), net::kPtrHost);
   std::vector<net::Request*> q;
   int64_t posted = 0, done = 0;
   size_t head = 0;
   while (done < count) {
     while (posted < count && int64_t(q.size()) - int64_t(head) < depth) {
       char* p = buf.data() + (posted % depth) * msg;
-      net::Request* r = send ? s.net->isend(s.send, p, size_t(msg), 1, mh) : s.net->irecv(s.recv, p, size_t(msg), 1, mh);
+      net::Request* r = send ? n.isend(s.send, p, size_t(msg), 1, mh) : n.irecv(s.recv, p, size_t(msg), 1, mh);
       if (!r) break;
       q.push_back(r);
       ++posted;
     }
-    size_t n;
-    if (head < q.size() && s.net->test(q[head], &n)) {
-      if (!send && n != size_t(msg))
-        die("a message of " + std::to_string(n) + " bytes, " + std::to_string(msg) + " expected");
+    size_t got;
+    if (head < q.size() && n.test(q[head], &got)) {
+      if (!send && got != size_t(msg))
+        die("a message of " + std::to_string(got) + " bytes, " + std::to_string(msg) + " expected");
       ++head;
       ++done;
     }
   }
-  s.net->dereg_mr(comm, mh);
+  n.dereg_mr(comm, mh);
 }
 
 // Both directions on one thread (the proxy's shape: one thread per rank
 // sends and receives).
 void pump_duplex(Side& s, std::vector<char>& sbuf, std::vector<char>& rbuf, int64_t msg, int64_t count, int depth) {
-  net::MemHandle* ms = s.net->reg_mr(s.send, sbuf.data(), sbuf.size(), net::kPtrHost);
-  net::MemHandle* mr = s.net->reg_mr(s.recv, rbuf.data(), rbuf.size(), net::kPtrHost);
+  net::MemHandle* ms = s.ns->reg_mr(s.send, sbuf.data(), sbuf.size(), net::kPtrHost);
+  net::MemHandle* mr = s.nr->reg_mr(s.recv, rbuf.data(), rbuf.size(), net::kPtrHost);
   std::vector<net::Request*> sq, rq;
   int64_t sposted = 0, sdone = 0, rposted = 0, rdone = 0;
   size_t sh = 0, rh = 0;
   while (sdone < count || rdone < count) {
     while (rposted < count && int64_t(rq.size()) - int64_t(rh) < depth) {
-      net::Request* r = s.net->irecv(s.recv, rbuf.data() + (rposted % depth) * msg, size_t(msg), 1, mr);
+      net::Request* r = s.nr->irecv(s.recv, rbuf.data() + (rposted % depth) * msg, size_t(msg), 1, mr);
       if (!r) break;
       rq.push_back(r);
       ++rposted;
     }
     while (sposted < count && int64_t(sq.size()) - int64_t(sh) < depth) {
-      net::Request* r = s.net->isend(s.send, sbuf.data() + (sposted % depth) * msg, size_t(msg), 1, ms);
+      net::Request* r = s.ns->isend(s.send, sbuf.data() + (sposted % depth) * msg, size_t(msg), 1, ms);
       if (!r) break;
       sq.push_back(r);
       ++sposted;
     }
     size_t n;
-    if (sh < sq.size() && s.net->test(sq[sh], &n)) {
+    if (sh < sq.size() && s.ns->test(sq[sh], &n)) {
       ++sh;
       ++sdone;
     }
-    if (rh < rq.size() && s.net->test(rq[rh], &n)) {
+    if (rh < rq.size() && s.nr->test(rq[rh], &n)) {
       if (n != size_t(msg)) die("a message of " + std::to_string(n) + " bytes, " + std::to_string(msg) + " expected");
       ++rh;
       ++rdone;
     }
   }
-  s.net->dereg_mr(s.send, ms);
-  s.net->dereg_mr(s.recv, mr);
+  s.ns->dereg_mr(s.send, ms);
+  s.nr->dereg_mr(s.recv, mr);
 }
 
 int socket_mode(const std::vector<int64_t>& sizes, int64_t total, int depth, int rounds) {
   const net::SocketOptions opts = net::socket_options_from_env();
   Side a, b;
-  a.net = net::make_socket_net(opts);
-  b.net = net::make_socket_net(opts);
-  a.listen = a.net->listen(0, &a.handle);
-  b.listen = b.net->listen(0, &b.handle);
+  for (Side* x : {&a, &b}) {
+    x->ns = net::make_socket_net(opts);
+    x->nr = net::make_socket_net(opts);
+    x->listen = x->nr->listen(0, &x->handle);
+  }
   auto link = [](Side& from, Side& to) {
-    while (!(from.send = from.net->connect(0, to.handle))) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    while (!(to.recv = to.net->accept(to.listen))) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    while (!(from.send = from.ns->connect(0, to.handle))) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    while (!(to.recv = to.nr->accept(to.listen))) std::this_thread::sleep_for(std::chrono::microseconds(100));
   };
   link(a, b);
   link(b, a);
   std::printf("# mk_net_bench socket (loopback TCP; MK_SOCKET_NSTREAMS=%d, %s), commit %s\n\n", opts.nstreams,
-              a.net->name().c_str(), MK_GIT_COMMIT);
+              a.ns->name().c_str(), MK_GIT_COMMIT);
   std::printf("| message | one direction GB/s | both directions, one thread per side (the proxy's shape) GB/s each | "
               "both directions, a thread per direction GB/s each |\n|---:|---:|---:|---:|\n");
   for (int64_t msg : sizes) {
@@ -203,51 +207,48 @@ int socket_mode(const std::vector<int64_t>& sizes, int64_t total, int depth, int
     std::printf("| %s | %.2f | %.2f | %.2f |\n", human(msg).c_str(), median(one), median(duplex), median(two));
     std::fflush(stdout);
   }
-  // Ping-pong: 8 bytes there and back, one at a time.
-  std::vector<char> pa(8), pb(8);
-  net::MemHandle* m1 = a.net->reg_mr(a.send, pa.data(), 8, net::kPtrHost);
-  net::MemHandle* m2 = b.net->reg_mr(b.recv, pb.data(), 8, net::kPtrHost);
-  net::MemHandle* m3 = b.net->reg_mr(b.send, pb.data(), 8, net::kPtrHost);
-  net::MemHandle* m4 = a.net->reg_mr(a.recv, pa.data(), 8, net::kPtrHost);
-  std::atomic<bool> go{true};
+  // Ping-pong: 8 bytes there and back, one at a time (separate buffers per direction).
+  std::vector<char> pa_s(8), pa_r(8), pb(8);
+  net::MemHandle* m1 = a.ns->reg_mr(a.send, pa_s.data(), 8, net::kPtrHost);
+  net::MemHandle* m2 = b.nr->reg_mr(b.recv, pb.data(), 8, net::kPtrHost);
+  net::MemHandle* m3 = b.ns->reg_mr(b.send, pb.data(), 8, net::kPtrHost);
+  net::MemHandle* m4 = a.nr->reg_mr(a.recv, pa_r.data(), 8, net::kPtrHost);
   std::thread echo([&] {
     for (int i = 0; i < rounds + 100; ++i) {
       net::Request* r;
-      while (!(r = b.net->irecv(b.recv, pb.data(), 8, 1, m2))) {
+      while (!(r = b.nr->irecv(b.recv, pb.data(), 8, 1, m2))) {
       }
-      wait_req(*b.net, r);
-      while (!(r = b.net->isend(b.send, pb.data(), 8, 1, m3))) {
+      wait_req(*b.nr, r);
+      while (!(r = b.ns->isend(b.send, pb.data(), 8, 1, m3))) {
       }
-      wait_req(*b.net, r);
+      wait_req(*b.ns, r);
     }
-    (void)go;
   });
   std::vector<double> rtt;
   for (int i = 0; i < rounds + 100; ++i) {
     const auto t0 = Clock::now();
-    net::Request* r;
-    while (!(r = a.net->isend(a.send, pa.data(), 8, 1, m1))) {
-    }
     net::Request* q;
-    while (!(q = a.net->irecv(a.recv, pa.data(), 8, 1, m4))) {
+    while (!(q = a.nr->irecv(a.recv, pa_r.data(), 8, 1, m4))) {
     }
-    wait_req(*a.net, r);
-    wait_req(*a.net, q);
+    net::Request* r;
+    while (!(r = a.ns->isend(a.send, pa_s.data(), 8, 1, m1))) {
+    }
+    wait_req(*a.ns, r);
+    wait_req(*a.nr, q);
     if (i >= 100) rtt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
   echo.join();
   std::printf("\n8-byte round trip (ping-pong, %d rounds after 100 of warm-up): p10 %.1f us, median %.1f us, p90 %.1f us\n",
               rounds, pct(rtt, 0.1), median(rtt), pct(rtt, 0.9));
-  a.net->dereg_mr(a.send, m1);
-  b.net->dereg_mr(b.recv, m2);
-  b.net->dereg_mr(b.send, m3);
-  a.net->dereg_mr(a.recv, m4);
-  a.net->close_send(a.send);
-  b.net->close_send(b.send);
-  a.net->close_recv(a.recv);
-  b.net->close_recv(b.recv);
-  a.net->close_listen(a.listen);
-  b.net->close_listen(b.listen);
+  a.ns->dereg_mr(a.send, m1);
+  b.nr->dereg_mr(b.recv, m2);
+  b.ns->dereg_mr(b.send, m3);
+  a.nr->dereg_mr(a.recv, m4);
+  for (Side* x : {&a, &b}) {
+    x->ns->close_send(x->send);
+    x->nr->close_recv(x->recv);
+    x->nr->close_listen(x->listen);
+  }
   return 0;
 }
 
@@ -323,7 +324,7 @@ int gpu_mode(int64_t bytes, int rounds) {
   };
   std::printf("| stores of %s by | into pinned host memory GB/s | into device memory GB/s |\n|---|---:|---:|\n",
               human(bytes).c_str());
-  for (int blocks : {1, 4, 16, 132}) {
+  for (int blocks : {1, 4, 16, prop.multiProcessorCount}) {
     std::printf("| %d block(s) of 512 threads | %.2f | %.1f |\n", blocks, time_store(hdev, blocks),
                 time_store(dmem, blocks));
     std::fflush(stdout);

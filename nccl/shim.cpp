@@ -1071,11 +1071,16 @@ MK_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, i
     mkConfig_t local = MK_CONFIG_INITIALIZER;
     to_mk_config(config, &local);
     local.blocking = 1;  // mkCommShrink is blocking
+    if (shrinkFlags == NCCL_SHRINK_ABORT && comm->real) {  // a hung fallback call of the parent stops too
+      g_real.CommAbort(comm->real);
+      comm->real = nullptr;
+    }
     mkComm_t child = nullptr;
     const mkResult_t r =
         g_mk.CommShrink(comm->mk, excludeRanksList, excludeRanksCount, &child, &local, shrinkFlags);
     if (r != mkSuccess) return fail(ncclResult_t(r), "ncclCommShrink: %s", g_mk.GetLastError(comm->mk));
     *newcomm = new_comm(child, comm->fallback);
+    (*newcomm)->nonblocking = false;
     return ncclSuccess;
   }
   if (ncclResult_t r = ensure_real(comm, "ncclCommShrink")) return r;

@@ -685,7 +685,7 @@ void Bootstrap::on_root() {
                                "rank " + std::to_string(rank_) + ": the " + why +
                                    ": the process that made the unique id (rank 0's with MK_COMM_ID) ended, so this "
                                    "communicator's bootstrap exchanges can no longer complete; destroy or abort it"});
-  op_.deadline = std::min(op_.deadline, Clock::now() + std::chrono::seconds(2));
+  if (!recovering_) op_.deadline = std::min(op_.deadline, Clock::now() + std::chrono::seconds(2));
   check_verdict();
 }
 
@@ -720,6 +720,7 @@ void Bootstrap::on_peer_error(const std::exception& ex) {
   if (!e) throw;
   const std::string me = "rank " + std::to_string(rank_) + ": ";
   const std::string peer = e->peer >= 0 ? "rank " + std::to_string(e->peer) : std::string("the other ranks");
+  if (e->peer >= 0 && e->kind != PeerMesh::Error::kTimeout) lost_.push_back(e->peer);
   switch (e->kind) {
     case PeerMesh::Error::kLost: {
       // The rendezvous names the cause (aborted, destroyed, ended) within
@@ -935,6 +936,55 @@ std::string Bootstrap::recv(int peer) {
     return std::move(f.payload);
   } catch (const PeerMesh::Error& e) {
     on_peer_error(e);
+  }
+}
+
+void Bootstrap::begin_recovery(int peer) {
+  if (peer < 0 || peer >= nranks_ || peer == rank_)
+    fail(mkInvalidArgument, "bootstrap recovery: peer " + std::to_string(peer) + " is not another rank of " +
+                                std::to_string(nranks_));
+  if (!peers_) fail(mkInternalError, "bootstrap recovery: no connections between ranks");
+  if (cancel_ && cancel_->cancelled()) fail(mkInvalidUsage, "rank " + std::to_string(rank_) + ": the communicator was aborted");
+  if (std::find(lost_.begin(), lost_.end(), peer) != lost_.end())
+    fail(mkRemoteError, "rank " + std::to_string(rank_) + ": rank " + std::to_string(peer) +
+                            "'s bootstrap connection failed earlier (" + gone_ + ")");
+  op_ = {false, peer, Clock::now() + std::chrono::milliseconds(bootstrap_timeout_ms())};
+}
+
+void Bootstrap::send_recovery(int peer, const std::string& bytes) {
+  if (bytes.size() > kMaxBlobBytes) fail(mkInvalidArgument, "bootstrap recovery: message too large");
+  begin_recovery(peer);
+  recovering_ = true;
+  try {
+    peers_->post(peer, proto::kRecover, 0, 0, 0, bytes);
+    peers_->flush(op_.deadline);
+  } catch (const PeerMesh::Error& e) {
+    recovering_ = false;
+    on_peer_error(e);
+  } catch (...) {
+    recovering_ = false;
+    throw;
+  }
+  recovering_ = false;
+}
+
+std::string Bootstrap::recv_recovery(int peer) {
+  begin_recovery(peer);
+  recovering_ = true;
+  try {
+    for (;;) {  // what the peer sent for exchanges this rank left unread is skipped
+      PeerMesh::Frame f = peers_->next(peer, op_.deadline);
+      if (f.h.type == proto::kRecover) {
+        recovering_ = false;
+        return std::move(f.payload);
+      }
+    }
+  } catch (const PeerMesh::Error& e) {
+    recovering_ = false;
+    on_peer_error(e);
+  } catch (...) {
+    recovering_ = false;
+    throw;
   }
 }
 

@@ -184,6 +184,14 @@ class Bootstrap {
   // altered (another rank leaving does not fail them).
   void send(int peer, const std::string& bytes);
   std::string recv(int peer);
+  // Point to point for recovery (mkCommShrink) between two ranks that are
+  // both still here, whatever happened to the rest of this bootstrap: a
+  // rank left, an exchange failed, the rendezvous ended (none of which fails
+  // these, nor shortens their wait). Messages of earlier exchanges the
+  // receiver has not read are skipped. Fails only when `peer` itself is
+  // gone, the communicator was aborted, or MK_BOOTSTRAP_TIMEOUT_MS passes.
+  void send_recovery(int peer, const std::string& bytes);
+  std::string recv_recovery(int peer);
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   const IdContents& id() const { return id_; }
@@ -215,6 +223,9 @@ class Bootstrap {
   std::vector<std::vector<int>> groups_;
   std::string gone_;                  // set once this bootstrap can no longer work: every call fails so
   mkResult_t gone_code_ = mkRemoteError;
+  std::vector<int> lost_;             // ranks whose connection failed (recovery calls to them fail)
+  bool recovering_ = false;           // a recovery call runs: the rendezvous's end does not shorten it
+  void begin_recovery(int peer);
   void close_fd();
   void join(const SockAddr& root, const std::string& where);
   void begin(bool collective, int peer);

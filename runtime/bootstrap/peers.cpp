@@ -86,7 +86,8 @@ uint64_t PeerMesh::max_len(const FrameHeader& h) const {
       // together within one all-gather's limit
       if (h.b < 1 || h.b > nranks_) return 0;
       return std::min(uint64_t(h.b) * (8 + kMaxBlobBytes), kMaxRoundBytes + 8 * uint64_t(h.b));
-    case proto::kSend: return kMaxBlobBytes;
+    case proto::kSend:
+    case proto::kRecover: return kMaxBlobBytes;
     default: return 0;
   }
 }
@@ -433,7 +434,7 @@ void PeerMesh::read_frames(Conn& c, bool all) {
     if (!c.body) {
       if (!c.link.open_head(c.io.in.data(), &c.head)) throw Error(Error::kIntegrity, c.peer, "a message's head");
       const uint64_t limit = max_len(c.head);
-      if (limit == 0 && (c.head.type != proto::kGather && c.head.type != proto::kSend))
+      if (limit == 0 && (c.head.type != proto::kGather && c.head.type != proto::kSend && c.head.type != proto::kRecover))
         throw Error(Error::kProtocol, c.peer, "it sent message type " + std::to_string(c.head.type));
       if (c.head.len > limit)
         throw Error(Error::kProtocol, c.peer,

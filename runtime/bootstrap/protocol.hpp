@@ -28,6 +28,7 @@ enum Type : uint32_t {
   kPeerWelcome = 17,  // listener -> client: accepted
   kGather = 18,       // a = step, b = how many parts: u64 length and bytes each
   kSend = 19,         // Bootstrap::send's bytes
+  kRecover = 20,      // Bootstrap::send_recovery's bytes (mkCommShrink)
 };
 
 enum Status : int32_t { kJoined = 0, kMismatch = -1, kDuplicate = -2, kOutOfRange = -3, kRelayMismatch = -4, kCorrupted = -5 };

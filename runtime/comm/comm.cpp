@@ -86,14 +86,16 @@ void setup_memory(Comm& c, const ParentMemory* shared) {
 // The boot id of a rank whose node is named by MK_HOST_ID.
 constexpr const char* kHostIdBoot = "MK_HOST_ID";
 
-RankInfo local_info(const Comm& c) {
+RankInfo local_info(Comm& c) {
   RankInfo me{};
-  std::optional<std::string> id;
-  try {
-    id = env::host_id(c.rank, c.nranks);
-  } catch (const RtError&) {
-    // a bad MK_HOST_ID fails init on every rank (settings_of, in the exchange of settings)
+  if (!c.node_name) {  // a communicator made from the environment (children inherit theirs)
+    try {
+      c.node_name = env::host_id(c.rank, c.nranks);
+    } catch (const RtError&) {
+      // a bad MK_HOST_ID fails init on every rank (settings_of, in the exchange of settings)
+    }
   }
+  const std::optional<std::string>& id = c.node_name;
   if (id) {
     std::strncpy(me.host, id->c_str(), sizeof me.host - 1);
     std::strncpy(me.boot_id, kHostIdBoot, sizeof me.boot_id - 1);
@@ -188,8 +190,14 @@ std::unique_ptr<Transport> check_peers(Comm& c, const std::vector<RankInfo>& all
 // The settings of a communicator: its user schedules are loaded first
 // (MK_SCHEDULES, then its config's list), so that MK_ALGO and MK_SELECT_FILE
 // can name them, and proved for its rank count after. Throws RtError.
-std::vector<std::pair<std::string, std::string>> settings_of(const CommConfig& cfg, int nranks) {
-  (void)env::host_id(0, nranks);  // a bad MK_HOST_ID (not agreed: it differs between nodes by design)
+std::vector<std::pair<std::string, std::string>> settings_of(const CommConfig& cfg, int nranks,
+                                                             bool node_inherited = false) {
+  // a bad MK_HOST_ID (not agreed: it differs between nodes by design); a
+  // list must name one node per rank unless the node comes from the parent
+  if (node_inherited)
+    (void)env::host_id();
+  else
+    (void)env::host_id(0, nranks);
   env_schedules();
   const std::string own = config_schedules(cfg.schedules);
   auto s = env::plan_shaping_settings();
@@ -208,7 +216,7 @@ void agree_on_settings(Comm& c) {
   std::vector<std::pair<std::string, std::string>> mine;
   std::string blob;
   try {
-    mine = settings_of(c.config, c.nranks);
+    mine = settings_of(c.config, c.nranks, c.node_name.has_value());
     for (const auto& [k, v] : mine) blob += k + '\n' + v + '\n';
   } catch (const std::exception& e) {
     blob = std::string("!") + e.what();
@@ -434,7 +442,7 @@ void comm_init_rank(Comm& c, int nranks, const mkUniqueId& id, int rank, int dev
   if (c.boot)
     agree_on_settings(c);
   else
-    settings_of(c.config, c.nranks);  // loads and proves its schedules; nobody to compare with
+    settings_of(c.config, c.nranks, c.node_name.has_value());  // loads and proves its schedules; nobody to compare with
   connect(c, all, shared);
   if (c.boot) c.boot->barrier();  // every grant and mapping done before any kernel runs
   if (!c.bootstrap_only)
@@ -452,7 +460,7 @@ void comm_init_all(const std::vector<std::shared_ptr<Comm>>& comms, const std::v
       fail(mkInvalidUsage, fmt::format("ranks disagree on the communicator's schedules (config): rank 0 has '{}', rank "
                                        "{} has '{}'; every rank must give the same list",
                                        comms[0]->config.schedules, r, comms[size_t(r)]->config.schedules));
-  if (n > 0) settings_of(comms[0]->config, n);
+  if (n > 0) settings_of(comms[0]->config, n, comms[0]->node_name.has_value());
   for (int r = 0; r < n; ++r) {
     Comm& c = *comms[size_t(r)];
     c.nranks = n;

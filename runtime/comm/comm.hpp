@@ -290,6 +290,11 @@ struct CommPeers {
   // nets: in order of preference (MK_NET=auto: verbs, or null on a rank
   // without an RDMA device, then socket); one for the other settings.
   bool spans_network = false;
+  // MK_HOST_ID's node name for this rank when it names nodes, resolved by
+  // the rank of the communicator made from the environment (a list names one
+  // per rank of that one); communicators made from it (split, shrink)
+  // inherit it, whatever their size and numbering.
+  std::optional<std::string> node_name;
   std::vector<std::unique_ptr<net::Net>> nets;
   std::unique_ptr<Proxy> proxy;
 };

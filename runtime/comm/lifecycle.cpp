@@ -374,11 +374,18 @@ void split_body(const std::shared_ptr<Comm>& parent, const SplitEntry& mine, con
 
 mkComm_t lifecycle_shrink(mkComm_t h, const int* exclude, int nexclude, const mkConfig_t* config, int flags) {
   std::shared_ptr<Comm> parent = acquire(h);
-  // A failed communicator may shrink (that is what it is for): only one
-  // being made or destroyed may not.
-  if (parent->state.load() == int(CommState::initializing))
+  // A communicator with an asynchronous error (a peer died) may shrink:
+  // that is what it is for. One whose init failed, still initialising,
+  // finalized, being destroyed or splitting may not.
+  const int st = parent->state.load();
+  if (st == int(CommState::initializing))
     fail(mkInvalidUsage, "mkCommShrink: the communicator is still being initialised (nonblocking init)");
+  if (st == int(CommState::failed)) fail(mkInvalidUsage, "mkCommShrink: the communicator's init failed");
+  if (st == int(CommState::finalized))
+    fail(mkInvalidUsage, "mkCommShrink: the communicator was finalized; only mkCommDestroy is allowed");
   if (parent->closing.load()) fail(mkInvalidUsage, "mkCommShrink: the communicator is being destroyed");
+  if (parent->splits_running.load() != 0)
+    fail(mkInvalidUsage, "mkCommShrink: a nonblocking mkCommSplit of this communicator is still running");
   if (flags != MK_SHRINK_DEFAULT && flags != MK_SHRINK_ABORT)
     fail(mkInvalidArgument, fmt::format("mkCommShrink: shrinkFlags {} is not MK_SHRINK_DEFAULT or MK_SHRINK_ABORT", flags));
   if (nexclude < 0 || (nexclude > 0 && !exclude))
@@ -407,24 +414,42 @@ mkComm_t lifecycle_shrink(mkComm_t h, const int* exclude, int nexclude, const mk
     if (!out[size_t(r)]) keep.push_back(r);
   const int newrank = int(std::find(keep.begin(), keep.end(), parent->rank) - keep.begin());
   // The first remaining rank makes the new communicator's id and hands it
-  // to the others point to point (an all-gather would wait for the
-  // excluded ranks).
+  // to the others point to point (an all-gather would wait for the excluded
+  // ranks), on the bootstrap's recovery path: a rank that left, an exchange
+  // that failed or a rendezvous that ended do not stop it. The list of
+  // remaining ranks goes with it: ranks that were given different exclude
+  // lists fail instead of making communicators that do not match.
+  std::string keep_text;
+  for (int r : keep) keep_text += std::to_string(r) + ",";
   mkUniqueId id{};
   if (keep.size() > 1) {
     if (!parent->boot) fail(mkInternalError, "mkCommShrink: the communicator has no bootstrap");
     if (newrank == 0) {
       bootstrap_create_id(&id);
-      for (size_t i = 1; i < keep.size(); ++i)
-        parent->boot->send(keep[i], std::string(id.internal, sizeof id.internal));
+      const std::string msg = std::string(id.internal, sizeof id.internal) + keep_text;
+      std::string first_error;
+      for (size_t i = 1; i < keep.size(); ++i) {  // every one, even after a failure (the rest would wait)
+        try {
+          parent->boot->send_recovery(keep[i], msg);
+        } catch (const RtError& e) {
+          if (first_error.empty()) first_error = e.what();
+        }
+      }
+      if (!first_error.empty()) fail(mkRemoteError, "mkCommShrink: " + first_error);
     } else {
-      const std::string got = parent->boot->recv(keep[0]);
-      if (got.size() != sizeof id.internal)
+      const std::string got = parent->boot->recv_recovery(keep[0]);
+      if (got.size() < sizeof id.internal)
         fail(mkRemoteError, fmt::format("mkCommShrink: rank {} sent no id for the new communicator", keep[0]));
+      if (got.substr(sizeof id.internal) != keep_text)
+        fail(mkInvalidUsage, fmt::format("mkCommShrink: rank {} keeps ranks {} and this rank {}: every remaining rank "
+                                         "must pass the same exclude list",
+                                         keep[0], got.substr(sizeof id.internal), keep_text));
       std::memcpy(id.internal, got.data(), sizeof id.internal);
     }
   }
   auto child = std::make_shared<Comm>();
   child->config = cfg;
+  child->node_name = parent->node_name;
   comm_init_rank(*child, int(keep.size()), id, newrank, parent->device, nullptr);
   child->state.store(int(CommState::ready));
   debug_log(fmt::format("mkCommShrink: rank {}/{} is rank {}/{} of the new communicator ({} excluded)", parent->rank,
@@ -452,6 +477,7 @@ mkComm_t lifecycle_split(mkComm_t h, int color, int key, const mkConfig_t* confi
   if (color != MK_SPLIT_NOCOLOR) {
     child = std::make_shared<Comm>();
     child->config = cfg;
+    child->node_name = parent->node_name;
   }
   const bool grouped = group_open();
   if (cfg.blocking && !grouped) {

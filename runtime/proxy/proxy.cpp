@@ -137,11 +137,15 @@ Proxy::Proxy(std::vector<net::Net*> nets, int dev, const ProxyConfig& cfg)
     fail(mkInternalError, "proxy: no transport");
   listens_.assign(nets_.size(), nullptr);
   handles_.assign(nets_.size(), net::Handle{});
-  for (size_t k = 0; k < nets_.size(); ++k)
-    if (nets_[k]) listens_[k] = nets_[k]->listen(dev_, &handles_[k]);
-  {
+  try {
+    for (size_t k = 0; k < nets_.size(); ++k)
+      if (nets_[k]) listens_[k] = nets_[k]->listen(dev_, &handles_[k]);
     CtxGuard g(cfg_.ctx);
     MK_CU(cu().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "proxy: creating its stream");
+  } catch (...) {  // no destructor runs: what was opened closes here
+    for (size_t k = 0; k < nets_.size(); ++k)
+      if (listens_[k]) nets_[k]->close_listen(listens_[k]);
+    throw;
   }
   thread_ = std::thread([this] { run(); });
 }
@@ -150,6 +154,9 @@ Proxy::~Proxy() {
   stop();
   CtxGuard g(cfg_.ctx);
   std::lock_guard<std::mutex> lk(mu_);
+  // Copies into the arena still queued read the receive buffers freed below
+  // (bounded: the stream holds only the proxy's own copies).
+  if (stream_) cu().cuStreamSynchronize(stream_);
   sends_.clear();
   recvs_.clear();
   for (size_t k = 0; k < nets_.size(); ++k)

@@ -113,6 +113,7 @@ class Proxy {
 
   // Counters for tests and MK_DEBUG.
   struct Stats {
+    // landed: checked and queued on the proxy's stream into the arena
     uint64_t puts_sent = 0, signals_sent = 0, puts_landed = 0, signals_landed = 0, bytes_sent = 0;
     int send_conns = 0, recv_conns = 0;
   };

@@ -159,6 +159,19 @@ TEST_CASE("mkCommInitAll with MK_HOST_ID=a,a,b,b and MK_NET=socket: ranks of one
       CHECK(c->proxy->stats().recv_conns > 0);
       CHECK_MESSAGE(c->proxy->error().empty(), c->proxy->error());
     }
+    // Split by node: the children (2 ranks each) keep their parents' nodes
+    // (the list names the parent's ranks, not theirs).
+    std::vector<mkComm_t> kids(size_t(n), nullptr);
+    REQUIRE(mkGroupStart() == mkSuccess);
+    for (int r = 0; r < n; ++r) CHECK(mkCommSplit(comms[size_t(r)], r / 2, r, &kids[size_t(r)], nullptr) == mkSuccess);
+    REQUIRE_MESSAGE(mkGroupEnd() == mkSuccess, mkGetLastError(nullptr));
+    for (int r = 0; r < n; ++r) {
+      int nodes = 0;
+      CHECK(mkCommNodeCount(kids[size_t(r)], &nodes) == mkSuccess);
+      CHECK(nodes == 1);
+      CHECK(mk::rt::acquire(kids[size_t(r)])->node_name == std::string(r < 2 ? "node-a" : "node-b"));
+    }
+    for (mkComm_t c : kids) CHECK(mkCommDestroy(c) == mkSuccess);
     for (mkComm_t c : comms) CHECK(mkCommDestroy(c) == mkSuccess);
   }
   const std::string leaked = mkt::leaks(before, mkt::counts());
