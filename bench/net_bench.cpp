@@ -26,13 +26,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "compiler/jit/jit.hpp"
 #include "mk_git_commit.hpp"
+#include "runtime/api/status.hpp"
+#include "runtime/driver/cuda_driver.hpp"
+#include "runtime/proxy/proxy.hpp"
 #include "runtime/transport/net/net.hpp"
+#include "templates/net.cuh"
 
 using namespace mk;
 namespace net = mk::rt::net;
@@ -252,6 +257,169 @@ int socket_mode(const std::vector<int64_t>& sizes, int64_t total, int depth, int
   return 0;
 }
 
+// ---- proxy (emulated device) ------------------------------------------------------
+
+// Two ranks of this process, each with its own proxy and socket transport;
+// CPU threads play the kernels' blocks (stage a tile into a FIFO entry,
+// commit it, poll flags), and the arena is host-pinned memory mapped into
+// the GPU, so that those threads can read what the proxy lands. What this
+// leaves out of the GPU path: the kernel's stores over PCIe into the
+// staging area and the receiving copy's DMA (the copy is a host-to-host one
+// here, through the driver: cuMemcpyHtoDAsync into mapped memory).
+struct ProxyRank {
+  CUcontext ctx = nullptr;
+  void* arena_host = nullptr;
+  CUdeviceptr arena = 0;
+  volatile int32_t abort_word = 0;
+  std::unique_ptr<net::Net> net;
+  std::unique_ptr<rt::Proxy> proxy;
+  volatile uint64_t* flag(uint32_t i) { return static_cast<volatile uint64_t*>(arena_host) + i; }
+  ~ProxyRank() {
+    proxy.reset();
+    if (arena_host) rt::cu().cuMemFreeHost(arena_host);
+  }
+};
+
+constexpr uint64_t kPxFlagBytes = 1 << 16;
+
+bool px_spin(const std::function<bool()>& ready, const volatile int32_t* ab) {
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (!ready()) {
+    if (*ab || Clock::now() > deadline) return false;
+    sched_yield();  // the proxies' threads may share these cores
+  }
+  return true;
+}
+uint64_t px_load(volatile uint64_t* p) { return __atomic_load_n(const_cast<uint64_t*>(p), __ATOMIC_ACQUIRE); }
+bool px_put(const dev::NetConnDev& c, const void* src, uint32_t bytes, uint64_t dst, const volatile int32_t* ab) {
+  const uint64_t s = dev::net_next(c);
+  if (!px_spin([&] { return dev::net_free(c, s); }, ab)) return false;
+  std::memcpy(dev::net_data(c, s), src, bytes);
+  dev::net_commit(c, s, dev::kNetPut, dst, bytes);
+  return true;
+}
+bool px_signal(const dev::NetConnDev& c, uint32_t idx, uint64_t value, const volatile int32_t* ab) {
+  const uint64_t s = dev::net_next(c);
+  if (!px_spin([&] { return dev::net_free(c, s); }, ab)) return false;
+  dev::net_commit(c, s, dev::kNetSignal, value, idx);
+  return true;
+}
+
+int proxy_mode(const std::vector<int64_t>& sizes, int64_t total, int depth, int rounds, int conns) {
+  const auto& d = rt::cu();
+  MK_CU(d.cuInit(0), "cuInit");
+  CUdevice dev;
+  MK_CU(d.cuDeviceGet(&dev, 0), "cuDeviceGet");
+  const int64_t max_msg = *std::max_element(sizes.begin(), sizes.end());
+  const uint64_t arena_bytes = kPxFlagBytes + uint64_t(2 * conns * depth) * uint64_t(max_msg);
+  const net::SocketOptions opts = net::socket_options_from_env();
+  ProxyRank r[2];
+  for (ProxyRank& x : r) {
+    MK_CU(d.cuDevicePrimaryCtxRetain(&x.ctx, dev), "context");
+    rt::CtxGuard g(x.ctx);
+    MK_CU(d.cuMemHostAlloc(&x.arena_host, arena_bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE), "arena");
+    std::memset(x.arena_host, 0, arena_bytes);
+    MK_CU(d.cuMemHostGetDevicePointer(&x.arena, x.arena_host, 0), "arena");
+    x.net = net::make_socket_net(opts);
+  }
+  for (int i = 0; i < 2; ++i) {
+    rt::ProxyConfig cfg;
+    cfg.rank = i;
+    cfg.nranks = 2;
+    cfg.ctx = r[i].ctx;
+    cfg.arena = r[i].arena;
+    cfg.arena_bytes = arena_bytes;
+    cfg.flag_bytes = kPxFlagBytes;
+    cfg.entries = uint32_t(depth);
+    cfg.max_put_bytes = uint64_t(max_msg);
+    cfg.timeout_ms = 30000;
+    cfg.abort_word = &r[i].abort_word;
+    r[i].proxy = std::make_unique<rt::Proxy>(*r[i].net, 0, cfg);
+  }
+  for (ProxyRank& x : r) x.proxy->set_peer_handles({r[0].proxy->handle(), r[1].proxy->handle()});
+  // Per rank and connection c: an "out" connection (tiles and their signals)
+  // and a "back" one (credits).
+  std::vector<dev::NetConnDev> out[2], back[2];
+  for (int i = 0; i < 2; ++i)
+    for (int c = 0; c < conns; ++c) {
+      out[i].push_back(r[i].proxy->add_send(c, 1 - i, uint64_t(max_msg)));
+      back[i].push_back(r[i].proxy->add_send(conns + c, 1 - i, 0));
+    }
+  std::printf("# mk_net_bench proxy (loopback TCP, emulated device: CPU threads as blocks, pinned memory as the "
+              "arena; MK_SOCKET_NSTREAMS=%d, depth %d, %d connection(s) each way), commit %s\n\n",
+              opts.nstreams, depth, conns, MK_GIT_COMMIT);
+  uint64_t epoch = 0;  // flag values grow across runs
+  auto run = [&](int64_t msg, int64_t count) {
+    const uint64_t base = epoch;
+    epoch += uint64_t(count);
+    std::vector<std::thread> ts;
+    std::atomic<int> bad{0};
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 2; ++i)
+      for (int c = 0; c < conns; ++c) {
+        const uint32_t data_flag = uint32_t(8 + c), credit_flag = uint32_t(8 + conns + c);
+        ts.emplace_back([&, i, c, data_flag, credit_flag] {  // sender: rank i's block c
+          std::vector<char> tile(size_t(msg), char(i + 1));
+          ProxyRank& me = r[i];
+          for (int64_t k = 1; k <= count; ++k) {
+            if (k > depth && !px_spin([&] { return px_load(me.flag(credit_flag)) >= base + uint64_t(k - depth); },
+                                      &me.abort_word))
+              return (void)++bad;
+            const uint64_t slot = kPxFlagBytes + (uint64_t(c) * uint64_t(depth) + uint64_t(k % depth)) * uint64_t(msg);
+            if (!px_put(out[i][size_t(c)], tile.data(), uint32_t(msg), slot, &me.abort_word) ||
+                !px_signal(out[i][size_t(c)], data_flag, base + uint64_t(k), &me.abort_word))
+              return (void)++bad;
+          }
+        });
+        ts.emplace_back([&, i, c, data_flag, credit_flag] {  // receiver: rank i's block for c's tiles from the peer
+          ProxyRank& me = r[i];
+          for (int64_t k = 1; k <= count; ++k) {
+            if (!px_spin([&] { return px_load(me.flag(data_flag)) >= base + uint64_t(k); }, &me.abort_word))
+              return (void)++bad;
+            if (!px_signal(back[i][size_t(c)], credit_flag, base + uint64_t(k), &me.abort_word)) return (void)++bad;
+          }
+        });
+      }
+    for (auto& t : ts) t.join();
+    if (bad) die("the proxy exchange failed: " + r[0].proxy->error() + " / " + r[1].proxy->error());
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  std::printf("| message | proxy, both directions GB/s each |\n|---:|---:|\n");
+  for (int64_t msg : sizes) {
+    const int64_t count = std::max<int64_t>(total / msg / conns, 4 * depth);
+    run(msg, std::min<int64_t>(count, 64));  // warm-up
+    std::vector<double> gbs;
+    for (int k = 0; k < 3; ++k) gbs.push_back(double(msg) * double(count) * conns / run(msg, count) / 1e9);
+    std::printf("| %s | %.2f |\n", human(msg).c_str(), median(gbs));
+    std::fflush(stdout);
+  }
+  // Round trip: an 8-byte put and its signal to the other rank, answered the same way.
+  std::vector<double> rtt;
+  std::vector<char> eight(8, 1);
+  const uint32_t ping = 4, pong = 5;
+  std::thread echo([&] {
+    for (int k = 1; k <= rounds + 100; ++k) {
+      if (!px_spin([&] { return px_load(r[1].flag(ping)) >= uint64_t(k); }, &r[1].abort_word)) return;
+      if (!px_put(out[1][0], eight.data(), 8, kPxFlagBytes, &r[1].abort_word) ||
+          !px_signal(out[1][0], pong, uint64_t(k), &r[1].abort_word))
+        return;
+    }
+  });
+  for (int k = 1; k <= rounds + 100; ++k) {
+    const auto t0 = Clock::now();
+    if (!px_put(out[0][0], eight.data(), 8, kPxFlagBytes, &r[0].abort_word) ||
+        !px_signal(out[0][0], ping, uint64_t(k), &r[0].abort_word) ||
+        !px_spin([&] { return px_load(r[0].flag(pong)) >= uint64_t(k); }, &r[0].abort_word))
+      die("the proxy round trip failed: " + r[0].proxy->error());
+    if (k > 100) rtt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  echo.join();
+  std::printf("\nproxy round trip (an 8-byte put and its signal each way, %d rounds after 100 of warm-up): p10 %.1f us, "
+              "median %.1f us, p90 %.1f us\n",
+              rounds, pct(rtt, 0.1), median(rtt), pct(rtt, 0.9));
+  return 0;
+}
+
 // ---- GPU ------------------------------------------------------------------------
 
 const char* kKernels = R"(
@@ -368,16 +536,18 @@ int gpu_mode(int64_t bytes, int rounds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || (std::string(argv[1]) != "socket" && std::string(argv[1]) != "gpu")) {
+  const std::string m = argc > 1 ? argv[1] : "";
+  if (m != "socket" && m != "gpu" && m != "proxy") {
     std::fprintf(stderr,
                  "usage: mk_net_bench socket [--sizes 64K,1M,4M] [--mib 1024] [--depth 8] [--rounds 2000]\n"
+                 "       mk_net_bench proxy [--sizes 256K,1M] [--mib 512] [--depth 8] [--conns 4] [--rounds 2000]\n"
                  "       mk_net_bench gpu [--mib 256] [--rounds 2000]\n");
     return 2;
   }
   const std::string mode = argv[1];
   std::vector<int64_t> sizes = {64 << 10, 256 << 10, 1 << 20, 4 << 20};
   int64_t mib = mode == "socket" ? 1024 : 256;
-  int depth = 8, rounds = 2000;
+  int depth = 8, rounds = 2000, conns = 4;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -398,12 +568,17 @@ int main(int argc, char** argv) {
       depth = std::atoi(next().c_str());
     } else if (a == "--rounds") {
       rounds = std::atoi(next().c_str());
+    } else if (a == "--conns") {
+      conns = std::atoi(next().c_str());
     } else {
       die("unknown option " + a);
     }
   }
-  if (mib < 1 || depth < 1 || depth > 32 || rounds < 1) die("--mib, --depth (1..32) and --rounds must be positive");
+  if (mib < 1 || depth < 1 || depth > 32 || rounds < 1 || conns < 1 || conns > 64)
+    die("--mib, --depth (1..32), --rounds and --conns (1..64) must be positive");
+  if (mode == "proxy" && (depth & (depth - 1) || depth < 2 || depth > 16)) die("proxy: --depth must be a power of two in 2..16");
   try {
+    if (mode == "proxy") return proxy_mode(sizes, mib << 20, depth, rounds, conns);
     return mode == "socket" ? socket_mode(sizes, mib << 20, depth, rounds) : gpu_mode(mib << 20, rounds);
   } catch (const std::exception& e) {
     die(e.what());
