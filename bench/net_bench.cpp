@@ -1,6 +1,6 @@
 // mk_net_bench: the ceilings and unit costs of mKernel's network path, for
-// `mk_bench`'s multi-node tables and the cost model (docs/multi-node.md,
-// "Speed").
+// the multi-node speed table and the cost model (docs/multi-node.md,
+// "Speed"; bench/net_speed.sh runs them all on a GPU host).
 //
 //   mk_net_bench socket [--sizes 64K,1M,4M] [--mib 1024] [--depth 8] [--rounds 2000]
 //     The raw rate of the transport the proxy uses (MK_NET=socket; its
@@ -9,6 +9,11 @@
 //     thread like two proxies: one direction, then both at once (what an
 //     all-reduce across two nodes needs), per message size; and the 8-byte
 //     round trip (ping-pong). No GPU.
+//   mk_net_bench proxy [--sizes 256K,1M] [--mib 512] [--depth 8] [--conns 4] [--rounds 2000]
+//     Two proxies (runtime/proxy) over the socket transport, CPU threads as
+//     the kernel's blocks (stage a tile into a FIFO entry, commit, poll
+//     flags), host-pinned memory as the arena: the two-way rate with
+//     credits, and the round trip of an 8-byte put and its signal.
 //   mk_net_bench gpu [--mib 256] [--rounds 2000]
 //     GPU stores into host-pinned memory mapped into the GPU (what a put's
 //     staging copy does), against the same kernel storing into device
