@@ -406,6 +406,7 @@ struct ncclComm {
   // NCCL runs every call (mKernel's communicator is bootstrap-only: its ranks
   // span nodes): -1 not known yet (a nonblocking init still runs), 0 no, 1 yes.
   std::atomic<int> whole{-1};
+  std::atomic<int> nodes{0};  // its ranks' nodes (0: not asked yet)
   Clique* clique = nullptr;  // ranks made together by ncclCommInitAll
   std::atomic<bool> dead{false}, revoked{false};
   std::mutex mu;  // creating `real`, and `premuls`
@@ -689,8 +690,24 @@ thread_local std::vector<Call>* t_pending = nullptr;
 thread_local bool t_mk_group = false;                // mkGroupStart was called for the open group
 thread_local std::vector<ncclComm_t>* t_inits = nullptr;  // inits of the open group, done at its end
 
+// The nodes `c`'s ranks sit on (asked once, after its init).
+int nodes_of(ncclComm_t c) {
+  int n = c->nodes.load();
+  if (n > 0 || !c->mk) return n;
+  if (g_mk.CommNodeCount(c->mk, &n) != mkSuccess || n < 1) return 0;
+  c->nodes.store(n);
+  return n;
+}
+
 bool routes_to_mk(const Call& k) {
   if (k.premul && k.mk_op < 0) return false;
+  // Across nodes (MK_NET) mKernel serves a broadcast or reduce whose root is
+  // a node's first rank only; NCCL runs the others (every rank passes the
+  // same root, so every rank routes alike).
+  if ((k.coll == kBroadcast || k.coll == kReduce) && k.comm->mk && !nccl_whole(k.comm)) {
+    const int nodes = nodes_of(k.comm);
+    if (nodes > 1 && k.comm->nranks % nodes == 0 && k.root % (k.comm->nranks / nodes) != 0) return false;
+  }
   // a PreMulSum call routes as a sum would (mKernel runs both alike)
   return k.coll < kNumMk && k.comm->mk && !nccl_whole(k.comm) &&
          mk_runs(k.coll, int(k.dtype), k.premul ? int(ncclSum) : int(k.op), k.count, k.comm->nranks, false,

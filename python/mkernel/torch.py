@@ -590,9 +590,18 @@ class ProcessGroupMkernel(dist.ProcessGroup):
             c.mk.all_reduce(t, t, t.numel(), mk_dtype(t.dtype), o, _stream(t))
         return self._done(tensors, t)
 
+    def _root_ok(self, c, root):
+        """Across nodes (MK_NET) mKernel runs a rooted collective only with its
+        root on a node's first rank; NCCL runs the others (every rank passes the
+        same root, so every rank routes alike)."""
+        nodes = c.mk.nodes
+        return nodes <= 1 or self._size_ % nodes != 0 or root % (self._size_ // nodes) == 0
+
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
         c = self._mk_ok(*tensors) if len(tensors) == 1 and opts.rootTensor == 0 else None
+        if c is not None and not self._root_ok(c, opts.rootRank):
+            c = None
         if c is None:
             return self._fallback(tensors, "broadcast").broadcast(tensors, opts)
         t = tensors[0]
@@ -603,6 +612,8 @@ class ProcessGroupMkernel(dist.ProcessGroup):
         opts = opts or dist.ReduceOptions()
         op = _reduce_op(opts.reduceOp)
         c = self._mk_ok(*tensors) if len(tensors) == 1 and op and opts.rootTensor == 0 else None
+        if c is not None and not self._root_ok(c, opts.rootRank):
+            c = None
         if c is None:
             return self._fallback(tensors, "reduce").reduce(tensors, opts)
         t = tensors[0]

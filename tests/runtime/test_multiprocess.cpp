@@ -1212,6 +1212,37 @@ std::string fake_nccl_log() {
   return log ? log(0) : "(mkt_fake_nccl_log not found)";
 }
 
+// Across MK_NET nodes of two ranks: a broadcast or reduce whose root is not
+// a node's first rank goes to NCCL (mKernel refuses such roots there), one
+// rooted on a node's first rank stays on mKernel; every rank routes alike.
+int shim_net_roots(int rank, int nranks, const mkUniqueId& id) {
+  void* h = nullptr;
+  ncclComm_t comm = nullptr;
+  if (open_shim_comm(rank, nranks, id, &h, &comm) != 0) return 1;
+  using Bcast = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  using Reduce = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t);
+  using Destroy = ncclResult_t (*)(ncclComm_t);
+  auto bcast = reinterpret_cast<Bcast>(dlsym(h, "ncclBroadcast"));
+  auto reduce = reinterpret_cast<Reduce>(dlsym(h, "ncclReduce"));
+  auto destroy = reinterpret_cast<Destroy>(dlsym(h, "ncclCommDestroy"));
+  CHILD_CHECK(bcast && reduce && destroy);
+  CUdeviceptr b = 0;
+  CHILD_CHECK(cu().cuMemAlloc(&b, 4096) == CUDA_SUCCESS);
+  void* p = reinterpret_cast<void*>(uintptr_t(b));
+  const int64_t launches = mkt::counts().launches;
+  CHILD_CHECK(bcast(p, p, 16, ncclFloat32, 2, comm, nullptr) == ncclSuccess);  // node b's first rank
+  CHILD_CHECK(mkt::counts().launches == launches + 1);
+  CHILD_CHECK(fake_nccl_log().find("Broadcast") == std::string::npos);
+  CHILD_CHECK(bcast(p, p, 16, ncclFloat32, 1, comm, nullptr) == ncclSuccess);  // node a's second rank
+  CHILD_CHECK(reduce(p, p, 8, ncclFloat32, ncclSum, 3, comm, nullptr) == ncclSuccess);
+  CHILD_CHECK(mkt::counts().launches == launches + 1);  // both on NCCL
+  const std::string got = fake_nccl_log();
+  CHILD_CHECK(got.find("Broadcast comm=1 count=16 root=1\n") != std::string::npos);
+  CHILD_CHECK(got.find("Reduce comm=1 count=8") != std::string::npos);
+  CHILD_CHECK(destroy(comm) == ncclSuccess);
+  return 0;
+}
+
 // ncclCommShrink through mKernel's libnccl.so.2: the last rank dies, the
 // others shrink on mKernel (the real NCCL is never asked: it would need
 // every rank) and run an all-reduce on the new communicator.
@@ -1633,6 +1664,7 @@ int mkt_child_main(int argc, char** argv) {
   if (scenario == "shim_eager") return shim_eager(rank, nranks, id);
   if (scenario == "shim_two_nodes") return shim_two_nodes(rank, nranks, id);
   if (scenario == "shim_shrink") return shim_shrink(rank, nranks, id);
+  if (scenario == "shim_net_roots") return shim_net_roots(rank, nranks, id);
   if (scenario == "shim_group_nodes") return shim_group_nodes(rank, nranks, id);
   if (scenario == "shim_no_real_on_one") return shim_no_real_on_one(rank, nranks, id);
 #endif
@@ -1942,6 +1974,17 @@ TEST_CASE("three processes: rank 0's process ends during a split, the others' sp
 TEST_CASE("two processes: nccl shim creates the real NCCL communicator for a send, its id shared by mKernel") {
   MKT_REQUIRE_FAKE();
   run_ranks(2, "shim", {});
+}
+#endif
+
+#ifdef MKT_SHIM
+TEST_CASE("four processes on two MK_NET nodes: the shim sends a broadcast or reduce rooted off a node's first rank to NCCL") {
+  MKT_REQUIRE_FAKE();
+  auto env = [](const char* node) {
+    return std::vector<std::string>{std::string("MK_HOST_ID=") + node, "MK_NET=socket", "MK_SOCKET_IFNAME==lo",
+                                    "MK_SCRATCH_BYTES=67108864", "MK_TUNE=simple_instances=2"};
+  };
+  run_ranks(4, "shim_net_roots", {env("node-a"), env("node-a"), env("node-b"), env("node-b")});
 }
 #endif
 
