@@ -204,7 +204,7 @@ void Proxy::abort() {
       }
       c->comm = nullptr;
     }
-  if (error_.empty()) error_ = "rank " + std::to_string(cfg_.rank) + ": network proxy: aborted (mkCommAbort)";
+  if (error_.empty()) error_ = "rank " + std::to_string(cfg_.rank) + ": network proxy: aborted (mkCommAbort, a failure, or mkCommShrink with MK_SHRINK_ABORT)";
 }
 
 void Proxy::set_peer_handles(std::vector<net::Handle> all) {
