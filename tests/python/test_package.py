@@ -478,6 +478,7 @@ class Package(unittest.TestCase):
                 comm = mkernel.Communicator(3, rank, uid, device=rank)
                 comm.bootstrap_broadcast(b"x", root=0)
                 if rank == 0:
+                    time.sleep(0.3)  # the others finished that broadcast: then it ends without a word
                     os._exit(0)
                 try:
                     comm.bootstrap_broadcast(b"y", root=1)

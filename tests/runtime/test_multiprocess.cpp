@@ -904,6 +904,9 @@ int net_span(int rank, int nranks, const mkUniqueId& id) {
   }
   const auto st = c->proxy->stats();
   CHILD_CHECK(st.send_conns > 0);
+  // Every (instance, block) FIFO to a peer shares one transport connection
+  // per put size: far fewer connections than FIFOs.
+  CHILD_CHECK(st.wires > 0 && st.wires <= 2 * (nranks / 2) && st.wires < st.send_conns);
   // Every rank's connections arrive at their peers (the other node's ranks).
   const auto t0 = std::chrono::steady_clock::now();
   while (c->proxy->stats().recv_conns == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
@@ -1024,7 +1027,13 @@ int shrink(int rank, int nranks, const mkUniqueId& id) {
   int x = 0;
   CHILD_CHECK(mkCommBootstrapBroadcast(comm, &x, sizeof x, 0) == mkSuccess);
   const int gone = nranks - 1;
-  if (rank == gone) _exit(0);  // dies: no destroy, no goodbye
+  // dies (no destroy, no goodbye) once the others surely finished that
+  // broadcast: a process that ends without a word fails an exchange still
+  // in progress elsewhere (its count of completed ones is unknown)
+  if (rank == gone) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    _exit(0);
+  }
   mkComm_t bad = reinterpret_cast<mkComm_t>(uintptr_t(1));
   int self[1] = {rank}, outside[1] = {nranks}, twice[2] = {gone, gone}, list[1] = {gone};
   CHILD_CHECK(mkCommShrink(comm, self, 1, &bad, nullptr, MK_SHRINK_DEFAULT) == mkInvalidArgument);
@@ -1265,7 +1274,10 @@ int shim_shrink(int rank, int nranks, const mkUniqueId& id) {
   void* p = reinterpret_cast<void*>(uintptr_t(b));
   CHILD_CHECK(allreduce(p, p, 16, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess);
   const int gone = nranks - 1;
-  if (rank == gone) _exit(0);
+  if (rank == gone) {  // (after the others' all-reduce launched: it needs no exchange)
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    _exit(0);
+  }
   int list[1] = {gone};
   ncclComm_t small = nullptr;
   CHILD_CHECK(shrink(comm, list, 1, &small, nullptr, NCCL_SHRINK_ABORT) == ncclSuccess);
