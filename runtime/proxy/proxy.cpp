@@ -54,26 +54,44 @@ struct Pinned {
 
 }  // namespace
 
+// One transport connection to a peer: the FIFOs of every block with puts of
+// one size (or signals only) to that peer share it. Messages carry the
+// wire's own sequence numbers; each FIFO's messages stay in its order.
+struct Proxy::Wire {
+  int peer = 0, kind = 0, tb = 0;  // tb: the first FIFO's block (for messages)
+  uint64_t max_put = 0;
+  net::Net* net = nullptr;
+  void* comm = nullptr;
+  uint64_t seq = 1;  // the next message's number (the hello is 0)
+  WireHeader hello{};
+  net::MemHandle* mh_hello = nullptr;
+  net::Request* hello_req = nullptr;
+  bool hello_done = false;
+  net::Request* bye_req = nullptr;
+  bool bye_done = false;
+  std::vector<SendConn*> fifos;
+  ~Wire() {
+    try {  // a plugin's close may fail: never from a destructor
+      if (comm && mh_hello) net->dereg_mr(comm, mh_hello);
+      if (comm) net->close_send(comm);
+    } catch (...) {
+    }
+  }
+};
+
+// A block's trigger FIFO to one peer (one producer), sent over its wire.
 struct Proxy::SendConn {
   int tb = 0, peer = 0;
   int kind = 0;  // the transport (index into the proxy's list)
   uint32_t index = 0;
   uint64_t max_put = 0;
-  net::Net* net = nullptr;
-  void* comm = nullptr;
+  Wire* wire = nullptr;
   Pinned fifo, staging, done;
   CUdeviceptr posted = 0;
   dev::NetConnDev view{};
   uint64_t taken = 0;    // entries taken from the FIFO (sent or sending)
   uint64_t finished = 0; // entries whose send completed (mirrors *done)
-  uint64_t wire_seq = 0; // messages posted on the wire (hello first)
-  bool hello_done = false;
-  net::Request* hello_req = nullptr;
-  WireHeader hello{};
-  net::Request* bye_req = nullptr;
-  bool bye_done = false;
-  net::MemHandle* mh_staging = nullptr;  // the transport's registrations (NCCL plugins need them)
-  net::MemHandle* mh_hello = nullptr;
+  net::MemHandle* mh_staging = nullptr;  // on the wire's connection (NCCL plugins need a registration per send)
   struct InFlight {
     net::Request* req;
     uint64_t entry;
@@ -81,10 +99,8 @@ struct Proxy::SendConn {
   std::vector<InFlight> flight;  // in order
   Clock::time_point last_progress = Clock::now();
   ~SendConn() {
-    try {  // a plugin's close may fail: never from a destructor
-      if (comm && mh_staging) net->dereg_mr(comm, mh_staging);
-      if (comm && mh_hello) net->dereg_mr(comm, mh_hello);
-      if (comm) net->close_send(comm);
+    try {
+      if (wire && wire->comm && mh_staging) wire->net->dereg_mr(wire->comm, mh_staging);
     } catch (...) {
     }
     if (posted) cu().cuMemFree(posted);
@@ -157,7 +173,8 @@ Proxy::~Proxy() {
   // Copies into the arena still queued read the receive buffers freed below
   // (bounded: the stream holds only the proxy's own copies).
   if (stream_) cu().cuStreamSynchronize(stream_);
-  sends_.clear();
+  sends_.clear();  // before their wires (registrations on the wires' connections)
+  wires_.clear();
   recvs_.clear();
   for (size_t k = 0; k < nets_.size(); ++k)
     if (listens_[k]) nets_[k]->close_listen(listens_[k]);
@@ -177,7 +194,7 @@ void Proxy::finish(int64_t bound_ms) {
       std::lock_guard<std::mutex> lk(mu_);
       if (!error_.empty()) break;
       bool all = true;
-      for (auto& c : sends_) all = all && c->bye_done;
+      for (auto& w : wires_) all = all && w->bye_done;
       if (all) break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -188,13 +205,13 @@ void Proxy::finish(int64_t bound_ms) {
 void Proxy::abort() {
   stop();
   std::lock_guard<std::mutex> lk(mu_);
-  for (auto& c : sends_)
-    if (c->comm) {
+  for (auto& w : wires_)
+    if (w->comm) {
       try {
-        c->net->close_send(c->comm);
+        w->net->close_send(w->comm);
       } catch (...) {
       }
-      c->comm = nullptr;
+      w->comm = nullptr;
     }
   for (auto& c : recvs_)
     if (c->comm) {
@@ -243,6 +260,7 @@ Proxy::Stats Proxy::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   Stats s = stats_;
   s.send_conns = int(sends_.size());
+  s.wires = int(wires_.size());
   s.recv_conns = int(recvs_.size());
   return s;
 }
@@ -265,12 +283,11 @@ dev::NetConnDev Proxy::add_send(int tb, int peer, uint64_t max_put) {
                                " has none of this rank's network transports");
     h = peers_[size_t(peer)][size_t(kind)];
   }
+  std::lock_guard<std::mutex> adding(add_mu_);  // one add_send at a time: wires are found or made once
   auto c = std::make_unique<SendConn>();
   c->tb = tb;
   c->peer = peer;
   c->kind = kind;
-  c->net = nets_[size_t(kind)];
-  net::Net& net_ = *c->net;
   {
     CtxGuard g(cfg_.ctx);
     const uint64_t stride = dev::kNetHeaderBytes + ((max_put + 63) & ~uint64_t(63));
@@ -289,21 +306,53 @@ dev::NetConnDev Proxy::add_send(int tb, int peer, uint64_t max_put) {
     c->view.stride = stride;
     c->view.entries = cfg_.entries;
   }
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (!(c->comm = net_.connect(dev_, h))) {
-    if (Clock::now() > deadline)
-      fail(mkRemoteError, "rank " + std::to_string(cfg_.rank) + ": proxy: connecting to rank " +
-                              std::to_string(peer) + " did not complete within 30 s");
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The wire to this peer for puts of this size: found, or made (outside
+  // the lock: connecting may take a while; the thread sees it once listed).
+  Wire* w = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& x : wires_)
+      if (x->peer == peer && x->kind == kind && x->max_put == max_put) w = x.get();
   }
-  c->hello = WireHeader{kWireMagic, kHello, 0, 0, uint32_t(max_put), cfg_.rank, tb, cfg_.nranks, {}};
-  // Registered once (NCCL plugins need a registration for every send).
-  c->mh_staging = net_.reg_mr(c->comm, c->staging.host, c->view.stride * cfg_.entries, net::kPtrHost);
-  c->mh_hello = net_.reg_mr(c->comm, &c->hello, sizeof c->hello, net::kPtrHost);
-  c->wire_seq = 1;
+  std::unique_ptr<Wire> made;
+  if (!w) {
+    made = std::make_unique<Wire>();
+    made->peer = peer;
+    made->kind = kind;
+    made->tb = tb;
+    made->max_put = max_put;
+    made->net = nets_[size_t(kind)];
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (!(made->comm = made->net->connect(dev_, h))) {
+      if (Clock::now() > deadline)
+        fail(mkRemoteError, "rank " + std::to_string(cfg_.rank) + ": proxy: connecting to rank " +
+                                std::to_string(peer) + " did not complete within 30 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    made->hello = WireHeader{kWireMagic, kHello, 0, 0, uint32_t(max_put), cfg_.rank, tb, cfg_.nranks, {}};
+    made->mh_hello = made->net->reg_mr(made->comm, &made->hello, sizeof made->hello, net::kPtrHost);
+    // The hello goes out now, before any plan can use the wire: a peer then
+    // knows who it is even if this rank aborts right after (its errors name us).
+    made->hello_req = nullptr;
+    size_t n = 0;
+    while (!made->hello_req || !made->net->test(made->hello_req, &n)) {
+      if (!made->hello_req) made->hello_req = made->net->isend(made->comm, &made->hello, sizeof made->hello, 0, made->mh_hello);
+      if (Clock::now() > deadline)
+        fail(mkRemoteError, "rank " + std::to_string(cfg_.rank) + ": proxy: rank " + std::to_string(peer) +
+                                " did not take this rank's hello within 30 s");
+      std::this_thread::yield();
+    }
+    made->hello_done = true;
+    w = made.get();
+  }
+  // Registered once on the wire (NCCL plugins need a registration for every send).
+  c->mh_staging = w->net->reg_mr(w->comm, c->staging.host, c->view.stride * cfg_.entries, net::kPtrHost);
+  c->wire = w;
   std::lock_guard<std::mutex> lk(mu_);
+  if (made) wires_.push_back(std::move(made));
   c->index = uint32_t(sends_.size());
   c->view.conn = c->index;
+  w->fifos.push_back(c.get());
   sends_.push_back(std::move(c));
   return sends_.back()->view;
 }
@@ -317,21 +366,54 @@ void Proxy::failed(const std::string& what) {
   if (cfg_.abort_word) *cfg_.abort_word = 1;
 }
 
-bool Proxy::step_send(SendConn& c) {
+bool Proxy::step_wire(Wire& w) {
   bool moved = false;
-  auto who = [&] { return "rank " + std::to_string(c.peer) + " (block " + std::to_string(c.tb) + ")"; };  // errors only
   try {
-    if (!c.hello_done) {
-      if (!c.hello_req) c.hello_req = c.net->isend(c.comm, &c.hello, sizeof c.hello, 0, c.mh_hello);
+    if (!w.hello_done) {
+      if (!w.hello_req) w.hello_req = w.net->isend(w.comm, &w.hello, sizeof w.hello, 0, w.mh_hello);
       size_t n;
-      if (c.hello_req && c.net->test(c.hello_req, &n)) {
-        c.hello_done = true;
+      if (w.hello_req && w.net->test(w.hello_req, &n)) {
+        w.hello_done = true;
         moved = true;
       }
-      if (!c.hello_done) return moved;
+      if (!w.hello_done) return moved;
     }
+  } catch (const std::exception& e) {
+    failed("connecting to rank " + std::to_string(w.peer) + ": " + e.what());
+    return false;
+  }
+  bool idle = true;  // every FIFO of the wire sent all it committed
+  for (SendConn* c : w.fifos) {
+    if (!error_.empty()) return moved;
+    moved |= step_send(*c, &idle);
+  }
+  // finish(): once everything committed went out, a goodbye (in the hello's
+  // buffer, long sent).
+  if (finishing_.load() && !w.bye_done && idle && error_.empty()) {
+    try {
+      if (!w.bye_req) {
+        w.hello = WireHeader{kWireMagic, kBye, w.seq, 0, 0, cfg_.rank, w.tb, cfg_.nranks, {}};
+        w.bye_req = w.net->isend(w.comm, &w.hello, sizeof w.hello, 1, w.mh_hello);
+      }
+      size_t n;
+      if (w.bye_req && w.net->test(w.bye_req, &n)) {
+        w.bye_done = true;
+        moved = true;
+      }
+    } catch (const std::exception& e) {
+      failed("saying goodbye to rank " + std::to_string(w.peer) + ": " + e.what());
+    }
+  }
+  return moved;
+}
+
+bool Proxy::step_send(SendConn& c, bool* idle) {
+  bool moved = false;
+  Wire& w = *c.wire;
+  auto who = [&] { return "rank " + std::to_string(c.peer) + " (block " + std::to_string(c.tb) + ")"; };  // errors only
+  auto* fifo = static_cast<dev::NetDesc*>(c.fifo.host);
+  try {
     // Take newly committed entries (in order) while the wire takes them.
-    auto* fifo = static_cast<dev::NetDesc*>(c.fifo.host);
     while (c.flight.size() < size_t(cfg_.entries)) {
       dev::NetDesc& d = fifo[c.taken & (cfg_.entries - 1)];
       const uint32_t tag = __atomic_load_n(&d.tag, __ATOMIC_ACQUIRE);
@@ -340,7 +422,7 @@ bool Proxy::step_send(SendConn& c) {
       const uint32_t kind = dev::net_tag_kind(tag);
       char* slot = static_cast<char*>(c.staging.host) + (c.taken & (cfg_.entries - 1)) * c.view.stride;
       auto* h = reinterpret_cast<WireHeader*>(slot);
-      *h = WireHeader{kWireMagic, kind, c.wire_seq, d.arg, d.arg2, cfg_.rank, c.tb, cfg_.nranks, {}};
+      *h = WireHeader{kWireMagic, kind, w.seq, d.arg, d.arg2, cfg_.rank, c.tb, cfg_.nranks, {}};
       size_t bytes = sizeof(WireHeader);
       if (kind == kPut) {
         if (d.arg2 > c.max_put) {
@@ -353,11 +435,11 @@ bool Proxy::step_send(SendConn& c) {
         failed("block " + std::to_string(c.tb) + " posted a trigger of unknown kind " + std::to_string(kind));
         return false;
       }
-      net::Request* r = c.net->isend(c.comm, slot, bytes, 1, c.mh_staging);
+      net::Request* r = w.net->isend(w.comm, slot, bytes, 1, c.mh_staging);
       if (!r) break;  // the connection is full: later
       c.flight.push_back({r, c.taken});
       ++c.taken;
-      ++c.wire_seq;
+      ++w.seq;
       moved = true;
       if (kind == kPut) {
         ++stats_.puts_sent;
@@ -369,33 +451,19 @@ bool Proxy::step_send(SendConn& c) {
     // Retire completed sends in order; each frees its FIFO entry.
     while (!c.flight.empty()) {
       size_t n;
-      if (!c.net->test(c.flight.front().req, &n)) break;
+      if (!w.net->test(c.flight.front().req, &n)) break;
       c.flight.erase(c.flight.begin());
       ++c.finished;
       __atomic_store_n(static_cast<uint64_t*>(c.done.host), c.finished, __ATOMIC_RELEASE);
       moved = true;
     }
-    // finish(): once everything committed went out, a goodbye (in the
-    // hello's buffer, long sent).
-    if (finishing_.load() && !c.bye_done && c.flight.empty()) {
-      dev::NetDesc& d = fifo[c.taken & (cfg_.entries - 1)];
-      const bool pending = (__atomic_load_n(&d.tag, __ATOMIC_ACQUIRE) & ~3u) == dev::net_tag(0, c.index, c.taken);
-      if (!pending) {
-        if (!c.bye_req) {
-          c.hello = WireHeader{kWireMagic, kBye, c.wire_seq, 0, 0, cfg_.rank, c.tb, cfg_.nranks, {}};
-          c.bye_req = c.net->isend(c.comm, &c.hello, sizeof c.hello, 1, c.mh_hello);
-        }
-        size_t n;
-        if (c.bye_req && c.net->test(c.bye_req, &n)) {
-          c.bye_done = true;
-          moved = true;
-        }
-      }
-    }
   } catch (const std::exception& e) {
     failed("sending to " + who() + ": " + e.what());
     return false;
   }
+  const dev::NetDesc& next = fifo[c.taken & (cfg_.entries - 1)];
+  const bool pending = (__atomic_load_n(&next.tag, __ATOMIC_ACQUIRE) & ~3u) == dev::net_tag(0, c.index, c.taken);
+  if (!c.flight.empty() || pending) *idle = false;
   const auto now = Clock::now();
   if (moved || c.flight.empty()) {
     c.last_progress = now;
@@ -434,10 +502,14 @@ bool Proxy::step_recv(RecvConn& c) {
       c.seq = 1;
       CtxGuard g(cfg_.ctx);
       c.stride = dev::kNetHeaderBytes + ((uint64_t(h.arg2) + 63) & ~uint64_t(63));  // its largest put
-      c.bufs.alloc(c.stride * cfg_.entries);
-      c.mhs.assign(cfg_.entries, nullptr);
-      c.reqs.assign(cfg_.entries, nullptr);
-      c.evs.assign(cfg_.entries, nullptr);
+      // A wire carries the FIFOs of several blocks: as many receives posted
+      // as the transport takes (32), within 32 MiB of buffers, at least
+      // one FIFO's depth.
+      const uint64_t depth = std::clamp<uint64_t>((uint64_t(32) << 20) / c.stride, cfg_.entries, net::kMaxRequests);
+      c.bufs.alloc(c.stride * depth);
+      c.mhs.assign(depth, nullptr);
+      c.reqs.assign(depth, nullptr);
+      c.evs.assign(depth, nullptr);
       for (CUevent& e : c.evs) MK_CU(cu().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "proxy: creating an event");
       moved = true;
     }
@@ -451,13 +523,20 @@ bool Proxy::step_recv(RecvConn& c) {
       moved = true;
     }
     // Every free buffer waits for a message, in ring order (a transport may
-    // refuse one for now: the rest wait behind it).
-    while (c.posted < c.landed + n_bufs) {
-      const size_t i = c.posted % n_bufs;
-      if (!c.mhs[i]) c.mhs[i] = c.net->reg_mr(c.comm, c.buf(c.posted), c.stride, net::kPtrHost);
-      c.reqs[i] = c.net->irecv(c.comm, c.buf(c.posted), c.stride, 1, c.mhs[i]);
-      if (!c.reqs[i]) break;
-      ++c.posted;
+    // refuse one for now: the rest wait behind it). A post may fail because
+    // the peer closed: its goodbye may still wait in a receive posted
+    // earlier, so the failure counts only once those were taken.
+    std::string post_error;
+    try {
+      while (c.posted < c.landed + n_bufs) {
+        const size_t i = c.posted % n_bufs;
+        if (!c.mhs[i]) c.mhs[i] = c.net->reg_mr(c.comm, c.buf(c.posted), c.stride, net::kPtrHost);
+        c.reqs[i] = c.net->irecv(c.comm, c.buf(c.posted), c.stride, 1, c.mhs[i]);
+        if (!c.reqs[i]) break;
+        ++c.posted;
+      }
+    } catch (const std::exception& e) {
+      post_error = e.what();
     }
     CtxGuard g(cfg_.ctx);
     while (c.received < c.posted) {
@@ -508,6 +587,10 @@ bool Proxy::step_recv(RecvConn& c) {
       ++c.received;
       moved = true;
     }
+    if (!post_error.empty() && c.received == c.posted) {
+      failed("receiving from " + who() + ": " + post_error);
+      return false;
+    }
   } catch (const std::exception& e) {
     failed("receiving from " + who() + ": " + e.what());
     return false;
@@ -546,8 +629,8 @@ void Proxy::run() {
       std::lock_guard<std::mutex> lk(mu_);
       if (error_.empty()) {
         moved |= accept_new();
-        for (auto& c : sends_)
-          if (error_.empty()) moved |= step_send(*c);
+        for (auto& w : wires_)
+          if (error_.empty()) moved |= step_wire(*w);
         for (auto& c : recvs_)
           if (error_.empty()) moved |= step_recv(*c);
       }

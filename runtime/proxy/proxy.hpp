@@ -115,12 +115,14 @@ class Proxy {
   struct Stats {
     // landed: checked and queued on the proxy's stream into the arena
     uint64_t puts_sent = 0, signals_sent = 0, puts_landed = 0, signals_landed = 0, bytes_sent = 0;
-    int send_conns = 0, recv_conns = 0;
+    int send_conns = 0, recv_conns = 0;  // FIFOs this rank feeds; connections accepted
+    int wires = 0;                        // transport connections this rank opened
   };
   Stats stats() const;
 
   struct SendConn;
   struct RecvConn;
+  struct Wire;
 
  private:
   std::vector<net::Net*> nets_;
@@ -133,6 +135,8 @@ class Proxy {
 
   mutable std::mutex mu_;  // guards the lists below (the thread takes new connections under it)
   std::vector<std::unique_ptr<SendConn>> sends_;
+  std::vector<std::unique_ptr<Wire>> wires_;  // the transport connections the FIFOs share
+  std::mutex add_mu_;                         // add_send: one at a time
   std::vector<std::unique_ptr<RecvConn>> recvs_;
   std::string error_;
   Stats stats_;
@@ -143,7 +147,8 @@ class Proxy {
   std::thread thread_;
 
   void run();
-  bool step_send(SendConn& c);
+  bool step_wire(Wire& w);
+  bool step_send(SendConn& c, bool* idle);
   bool step_recv(RecvConn& c);
   bool accept_new();
   void failed(const std::string& what);

@@ -193,7 +193,11 @@ TEST_CASE("proxy: ranks on two and four fake nodes exchange tiles with signals a
                      st.puts_sent == uint64_t(60 * (n - 1)) && st.signals_sent == uint64_t(120 * (n - 1));
             },
             nullptr, 10000);
-        const bool ok = counted && me.proxy->error().empty();
+        // Both blocks' FIFOs to a peer (tiles and credits, one size) share one transport connection.
+        const auto st = me.proxy->stats();
+        const bool shared = st.send_conns == 2 * (n - 1) && st.wires == n - 1 && st.recv_conns == n - 1;
+        if (!shared) std::fprintf(stderr, "rank %d: %d FIFOs, %d wires, %d accepted\n", r, st.send_conns, st.wires, st.recv_conns);
+        const bool ok = counted && shared && me.proxy->error().empty();
         me.boot->barrier();  // nobody closes while a peer's credits are still on the wire (a close is an error)
         return rc ? rc : ok ? 0 : 3;
       }));
