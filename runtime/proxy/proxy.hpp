@@ -7,11 +7,13 @@
 // graph replays work unchanged.
 //
 // Connections: a sending rank's thread block to one peer ((tb, peer): the
-// IR's connection). The sender makes it (add_send) when a plan that uses it
-// is loaded, connecting to the peer's one listen handle (exchanged at init);
-// the receiving proxy accepts it whenever it arrives and learns from its
-// first message (a hello) which rank and block it comes from. So plans load
-// without any collective step beyond what every rank does anyway.
+// IR's connection) has a trigger FIFO of its own (add_send, when a plan that
+// uses it is loaded; one producer each). The FIFOs to one peer with puts of
+// one size share a transport connection (a wire), made by the first of them:
+// it connects to the peer's listen handle (exchanged at init) and sends a
+// hello; the receiving proxy accepts it whenever it arrives and learns from
+// the hello which rank it comes from. So plans load without any collective
+// step beyond what every rank does anyway.
 //
 // Wire: every message starts with a 64-byte header (kind, sequence number,
 // put: destination offset and bytes, signal: flag index and value), followed

@@ -2137,8 +2137,8 @@ std::vector<Scenario> scenarios() {
   v.push_back({"killed_peer_2proc", 2, true, 1, {{"MK_TIMEOUT_MS", "3000"}}, killed_peer});
   // Two (MK_HOST_ID) nodes through the socket transport on loopback and the
   // network proxy, ranks as processes sharing the GPUs there are.
-  // (Few instances and one stream per connection: every (instance, block,
-  // peer) FIFO is a TCP connection of its own until they are multiplexed.)
+  // (Few instances and one stream per connection, as s27 ran them; the
+  // FIFOs to a peer now share one connection per put size.)
   const std::map<std::string, std::string> net_env = {{"MK_NET", "socket"},
                                                       {"MK_SOCKET_IFNAME", "=lo"},
                                                       {"MK_SOCKET_NSTREAMS", "1"},
