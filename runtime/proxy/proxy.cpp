@@ -345,10 +345,12 @@ dev::NetConnDev Proxy::add_send(int tb, int peer, uint64_t max_put) {
     made->hello_done = true;
     w = made.get();
   }
-  // Registered once on the wire (NCCL plugins need a registration for every send).
+  // Registered once on the wire (NCCL plugins need a registration for every
+  // send); on a listed wire under the lock: the thread uses its connection.
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!made && !w->comm) fail(mkRemoteError, error_.empty() ? "proxy: the connection was closed" : error_);
   c->mh_staging = w->net->reg_mr(w->comm, c->staging.host, c->view.stride * cfg_.entries, net::kPtrHost);
   c->wire = w;
-  std::lock_guard<std::mutex> lk(mu_);
   if (made) wires_.push_back(std::move(made));
   c->index = uint32_t(sends_.size());
   c->view.conn = c->index;
