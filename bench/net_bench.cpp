@@ -281,6 +281,7 @@ struct ProxyRank {
   volatile uint64_t* flag(uint32_t i) { return static_cast<volatile uint64_t*>(arena_host) + i; }
   ~ProxyRank() {
     proxy.reset();
+    rt::CtxGuard g(ctx);
     if (arena_host) rt::cu().cuMemFreeHost(arena_host);
   }
 };
