@@ -951,40 +951,37 @@ void Bootstrap::begin_recovery(int peer) {
   op_ = {false, peer, Clock::now() + std::chrono::milliseconds(bootstrap_timeout_ms())};
 }
 
+namespace {
+// recovering_ for the length of one recovery call, however it ends.
+struct Recovering {
+  bool& flag;
+  explicit Recovering(bool& f) : flag(f) { flag = true; }
+  ~Recovering() { flag = false; }
+};
+}  // namespace
+
 void Bootstrap::send_recovery(int peer, const std::string& bytes) {
   if (bytes.size() > kMaxBlobBytes) fail(mkInvalidArgument, "bootstrap recovery: message too large");
   begin_recovery(peer);
-  recovering_ = true;
+  Recovering during(recovering_);
   try {
     peers_->post(peer, proto::kRecover, 0, 0, 0, bytes);
     peers_->flush(op_.deadline);
   } catch (const PeerMesh::Error& e) {
-    recovering_ = false;
     on_peer_error(e);
-  } catch (...) {
-    recovering_ = false;
-    throw;
   }
-  recovering_ = false;
 }
 
 std::string Bootstrap::recv_recovery(int peer) {
   begin_recovery(peer);
-  recovering_ = true;
+  Recovering during(recovering_);
   try {
     for (;;) {  // what the peer sent for exchanges this rank left unread is skipped
       PeerMesh::Frame f = peers_->next(peer, op_.deadline);
-      if (f.h.type == proto::kRecover) {
-        recovering_ = false;
-        return std::move(f.payload);
-      }
+      if (f.h.type == proto::kRecover) return std::move(f.payload);
     }
   } catch (const PeerMesh::Error& e) {
-    recovering_ = false;
     on_peer_error(e);
-  } catch (...) {
-    recovering_ = false;
-    throw;
   }
 }
 
