@@ -77,6 +77,15 @@ inline bool mk_runs(int coll, int dtype, int op, size_t count, int nranks, bool 
   return true;
 }
 
+// Across nodes (MK_NET: `nodes` > 1, ranks node by node) mKernel runs a
+// broadcast or reduce only with its root on a node's first rank
+// (runtime/launch/enqueue.cpp refuses the others); NCCL runs the rest.
+// A function of the root and the communicator's shape, alike on every rank.
+inline bool mk_runs_root(int coll, int root, int nranks, int nodes) {
+  if (coll != kBroadcast && coll != kReduce) return true;
+  return nodes <= 1 || nranks % nodes != 0 || root % (nranks / nodes) == 0;
+}
+
 }  // namespace mk_nccl
 
 #endif  // MK_NCCL_ROUTE_H_

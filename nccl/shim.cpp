@@ -701,13 +701,9 @@ int nodes_of(ncclComm_t c) {
 
 bool routes_to_mk(const Call& k) {
   if (k.premul && k.mk_op < 0) return false;
-  // Across nodes (MK_NET) mKernel serves a broadcast or reduce whose root is
-  // a node's first rank only; NCCL runs the others (every rank passes the
-  // same root, so every rank routes alike).
-  if ((k.coll == kBroadcast || k.coll == kReduce) && k.comm->mk && !nccl_whole(k.comm)) {
-    const int nodes = nodes_of(k.comm);
-    if (nodes > 1 && k.comm->nranks % nodes == 0 && k.root % (k.comm->nranks / nodes) != 0) return false;
-  }
+  if ((k.coll == kBroadcast || k.coll == kReduce) && k.comm->mk && !nccl_whole(k.comm) &&
+      !mk_runs_root(k.coll, k.root, k.comm->nranks, nodes_of(k.comm)))
+    return false;
   // a PreMulSum call routes as a sum would (mKernel runs both alike)
   return k.coll < kNumMk && k.comm->mk && !nccl_whole(k.comm) &&
          mk_runs(k.coll, int(k.dtype), k.premul ? int(ncclSum) : int(k.op), k.count, k.comm->nranks, false,
