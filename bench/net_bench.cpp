@@ -298,17 +298,10 @@ bool px_spin(const std::function<bool()>& ready, const volatile int32_t* ab) {
 }
 uint64_t px_load(volatile uint64_t* p) { return __atomic_load_n(const_cast<uint64_t*>(p), __ATOMIC_ACQUIRE); }
 bool px_put(const dev::NetConnDev& c, const void* src, uint32_t bytes, uint64_t dst, const volatile int32_t* ab) {
-  const uint64_t s = dev::net_next(c);
-  if (!px_spin([&] { return dev::net_free(c, s); }, ab)) return false;
-  std::memcpy(dev::net_data(c, s), src, bytes);
-  dev::net_commit(c, s, dev::kNetPut, dst, bytes);
-  return true;
+  return dev::net_host_put(c, src, bytes, dst, [&](const std::function<bool()>& ready) { return px_spin(ready, ab); });
 }
 bool px_signal(const dev::NetConnDev& c, uint32_t idx, uint64_t value, const volatile int32_t* ab) {
-  const uint64_t s = dev::net_next(c);
-  if (!px_spin([&] { return dev::net_free(c, s); }, ab)) return false;
-  dev::net_commit(c, s, dev::kNetSignal, value, idx);
-  return true;
+  return dev::net_host_signal(c, idx, value, [&](const std::function<bool()>& ready) { return px_spin(ready, ab); });
 }
 
 int proxy_mode(const std::vector<int64_t>& sizes, int64_t total, int depth, int rounds, int conns) {

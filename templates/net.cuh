@@ -24,6 +24,7 @@
 
 #if !MK_DEVICE_CODE
 #include <atomic>
+#include <cstring>
 #endif
 
 namespace mk {
@@ -123,6 +124,27 @@ MK_HD void net_commit(const NetConnDev& c, uint64_t seq, uint32_t kind, uint64_t
 #endif
   *c.posted = seq + 1;
 }
+
+#if !MK_DEVICE_CODE
+// A block's put and signal as its thread 0 would issue them, for CPU threads
+// standing in for kernels (the proxy's tests, mk_net_bench proxy). `wait`
+// spins on its predicate (true: it holds; false: give up, e.g. aborted).
+template <class Wait>
+bool net_host_put(const NetConnDev& c, const void* src, uint32_t bytes, uint64_t dst, Wait&& wait) {
+  const uint64_t s = net_next(c);
+  if (!wait([&] { return net_free(c, s); })) return false;
+  std::memcpy(net_data(c, s), src, bytes);
+  net_commit(c, s, kNetPut, dst, bytes);
+  return true;
+}
+template <class Wait>
+bool net_host_signal(const NetConnDev& c, uint32_t idx, uint64_t value, Wait&& wait) {
+  const uint64_t s = net_next(c);
+  if (!wait([&] { return net_free(c, s); })) return false;
+  net_commit(c, s, kNetSignal, value, idx);
+  return true;
+}
+#endif
 
 }  // namespace dev
 }  // namespace mk

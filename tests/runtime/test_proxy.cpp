@@ -111,17 +111,10 @@ bool spin(const std::function<bool()>& ready, const volatile int32_t* abort_word
   return true;
 }
 bool dev_put(const dev::NetConnDev& c, const void* src, uint32_t bytes, uint64_t dst, const volatile int32_t* ab) {
-  const uint64_t s = dev::net_next(c);
-  if (!spin([&] { return dev::net_free(c, s); }, ab)) return false;
-  std::memcpy(dev::net_data(c, s), src, bytes);
-  dev::net_commit(c, s, dev::kNetPut, dst, bytes);
-  return true;
+  return dev::net_host_put(c, src, bytes, dst, [&](const std::function<bool()>& ready) { return spin(ready, ab); });
 }
 bool dev_signal(const dev::NetConnDev& c, uint32_t idx, uint64_t value, const volatile int32_t* ab) {
-  const uint64_t s = dev::net_next(c);
-  if (!spin([&] { return dev::net_free(c, s); }, ab)) return false;
-  dev::net_commit(c, s, dev::kNetSignal, value, idx);
-  return true;
+  return dev::net_host_signal(c, idx, value, [&](const std::function<bool()>& ready) { return spin(ready, ab); });
 }
 bool dev_wait(Rank& r, uint32_t idx, uint64_t value, int ms = 20000) {
   return spin([&] { return __atomic_load_n(const_cast<uint64_t*>(r.flag(idx)), __ATOMIC_ACQUIRE) >= value; },
