@@ -65,6 +65,18 @@ def dalloc(nbytes, device=0):
     p = ctypes.c_uint64()
     assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(nbytes)) == 0
     return p.value
+def shared_uid(rank, path):
+    # rank 0 makes the unique id and writes it (atomically); the others wait for the file
+    import os, time
+    if rank == 0:
+        uid = mkernel.get_unique_id()
+        with open(path + ".tmp", "wb") as f:
+            f.write(uid)
+        os.rename(path + ".tmp", path)
+        return uid
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return open(path, "rb").read()
 """
 
 # Two ranks of one process, one fp32 all-reduce of 4 KiB (allreduce.one_shot).
@@ -411,16 +423,7 @@ class Package(unittest.TestCase):
             f.write(ALLOC + textwrap.dedent("""
                 import os, sys, time
                 rank, uidfile = int(sys.argv[1]), sys.argv[2]
-                if rank == 0:
-                    uid = mkernel.get_unique_id()
-                    with open(uidfile + ".tmp", "wb") as f:
-                        f.write(uid)
-                    os.rename(uidfile + ".tmp", uidfile)
-                else:
-                    import time
-                    while not os.path.exists(uidfile):
-                        time.sleep(0.01)
-                    uid = open(uidfile, "rb").read()
+                uid = shared_uid(rank, uidfile)
                 if rank == 0:
                     # nonblocking: while rank 1 has not joined, calls report
                     # mkInProgress (an error from anything but init itself)
@@ -466,15 +469,7 @@ class Package(unittest.TestCase):
             f.write(ALLOC + textwrap.dedent("""
                 import os, sys, time
                 rank, uidfile = int(sys.argv[1]), sys.argv[2]
-                if rank == 0:
-                    uid = mkernel.get_unique_id()
-                    with open(uidfile + ".tmp", "wb") as f:
-                        f.write(uid)
-                    os.rename(uidfile + ".tmp", uidfile)
-                else:
-                    while not os.path.exists(uidfile):
-                        time.sleep(0.01)
-                    uid = open(uidfile, "rb").read()
+                uid = shared_uid(rank, uidfile)
                 comm = mkernel.Communicator(3, rank, uid, device=rank)
                 comm.bootstrap_broadcast(b"x", root=0)
                 if rank == 0:
@@ -525,16 +520,7 @@ class Package(unittest.TestCase):
                 import os, sys, time
                 rank, uidfile = int(sys.argv[1]), sys.argv[2]
                 def uid_for(n):
-                    path = "%s.%d" % (uidfile, n)
-                    if rank == 0:
-                        uid = mkernel.get_unique_id()
-                        with open(path + ".tmp", "wb") as f:
-                            f.write(uid)
-                        os.rename(path + ".tmp", path)
-                        return uid
-                    while not os.path.exists(path):
-                        time.sleep(0.01)
-                    return open(path, "rb").read()
+                    return shared_uid(rank, "%s.%d" % (uidfile, n))
                 try:
                     mkernel.Communicator(2, rank, uid_for(0), device=rank)
                     print("rank", rank, "init succeeded")

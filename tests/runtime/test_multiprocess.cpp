@@ -874,6 +874,26 @@ int split_peer_exit(int rank, int nranks, const mkUniqueId& id) {
 // nodes compiled and loaded with its connections made, Args::net set, the
 // peers' connections accepted, an abort reaching the other node's proxy
 // (loopback TCP; a GPU moves the data, tests/gpu).
+// Waits (at most 10 s) until a connection from another node has arrived at
+// this rank's proxy; true when one did.
+bool net_accepted(const mk::rt::Proxy& p) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (p.stats().recv_conns == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return p.stats().recv_conns > 0;
+}
+
+// A rank of a communicator across MK_NET nodes whose first all-reduce (1 MiB,
+// in place) was issued: its plan's connections are made.
+int net_start(int rank, int nranks, const mkUniqueId& id, CUstream* stream, mkComm_t* comm, CUdeviceptr* buf) {
+  CHILD_CHECK(cu().cuStreamCreate(stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHILD_CHECK(mkCommInitRank(comm, nranks, id, rank) == mkSuccess);
+  CHILD_CHECK(cu().cuMemAlloc(buf, 1 << 20) == CUDA_SUCCESS);
+  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(*buf)), reinterpret_cast<void*>(uintptr_t(*buf)), 1 << 18,
+                          mkFloat32, mkSum, *comm, *stream) == mkSuccess);
+  return 0;
+}
+
 int net_span(int rank, int nranks, const mkUniqueId& id) {
   g_rank = rank;
   if (use_gpu(rank)) return 1;
@@ -908,10 +928,7 @@ int net_span(int rank, int nranks, const mkUniqueId& id) {
   // per put size: far fewer connections than FIFOs.
   CHILD_CHECK(st.wires > 0 && st.wires <= 2 * (nranks / 2) && st.wires < st.send_conns);
   // Every rank's connections arrive at their peers (the other node's ranks).
-  const auto t0 = std::chrono::steady_clock::now();
-  while (c->proxy->stats().recv_conns == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  CHILD_CHECK(c->proxy->stats().recv_conns > 0);
+  CHILD_CHECK(net_accepted(*c->proxy));
   CHILD_CHECK(c->proxy->error().empty());
   CHILD_CHECK(mkCommBootstrapBroadcast(comm, &nodes, sizeof nodes, 0) == mkSuccess);  // everyone got this far
   if (rank == 0) {
@@ -947,18 +964,10 @@ int net_destroy(int rank, int nranks, const mkUniqueId& id) {
   g_rank = rank;
   if (use_gpu(rank)) return 1;
   CUstream stream = nullptr;
-  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   mkComm_t comm = nullptr;
-  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
   CUdeviceptr buf = 0;
-  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 20) == CUDA_SUCCESS);
-  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(buf)), reinterpret_cast<void*>(uintptr_t(buf)), 1 << 18,
-                          mkFloat32, mkSum, comm, stream) == mkSuccess);
-  auto c = mk::rt::acquire(comm);
-  const auto t0 = std::chrono::steady_clock::now();  // every rank's connections are up
-  while (c->proxy->stats().recv_conns == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  c.reset();
+  if (net_start(rank, nranks, id, &stream, &comm, &buf) != 0) return 1;
+  net_accepted(*mk::rt::acquire(comm)->proxy);  // every rank's connections are up
   int x = 0;
   CHILD_CHECK(mkCommBootstrapBroadcast(comm, &x, sizeof x, 0) == mkSuccess);
   if (rank == 0) {
@@ -981,13 +990,9 @@ int net_auto(int rank, int nranks, const mkUniqueId& id) {
   g_rank = rank;
   if (use_gpu(rank)) return 1;
   CUstream stream = nullptr;
-  CHILD_CHECK(cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   mkComm_t comm = nullptr;
-  CHILD_CHECK(mkCommInitRank(&comm, nranks, id, rank) == mkSuccess);
   CUdeviceptr buf = 0;
-  CHILD_CHECK(cu().cuMemAlloc(&buf, 1 << 20) == CUDA_SUCCESS);
-  CHILD_CHECK(mkAllReduce(reinterpret_cast<void*>(uintptr_t(buf)), reinterpret_cast<void*>(uintptr_t(buf)), 1 << 18,
-                          mkFloat32, mkSum, comm, stream) == mkSuccess);
+  if (net_start(rank, nranks, id, &stream, &comm, &buf) != 0) return 1;
   auto has_verbs = [](int r) { return std::string(std::getenv("MKT_VERBS_RANKS")).find(char('0' + r)) != std::string::npos; };
   auto c = mk::rt::acquire(comm);
   CHILD_CHECK(c->nets.size() == 2 && (c->nets[0] != nullptr) == has_verbs(rank) && c->nets[1] != nullptr);
@@ -997,10 +1002,7 @@ int net_auto(int rank, int nranks, const mkUniqueId& id) {
     std::fprintf(stderr, "rank %d -> rank %d: %s\n", rank, peer, kind == 0 ? "verbs" : "socket");
     CHILD_CHECK(kind == (has_verbs(rank) && has_verbs(peer) ? 0 : 1));
   }
-  const auto t0 = std::chrono::steady_clock::now();  // every rank's connections arrive
-  while (c->proxy->stats().recv_conns == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  CHILD_CHECK(c->proxy->stats().recv_conns > 0);
+  CHILD_CHECK(net_accepted(*c->proxy));  // every rank's connections arrive
   CHILD_CHECK(c->proxy->error().empty());
   c.reset();
   int x = 0;
